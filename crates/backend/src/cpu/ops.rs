@@ -1,0 +1,127 @@
+//! Element-wise and row-wise kernels.
+
+/// RMSNorm of each `weight.len()`-wide row of `x` into `out`: `x / sqrt(mean(x²) + eps) * weight`.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let h = weight.len();
+    for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+        let inv = inv_rms(xr, eps);
+        for ((o, &v), &w) in or.iter_mut().zip(xr).zip(weight) {
+            *o = w * (v * inv);
+        }
+    }
+}
+
+/// In-place [`rms_norm`], for per-head norms.
+pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
+    let h = weight.len();
+    for xr in x.chunks_exact_mut(h) {
+        let inv = inv_rms(xr, eps);
+        for (v, &w) in xr.iter_mut().zip(weight) {
+            *v = w * (*v * inv);
+        }
+    }
+}
+
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let sum_sq = super::dot(x, x);
+    1.0 / (sum_sq / x.len() as f32 + eps).sqrt()
+}
+
+/// `x * sigmoid(x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// In-place SiLU.
+pub fn silu_inplace(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = silu(*v));
+}
+
+/// In-place squared ReLU: `max(x, 0)²`.
+pub fn relu2_inplace(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| {
+        let r = v.max(0.0);
+        *v = r * r;
+    });
+}
+
+/// `log(1 + exp(x))`, linear above 20 as torch does.
+#[inline]
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// In-place softmax of one row.
+pub fn softmax_inplace(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// Log-softmax of one row into `out`.
+pub fn log_softmax(x: &[f32], out: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = x.iter().map(|v| (v - max).exp()).sum();
+    let log_z = max + sum.ln();
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = v - log_z;
+    }
+}
+
+/// Index of the first maximum (as `argmax` in torch).
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// `a += b`.
+pub fn add_assign(a: &mut [f32], b: &[f32]) {
+    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+}
+
+/// `a *= s`.
+pub fn scale_inplace(a: &mut [f32], s: f32) {
+    a.iter_mut().for_each(|x| *x *= s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_sums_to_one_and_log_softmax_agrees() {
+        let mut x = vec![1.0, 2.0, -3.0, 0.5];
+        let mut lp = vec![0.0; 4];
+        log_softmax(&x, &mut lp);
+        softmax_inplace(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        for (p, l) in x.iter().zip(&lp) {
+            assert!((p.ln() - l).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn argmax_takes_the_first_maximum() {
+        assert_eq!(argmax(&[1.0, 3.0, 2.0, 3.0]), 1);
+    }
+
+    #[test]
+    fn rms_norm_scales_by_weight() {
+        let x = [3.0, 4.0];
+        let mut out = [0.0; 2];
+        rms_norm(&x, &[1.0, 2.0], 0.0, &mut out);
+        let rms = (12.5f32).sqrt();
+        assert!((out[0] - 3.0 / rms).abs() < 1e-6 && (out[1] - 8.0 / rms).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,28 @@
+//! Stand-in for the CUDA device when `routed` is built without the `cuda` feature. It has the
+//! same surface as the real module, and opening a device always fails with
+//! [`BackendError::CudaNotCompiled`], so call sites need no `cfg`.
+
+use crate::BackendError;
+
+/// A CUDA device. Never constructed in a build without CUDA.
+#[derive(Clone, Debug)]
+pub struct CudaDevice {
+    never: std::convert::Infallible,
+}
+
+impl CudaDevice {
+    /// Always fails: this build has no CUDA support.
+    pub fn open(_ordinal: usize) -> Result<Self, BackendError> {
+        Err(BackendError::CudaNotCompiled)
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        match self.never {}
+    }
+
+    /// The device's marketing name.
+    pub fn name(&self) -> &str {
+        match self.never {}
+    }
+}

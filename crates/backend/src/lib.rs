@@ -1,0 +1,45 @@
+//! The compute seam of `routed`.
+//!
+//! * [`cpu`] holds the reference kernels. They are always built, and every model runs on them.
+//! * [`cuda`] is the GPU device, behind the `cuda` cargo feature. Without the feature a stub
+//!   module of the same shape stands in, so call sites never need `cfg`: asking for a CUDA device
+//!   then returns [`BackendError::CudaNotCompiled`].
+//!
+//! # Determinism
+//!
+//! Every CPU kernel reduces over its inner dimension in one fixed order whatever the number of
+//! rows, and splits work across threads by output rows or columns only. A token's result therefore
+//! does not depend on which other tokens share its batch or how its prompt was chunked, which is
+//! what makes routing replay bitwise reproducible.
+
+pub mod cpu;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_stub.rs"]
+pub mod cuda;
+
+mod device;
+
+pub use device::{Device, DeviceSpec};
+
+/// Errors of the compute backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The binary was built without the `cuda` feature.
+    #[error("this build of routed has no CUDA support (rebuild with `--features cuda`)")]
+    CudaNotCompiled,
+    /// The CUDA driver library could not be loaded: no NVIDIA driver on this machine.
+    #[error("no CUDA driver found (libcuda could not be loaded); use --device cpu")]
+    NoCudaDriver,
+    /// The driver loaded but the requested device does not exist.
+    #[error("CUDA device {ordinal} requested but {count} device(s) are present")]
+    NoSuchDevice { ordinal: usize, count: usize },
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error: {0}")]
+    Driver(String),
+    /// A device string could not be parsed.
+    #[error("unknown device {0:?}: expected `cpu` or `cuda:N`")]
+    BadDeviceSpec(String),
+}

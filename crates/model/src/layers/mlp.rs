@@ -1,0 +1,44 @@
+//! A dense feed-forward block: SwiGLU (`down(silu(gate x) * up x)`) or squared ReLU
+//! (`down(relu(up x)²)`). MoE experts are blocks of this kind.
+
+use crate::config::FfnActivation;
+use routed_backend::cpu;
+
+pub(crate) struct Mlp {
+    pub activation: FfnActivation,
+    /// `[inter, hidden]`; absent for squared ReLU.
+    pub gate: Option<Vec<f32>>,
+    /// `[inter, hidden]`.
+    pub up: Vec<f32>,
+    /// `[hidden, inter]`.
+    pub down: Vec<f32>,
+    pub hidden: usize,
+    pub inter: usize,
+}
+
+impl Mlp {
+    /// Applies the block to every row of `x` (`[n, hidden]`) into `out`.
+    pub fn forward(&self, x: &[f32], out: &mut [f32]) {
+        let rows: Vec<usize> = (0..x.len() / self.hidden).collect();
+        self.forward_rows(x, &rows, out);
+    }
+
+    /// Applies the block to the rows of `x` listed in `rows`, into `out` (`[rows.len(), hidden]`).
+    pub fn forward_rows(&self, x: &[f32], rows: &[usize], out: &mut [f32]) {
+        let n = rows.len();
+        let mut up = vec![0.0; n * self.inter];
+        cpu::linear_rows(x, rows, &self.up, self.hidden, &mut up);
+        match (&self.gate, self.activation) {
+            (Some(g), FfnActivation::SwiGlu) => {
+                let mut gate = vec![0.0; n * self.inter];
+                cpu::linear_rows(x, rows, g, self.hidden, &mut gate);
+                for (u, g) in up.iter_mut().zip(&gate) {
+                    *u *= cpu::silu(*g);
+                }
+            }
+            (_, FfnActivation::Relu2) => cpu::relu2_inplace(&mut up),
+            (None, FfnActivation::SwiGlu) => unreachable!("SwiGLU blocks are built with a gate"),
+        }
+        cpu::linear(&up, &self.down, self.inter, out);
+    }
+}

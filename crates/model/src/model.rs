@@ -1,0 +1,203 @@
+//! A loaded model and its forward pass over a ragged batch.
+
+use crate::{
+    batch::{ForwardOutput, LogitsWanted, RoutingBuffer, SeqInput},
+    config::{MixerKind, ModelConfig},
+    error::{ModelError, Result},
+    kv::KvCache,
+    layers::{StepTokens, attention::Attention, mlp::Mlp, moe::Moe},
+};
+use routed_backend::cpu;
+use routed_types::RoutingMeta;
+
+/// A token mixer of a decoder layer.
+pub(crate) enum Mixer {
+    Attention(Attention),
+}
+
+/// A feed-forward block of a decoder layer.
+pub(crate) enum Ffn {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+/// One decoder layer: an optional pre-normed mixer and an optional pre-normed feed-forward block,
+/// each added to the residual stream.
+pub(crate) struct Layer {
+    pub mixer: Option<(Vec<f32>, Mixer)>,
+    pub ffn: Option<(Vec<f32>, Ffn)>,
+}
+
+/// A model ready to run on the CPU backend.
+pub struct Model {
+    pub(crate) config: ModelConfig,
+    pub(crate) embed: Vec<f32>,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) final_norm: Vec<f32>,
+    /// `None` when tied to the embedding.
+    pub(crate) lm_head: Option<Vec<f32>>,
+}
+
+impl Model {
+    /// The normalised configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// What a routing consumer needs to read this model's rows.
+    pub fn routing_meta(&self) -> Option<RoutingMeta> {
+        let moe = self.config.moe.as_ref()?;
+        Some(RoutingMeta {
+            moe_layer_ids: self.config.moe_layer_ids(),
+            num_experts: moe.num_experts as u32,
+            top_k: moe.top_k as u32,
+        })
+    }
+
+    /// A KV cache sized for this model.
+    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> KvCache {
+        let num_attn =
+            self.config.layers.iter().filter(|l| l.mixer == MixerKind::Attention).count();
+        let width = self.config.attention.as_ref().map_or(0, |a| a.num_kv_heads * a.head_dim);
+        KvCache::new(num_attn, num_blocks, block_size, width)
+    }
+
+    /// A routing buffer for steps of up to `max_tokens` tokens.
+    pub fn new_routing_buffer(&self, max_tokens: usize) -> RoutingBuffer {
+        let (l, k) = self.routing_meta().map_or((0, 0), |m| (m.num_moe_layers(), m.top_k as usize));
+        RoutingBuffer::new(l, k, max_tokens)
+    }
+
+    /// Runs one step over `seqs`: writes their keys and values into `kv`, their expert choices into
+    /// `routing` (`(L, N, K)` over the step's tokens in sequence order) and returns the logits each
+    /// sequence asked for.
+    pub fn forward(
+        &self,
+        seqs: &[SeqInput<'_>],
+        kv: &mut KvCache,
+        routing: &mut RoutingBuffer,
+    ) -> Result<ForwardOutput> {
+        let tokens = self.step_tokens(seqs, kv)?;
+        let n = tokens.positions.len();
+        if !routing.begin_step(n) {
+            return Err(ModelError::BadInput(format!(
+                "{n} tokens exceed the routing buffer's {}",
+                routing.max_tokens()
+            )));
+        }
+        let h = self.config.hidden_size;
+        let mut x = vec![0.0f32; n * h];
+        let ids = seqs.iter().flat_map(|s| s.token_ids.iter());
+        for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
+            row.copy_from_slice(&self.embed[id as usize * h..(id as usize + 1) * h]);
+        }
+        let mult = self.config.multipliers;
+        if mult.embedding != 1.0 {
+            cpu::scale_inplace(&mut x, mult.embedding);
+        }
+        let mut normed = vec![0.0f32; n * h];
+        let mut branch = vec![0.0f32; n * h];
+        let mut moe_index = 0;
+        for layer in &self.layers {
+            if let Some((norm, mixer)) = &layer.mixer {
+                cpu::rms_norm(&x, norm, self.config.norm_eps, &mut normed);
+                match mixer {
+                    Mixer::Attention(attn) => attn.forward(&normed, &tokens, seqs, kv, &mut branch),
+                }
+                add_residual(&mut x, &branch, mult.residual);
+            }
+            if let Some((norm, ffn)) = &layer.ffn {
+                cpu::rms_norm(&x, norm, self.config.norm_eps, &mut normed);
+                match ffn {
+                    Ffn::Dense(mlp) => mlp.forward(&normed, &mut branch),
+                    Ffn::Moe(moe) => {
+                        moe.forward(&normed, &mut branch, routing.layer_mut(moe_index));
+                        moe_index += 1;
+                    }
+                }
+                add_residual(&mut x, &branch, mult.residual);
+            }
+        }
+        Ok(self.logits(seqs, &tokens, &x))
+    }
+
+    fn logits(&self, seqs: &[SeqInput<'_>], tokens: &StepTokens, x: &[f32]) -> ForwardOutput {
+        let h = self.config.hidden_size;
+        let mut rows = Vec::new();
+        let mut logits_rows = Vec::with_capacity(seqs.len());
+        for (seq, range) in seqs.iter().zip(&tokens.seq_ranges) {
+            let start = rows.len();
+            match seq.logits {
+                LogitsWanted::None => {}
+                LogitsWanted::Last => rows.push(range.end - 1),
+                LogitsWanted::All => rows.extend(range.clone()),
+            }
+            logits_rows.push(start..rows.len());
+        }
+        let mut normed = vec![0.0f32; rows.len() * h];
+        for (o, &r) in normed.chunks_exact_mut(h).zip(&rows) {
+            cpu::rms_norm(&x[r * h..(r + 1) * h], &self.final_norm, self.config.norm_eps, o);
+        }
+        let head = self.lm_head.as_deref().unwrap_or(&self.embed);
+        let mut logits = vec![0.0f32; rows.len() * self.config.vocab_size];
+        cpu::linear(&normed, head, h, &mut logits);
+        let scaling = self.config.multipliers.logits_scaling;
+        if scaling != 1.0 {
+            cpu::scale_inplace(&mut logits, 1.0 / scaling);
+        }
+        ForwardOutput { logits, logits_rows }
+    }
+
+    /// Validates the batch and lays out each token's position, sequence and KV slot.
+    fn step_tokens(&self, seqs: &[SeqInput<'_>], kv: &KvCache) -> Result<StepTokens> {
+        let n: usize = seqs.iter().map(|s| s.token_ids.len()).sum();
+        let mut tokens = StepTokens {
+            positions: Vec::with_capacity(n),
+            seq_of: Vec::with_capacity(n),
+            slots: Vec::with_capacity(n),
+            seq_ranges: Vec::with_capacity(seqs.len()),
+        };
+        let needs_kv = self.config.attention.is_some();
+        for (i, seq) in seqs.iter().enumerate() {
+            if seq.token_ids.is_empty() {
+                return Err(ModelError::BadInput(format!("sequence {i} has no tokens")));
+            }
+            if let Some(&bad) =
+                seq.token_ids.iter().find(|&&t| t as usize >= self.config.vocab_size)
+            {
+                return Err(ModelError::BadInput(format!(
+                    "token id {bad} is outside the vocabulary of {}",
+                    self.config.vocab_size
+                )));
+            }
+            let end = seq.num_computed_tokens + seq.token_ids.len();
+            if needs_kv && seq.block_table.len() * kv.block_size() < end {
+                return Err(ModelError::BadInput(format!(
+                    "sequence {i}: {} blocks cannot hold {end} tokens",
+                    seq.block_table.len()
+                )));
+            }
+            if let Some(b) = seq.block_table.iter().find(|b| b.index() >= kv.num_blocks()) {
+                return Err(ModelError::BadInput(format!(
+                    "sequence {i}: block {b:?} outside the pool"
+                )));
+            }
+            let first = tokens.positions.len();
+            for p in seq.num_computed_tokens..end {
+                tokens.positions.push(p);
+                tokens.seq_of.push(i);
+                tokens.slots.push(if needs_kv { kv.slot(seq.block_table, p) } else { 0 });
+            }
+            tokens.seq_ranges.push(first..tokens.positions.len());
+        }
+        Ok(tokens)
+    }
+}
+
+fn add_residual(x: &mut [f32], branch: &[f32], scale: f32) {
+    if scale == 1.0 {
+        cpu::add_assign(x, branch);
+    } else {
+        x.iter_mut().zip(branch).for_each(|(a, b)| *a += scale * b);
+    }
+}

@@ -1,0 +1,148 @@
+//! The checkpoint's tokenizer (`tokenizer.json`), chat template (`tokenizer_config.json`) and
+//! end-of-sequence ids (`generation_config.json`).
+
+use crate::error::{ModelError, Result};
+use routed_types::TokenId;
+use serde::Serialize;
+use serde_json::Value;
+use std::path::Path;
+
+/// One chat message as the template sees it.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, ...
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+/// Text <-> token ids, the chat template and the EOS ids of one checkpoint.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat_template: Option<String>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    eos_token_ids: Vec<TokenId>,
+}
+
+impl Tokenizer {
+    /// Loads the tokenizer files from a checkpoint directory. `tokenizer.json` is required;
+    /// `tokenizer_config.json` and `generation_config.json` are optional.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        let bytes =
+            std::fs::read(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let config = read_optional_json(&dir.join("tokenizer_config.json"))?;
+        let generation = read_optional_json(&dir.join("generation_config.json"))?;
+        let token_str = |v: &Value, key: &str| match v.get(key) {
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).map(str::to_owned),
+            _ => None,
+        };
+        let chat_template =
+            config.as_ref().and_then(|c| c.get("chat_template")).and_then(Value::as_str);
+        let eos_token = config.as_ref().and_then(|c| token_str(c, "eos_token"));
+        let mut eos_token_ids =
+            generation.as_ref().map(|g| ids_of(g.get("eos_token_id"))).unwrap_or_default();
+        if eos_token_ids.is_empty()
+            && let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t))
+        {
+            eos_token_ids.push(id);
+        }
+        Ok(Self {
+            chat_template: chat_template.map(str::to_owned),
+            bos_token: config.as_ref().and_then(|c| token_str(c, "bos_token")),
+            eos_token,
+            eos_token_ids,
+            inner,
+        })
+    }
+
+    /// Encodes text without adding special tokens (prompts arrive already templated).
+    pub fn encode(&self, text: &str) -> Result<Vec<TokenId>> {
+        let enc =
+            self.inner.encode(text, false).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Decodes ids to text, skipping special tokens.
+    pub fn decode(&self, ids: &[TokenId]) -> Result<String> {
+        self.inner.decode(ids, true).map_err(|e| ModelError::Tokenizer(e.to_string()))
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Ids that end generation (unless a request ignores EOS).
+    pub fn eos_token_ids(&self) -> &[TokenId] {
+        &self.eos_token_ids
+    }
+
+    /// Whether the checkpoint ships a chat template.
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// Renders `messages` with the checkpoint's chat template, as transformers'
+    /// `apply_chat_template(..., tokenize=False)` does.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let source = self
+            .chat_template
+            .as_deref()
+            .ok_or_else(|| ModelError::ChatTemplate("this model has no chat template".into()))?;
+        let mut env = minijinja::Environment::new();
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()
+                .map_err(|e| ModelError::ChatTemplate(e.to_string()))?,
+        );
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+            },
+        );
+        env.add_template("chat", source).map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
+        let template =
+            env.get_template("chat").map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
+        template
+            .render(minijinja::context! {
+                messages => minijinja::value::Serde(messages),
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token.clone().unwrap_or_default(),
+                eos_token => self.eos_token.clone().unwrap_or_default(),
+            })
+            .map_err(|e| ModelError::ChatTemplate(e.to_string()))
+    }
+}
+
+fn read_optional_json(path: &Path) -> Result<Option<Value>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|source| ModelError::Json { path: path.to_owned(), source }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ModelError::Io { path: path.to_owned(), source }),
+    }
+}
+
+fn ids_of(v: Option<&Value>) -> Vec<TokenId> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as TokenId]).unwrap_or_default(),
+        Some(Value::Array(a)) => {
+            a.iter().filter_map(|x| x.as_u64().map(|n| n as TokenId)).collect()
+        }
+        _ => Vec::new(),
+    }
+}

@@ -1,0 +1,13 @@
+//! Vocabulary shared by every `routed` crate.
+//!
+//! This crate holds only plain data: newtype ids, sampling parameters and the routing-row layout.
+//! It does no I/O and knows nothing of tensors, threads or HTTP, so every other crate can depend
+//! on it without pulling anything else in.
+
+mod ids;
+mod routing;
+mod sampling;
+
+pub use ids::{BlockGeneration, BlockHash, BlockId, RequestId, SnapshotSlotId, TokenId};
+pub use routing::{ExpertId, RoutingMeta, RoutingRows};
+pub use sampling::{FinishReason, SamplingParams, StopMatch};

@@ -1,0 +1,9 @@
+//! `routed`: an inference engine for Mixture-of-Experts and hybrid Mamba2/attention/MoE language
+//! models, whose headline is routing replay.
+//!
+//! This facade re-exports the workspace crates; see `docs/ARCHITECTURE.md` for the map.
+
+pub use routed_backend as backend;
+pub use routed_model as model;
+pub use routed_routing as routing;
+pub use routed_types as types;
