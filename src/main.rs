@@ -4,7 +4,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use routed::{
     backend::{Device, DeviceSpec},
-    model::{LogitsWanted, Model, Sampler, SeqInput, Tokenizer},
+    model::{LiveStateId, LogitsWanted, Model, Sampler, SeqInput, StateIo, Tokenizer},
     types::{BlockId, SamplingParams, TokenId},
 };
 use std::path::{Path, PathBuf};
@@ -56,7 +56,9 @@ struct GenerateArgs {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
     match Cli::parse().command {
         Command::Generate(args) => generate(args),
     }
@@ -64,7 +66,10 @@ fn main() -> Result<()> {
 
 fn load_with_progress(dir: &Path) -> Result<Model> {
     let bar = indicatif::ProgressBar::new(0).with_message(format!("loading {}", dir.display()));
-    bar.set_style(indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tensors").expect("template"));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tensors")
+            .expect("template"),
+    );
     let model = Model::load(dir, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
@@ -117,11 +122,17 @@ fn generate(args: GenerateArgs) -> Result<()> {
 
 /// Runs one request to completion on private blocks: a prefill, then one decode step per token.
 /// Returns the generated tokens, the finish reason and the number of routing rows computed.
-fn run(model: &Model, prompt: &[TokenId], params: &SamplingParams, eos: &[TokenId]) -> Result<(Vec<TokenId>, &'static str, usize)> {
+fn run(
+    model: &Model,
+    prompt: &[TokenId],
+    params: &SamplingParams,
+    eos: &[TokenId],
+) -> Result<(Vec<TokenId>, &'static str, usize)> {
     const BLOCK: usize = 16;
     let total = prompt.len() + params.max_tokens as usize;
     let table: Vec<BlockId> = (0..total.div_ceil(BLOCK) as u32).map(BlockId).collect();
     let mut kv = model.new_kv_cache(table.len(), BLOCK);
+    let mut states = model.new_state_cache(1, 0);
     let mut routing = model.new_routing_buffer(prompt.len().max(1));
     let mut sampler = Sampler::default();
     let mut tokens: Vec<TokenId> = Vec::new();
@@ -134,9 +145,13 @@ fn run(model: &Model, prompt: &[TokenId], params: &SamplingParams, eos: &[TokenI
             num_prompt_tokens: prompt.len(),
             block_table: &table,
             logits: LogitsWanted::Last,
-            state: None,
+            state: model.config().is_hybrid().then_some(StateIo {
+                live: LiveStateId(0),
+                restore_from: None,
+                snapshots: &[],
+            }),
         };
-        let out = model.forward(&[seq], &mut kv, &mut routing)?;
+        let out = model.forward(&[seq], &mut kv, &mut states, &mut routing)?;
         computed += input.len();
         let next = sampler.sample(&out.logits, params, tokens.len() as u64).token;
         tokens.push(next);

@@ -121,6 +121,8 @@ pub struct MambaConfig {
     pub dt_max_prompt: Option<f32>,
     /// Epsilon of the gated RMSNorm.
     pub norm_eps: f32,
+    /// The gated RMSNorm normalises `d_inner / norm_groups` channels at a time.
+    pub norm_groups: usize,
     /// The chunk size the reference implementation scans in (informational: we scan per token).
     pub chunk_size: usize,
 }

@@ -17,6 +17,7 @@ mod kv;
 mod layers;
 mod model;
 mod sampling;
+mod state;
 mod tokenizer;
 mod weights;
 
@@ -29,6 +30,7 @@ pub use error::{ModelError, Result};
 pub use kv::KvCache;
 pub use model::Model;
 pub use sampling::{SampledToken, Sampler};
+pub use state::StateCache;
 pub use tokenizer::{ChatMessage, Tokenizer};
 pub use weights::Weights;
 

@@ -5,7 +5,8 @@ use crate::{
     config::{MixerKind, ModelConfig},
     error::{ModelError, Result},
     kv::KvCache,
-    layers::{StepTokens, attention::Attention, mlp::Mlp, moe::Moe},
+    layers::{StepTokens, attention::Attention, mamba::Mamba, mlp::Mlp, moe::Moe},
+    state::{StateCache, StateLayout},
 };
 use routed_backend::cpu;
 use routed_types::RoutingMeta;
@@ -13,6 +14,7 @@ use routed_types::RoutingMeta;
 /// A token mixer of a decoder layer.
 pub(crate) enum Mixer {
     Attention(Attention),
+    Mamba(Mamba),
 }
 
 /// A feed-forward block of a decoder layer.
@@ -62,22 +64,37 @@ impl Model {
         KvCache::new(num_attn, num_blocks, block_size, width)
     }
 
+    /// Recurrent-state storage: `num_live` live slots (plus a scratch slot for dummy forwards) and
+    /// `num_snapshots` snapshot slots. Empty for models without Mamba layers.
+    pub fn new_state_cache(&self, num_live: usize, num_snapshots: usize) -> StateCache {
+        match &self.config.mamba {
+            Some(m) => {
+                let n = self.config.layers.iter().filter(|l| l.mixer == MixerKind::Mamba).count();
+                StateCache::new(StateLayout::new(m, n), num_live, num_snapshots)
+            }
+            None => StateCache::empty(),
+        }
+    }
+
     /// A routing buffer for steps of up to `max_tokens` tokens.
     pub fn new_routing_buffer(&self, max_tokens: usize) -> RoutingBuffer {
         let (l, k) = self.routing_meta().map_or((0, 0), |m| (m.num_moe_layers(), m.top_k as usize));
         RoutingBuffer::new(l, k, max_tokens)
     }
 
-    /// Runs one step over `seqs`: writes their keys and values into `kv`, their expert choices into
-    /// `routing` (`(L, N, K)` over the step's tokens in sequence order) and returns the logits each
-    /// sequence asked for.
+    /// Runs one step over `seqs`: writes their keys and values into `kv`, advances their recurrent
+    /// state in `states` (restoring and taking the snapshots each sequence names), writes their
+    /// expert choices into `routing` (`(L, N, K)` over the step's tokens in sequence order) and
+    /// returns the logits each sequence asked for.
     pub fn forward(
         &self,
         seqs: &[SeqInput<'_>],
         kv: &mut KvCache,
+        states: &mut StateCache,
         routing: &mut RoutingBuffer,
     ) -> Result<ForwardOutput> {
         let tokens = self.step_tokens(seqs, kv)?;
+        self.prepare_states(seqs, states)?;
         let n = tokens.positions.len();
         if !routing.begin_step(n) {
             return Err(ModelError::BadInput(format!(
@@ -103,6 +120,9 @@ impl Model {
                 cpu::rms_norm(&x, norm, self.config.norm_eps, &mut normed);
                 match mixer {
                     Mixer::Attention(attn) => attn.forward(&normed, &tokens, seqs, kv, &mut branch),
+                    Mixer::Mamba(mamba) => {
+                        mamba.forward(&normed, &tokens, seqs, states, &mut branch)
+                    }
                 }
                 add_residual(&mut x, &branch, mult.residual);
             }
@@ -146,6 +166,52 @@ impl Model {
             cpu::scale_inplace(&mut logits, 1.0 / scaling);
         }
         ForwardOutput { logits, logits_rows }
+    }
+
+    /// Checks every sequence's state slots, then restores snapshots and clears the live state of
+    /// sequences that start from position 0.
+    fn prepare_states(&self, seqs: &[SeqInput<'_>], states: &mut StateCache) -> Result<()> {
+        if !self.config.is_hybrid() {
+            return Ok(());
+        }
+        for (i, seq) in seqs.iter().enumerate() {
+            let io = seq.state.ok_or_else(|| {
+                ModelError::BadInput(format!("sequence {i} of a hybrid model has no state slot"))
+            })?;
+            if !states.check_live(io.live) {
+                return Err(ModelError::BadInput(format!(
+                    "sequence {i}: live state slot {} outside the pool",
+                    io.live.0
+                )));
+            }
+            let end = seq.num_computed_tokens + seq.token_ids.len();
+            for &(pos, slot) in io
+                .snapshots
+                .iter()
+                .chain(io.restore_from.map(|s| (seq.num_computed_tokens, s)).iter())
+            {
+                if !states.check_snapshot(slot) || pos < seq.num_computed_tokens || pos > end {
+                    return Err(ModelError::BadInput(format!(
+                        "sequence {i}: bad snapshot {slot:?} at position {pos}"
+                    )));
+                }
+            }
+            if seqs[..i].iter().any(|s| s.state.is_some_and(|o| o.live == io.live)) {
+                return Err(ModelError::BadInput(format!(
+                    "sequence {i} shares live state slot {}",
+                    io.live.0
+                )));
+            }
+        }
+        for seq in seqs {
+            let io = seq.state.expect("checked above");
+            match io.restore_from {
+                Some(slot) => states.restore(slot, io.live),
+                None if seq.num_computed_tokens == 0 => states.clear_live(io.live),
+                None => {}
+            }
+        }
+        Ok(())
     }
 
     /// Validates the batch and lays out each token's position, sequence and KV slot.

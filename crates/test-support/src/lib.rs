@@ -4,7 +4,7 @@
 mod driver;
 mod golden;
 
-pub use driver::{Driver, Prefill};
+pub use driver::{Driver, Prefill, Seq};
 pub use golden::{Golden, golden_root};
 
 /// Largest absolute difference between two equally long slices.

@@ -37,7 +37,10 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// `out[m, n] = x[m, k] · w[n, k]^T`: a linear layer without bias over `m` rows.
 pub fn linear(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
-    assert!(k > 0 && x.len().is_multiple_of(k) && w.len().is_multiple_of(k), "linear: bad inner dimension {k}");
+    assert!(
+        k > 0 && x.len().is_multiple_of(k) && w.len().is_multiple_of(k),
+        "linear: bad inner dimension {k}"
+    );
     let m = x.len() / k;
     let n = w.len() / k;
     assert_eq!(out.len(), m * n, "linear: output is {} values, expected {m}x{n}", out.len());

@@ -1,13 +1,18 @@
 //! Model families: each maps its Hugging Face config keys and tensor names onto the shared
 //! building blocks. Adding a family means one file here and a line in each `match` below.
 
+mod granite_moe_hybrid;
 mod mixtral;
+mod nemotron_h;
 mod qwen3_moe;
 
 use crate::{
-    config::{Architecture, AttentionConfig, FfnActivation, ModelConfig, MoeConfig, RawConfig},
-    error::{ModelError, Result},
-    layers::{attention::Attention, mlp::Mlp, moe::Moe},
+    config::{
+        Architecture, AttentionConfig, FfnActivation, MambaConfig, ModelConfig, MoeConfig,
+        RawConfig,
+    },
+    error::Result,
+    layers::{attention::Attention, mamba::Mamba, mlp::Mlp, moe::Moe},
     model::Model,
     weights::Weights,
 };
@@ -17,7 +22,8 @@ pub(crate) fn config_for(arch: Architecture, raw: &RawConfig) -> Result<ModelCon
     match arch {
         Architecture::Qwen3Moe => qwen3_moe::config(raw),
         Architecture::Mixtral => mixtral::config(raw),
-        other => Err(raw.unsupported(format!("{} is not implemented yet", other.hf_name()))),
+        Architecture::NemotronH => nemotron_h::config(raw),
+        Architecture::GraniteMoeHybrid => granite_moe_hybrid::config(raw),
     }
 }
 
@@ -30,7 +36,8 @@ pub(crate) fn load(
     let mut loader = Loader { weights, done: 0, total: weights.len(), progress };
     match config.architecture {
         Architecture::Qwen3Moe | Architecture::Mixtral => qwen3_moe::load(config, &mut loader),
-        other => Err(ModelError::BadInput(format!("{} is not implemented yet", other.hf_name()))),
+        Architecture::NemotronH => nemotron_h::load(config, &mut loader),
+        Architecture::GraniteMoeHybrid => granite_moe_hybrid::load(config, &mut loader),
     }
 }
 
@@ -116,6 +123,38 @@ impl Loader<'_> {
             down: self.tensor(down.expect("every MLP has a down projection"), &[hidden, inter])?,
             hidden,
             inter,
+        })
+    }
+
+    /// A Mamba2 mixer under `prefix` (`{prefix}.in_proj.weight`, ...); `index` is its place among
+    /// the model's Mamba layers.
+    pub fn mamba(
+        &mut self,
+        prefix: &str,
+        cfg: &MambaConfig,
+        hidden: usize,
+        index: usize,
+    ) -> Result<Mamba> {
+        let (d_inner, conv_dim, nh, k) =
+            (cfg.d_inner(), cfg.conv_dim(), cfg.num_heads, cfg.conv_kernel);
+        let proj_dim = d_inner + conv_dim + nh;
+        let a_log = self.tensor(&format!("{prefix}.A_log"), &[nh])?;
+        Ok(Mamba {
+            cfg: cfg.clone(),
+            index,
+            hidden,
+            in_proj: self.tensor(&format!("{prefix}.in_proj.weight"), &[proj_dim, hidden])?,
+            conv_weight: self.tensor(&format!("{prefix}.conv1d.weight"), &[conv_dim, 1, k])?,
+            conv_bias: match cfg.conv_bias {
+                true => Some(self.tensor(&format!("{prefix}.conv1d.bias"), &[conv_dim])?),
+                false => None,
+            },
+            dt_bias: self.tensor(&format!("{prefix}.dt_bias"), &[nh])?,
+            a: a_log.iter().map(|x| -x.exp()).collect(),
+            d: self.tensor(&format!("{prefix}.D"), &[nh])?,
+            norm: self.tensor(&format!("{prefix}.norm.weight"), &[d_inner])?,
+            norm_groups: cfg.norm_groups,
+            out_proj: self.tensor(&format!("{prefix}.out_proj.weight"), &[hidden, d_inner])?,
         })
     }
 

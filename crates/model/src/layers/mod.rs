@@ -1,6 +1,7 @@
 //! The building blocks the model families are assembled from.
 
 pub(crate) mod attention;
+pub(crate) mod mamba;
 pub(crate) mod mlp;
 pub(crate) mod moe;
 pub(crate) mod router;

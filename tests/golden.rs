@@ -1,5 +1,5 @@
-//! Golden parity of the attention + MoE families against Hugging Face transformers, and the
-//! deterministic-mode guarantee (batching and chunking change nothing, bit for bit).
+//! Golden parity of every family against Hugging Face transformers, and the deterministic-mode
+//! guarantee (batching and chunking change nothing, bit for bit).
 
 use routed::model::{LogitsWanted, Model, SeqInput};
 use routed_test_support::{Driver, Golden, max_abs_diff};
@@ -47,8 +47,8 @@ fn check_family(arch: &str) {
     for case in &cases {
         let prompt = g.prompt(case);
         let mut d = Driver::new(&model, 256);
-        let table = d.blocks(prompt.len());
-        let pre = d.prefill(&prompt, &table, prompt.len());
+        let seq = d.seq(prompt.len());
+        let pre = d.prefill(&prompt, &seq, prompt.len());
         let (want, shape) = g.f32(&format!("{case}.logits"));
         assert_eq!(shape, [prompt.len(), vocab]);
         let diff = max_abs_diff(&pre.logits, &want);
@@ -86,6 +86,16 @@ fn mixtral_matches_transformers() {
 }
 
 #[test]
+fn nemotron_h_matches_transformers() {
+    check_family("nemotron_h");
+}
+
+#[test]
+fn granite_moe_hybrid_matches_transformers() {
+    check_family("granitemoehybrid");
+}
+
+#[test]
 fn qwen3_moe_has_a_dense_layer() {
     let model = load(&Golden::open("qwen3_moe"));
     let moe = model.config().moe_layer_ids();
@@ -97,7 +107,7 @@ fn qwen3_moe_has_a_dense_layer() {
 
 #[test]
 fn both_config_key_styles_give_identical_logits() {
-    for arch in ["qwen3_moe", "mixtral"] {
+    for arch in ["qwen3_moe", "mixtral", "nemotron_h", "granitemoehybrid"] {
         let g = Golden::open(arch);
         let hub = load(&g);
         let v5 =
@@ -105,10 +115,10 @@ fn both_config_key_styles_give_identical_logits() {
         assert_eq!(hub.config(), v5.config(), "{arch}: normalised configs differ");
         let prompt = g.prompt("main");
         let (mut a, mut b) = (Driver::new(&hub, 64), Driver::new(&v5, 64));
-        let (ta, tb) = (a.blocks(prompt.len()), b.blocks(prompt.len()));
+        let (sa, sb) = (a.seq(prompt.len()), b.seq(prompt.len()));
         assert_eq!(
-            a.prefill(&prompt, &ta, 24).logits,
-            b.prefill(&prompt, &tb, 24).logits,
+            a.prefill(&prompt, &sa, 24).logits,
+            b.prefill(&prompt, &sb, 24).logits,
             "{arch}"
         );
     }
@@ -118,18 +128,18 @@ fn both_config_key_styles_give_identical_logits() {
 /// gives bitwise-identical logits and routing to its solo unchunked run.
 #[test]
 fn deterministic_mode_batching_and_chunking_are_bitwise_invisible() {
-    for arch in ["qwen3_moe", "mixtral"] {
+    for arch in ["qwen3_moe", "mixtral", "nemotron_h", "granitemoehybrid"] {
         let g = Golden::open(arch);
         let model = load(&g);
         let prompt = g.prompt("main");
         let others = [g.prompt("long"), g.prompt("short3"), g.prompt("short1")];
         let mut solo = Driver::new(&model, 256);
-        let table = solo.blocks(prompt.len());
-        let reference = solo.prefill(&prompt, &table, prompt.len());
+        let seq = solo.seq(prompt.len());
+        let reference = solo.prefill(&prompt, &seq, prompt.len());
 
         let mut d = Driver::new(&model, 256);
-        let table = d.blocks(prompt.len());
-        let other_tables: Vec<_> = others.iter().map(|o| d.blocks(o.len())).collect();
+        let seq = d.seq(prompt.len());
+        let other_seqs: Vec<_> = others.iter().map(|o| d.seq(o.len())).collect();
         let vocab = model.config().vocab_size;
         let (mut logits, mut routing) = (Vec::new(), Vec::new());
         for (i, chunk) in prompt.chunks(5).enumerate() {
@@ -138,9 +148,9 @@ fn deterministic_mode_batching_and_chunking_are_bitwise_invisible() {
                 token_ids: chunk,
                 num_computed_tokens: i * 5,
                 num_prompt_tokens: prompt.len(),
-                block_table: &table,
+                block_table: &seq.table,
                 logits: LogitsWanted::All,
-                state: None,
+                state: d.state(&seq, None, &[]),
             }];
             let o = i % others.len();
             if i < others.len() {
@@ -150,13 +160,13 @@ fn deterministic_mode_batching_and_chunking_are_bitwise_invisible() {
                         token_ids: &others[o],
                         num_computed_tokens: 0,
                         num_prompt_tokens: others[o].len(),
-                        block_table: &other_tables[o],
+                        block_table: &other_seqs[o].table,
                         logits: LogitsWanted::Last,
-                        state: None,
+                        state: d.state(&other_seqs[o], None, &[]),
                     },
                 );
             }
-            let at = seqs.iter().position(|s| s.block_table == table.as_slice()).unwrap();
+            let at = seqs.iter().position(|s| s.block_table == seq.table.as_slice()).unwrap();
             let (l, r) = d.step(&seqs).swap_remove(at);
             assert_eq!(l.len(), chunk.len() * vocab);
             logits.extend(l);
