@@ -1,0 +1,46 @@
+//! The `routed` binary end to end: `generate --json` reproduces transformers' greedy tokens.
+
+use routed_test_support::Golden;
+use std::process::Command;
+
+fn generate(arch: &str, extra: &[&str]) -> (serde_json::Value, Golden) {
+    let g = Golden::open(arch);
+    let text = g.meta["cases"]["main"]["text"].as_str().unwrap().to_owned();
+    let out = Command::new(env!("CARGO_BIN_EXE_routed"))
+        .args(["generate", "--model"])
+        .arg(g.model_dir())
+        .args(["--prompt", &text, "--max-tokens", "16", "--ignore-eos", "--json"])
+        .args(extra)
+        .output()
+        .expect("run routed");
+    assert!(out.status.success(), "routed failed: {}", String::from_utf8_lossy(&out.stderr));
+    (serde_json::from_slice(&out.stdout).expect("one JSON object"), g)
+}
+
+#[test]
+fn generate_json_matches_transformers_greedy_tokens() {
+    for arch in ["qwen3_moe", "nemotron_h"] {
+        let (out, g) = generate(arch, &[]);
+        let want: Vec<i64> = g.i64("main.generate.ids").0;
+        let got: Vec<i64> =
+            out["token_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+        assert_eq!(got, want, "{arch}");
+        assert_eq!(out["finish_reason"], "length");
+        let layers = g.moe_layers().len();
+        assert_eq!(out["routed_experts_shape"], serde_json::json!([24 + 15, layers, 2]), "{arch}");
+    }
+}
+
+#[test]
+fn a_cuda_device_without_cuda_is_a_clear_error() {
+    let g = Golden::open("qwen3_moe");
+    let out = Command::new(env!("CARGO_BIN_EXE_routed"))
+        .args(["generate", "--device", "cuda:0", "--prompt", "x", "--model"])
+        .arg(g.model_dir())
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("CUDA") && !err.contains("panicked"), "{err}");
+}
