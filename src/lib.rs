@@ -4,6 +4,7 @@
 //! This facade re-exports the workspace crates; see `docs/ARCHITECTURE.md` for the map.
 
 pub use routed_backend as backend;
+pub use routed_cache as cache;
 pub use routed_model as model;
 pub use routed_routing as routing;
 pub use routed_types as types;

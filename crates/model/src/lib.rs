@@ -29,7 +29,8 @@ pub use config::{
 pub use error::{ModelError, Result};
 pub use kv::KvCache;
 pub use model::Model;
-pub use sampling::{SampledToken, Sampler};
+pub use routed_types::SampledToken;
+pub use sampling::Sampler;
 pub use state::StateCache;
 pub use tokenizer::{ChatMessage, Tokenizer};
 pub use weights::Weights;

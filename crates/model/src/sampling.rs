@@ -5,18 +5,7 @@
 //! or on preemption.
 
 use routed_backend::cpu;
-use routed_types::{SamplingParams, TokenId};
-
-/// One sampled token and its logprobs.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SampledToken {
-    /// The chosen token.
-    pub token: TokenId,
-    /// Its logprob under the raw model distribution (before temperature, top-k, top-p).
-    pub logprob: f32,
-    /// The most likely alternatives with their logprobs, when the request asked for them.
-    pub top_logprobs: Vec<(TokenId, f32)>,
-}
+use routed_types::{SampledToken, SamplingParams, TokenId};
 
 /// Sampling scratch reused across tokens so the hot path does not allocate per token.
 #[derive(Default)]

@@ -7,7 +7,9 @@
 mod ids;
 mod routing;
 mod sampling;
+mod step;
 
 pub use ids::{BlockGeneration, BlockHash, BlockId, RequestId, SnapshotSlotId, TokenId};
 pub use routing::{ExpertId, RoutingMeta, RoutingRows};
 pub use sampling::{FinishReason, SamplingParams, StopMatch};
+pub use step::{SampledToken, ScheduledSeq, StepId, StepOutput, StepPlan};

@@ -1,0 +1,33 @@
+//! The scheduling policy of `routed`, as plain synchronous code the scheduler actor drives.
+//!
+//! A step goes:
+//!
+//! 1. [`Scheduler::begin_step`] drains what the cache manager must hear about (new requests,
+//!    sampled tokens, commits of the last forward, frees) into one [`CacheStep`] together with
+//!    the step's candidates in priority order and the token budget: one round trip per step.
+//! 2. The cache manager answers with a [`GrantedStep`]; [`Scheduler::build_plan`] turns it into the
+//!    runner's [`StepPlan`], admitting, preempting and chunking as the grants say.
+//! 3. [`Scheduler::apply_output`] appends sampled tokens and checks stop conditions, returning
+//!    the events to stream.
+//!
+//! Sequences that finish wait in `finishing` until the engine has read their routing rows; only
+//! [`Scheduler::release`] then frees their blocks, so rows are never read from freed blocks.
+
+mod policy;
+mod seq;
+mod stop;
+
+pub use policy::{CacheStep, GrantedStep, Scheduler, SchedulerConfig, SeqEvent};
+pub use seq::{NewSeq, Seq, SeqStatus};
+pub use stop::check_stop;
+
+/// Errors of the scheduling policy.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SchedulerError {
+    /// The waiting queue is full.
+    #[error("{0} requests are already waiting")]
+    Overloaded(usize),
+    /// A request id is already in use.
+    #[error("duplicate request id {0:?}")]
+    Duplicate(routed_types::RequestId),
+}

@@ -1,0 +1,310 @@
+//! The scheduler proper: queues, the per-step exchange with the cache manager, and applying a
+//! step's output.
+
+use crate::{NewSeq, SchedulerError, Seq, SeqStatus, check_stop};
+use routed_cache::{CacheRequest, CacheStats, CommitEntry, SlotRequest, StepAllocation};
+use routed_types::{
+    BlockGeneration, BlockId, FinishReason, RequestId, SampledToken, ScheduledSeq, StepId,
+    StepOutput, StepPlan, TokenId,
+};
+use std::collections::{HashMap, VecDeque};
+
+/// Limits and model facts the policy needs.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Most tokens computed in one step.
+    pub max_num_batched_tokens: usize,
+    /// Most sequences running at once (also the number of live state slots).
+    pub max_num_seqs: usize,
+    /// Most sequences waiting before `add` refuses.
+    pub max_waiting_requests: usize,
+    /// Longest prompt + output.
+    pub max_model_len: usize,
+    /// Whether sequences need a live Mamba state slot.
+    pub hybrid: bool,
+    /// Tokens that end generation unless a request ignores EOS.
+    pub eos_token_ids: Vec<TokenId>,
+    /// Whether steps hand their routing to the copy worker.
+    pub capture_routing: bool,
+}
+
+/// What the cache manager must hear this step, and the step's candidates: the payload of the one
+/// round trip per step.
+#[derive(Clone, Debug, Default)]
+pub struct CacheStep {
+    /// Commits of the last forward (publish after compute).
+    pub commit: Vec<CommitEntry>,
+    /// Requests to start tracking.
+    pub add: Vec<CacheRequest>,
+    /// Sampled tokens, appended before the step that feeds them back.
+    pub append: Vec<(RequestId, TokenId)>,
+    /// Finished or aborted sequences whose blocks can be released.
+    pub free: Vec<RequestId>,
+    /// Candidates in priority order: running sequences first (oldest first), then waiting ones.
+    pub candidates: Vec<SlotRequest>,
+    /// Token budget of the step.
+    pub token_budget: usize,
+}
+
+/// The cache manager's answer to a [`CacheStep`].
+#[derive(Clone, Debug, Default)]
+pub struct GrantedStep {
+    /// The grants, deferrals and preemptions.
+    pub allocation: StepAllocation,
+    /// Per grant: the whole block table with generations for an admission, the blocks appended
+    /// by the grant otherwise.
+    pub tables: Vec<Vec<(BlockId, BlockGeneration)>>,
+    /// Blocks whose contents died since the last step (evicted, reset): their routing rows go.
+    pub dropped_blocks: Vec<(BlockId, BlockGeneration)>,
+    /// Cache figures after the step was planned.
+    pub stats: CacheStats,
+}
+
+/// What happened to a sequence in a step.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SeqEvent {
+    /// A token was sampled.
+    Token { id: RequestId, sampled: SampledToken },
+    /// The sequence stopped; its routing must be read before [`Scheduler::release`].
+    Finished { id: RequestId, reason: FinishReason, text_len: Option<usize> },
+}
+
+/// The request lifecycle and the step policy.
+pub struct Scheduler {
+    config: SchedulerConfig,
+    seqs: HashMap<RequestId, Seq>,
+    waiting: VecDeque<RequestId>,
+    running: Vec<RequestId>,
+    free_live_states: Vec<u32>,
+    next_step: u64,
+    outbox: CacheStep,
+    /// Commit entries of the step in flight, aligned with its plan.
+    in_flight: Vec<CommitEntry>,
+}
+
+impl Scheduler {
+    /// An empty scheduler.
+    pub fn new(config: SchedulerConfig) -> Self {
+        let free_live_states = (0..config.max_num_seqs as u32).rev().collect();
+        Self {
+            config,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            free_live_states,
+            next_step: 0,
+            outbox: CacheStep::default(),
+            in_flight: Vec::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// Sequences waiting for admission.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Sequences running.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Nothing running and nothing waiting (sequences still finishing don't count).
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Whether a step would do anything: candidates to schedule or messages for the cache.
+    pub fn has_work(&self) -> bool {
+        !self.is_idle() || !self.outbox.free.is_empty() || !self.outbox.commit.is_empty()
+    }
+
+    /// A tracked sequence.
+    pub fn seq(&self, id: RequestId) -> Option<&Seq> {
+        self.seqs.get(&id)
+    }
+
+    /// Queues sequences (all continuations of one request at once, or none).
+    pub fn add(&mut self, new: Vec<NewSeq>) -> Result<(), SchedulerError> {
+        if self.waiting.len() + new.len() > self.config.max_waiting_requests {
+            return Err(SchedulerError::Overloaded(self.waiting.len()));
+        }
+        if let Some(dup) = new.iter().find(|s| self.seqs.contains_key(&s.id)) {
+            return Err(SchedulerError::Duplicate(dup.id));
+        }
+        for s in new {
+            self.outbox.add.push(CacheRequest {
+                request_id: s.id,
+                prompt_token_ids: s.prompt.to_vec(),
+                cache_salt: s.cache_salt,
+                skip_reading_prefix_cache: false,
+            });
+            self.waiting.push_back(s.id);
+            let seq = Seq {
+                id: s.id,
+                prompt: s.prompt,
+                output: Vec::new(),
+                params: s.params,
+                status: SeqStatus::Waiting,
+                blocks: Vec::new(),
+                num_computed_tokens: 0,
+                num_cached_tokens: 0,
+                live_state: None,
+                ever_computed: false,
+            };
+            self.seqs.insert(s.id, seq);
+        }
+        Ok(())
+    }
+
+    /// Drops a sequence wherever it is and releases what it holds. Returns it, if it existed.
+    pub fn abort(&mut self, id: RequestId) -> Option<Seq> {
+        let mut seq = self.seqs.remove(&id)?;
+        self.waiting.retain(|&w| w != id);
+        self.running.retain(|&r| r != id);
+        if let Some(slot) = seq.live_state.take() {
+            self.free_live_states.push(slot);
+        }
+        let before = self.outbox.add.len();
+        self.outbox.add.retain(|a| a.request_id != id);
+        self.outbox.append.retain(|a| a.0 != id);
+        self.outbox.commit.retain(|c| c.request_id != id);
+        if self.outbox.add.len() == before {
+            // The cache manager knows it: release its blocks there.
+            self.outbox.free.push(id);
+        }
+        Some(seq)
+    }
+
+    /// Frees a finished sequence's blocks once its routing rows have been read.
+    pub fn release(&mut self, id: RequestId) {
+        if self.seqs.get(&id).is_some_and(|s| s.status == SeqStatus::Finishing) {
+            self.seqs.remove(&id);
+            self.outbox.free.push(id);
+        }
+    }
+
+    /// Starts a step: everything the cache manager must hear plus the candidates.
+    pub fn begin_step(&mut self) -> CacheStep {
+        let mut step = std::mem::take(&mut self.outbox);
+        step.candidates.extend(self.running.iter().map(|&id| SlotRequest::new(id)));
+        let room = self.config.max_num_seqs.saturating_sub(self.running.len());
+        step.candidates.extend(self.waiting.iter().take(room).map(|&id| SlotRequest::new(id)));
+        step.token_budget = self.config.max_num_batched_tokens;
+        step
+    }
+
+    /// Turns the cache manager's grants into the runner's plan, admitting and preempting as they
+    /// say.
+    pub fn build_plan(&mut self, granted: GrantedStep) -> StepPlan {
+        for &id in &granted.allocation.preempted {
+            self.preempted(id);
+        }
+        let step_id = StepId(self.next_step);
+        self.next_step += 1;
+        let mut plan =
+            StepPlan { step_id, seqs: Vec::new(), capture_routing: self.config.capture_routing };
+        self.in_flight.clear();
+        for (grant, table) in granted.allocation.grants.iter().zip(granted.tables) {
+            if grant.is_admission {
+                self.admit(grant.request_id, table, grant.num_cached_tokens);
+            } else if let Some(seq) = self.seqs.get_mut(&grant.request_id) {
+                seq.blocks.extend(table);
+            }
+            let Some(seq) = self.seqs.get_mut(&grant.request_id) else { continue };
+            seq.num_computed_tokens = grant.end();
+            seq.ever_computed = true;
+            let sample = (grant.end() == seq.num_tokens())
+                .then(|| (seq.params.clone(), seq.output.len() as u64));
+            plan.seqs.push(ScheduledSeq {
+                request_id: seq.id,
+                token_ids: (grant.num_computed_tokens..grant.end()).map(|p| seq.token(p)).collect(),
+                num_computed_tokens: grant.num_computed_tokens,
+                num_prompt_tokens: seq.prompt.len(),
+                block_table: seq.blocks.iter().map(|b| b.0).collect(),
+                block_generations: seq.blocks.iter().map(|b| b.1).collect(),
+                live_state: seq.live_state,
+                restore_from: grant.restore_from,
+                snapshots: grant.snapshots.iter().map(|s| (s.position, s.slot)).collect(),
+                sample,
+            });
+            self.in_flight.push(grant.commit_entry());
+        }
+        plan
+    }
+
+    fn admit(
+        &mut self,
+        id: RequestId,
+        table: Vec<(BlockId, BlockGeneration)>,
+        num_cached_tokens: usize,
+    ) {
+        let Some(seq) = self.seqs.get_mut(&id) else { return };
+        seq.status = SeqStatus::Running;
+        seq.blocks = table;
+        seq.num_cached_tokens = num_cached_tokens;
+        if self.config.hybrid {
+            seq.live_state =
+                Some(self.free_live_states.pop().expect("a live state per running sequence"));
+        }
+        self.waiting.retain(|&w| w != id);
+        self.running.push(id);
+    }
+
+    fn preempted(&mut self, id: RequestId) {
+        let Some(seq) = self.seqs.get_mut(&id) else { return };
+        seq.status = SeqStatus::Waiting;
+        seq.blocks.clear();
+        seq.num_computed_tokens = 0;
+        if let Some(slot) = seq.live_state.take() {
+            self.free_live_states.push(slot);
+        }
+        self.running.retain(|&r| r != id);
+        // A preempted sequence goes back to the head of the queue: it was admitted first.
+        self.waiting.push_front(id);
+    }
+
+    /// Applies a step's output: appends sampled tokens, checks stop conditions, queues the
+    /// commits. `text` decodes tokens for stop strings.
+    pub fn apply_output(
+        &mut self,
+        plan: &StepPlan,
+        output: &StepOutput,
+        text: &mut dyn FnMut(&[TokenId]) -> String,
+    ) -> Vec<SeqEvent> {
+        let mut events = Vec::new();
+        let in_flight = std::mem::take(&mut self.in_flight);
+        for ((scheduled, sampled), commit) in plan.seqs.iter().zip(&output.sampled).zip(in_flight) {
+            let id = scheduled.request_id;
+            let Some(seq) = self.seqs.get_mut(&id) else { continue };
+            self.outbox.commit.push(commit);
+            let Some(sampled) = sampled else { continue };
+            seq.output.push(sampled.token);
+            events.push(SeqEvent::Token { id, sampled: sampled.clone() });
+            let stop = check_stop(
+                &seq.output,
+                &seq.params,
+                &self.config.eos_token_ids,
+                seq.num_tokens(),
+                self.config.max_model_len,
+                text,
+            );
+            match stop {
+                Some((reason, text_len)) => {
+                    seq.status = SeqStatus::Finishing;
+                    if let Some(slot) = seq.live_state.take() {
+                        self.free_live_states.push(slot);
+                    }
+                    self.running.retain(|&r| r != id);
+                    events.push(SeqEvent::Finished { id, reason, text_len });
+                }
+                None => self.outbox.append.push((id, sampled.token)),
+            }
+        }
+        events
+    }
+}

@@ -1,0 +1,66 @@
+//! One sequence (one sampled continuation) as the scheduler tracks it.
+
+use routed_types::{BlockGeneration, BlockId, RequestId, SamplingParams, TokenId};
+use std::sync::Arc;
+
+/// Where a sequence is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeqStatus {
+    /// Waiting for admission (new, or preempted).
+    Waiting,
+    /// Admitted: holds blocks (and a live state slot on hybrid models).
+    Running,
+    /// Done generating; holds its blocks until its routing rows have been read.
+    Finishing,
+}
+
+/// A sequence to add.
+#[derive(Clone, Debug)]
+pub struct NewSeq {
+    /// Its id.
+    pub id: RequestId,
+    /// The prompt (shared between the continuations of one request).
+    pub prompt: Arc<Vec<TokenId>>,
+    /// Sampling and stop parameters (seed already offset for continuation `i`).
+    pub params: Arc<SamplingParams>,
+    /// Prefix-cache salt.
+    pub cache_salt: Option<String>,
+}
+
+/// A sequence's state.
+#[derive(Clone, Debug)]
+pub struct Seq {
+    /// Its id.
+    pub id: RequestId,
+    /// The prompt.
+    pub prompt: Arc<Vec<TokenId>>,
+    /// Generated tokens.
+    pub output: Vec<TokenId>,
+    /// Sampling and stop parameters.
+    pub params: Arc<SamplingParams>,
+    /// Lifecycle state.
+    pub status: SeqStatus,
+    /// Block table with each block's generation (empty while waiting).
+    pub blocks: Vec<(BlockId, BlockGeneration)>,
+    /// Tokens in the KV cache (computed or skipped).
+    pub num_computed_tokens: usize,
+    /// Prompt tokens skipped by a prefix hit at the latest admission.
+    pub num_cached_tokens: usize,
+    /// Live Mamba state slot while running (hybrid models).
+    pub live_state: Option<u32>,
+    /// Whether any forward has computed part of it (else an abort returns no routing).
+    pub ever_computed: bool,
+}
+
+impl Seq {
+    /// Prompt plus generated tokens.
+    pub fn num_tokens(&self) -> usize {
+        self.prompt.len() + self.output.len()
+    }
+
+    /// Token at `position` (prompt or generated).
+    pub fn token(&self, position: usize) -> TokenId {
+        let p = self.prompt.len();
+        if position < p { self.prompt[position] } else { self.output[position - p] }
+    }
+}

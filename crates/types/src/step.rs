@@ -1,0 +1,74 @@
+//! The scheduler <-> model runner contract: what one engine step computes ([`StepPlan`]) and what
+//! it returns ([`StepOutput`]). Names follow vLLM v1 (`num_computed_tokens`, block tables, slot
+//! mapping) so a reader who knows it can read ours cold.
+
+use crate::{BlockGeneration, BlockId, RequestId, SamplingParams, SnapshotSlotId, TokenId};
+use std::sync::Arc;
+
+/// Numbers engine steps in order; the routing host-cache's watermark is a step id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct StepId(pub u64);
+
+/// One sequence's share of a step.
+#[derive(Clone, Debug)]
+pub struct ScheduledSeq {
+    /// The sequence.
+    pub request_id: RequestId,
+    /// Tokens fed this step: a prefill chunk, or the token sampled last step.
+    pub token_ids: Vec<TokenId>,
+    /// Tokens already in the KV cache (computed or skipped); `token_ids[0]` sits here.
+    pub num_computed_tokens: usize,
+    /// Prompt length (positions at or past it are generated tokens).
+    pub num_prompt_tokens: usize,
+    /// The sequence's whole block table.
+    pub block_table: Vec<BlockId>,
+    /// Generation of every block in `block_table`, for keying routing rows.
+    pub block_generations: Vec<BlockGeneration>,
+    /// Live Mamba state slot (hybrid models).
+    pub live_state: Option<u32>,
+    /// Copy this snapshot into the live state before the forward.
+    pub restore_from: Option<SnapshotSlotId>,
+    /// `(position, slot)`: snapshot the live state after `position` tokens.
+    pub snapshots: Vec<(usize, SnapshotSlotId)>,
+    /// Sample the next token from the last position, with these parameters, as the
+    /// `sample_index`-th generated token. `None` for an intermediate prefill chunk.
+    pub sample: Option<(Arc<SamplingParams>, u64)>,
+}
+
+/// Everything a runner needs to execute one engine step.
+#[derive(Clone, Debug, Default)]
+pub struct StepPlan {
+    /// The step.
+    pub step_id: StepId,
+    /// Sequences in batch order.
+    pub seqs: Vec<ScheduledSeq>,
+    /// Whether to hand the step's routing to the copy worker.
+    pub capture_routing: bool,
+}
+
+impl StepPlan {
+    /// Tokens computed by the step.
+    pub fn num_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.token_ids.len()).sum()
+    }
+}
+
+/// One sampled token and its logprobs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampledToken {
+    /// The chosen token.
+    pub token: TokenId,
+    /// Its logprob under the raw model distribution (before temperature, top-k, top-p).
+    pub logprob: f32,
+    /// The most likely alternatives with their logprobs, when the request asked for them.
+    pub top_logprobs: Vec<(TokenId, f32)>,
+}
+
+/// What a runner returns for a step.
+#[derive(Clone, Debug, Default)]
+pub struct StepOutput {
+    /// The step.
+    pub step_id: StepId,
+    /// Per scheduled sequence, in plan order: the sampled token when the plan asked for one.
+    pub sampled: Vec<Option<SampledToken>>,
+}
