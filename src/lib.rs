@@ -7,4 +7,8 @@ pub use routed_backend as backend;
 pub use routed_cache as cache;
 pub use routed_model as model;
 pub use routed_routing as routing;
+pub use routed_runtime as runtime;
+pub use routed_runtime::{
+    Engine, EngineConfig, EngineHandle, GenerateRequest, ModelSource, RequestEvent,
+};
 pub use routed_types as types;

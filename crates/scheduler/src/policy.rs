@@ -268,18 +268,17 @@ impl Scheduler {
         self.waiting.push_front(id);
     }
 
-    /// Applies a step's output: appends sampled tokens, checks stop conditions, queues the
-    /// commits. `text` decodes tokens for stop strings.
+    /// Applies a step's output (`ids`: the plan's sequences, in plan order): appends sampled
+    /// tokens, checks stop conditions, queues the commits. `text` decodes tokens for stop strings.
     pub fn apply_output(
         &mut self,
-        plan: &StepPlan,
+        ids: &[RequestId],
         output: &StepOutput,
         text: &mut dyn FnMut(&[TokenId]) -> String,
     ) -> Vec<SeqEvent> {
         let mut events = Vec::new();
         let in_flight = std::mem::take(&mut self.in_flight);
-        for ((scheduled, sampled), commit) in plan.seqs.iter().zip(&output.sampled).zip(in_flight) {
-            let id = scheduled.request_id;
+        for ((&id, sampled), commit) in ids.iter().zip(&output.sampled).zip(in_flight) {
             let Some(seq) = self.seqs.get_mut(&id) else { continue };
             self.outbox.commit.push(commit);
             let Some(sampled) = sampled else { continue };

@@ -1,0 +1,246 @@
+//! The embedding API's data: how an engine is configured, what a request asks for, and the
+//! events a request's stream yields.
+
+use routed_backend::DeviceSpec;
+use routed_types::{FinishReason, RoutingMeta, RoutingRows, SamplingParams, TokenId};
+use std::path::PathBuf;
+
+/// Where the model comes from.
+#[derive(Clone, Debug)]
+pub enum ModelSource {
+    /// A Hugging Face checkpoint directory.
+    Dir(PathBuf),
+    /// The tiny hybrid compiled into the binary (see `routed::embedded`), unpacked to this
+    /// directory by the caller.
+    Embedded(PathBuf),
+}
+
+impl ModelSource {
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &std::path::Path {
+        match self {
+            Self::Dir(d) | Self::Embedded(d) => d,
+        }
+    }
+}
+
+/// Everything an engine is built from. Defaults follow `routed serve`.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// The checkpoint.
+    pub model: ModelSource,
+    /// Name reported in responses and `/v1/models`.
+    pub served_model_name: String,
+    /// Compute device.
+    pub device: DeviceSpec,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks; `None` sizes the pool from `kv_cache_memory_gb`.
+    pub num_kv_blocks: Option<usize>,
+    /// Memory for the KV cache when `num_kv_blocks` is not given.
+    pub kv_cache_memory_gb: f64,
+    /// Mamba snapshot slots (hybrid models).
+    pub mamba_snapshot_slots: usize,
+    /// Cap on host bytes of routing rows; `None` holds rows for every KV block.
+    pub routing_cache_max_bytes: Option<usize>,
+    /// Keep finished blocks matchable for prefix hits.
+    pub enable_prefix_caching: bool,
+    /// Record and return routing rows.
+    pub enable_routing_capture: bool,
+    /// Most tokens computed in one step.
+    pub max_num_batched_tokens: usize,
+    /// Most requests running at once.
+    pub max_num_seqs: usize,
+    /// Most requests waiting; beyond it `submit` fails with [`EngineError::Overloaded`].
+    pub max_waiting_requests: usize,
+    /// Longest prompt + output; `None` is the model's `max_position_embeddings`.
+    pub max_model_len: Option<usize>,
+    /// Idle heartbeat period; 0 turns it off.
+    pub heartbeat_ms: u64,
+    /// Threads for the CPU kernels; `None` uses every core.
+    pub threads: Option<usize>,
+    /// Default sampling seed for requests that give none.
+    pub seed: u64,
+}
+
+impl EngineConfig {
+    /// The defaults of `routed serve` for the checkpoint in `dir`.
+    pub fn new(model: ModelSource) -> Self {
+        let served_model_name =
+            model.dir().file_name().map_or("model".into(), |n| n.to_string_lossy().into_owned());
+        Self {
+            model,
+            served_model_name,
+            device: DeviceSpec::Cpu,
+            block_size: 16,
+            num_kv_blocks: None,
+            kv_cache_memory_gb: 2.0,
+            mamba_snapshot_slots: 64,
+            routing_cache_max_bytes: None,
+            enable_prefix_caching: true,
+            enable_routing_capture: true,
+            max_num_batched_tokens: 2048,
+            max_num_seqs: 128,
+            max_waiting_requests: 1024,
+            max_model_len: None,
+            heartbeat_ms: 100,
+            threads: None,
+            seed: 0,
+        }
+    }
+}
+
+/// One generation request: a prompt in token ids and how to sample `n` continuations of it.
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    /// The prompt.
+    pub prompt_token_ids: Vec<TokenId>,
+    /// Sampling and stop parameters. With `n > 1`, continuation `i` uses seed `seed + i`.
+    pub sampling: SamplingParams,
+    /// Continuations to sample; the prompt's blocks are computed once and shared.
+    pub n: usize,
+    /// Return routing rows with the final output.
+    pub return_routing: bool,
+    /// Drop this many leading routing rows (`0 <= start <= prompt length`).
+    pub routing_start: usize,
+    /// Only requests with the same salt share cached prefix blocks.
+    pub cache_salt: Option<String>,
+}
+
+impl GenerateRequest {
+    /// A request for one continuation of `prompt_token_ids`.
+    pub fn new(prompt_token_ids: Vec<TokenId>, sampling: SamplingParams) -> Self {
+        Self {
+            prompt_token_ids,
+            sampling,
+            n: 1,
+            return_routing: true,
+            routing_start: 0,
+            cache_salt: None,
+        }
+    }
+}
+
+/// One sampled token of continuation `index`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenEvent {
+    /// Which of the request's `n` continuations.
+    pub index: usize,
+    /// The token.
+    pub token: TokenId,
+    /// Its logprob under the raw model distribution.
+    pub logprob: f32,
+    /// Top alternatives, when the request asked for logprobs.
+    pub top_logprobs: Vec<(TokenId, f32)>,
+}
+
+/// The end of continuation `index`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FinalOutput {
+    /// Which of the request's `n` continuations.
+    pub index: usize,
+    /// Every generated token (a stop token included, a stop string's tokens included).
+    pub token_ids: Vec<TokenId>,
+    /// Decoded text of the generated tokens, cut before a matched stop string.
+    pub text: String,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Prompt length.
+    pub num_prompt_tokens: usize,
+    /// Prompt tokens skipped thanks to the prefix cache (OpenAI `cached_tokens`).
+    pub num_cached_tokens: usize,
+    /// Routing rows `[start, prompt + generated - 1)`, when requested and captured; `None` for
+    /// a continuation aborted before any forward.
+    pub routing: Option<RoutingRows>,
+}
+
+/// What a request's stream yields: tokens as they are sampled, then one final output per
+/// continuation (or an error that ends the whole request).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RequestEvent {
+    /// A sampled token.
+    Token(TokenEvent),
+    /// A continuation ended.
+    Finished(Box<FinalOutput>),
+    /// The request failed; no further events follow.
+    Error(EngineError),
+}
+
+/// Errors the engine reports to a caller.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    /// The waiting queue is full.
+    #[error("the engine is overloaded: {0} requests are already waiting")]
+    Overloaded(usize),
+    /// The request is malformed; `param` names the field.
+    #[error("invalid request: {message}")]
+    InvalidRequest { param: &'static str, message: String },
+    /// The engine is shutting down or its actors are gone.
+    #[error("the engine is shut down")]
+    ShutDown,
+    /// The engine cannot serve (a runner failed and could not be restarted).
+    #[error("the engine is unhealthy: {0}")]
+    Unhealthy(String),
+    /// The model could not be loaded or the engine could not be built.
+    #[error("cannot start the engine: {0}")]
+    Load(String),
+    /// The request failed inside the engine (a runner error, missing routing rows...).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// A snapshot of the engine's figures (the same as its metrics).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct EngineStats {
+    /// Requests running.
+    pub num_running: usize,
+    /// Requests waiting.
+    pub num_waiting: usize,
+    /// Usable KV blocks.
+    pub num_kv_blocks_total: usize,
+    /// Blocks carrying a hash.
+    pub num_kv_blocks_cached: usize,
+    /// Cached blocks no request holds.
+    pub num_kv_blocks_evictable: usize,
+    /// Snapshot slots in the pool.
+    pub num_snapshot_slots_total: usize,
+    /// Snapshot slots holding a published snapshot.
+    pub num_snapshot_slots_used: usize,
+    /// Prompt tokens computed.
+    pub num_prefill_tokens_computed: u64,
+    /// Prompt tokens skipped thanks to the prefix cache.
+    pub num_prefill_tokens_skipped: u64,
+    /// Admissions that skipped at least one token.
+    pub num_prefix_cache_hits: u64,
+    /// Deferred admissions.
+    pub num_deferrals: u64,
+    /// Preemptions.
+    pub num_preemptions: u64,
+    /// Heartbeat dummy forwards executed.
+    pub num_dummy_forwards: u64,
+    /// Host bytes of routing rows.
+    pub routing_bytes_held: usize,
+    /// Engine steps executed.
+    pub num_steps: u64,
+}
+
+/// What a client needs to know about the served model.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    /// Name in responses.
+    pub served_model_name: String,
+    /// Longest prompt + output.
+    pub max_model_len: usize,
+    /// Vocabulary size; token ids must be below it.
+    pub vocab_size: usize,
+    /// Routing layout, for MoE models.
+    pub routing: Option<RoutingMeta>,
+    /// Whether routing capture is on.
+    pub routing_capture: bool,
+    /// KV blocks in the pool.
+    pub num_kv_blocks: usize,
+    /// Snapshot slots (hybrid models).
+    pub num_snapshot_slots: usize,
+    /// The device, in words.
+    pub device: String,
+}

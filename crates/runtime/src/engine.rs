@@ -1,0 +1,305 @@
+//! Building the actor system ([`Engine::start`]) and talking to it ([`EngineHandle`]).
+
+use crate::{
+    EngineConfig, EngineError, EngineStats, GenerateRequest, ModelInfo, RequestEvent,
+    cache_manager::CacheManagerActor,
+    copy_worker::CopyWorkerActor,
+    heartbeat::{Connect, HeartbeatActor},
+    messages::{Abort, GetStats, Health, ResetCache, Shutdown, Submit},
+    routing_cache::RoutingCacheActor,
+    runner::{BufferPool, RunnerActor, RunnerConfig},
+    scheduler::{Peers, SchedulerActor},
+};
+use actix::{Actor, Addr, SyncArbiter};
+use futures_util::Stream;
+use routed_backend::Device;
+use routed_cache::{CacheConfig, KvCacheManager, MambaCacheConfig};
+use routed_model::{Model, Tokenizer};
+use routed_routing::{RoutingStore, RoutingStoreConfig};
+use routed_scheduler::{Scheduler, SchedulerConfig};
+use routed_types::{BlockId, RequestId};
+use std::{
+    pin::Pin,
+    sync::Arc,
+    task::{Context as TaskContext, Poll},
+    time::Duration,
+};
+use tokio::sync::mpsc;
+
+/// Most KV blocks a CPU engine sizes itself to from a memory budget.
+const MAX_AUTO_BLOCKS: usize = 1 << 16;
+/// Routing buffers circulating between the runner and the copy worker.
+const NUM_ROUTING_BUFFERS: usize = 3;
+
+/// Starts engines.
+pub struct Engine;
+
+impl Engine {
+    /// Loads the model and starts the actors.
+    pub fn start(config: EngineConfig) -> Result<EngineHandle, EngineError> {
+        Self::start_with_progress(config, &mut |_, _| {})
+    }
+
+    /// Like [`Engine::start`], reporting weight-loading progress as `(tensors, total)`.
+    pub fn start_with_progress(
+        config: EngineConfig,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<EngineHandle, EngineError> {
+        let device = Device::open(config.device).map_err(|e| EngineError::Load(e.to_string()))?;
+        if !device.is_cpu() {
+            return Err(EngineError::Load(format!(
+                "{device} opened, but models run on the CPU backend only for now"
+            )));
+        }
+        if let Some(n) = config.threads {
+            // The CPU kernels use rayon's global pool; building it fails only when it exists
+            // already (a second engine in one process), which then keeps its size.
+            let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+        }
+        let dir = config.model.dir().to_owned();
+        let model =
+            Arc::new(Model::load(&dir, progress).map_err(|e| EngineError::Load(e.to_string()))?);
+        let tokenizer =
+            Arc::new(Tokenizer::from_dir(&dir).map_err(|e| EngineError::Load(e.to_string()))?);
+        let parts = Parts::new(&config, model, tokenizer)?;
+        let info = parts.info.clone();
+        let tokenizer = parts.tokenizer.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("routed-engine".into())
+            .spawn(move || {
+                let system = actix::System::new();
+                system.block_on(async move {
+                    let _ = tx.send(parts.spawn());
+                });
+                system.run().ok();
+            })
+            .map_err(|e| EngineError::Load(format!("cannot spawn the engine thread: {e}")))?;
+        let scheduler = rx
+            .recv()
+            .map_err(|_| EngineError::Load("the engine thread died while starting".into()))?;
+        Ok(EngineHandle { scheduler, info, tokenizer })
+    }
+}
+
+/// Everything the actors are built from, prepared outside the actor system so errors return
+/// synchronously from `start`.
+struct Parts {
+    config: EngineConfig,
+    model: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
+    info: Arc<ModelInfo>,
+    cache: KvCacheManager,
+    routing: RoutingStore,
+    runner: RunnerConfig,
+    scheduler: SchedulerConfig,
+}
+
+impl Parts {
+    fn new(
+        config: &EngineConfig,
+        model: Arc<Model>,
+        tokenizer: Arc<Tokenizer>,
+    ) -> Result<Self, EngineError> {
+        let mc = model.config();
+        let load = |e: String| EngineError::Load(e);
+        let block_size = config.block_size.max(1);
+        let num_usable = config.num_kv_blocks.unwrap_or_else(|| {
+            let kv = model.new_kv_cache(1, block_size).bytes().max(1);
+            ((config.kv_cache_memory_gb * 1e9) as usize / kv).clamp(16, MAX_AUTO_BLOCKS)
+        });
+        // One extra block is the scratch block that dummy forwards write to.
+        let num_blocks = num_usable + 1;
+        let hybrid = mc.is_hybrid();
+        let snapshot_slots = if hybrid { config.mamba_snapshot_slots } else { 0 };
+        let cache_config = CacheConfig {
+            block_size,
+            num_blocks,
+            num_scratch_blocks: 1,
+            enable_prefix_caching: config.enable_prefix_caching,
+            hash_generated_positions: mc.math_depends_on_position_kind(),
+            defer_pending_siblings: true,
+            mamba: hybrid.then_some(MambaCacheConfig { num_snapshot_slots: snapshot_slots }),
+        };
+        let cache = KvCacheManager::new(cache_config).map_err(|e| load(e.to_string()))?;
+        let meta = model.routing_meta();
+        let routing_meta = meta.clone().unwrap_or(routed_types::RoutingMeta {
+            moe_layer_ids: vec![0],
+            num_experts: 1,
+            top_k: 1,
+        });
+        let mut store_config = RoutingStoreConfig::new(&routing_meta, num_blocks, block_size);
+        if let Some(max) = config.routing_cache_max_bytes {
+            store_config = store_config.with_max_bytes(max);
+        }
+        let routing = RoutingStore::new(store_config).map_err(|e| load(e.to_string()))?;
+        let max_model_len = config.max_model_len.unwrap_or(mc.max_position_embeddings);
+        let info = Arc::new(ModelInfo {
+            served_model_name: config.served_model_name.clone(),
+            max_model_len,
+            vocab_size: mc.vocab_size,
+            routing: meta,
+            routing_capture: config.enable_routing_capture,
+            num_kv_blocks: num_usable,
+            num_snapshot_slots: snapshot_slots,
+            device: "cpu".into(),
+        });
+        let max_step = config.max_num_batched_tokens.max(1);
+        Ok(Self {
+            runner: RunnerConfig {
+                num_blocks,
+                block_size,
+                num_live_states: config.max_num_seqs,
+                num_snapshot_slots: snapshot_slots,
+                max_step_tokens: max_step,
+                scratch_block: BlockId(num_usable as u32),
+            },
+            scheduler: SchedulerConfig {
+                max_num_batched_tokens: max_step,
+                max_num_seqs: config.max_num_seqs.max(1),
+                max_waiting_requests: config.max_waiting_requests,
+                max_model_len,
+                hybrid,
+                eos_token_ids: tokenizer.eos_token_ids().to_vec(),
+                capture_routing: config.enable_routing_capture,
+            },
+            config: config.clone(),
+            model,
+            tokenizer,
+            info,
+            cache,
+            routing,
+        })
+    }
+
+    /// Starts every actor; must run inside the engine's actix system.
+    fn spawn(self) -> Addr<SchedulerActor> {
+        let cache = CacheManagerActor::new(self.cache).start();
+        let routing = RoutingCacheActor::new(self.routing, cache.clone()).start();
+        let max_step = self.runner.max_step_tokens;
+        let model = self.model.clone();
+        let buffers = BufferPool::new(NUM_ROUTING_BUFFERS, || model.new_routing_buffer(max_step));
+        let returns = buffers.returns.clone();
+        let routing_for_copy = routing.clone();
+        let copy = SyncArbiter::start(1, move || {
+            CopyWorkerActor::new(returns.clone(), routing_for_copy.clone())
+        });
+        let (model, runner_config) = (self.model.clone(), self.runner.clone());
+        let runner = SyncArbiter::start(1, move || {
+            RunnerActor::new(model.clone(), runner_config.clone(), buffers.clone(), copy.clone())
+        });
+        let heartbeat = (self.config.heartbeat_ms > 0).then(|| {
+            HeartbeatActor::new(
+                Duration::from_millis(self.config.heartbeat_ms),
+                vec![runner.clone()],
+            )
+            .start()
+        });
+        let peers = Peers { cache, runners: vec![runner], routing, heartbeat: heartbeat.clone() };
+        let scheduler =
+            SchedulerActor::new(Scheduler::new(self.scheduler), self.tokenizer, self.info, peers)
+                .start();
+        if let Some(h) = heartbeat {
+            h.do_send(Connect(scheduler.clone()));
+        }
+        scheduler
+    }
+}
+
+/// A cheap, cloneable handle to a running engine, usable from any thread and any tokio runtime.
+#[derive(Clone)]
+pub struct EngineHandle {
+    scheduler: Addr<SchedulerActor>,
+    info: Arc<ModelInfo>,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl EngineHandle {
+    /// The served model.
+    pub fn model_info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// The model's tokenizer and chat template.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// Submits a request. Its events arrive on the returned stream; dropping the stream before
+    /// the request ends aborts it.
+    pub async fn submit(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let n = request.n;
+        let id = self
+            .scheduler
+            .send(Submit { request, events: tx })
+            .await
+            .map_err(|_| EngineError::ShutDown)??;
+        Ok(RequestStream { id, rx, num_open: n, scheduler: self.scheduler.clone() })
+    }
+
+    /// Aborts a request (every continuation); unknown ids are ignored.
+    pub fn abort(&self, id: RequestId) {
+        self.scheduler.do_send(Abort(id));
+    }
+
+    /// The engine's figures.
+    pub async fn stats(&self) -> Result<EngineStats, EngineError> {
+        self.scheduler.send(GetStats).await.map_err(|_| EngineError::ShutDown)
+    }
+
+    /// Drops every cached block no running request holds, with its snapshots and routing rows.
+    pub async fn reset_prefix_cache(&self) -> Result<bool, EngineError> {
+        self.scheduler.send(ResetCache).await.map_err(|_| EngineError::ShutDown)
+    }
+
+    /// Whether the engine can serve.
+    pub async fn health(&self) -> Result<(), EngineError> {
+        self.scheduler.send(Health).await.map_err(|_| EngineError::ShutDown)?
+    }
+
+    /// Stops accepting requests and waits for the in-flight ones to finish.
+    pub async fn shutdown(&self) {
+        let _ = self.scheduler.send(Shutdown).await;
+    }
+}
+
+/// The events of one submitted request. Dropping it before the request ends aborts the request.
+pub struct RequestStream {
+    id: RequestId,
+    rx: mpsc::UnboundedReceiver<RequestEvent>,
+    num_open: usize,
+    scheduler: Addr<SchedulerActor>,
+}
+
+impl RequestStream {
+    /// The request's id (for [`EngineHandle::abort`]).
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+}
+
+impl Stream for RequestStream {
+    type Item = RequestEvent;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<RequestEvent>> {
+        if self.num_open == 0 {
+            return Poll::Ready(None);
+        }
+        let polled = self.rx.poll_recv(cx);
+        match &polled {
+            Poll::Ready(Some(RequestEvent::Finished(_))) => self.num_open -= 1,
+            Poll::Ready(Some(RequestEvent::Error(_))) | Poll::Ready(None) => self.num_open = 0,
+            _ => {}
+        }
+        polled
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if self.num_open > 0 {
+            self.scheduler.do_send(Abort(self.id));
+        }
+    }
+}

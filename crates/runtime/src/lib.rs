@@ -1,0 +1,34 @@
+//! The actors of `routed` and the embedding API.
+//!
+//! Each component is its own actix actor owning its state; they exchange the typed messages in
+//! [`messages`] (each documented with its sender, reply and what happens when a peer is gone). See
+//! `docs/actors.md` for the whole picture.
+//!
+//! | actor | owns |
+//! | --- | --- |
+//! | [`scheduler`] | request lifecycle, token streams, stop conditions |
+//! | [`cache_manager`] | `routed_cache::KvCacheManager` (one round trip per step) |
+//! | [`routing_cache`] | `routed_routing::RoutingStore` |
+//! | [`runner`] | weights, KV and Mamba state tensors, routing buffers (dedicated OS thread) |
+//! | [`copy_worker`] | the device-to-host copy of each step's routing (dedicated OS thread) |
+//! | [`heartbeat`] | the idle timer that sends dummy forwards |
+//!
+//! [`Engine::start`] wires them in an actix system on its own thread and returns an
+//! [`EngineHandle`], which is `Send + Clone` and works from any tokio runtime.
+
+mod api;
+pub mod cache_manager;
+pub mod copy_worker;
+mod engine;
+pub mod heartbeat;
+pub mod messages;
+pub mod metrics;
+pub mod routing_cache;
+pub mod runner;
+pub mod scheduler;
+
+pub use api::{
+    EngineConfig, EngineError, EngineStats, FinalOutput, GenerateRequest, ModelInfo, ModelSource,
+    RequestEvent, TokenEvent,
+};
+pub use engine::{Engine, EngineHandle, RequestStream};

@@ -1,0 +1,54 @@
+//! Metric names (stable: they are part of the HTTP contract) and the helpers that publish the
+//! engine's figures through the `metrics` facade. Whoever embeds the engine installs a recorder
+//! (the server renders Prometheus text); without one these calls cost next to nothing.
+
+use crate::EngineStats;
+
+/// Prompt tokens run through the model.
+pub const PREFILL_TOKENS_COMPUTED: &str = "routed_prefill_tokens_computed_total";
+/// Prompt tokens skipped thanks to the prefix cache.
+pub const PREFILL_TOKENS_SKIPPED: &str = "routed_prefill_tokens_skipped_total";
+/// Requests that skipped at least one token.
+pub const PREFIX_CACHE_HITS: &str = "routed_prefix_cache_hits_total";
+/// Usable KV blocks.
+pub const KV_BLOCKS_TOTAL: &str = "routed_kv_blocks_total";
+/// Blocks carrying a hash.
+pub const KV_BLOCKS_CACHED: &str = "routed_kv_blocks_cached";
+/// Cached blocks no request holds.
+pub const KV_BLOCKS_EVICTABLE: &str = "routed_kv_blocks_evictable";
+/// Snapshot pool capacity.
+pub const SNAPSHOT_SLOTS_TOTAL: &str = "routed_mamba_snapshot_slots_total";
+/// Snapshot pool occupancy.
+pub const SNAPSHOT_SLOTS_USED: &str = "routed_mamba_snapshot_slots_used";
+/// Heartbeat dummy forwards executed.
+pub const DUMMY_FORWARDS: &str = "routed_dummy_forwards_total";
+/// Admissions deferred by the budget recheck or a same-step sibling.
+pub const DEFERRALS: &str = "routed_scheduler_deferrals_total";
+/// Requests preempted.
+pub const PREEMPTIONS: &str = "routed_preemptions_total";
+/// Host bytes of stored routing rows.
+pub const ROUTING_BYTES_HELD: &str = "routed_routing_bytes_held";
+/// Engine step wall time.
+pub const STEP_DURATION: &str = "routed_step_duration_seconds";
+/// Requests running.
+pub const REQUESTS_RUNNING: &str = "routed_requests_running";
+/// Requests waiting.
+pub const REQUESTS_WAITING: &str = "routed_requests_waiting";
+
+/// Publishes a stats snapshot: counters as absolute values, gauges as they are.
+pub fn publish(stats: &EngineStats) {
+    metrics::counter!(PREFILL_TOKENS_COMPUTED).absolute(stats.num_prefill_tokens_computed);
+    metrics::counter!(PREFILL_TOKENS_SKIPPED).absolute(stats.num_prefill_tokens_skipped);
+    metrics::counter!(PREFIX_CACHE_HITS).absolute(stats.num_prefix_cache_hits);
+    metrics::counter!(DEFERRALS).absolute(stats.num_deferrals);
+    metrics::counter!(PREEMPTIONS).absolute(stats.num_preemptions);
+    metrics::counter!(DUMMY_FORWARDS).absolute(stats.num_dummy_forwards);
+    metrics::gauge!(KV_BLOCKS_TOTAL).set(stats.num_kv_blocks_total as f64);
+    metrics::gauge!(KV_BLOCKS_CACHED).set(stats.num_kv_blocks_cached as f64);
+    metrics::gauge!(KV_BLOCKS_EVICTABLE).set(stats.num_kv_blocks_evictable as f64);
+    metrics::gauge!(SNAPSHOT_SLOTS_TOTAL).set(stats.num_snapshot_slots_total as f64);
+    metrics::gauge!(SNAPSHOT_SLOTS_USED).set(stats.num_snapshot_slots_used as f64);
+    metrics::gauge!(ROUTING_BYTES_HELD).set(stats.routing_bytes_held as f64);
+    metrics::gauge!(REQUESTS_RUNNING).set(stats.num_running as f64);
+    metrics::gauge!(REQUESTS_WAITING).set(stats.num_waiting as f64);
+}

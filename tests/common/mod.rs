@@ -1,0 +1,70 @@
+//! Helpers shared by the engine-level tests.
+#![allow(dead_code)]
+
+use futures_util::StreamExt;
+use routed::runtime::{EngineError, FinalOutput, TokenEvent};
+use routed::types::{SamplingParams, TokenId};
+use routed::{Engine, EngineConfig, EngineHandle, GenerateRequest, ModelSource, RequestEvent};
+use routed_test_support::golden_root;
+use std::time::Duration;
+
+/// A watchdog for engine tests: a hung engine fails the test instead of hanging CI.
+pub const WATCHDOG: Duration = Duration::from_secs(60);
+
+/// An engine on the golden checkpoint of `arch` with small, test-friendly defaults.
+pub fn engine(arch: &str, tweak: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
+    let mut config = EngineConfig::new(ModelSource::Dir(golden_root().join(arch).join("model")));
+    config.block_size = 4;
+    config.num_kv_blocks = Some(256);
+    config.mamba_snapshot_slots = 64;
+    config.max_num_batched_tokens = 256;
+    config.max_num_seqs = 32;
+    config.heartbeat_ms = 0;
+    config.threads = Some(2);
+    tweak(&mut config);
+    Engine::start(config).expect("engine starts")
+}
+
+/// Greedy sampling of `n` tokens, EOS ignored.
+pub fn greedy(n: u32) -> SamplingParams {
+    SamplingParams { ignore_eos: true, ..SamplingParams::greedy(n) }
+}
+
+/// What one request produced.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Token events in arrival order.
+    pub tokens: Vec<TokenEvent>,
+    /// Final outputs by continuation index.
+    pub finals: Vec<FinalOutput>,
+    /// The error, if the request failed.
+    pub error: Option<EngineError>,
+}
+
+/// Submits a request and collects its events (under the watchdog).
+pub async fn run(handle: &EngineHandle, request: GenerateRequest) -> Outcome {
+    let stream = handle.submit(request).await.expect("submitted");
+    collect(stream).await
+}
+
+/// Collects a stream's events.
+pub async fn collect(mut stream: routed::runtime::RequestStream) -> Outcome {
+    let mut out = Outcome { tokens: Vec::new(), finals: Vec::new(), error: None };
+    let work = async {
+        while let Some(event) = stream.next().await {
+            match event {
+                RequestEvent::Token(t) => out.tokens.push(t),
+                RequestEvent::Finished(f) => out.finals.push(*f),
+                RequestEvent::Error(e) => out.error = Some(e),
+            }
+        }
+    };
+    tokio::time::timeout(WATCHDOG, work).await.expect("the request finished within the watchdog");
+    out.finals.sort_by_key(|f| f.index);
+    out
+}
+
+/// A greedy request for `prompt`.
+pub fn request(prompt: &[TokenId], max_tokens: u32) -> GenerateRequest {
+    GenerateRequest::new(prompt.to_vec(), greedy(max_tokens))
+}

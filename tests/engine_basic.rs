@@ -1,0 +1,45 @@
+//! The actor engine end to end on the golden models: routing rows are complete and correct.
+
+mod common;
+
+use common::{engine, request, run};
+use routed_test_support::Golden;
+
+/// Rows = prompt + generated - 1, ids in range and distinct per row, equal to the transformers
+/// reference where its margin is clear; tokens equal transformers' greedy tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_rows_are_complete_and_match_transformers() {
+    for arch in ["qwen3_moe", "nemotron_h"] {
+        let g = Golden::open(arch);
+        let handle = engine(arch, |_| {});
+        let prompt = g.prompt("main");
+        let out = run(&handle, request(&prompt, 16)).await;
+        assert!(out.error.is_none(), "{arch}: {:?}", out.error);
+        let f = &out.finals[0];
+        let want: Vec<u32> = g.i64("main.generate.ids").0.iter().map(|&x| x as u32).collect();
+        assert_eq!(f.token_ids, want, "{arch}: tokens");
+        assert_eq!(out.tokens.len(), 16);
+        let rows = f.routing.as_ref().expect("routing returned");
+        let layers = g.moe_layers();
+        assert_eq!(rows.shape(), [prompt.len() + 16 - 1, layers.len(), 2], "{arch}");
+        for r in 0..rows.num_rows {
+            for (li, layer) in layers.iter().enumerate() {
+                let ids = &rows.row(r)[li * 2..li * 2 + 2];
+                assert!(
+                    ids.iter().all(|&e| e < 8) && ids[0] != ids[1],
+                    "{arch}: row {r} layer {layer}: {ids:?}"
+                );
+                let (want, _) = g.i64(&format!("main.generate.layer{layer}.topk_ids"));
+                let (margin, _) = g.f32(&format!("main.generate.layer{layer}.selection_margin"));
+                if margin[r] > 1e-4 {
+                    let mut a = [ids[0] as i64, ids[1] as i64];
+                    let mut b = [want[r * 2], want[r * 2 + 1]];
+                    a.sort();
+                    b.sort();
+                    assert_eq!(a, b, "{arch}: row {r} layer {layer}");
+                }
+            }
+        }
+        handle.shutdown().await;
+    }
+}
