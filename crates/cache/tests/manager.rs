@@ -271,3 +271,19 @@ fn the_generated_positions_key_keeps_recomputed_decode_blocks_apart() {
     add(&mut manager, 2, &[seq(1, 6), vec![7, 8], vec![9]].concat());
     assert_eq!(manager.get_computed_blocks(rid(2)).unwrap().block_ids.len(), 1);
 }
+
+#[test]
+fn with_prefix_caching_off_commits_publish_nothing_and_nothing_hits() {
+    let config = CacheConfig { enable_prefix_caching: false, ..CacheConfig::attention(4, 16) };
+    let mut manager = KvCacheManager::new(config).unwrap();
+    let prompt = seq(1, 10);
+    prefill(&mut manager, 1, &prompt, 64);
+    manager.append_token_ids(rid(1), &[70, 71]).unwrap();
+    let step = manager.allocate_slots(&[SlotRequest::with_max(rid(1), 1)], 64).unwrap();
+    commit_all(&mut manager, &step);
+    assert_eq!(manager.stats().num_blocks_cached, 0);
+    manager.free(&[rid(1)]).unwrap();
+    let grants = run_to_completion(&mut manager, 2, &prompt, 64);
+    assert_eq!(grants[0].num_cached_tokens, 0);
+    assert_eq!(manager.stats().num_blocks_free, manager.stats().num_blocks_total);
+}

@@ -198,6 +198,10 @@ pub struct EngineStats {
     pub num_waiting: usize,
     /// Usable KV blocks.
     pub num_kv_blocks_total: usize,
+    /// Blocks neither held nor cached.
+    pub num_kv_blocks_free: usize,
+    /// Live Mamba state slots held by sequences (hybrid models).
+    pub num_live_states_held: usize,
     /// Blocks carrying a hash.
     pub num_kv_blocks_cached: usize,
     /// Cached blocks no request holds.

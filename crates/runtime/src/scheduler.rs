@@ -399,6 +399,7 @@ impl SchedulerActor {
     fn mirror_cache_stats(&mut self, c: &routed_cache::CacheStats) {
         let s = &mut self.stats;
         s.num_kv_blocks_total = c.num_blocks_total;
+        s.num_kv_blocks_free = c.num_blocks_free;
         s.num_kv_blocks_cached = c.num_blocks_cached;
         s.num_kv_blocks_evictable = c.num_blocks_evictable;
         s.num_snapshot_slots_total = c.num_snapshot_slots_total;
@@ -483,10 +484,12 @@ impl Handler<GetStats> for SchedulerActor {
         let mut stats = self.stats.clone();
         stats.num_running = self.policy.num_running();
         stats.num_waiting = self.policy.num_waiting();
+        stats.num_live_states_held = self.policy.num_live_states_held();
         let (cache, routing) = (self.peers.cache.clone(), self.peers.routing.clone());
         Box::pin(async move {
             if let Ok(c) = cache.send(GetCacheStats).await {
                 stats.num_kv_blocks_total = c.num_blocks_total;
+                stats.num_kv_blocks_free = c.num_blocks_free;
                 stats.num_kv_blocks_cached = c.num_blocks_cached;
                 stats.num_kv_blocks_evictable = c.num_blocks_evictable;
                 stats.num_snapshot_slots_total = c.num_snapshot_slots_total;

@@ -113,6 +113,11 @@ impl Scheduler {
         self.running.len()
     }
 
+    /// Live state slots held by sequences.
+    pub fn num_live_states_held(&self) -> usize {
+        if self.config.hybrid { self.config.max_num_seqs - self.free_live_states.len() } else { 0 }
+    }
+
     /// Nothing running and nothing waiting (sequences still finishing don't count).
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()

@@ -67,7 +67,8 @@ impl KvCacheManager {
         let first = state.num_published_blocks;
         let last = grant.end / block_size;
         state.num_published_blocks = last.max(first);
-        let publishing = !state.publish_disabled;
+        // With prefix caching off nothing is hashed, so there is nothing to publish.
+        let publishing = self.config.enable_prefix_caching && !state.publish_disabled;
         for index in first..last {
             if !publishing {
                 break;
