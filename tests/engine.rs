@@ -26,7 +26,7 @@ fn prompts(g: &Golden, count: usize) -> Vec<Vec<TokenId>> {
 }
 
 fn sampling(i: usize) -> SamplingParams {
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         SamplingParams {
             temperature: 0.8,
             top_p: 0.9,
