@@ -421,9 +421,15 @@ impl SchedulerActor {
         {
             return;
         }
+        if self.drained.is_empty() {
+            return;
+        }
         for tx in self.drained.drain(..) {
             let _ = tx.send(());
         }
+        // Everything is drained: stop the actors (the system stops them in order, mailboxes
+        // first) and let the engine thread end.
+        actix::System::current().stop();
     }
 }
 
