@@ -12,3 +12,5 @@ pub use routed_runtime::{
     Engine, EngineConfig, EngineHandle, GenerateRequest, ModelSource, RequestEvent,
 };
 pub use routed_types as types;
+
+pub mod embedded;

@@ -1,13 +1,12 @@
-//! The `routed` command line.
+//! The `routed` command line: `serve`, `generate`.
 
-use anyhow::{Context, Result, bail};
+mod cli;
+
+use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
-use routed::{
-    backend::{Device, DeviceSpec},
-    model::{LiveStateId, LogitsWanted, Model, Sampler, SeqInput, StateIo, Tokenizer},
-    types::{BlockId, SamplingParams, TokenId},
-};
-use std::path::{Path, PathBuf};
+use cli::EngineArgs;
+use futures_util::StreamExt;
+use routed::{GenerateRequest, RequestEvent, types::SamplingParams, types::TokenId};
 
 /// An inference engine for Mixture-of-Experts and hybrid Mamba2/attention/MoE models, with
 /// routing replay.
@@ -26,9 +25,8 @@ enum Command {
 
 #[derive(clap::Args)]
 struct GenerateArgs {
-    /// Hugging Face checkpoint directory (config.json, model.safetensors, tokenizer.json).
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    engine: EngineArgs,
     /// Prompt text (encoded with the checkpoint's tokenizer, no special tokens added).
     #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
     prompt: Option<String>,
@@ -41,125 +39,72 @@ struct GenerateArgs {
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
-    /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
     /// Keep generating past EOS.
     #[arg(long)]
     ignore_eos: bool,
-    /// Device: `cpu` or `cuda:N`.
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    /// Print one JSON object (token ids, text, finish reason, routing shape) instead of text.
+    /// Print one JSON object (token ids, text, finish reason, cached tokens, routing shape).
     #[arg(long)]
     json: bool,
 }
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
         .init();
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     match Cli::parse().command {
-        Command::Generate(args) => generate(args),
+        Command::Generate(args) => runtime.block_on(generate(args)),
     }
 }
 
-fn load_with_progress(dir: &Path) -> Result<Model> {
-    let bar = indicatif::ProgressBar::new(0).with_message(format!("loading {}", dir.display()));
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tensors")
-            .expect("template"),
-    );
-    let model = Model::load(dir, &mut |done, total| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-    })?;
-    bar.finish_and_clear();
-    Ok(model)
-}
-
-fn generate(args: GenerateArgs) -> Result<()> {
-    let spec: DeviceSpec = args.device.parse()?;
-    let device = Device::open(spec).with_context(|| format!("opening device {spec}"))?;
-    if !device.is_cpu() {
-        bail!("device {device} is available, but this build runs models on the CPU backend only");
-    }
-    let model = load_with_progress(&args.model)?;
-    let tokenizer = Tokenizer::from_dir(&args.model)?;
+async fn generate(args: GenerateArgs) -> Result<()> {
+    let mut engine_args = args.engine.clone();
+    // One request: the heartbeat has nothing to keep in step.
+    engine_args.heartbeat_ms = 0;
+    let engine = engine_args.start()?;
     let prompt = match (&args.prompt, &args.prompt_ids) {
-        (Some(text), _) => tokenizer.encode(text)?,
+        (Some(text), _) => engine.tokenizer().encode(text)?,
         (None, Some(ids)) => ids.clone(),
         (None, None) => bail!("give --prompt or --prompt-ids"),
     };
-    if prompt.is_empty() {
-        bail!("the prompt is empty");
-    }
     let params = SamplingParams {
         temperature: args.temperature,
-        seed: args.seed,
+        seed: args.engine.seed,
         max_tokens: args.max_tokens,
         ignore_eos: args.ignore_eos,
         ..SamplingParams::default()
     };
-    let (tokens, finish, rows) = run(&model, &prompt, &params, tokenizer.eos_token_ids())?;
-    let text = tokenizer.decode(&tokens)?;
+    let mut events = engine.submit(GenerateRequest::new(prompt, params)).await?;
+    let mut result = None;
+    while let Some(event) = events.next().await {
+        match event {
+            RequestEvent::Token(_) => {}
+            RequestEvent::Finished(out) => result = Some(out),
+            RequestEvent::Error(e) => bail!("generation failed: {e}"),
+        }
+    }
+    engine.shutdown().await;
+    let Some(out) = result else { bail!("the engine ended the request without an output") };
     if args.json {
-        let meta = model.routing_meta();
-        let shape = meta.map(|m| [rows, m.num_moe_layers(), m.top_k as usize]);
-        let out = serde_json::json!({
-            "token_ids": tokens,
-            "text": text,
+        let finish = match out.finish_reason {
+            routed::types::FinishReason::Stop { .. } => "stop",
+            routed::types::FinishReason::Length => "length",
+            routed::types::FinishReason::Abort => "abort",
+        };
+        let json = serde_json::json!({
+            "token_ids": out.token_ids,
+            "text": out.text,
             "finish_reason": finish,
-            "cached_tokens": 0,
-            "routed_experts_shape": shape,
+            "cached_tokens": out.num_cached_tokens,
+            "routed_experts_shape": out.routing.as_ref().map(|r| r.shape()),
         });
-        println!("{out}");
+        println!("{json}");
     } else {
-        println!("{text}");
+        println!("{}", out.text);
     }
     Ok(())
-}
-
-/// Runs one request to completion on private blocks: a prefill, then one decode step per token.
-/// Returns the generated tokens, the finish reason and the number of routing rows computed.
-fn run(
-    model: &Model,
-    prompt: &[TokenId],
-    params: &SamplingParams,
-    eos: &[TokenId],
-) -> Result<(Vec<TokenId>, &'static str, usize)> {
-    const BLOCK: usize = 16;
-    let total = prompt.len() + params.max_tokens as usize;
-    let table: Vec<BlockId> = (0..total.div_ceil(BLOCK) as u32).map(BlockId).collect();
-    let mut kv = model.new_kv_cache(table.len(), BLOCK);
-    let mut states = model.new_state_cache(1, 0);
-    let mut routing = model.new_routing_buffer(prompt.len().max(1));
-    let mut sampler = Sampler::default();
-    let mut tokens: Vec<TokenId> = Vec::new();
-    let mut input: Vec<TokenId> = prompt.to_vec();
-    let mut computed = 0;
-    while tokens.len() < params.max_tokens as usize {
-        let seq = SeqInput {
-            token_ids: &input,
-            num_computed_tokens: computed,
-            num_prompt_tokens: prompt.len(),
-            block_table: &table,
-            logits: LogitsWanted::Last,
-            state: model.config().is_hybrid().then_some(StateIo {
-                live: LiveStateId(0),
-                restore_from: None,
-                snapshots: &[],
-            }),
-        };
-        let out = model.forward(&[seq], &mut kv, &mut states, &mut routing)?;
-        computed += input.len();
-        let next = sampler.sample(&out.logits, params, tokens.len() as u64).token;
-        tokens.push(next);
-        if !params.ignore_eos && eos.contains(&next) {
-            return Ok((tokens, "stop", computed));
-        }
-        input.clear();
-        input.push(next);
-    }
-    Ok((tokens, "length", computed))
 }
