@@ -1,6 +1,6 @@
-//! The default model compiled into the binary: a tiny Nemotron-H-style hybrid (Mamba2 + attention
-//! + MoE) checkpoint in Hugging Face format, with random weights, a byte-level BPE tokenizer, a
-//! ChatML chat template and an EOS token. It lets `routed serve` run on a fresh machine with
+//! The default model compiled into the binary: a tiny Nemotron-H-style hybrid checkpoint (Mamba2,
+//! attention and MoE layers) in Hugging Face format, with random weights, a byte-level BPE
+//! tokenizer, a ChatML chat template and an EOS token. It lets `routed serve` run on a fresh machine with
 //! nothing downloaded. It is made by `tests/golden/make_golden.py`.
 
 use std::{
