@@ -1,5 +1,6 @@
-//! The `routed` command line: `serve`, `generate`.
+//! The `routed` command line: `serve`, `generate`, `bench`.
 
+mod bench;
 mod cli;
 
 use anyhow::{Result, bail};
@@ -21,6 +22,9 @@ struct Cli {
 enum Command {
     /// Generate a continuation of one prompt and print it.
     Generate(GenerateArgs),
+    /// Measure the engine: throughput, routing-capture overhead, prefix-hit scaling, engine
+    /// overhead.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -58,6 +62,7 @@ fn main() -> Result<()> {
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     match Cli::parse().command {
         Command::Generate(args) => runtime.block_on(generate(args)),
+        Command::Bench(args) => runtime.block_on(bench::run(args)),
     }
 }
 

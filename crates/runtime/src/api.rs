@@ -226,6 +226,16 @@ pub struct EngineStats {
     pub routing_bytes_held: usize,
     /// Engine steps executed.
     pub num_steps: u64,
+    /// Wall time of all steps, from planning to applied output.
+    pub step_seconds: f64,
+    /// Time in the model forward and sampling.
+    pub forward_seconds: f64,
+    /// Time the runner spent handing routing off (slot mapping and message).
+    pub routing_capture_seconds: f64,
+    /// Time the copy worker spent copying routing to host memory.
+    pub routing_copy_seconds: f64,
+    /// Time the routing host-cache spent storing rows.
+    pub routing_store_seconds: f64,
 }
 
 /// What a client needs to know about the served model.

@@ -7,21 +7,28 @@
 use crate::{
     messages::{CopyRouting, StoreStep},
     routing_cache::RoutingCacheActor,
+    timings::Timings,
 };
 use actix::{Actor, Addr, Handler, SyncContext};
 use crossbeam_channel::Sender;
 use routed_model::RoutingBuffer;
+use std::{sync::Arc, time::Instant};
 
 /// Copies routing off the device.
 pub struct CopyWorkerActor {
     returns: Sender<RoutingBuffer>,
     routing: Addr<RoutingCacheActor>,
+    timings: Arc<Timings>,
 }
 
 impl CopyWorkerActor {
     /// A worker returning buffers to `returns` and storing rows in `routing`.
-    pub fn new(returns: Sender<RoutingBuffer>, routing: Addr<RoutingCacheActor>) -> Self {
-        Self { returns, routing }
+    pub fn new(
+        returns: Sender<RoutingBuffer>,
+        routing: Addr<RoutingCacheActor>,
+        timings: Arc<Timings>,
+    ) -> Self {
+        Self { returns, routing, timings }
     }
 }
 
@@ -33,7 +40,9 @@ impl Handler<CopyRouting> for CopyWorkerActor {
     type Result = ();
 
     fn handle(&mut self, msg: CopyRouting, _: &mut SyncContext<Self>) {
+        let started = Instant::now();
         let ids = msg.buffer.ids().to_vec();
+        Timings::add(&self.timings.copy_ns, started.elapsed());
         // The buffer is free again only now that its contents are copied.
         let _ = self.returns.send(msg.buffer);
         self.routing.do_send(StoreStep {

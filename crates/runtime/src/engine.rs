@@ -9,6 +9,7 @@ use crate::{
     routing_cache::RoutingCacheActor,
     runner::{BufferPool, RunnerActor, RunnerConfig},
     scheduler::{Peers, SchedulerActor},
+    timings::Timings,
 };
 use actix::{Actor, Addr, SyncArbiter};
 use futures_util::Stream;
@@ -174,19 +175,23 @@ impl Parts {
 
     /// Starts every actor; must run inside the engine's actix system.
     fn spawn(self) -> Addr<SchedulerActor> {
+        let timings = Arc::new(Timings::default());
         let cache = CacheManagerActor::new(self.cache).start();
-        let routing = RoutingCacheActor::new(self.routing, cache.clone()).start();
+        let routing = RoutingCacheActor::new(self.routing, cache.clone(), timings.clone()).start();
         let max_step = self.runner.max_step_tokens;
         let model = self.model.clone();
         let buffers = BufferPool::new(NUM_ROUTING_BUFFERS, || model.new_routing_buffer(max_step));
         let returns = buffers.returns.clone();
         let routing_for_copy = routing.clone();
+        let copy_timings = timings.clone();
         let copy = SyncArbiter::start(1, move || {
-            CopyWorkerActor::new(returns.clone(), routing_for_copy.clone())
+            CopyWorkerActor::new(returns.clone(), routing_for_copy.clone(), copy_timings.clone())
         });
         let (model, runner_config) = (self.model.clone(), self.runner.clone());
+        let runner_timings = timings.clone();
         let runner = SyncArbiter::start(1, move || {
-            RunnerActor::new(model.clone(), runner_config.clone(), buffers.clone(), copy.clone())
+            let (m, c, b) = (model.clone(), runner_config.clone(), buffers.clone());
+            RunnerActor::new(m, c, b, copy.clone(), runner_timings.clone())
         });
         let heartbeat = (self.config.heartbeat_ms > 0).then(|| {
             HeartbeatActor::new(
@@ -195,7 +200,8 @@ impl Parts {
             )
             .start()
         });
-        let peers = Peers { cache, runners: vec![runner], routing, heartbeat: heartbeat.clone() };
+        let peers =
+            Peers { cache, runners: vec![runner], routing, heartbeat: heartbeat.clone(), timings };
         let scheduler =
             SchedulerActor::new(Scheduler::new(self.scheduler), self.tokenizer, self.info, peers)
                 .start();

@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod routing_cache;
 pub mod runner;
 pub mod scheduler;
+pub mod timings;
 
 pub use api::{
     EngineConfig, EngineError, EngineStats, FinalOutput, GenerateRequest, ModelInfo, ModelSource,

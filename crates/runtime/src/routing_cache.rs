@@ -5,10 +5,12 @@
 use crate::{
     cache_manager::CacheManagerActor,
     messages::{Forget, FreeBlocks, GetRoutingBytes, Reconstruct, StoreStep},
+    timings::Timings,
 };
 use actix::{Actor, Addr, Context, Handler, ResponseFuture};
 use routed_routing::RoutingStore;
 use routed_types::{RoutingRows, StepId};
+use std::{sync::Arc, time::Instant};
 use tokio::sync::oneshot;
 
 type Pending = (Reconstruct, oneshot::Sender<Result<RoutingRows, String>>);
@@ -20,12 +22,13 @@ pub struct RoutingCacheActor {
     watermark: Option<StepId>,
     pending: Vec<Pending>,
     cache: Addr<CacheManagerActor>,
+    timings: Arc<Timings>,
 }
 
 impl RoutingCacheActor {
     /// An actor around `store`, reporting lost rows to `cache`.
-    pub fn new(store: RoutingStore, cache: Addr<CacheManagerActor>) -> Self {
-        Self { store, watermark: None, pending: Vec::new(), cache }
+    pub fn new(store: RoutingStore, cache: Addr<CacheManagerActor>, timings: Arc<Timings>) -> Self {
+        Self { store, watermark: None, pending: Vec::new(), cache, timings }
     }
 
     fn reconstruct(&self, r: &Reconstruct) -> Result<RoutingRows, String> {
@@ -45,9 +48,11 @@ impl Handler<StoreStep> for RoutingCacheActor {
     type Result = ();
 
     fn handle(&mut self, msg: StoreStep, _: &mut Context<Self>) {
+        let started = Instant::now();
         if let Err(e) = self.store.store_step(&msg.ids, &msg.slot_mapping, &msg.blocks) {
             tracing::error!(step = msg.step_id.0, "routing rows not stored: {e}");
         }
+        Timings::add(&self.timings.store_ns, started.elapsed());
         self.watermark = Some(msg.step_id);
         let lost = self.store.take_lost();
         if !lost.is_empty() {

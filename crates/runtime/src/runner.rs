@@ -6,6 +6,7 @@
 use crate::{
     copy_worker::CopyWorkerActor,
     messages::{CopyRouting, DummyForward, Execute},
+    timings::Timings,
 };
 use actix::{Actor, Addr, Handler, SyncContext};
 use crossbeam_channel::{Receiver, Sender};
@@ -18,6 +19,7 @@ use std::{
     collections::BTreeSet,
     panic::{AssertUnwindSafe, catch_unwind},
     sync::Arc,
+    time::Instant,
 };
 
 /// How the runner's tensors are sized.
@@ -70,6 +72,7 @@ pub struct RunnerActor {
     /// Routing written by dummy forwards goes here and nowhere else.
     scratch_routing: RoutingBuffer,
     copy: Addr<CopyWorkerActor>,
+    timings: Arc<Timings>,
 }
 
 impl RunnerActor {
@@ -79,8 +82,10 @@ impl RunnerActor {
         config: RunnerConfig,
         buffers: BufferPool,
         copy: Addr<CopyWorkerActor>,
+        timings: Arc<Timings>,
     ) -> Self {
         Self {
+            timings,
             kv: model.new_kv_cache(config.num_blocks, config.block_size),
             states: model.new_state_cache(config.num_live_states, config.num_snapshot_slots),
             scratch_routing: model.new_routing_buffer(1),
@@ -112,6 +117,7 @@ impl RunnerActor {
             .collect();
         let mut buffer =
             self.buffers.free.recv().map_err(|_| "the routing buffer pool is gone".to_string())?;
+        let started = Instant::now();
         let out = self.model.forward(&inputs, &mut self.kv, &mut self.states, &mut buffer);
         let out = match out {
             Ok(out) => out,
@@ -134,9 +140,12 @@ impl RunnerActor {
                 ))
             })
             .collect();
+        Timings::add(&self.timings.forward_ns, started.elapsed());
         if plan.capture_routing && buffer.num_moe_layers() > 0 {
+            let started = Instant::now();
             let (slot_mapping, blocks) = self.slot_mapping(&plan);
             self.copy.do_send(CopyRouting { step_id: plan.step_id, buffer, slot_mapping, blocks });
+            Timings::add(&self.timings.capture_ns, started.elapsed());
         } else {
             let _ = self.buffers.returns.send(buffer);
         }

@@ -6,7 +6,7 @@
 use crate::{
     EngineError, EngineStats, FinalOutput, GenerateRequest, ModelInfo, RequestEvent, TokenEvent,
     cache_manager::CacheManagerActor, heartbeat::HeartbeatActor, messages::*, metrics as names,
-    routing_cache::RoutingCacheActor, runner::RunnerActor,
+    routing_cache::RoutingCacheActor, runner::RunnerActor, timings::Timings,
 };
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, MailboxError, ResponseActFuture,
@@ -40,6 +40,8 @@ pub struct Peers {
     pub routing: Addr<RoutingCacheActor>,
     /// The idle heartbeat, when on.
     pub heartbeat: Option<Addr<HeartbeatActor>>,
+    /// Pipeline timings the other actors write.
+    pub timings: Arc<Timings>,
 }
 
 /// Drives engine steps and owns every request's stream.
@@ -217,7 +219,9 @@ impl SchedulerActor {
         let runner = self.peers.runners[0].clone();
         let run = runner.send(Execute(plan)).into_actor(self).map(move |res, act, ctx| {
             act.on_output(res, &ids, step_id, ctx);
-            metrics::histogram!(names::STEP_DURATION).record(started.elapsed().as_secs_f64());
+            let elapsed = started.elapsed().as_secs_f64();
+            act.stats.step_seconds += elapsed;
+            metrics::histogram!(names::STEP_DURATION).record(elapsed);
             act.step_in_flight = false;
             act.schedule(ctx);
         });
@@ -491,6 +495,11 @@ impl Handler<GetStats> for SchedulerActor {
         stats.num_running = self.policy.num_running();
         stats.num_waiting = self.policy.num_waiting();
         stats.num_live_states_held = self.policy.num_live_states_held();
+        let t = &self.peers.timings;
+        stats.forward_seconds = Timings::seconds(&t.forward_ns);
+        stats.routing_capture_seconds = Timings::seconds(&t.capture_ns);
+        stats.routing_copy_seconds = Timings::seconds(&t.copy_ns);
+        stats.routing_store_seconds = Timings::seconds(&t.store_ns);
         let (cache, routing) = (self.peers.cache.clone(), self.peers.routing.clone());
         Box::pin(async move {
             if let Ok(c) = cache.send(GetCacheStats).await {

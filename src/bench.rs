@@ -1,0 +1,240 @@
+//! `routed bench`: the engine's benchmark scenarios. Each prints a table and, with `--json`,
+//! writes its records (schema in `benches/README.md`, shared with the baseline scripts).
+
+use crate::cli::EngineArgs;
+use anyhow::{Context, Result};
+use futures_util::{StreamExt, future::join_all};
+use routed::{EngineHandle, GenerateRequest, RequestEvent, types::SamplingParams, types::TokenId};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+/// Which measurement to run.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// (a) Offline throughput at several batch sizes.
+    Throughput,
+    /// (b) Routing capture on vs off, interleaved pairs.
+    RoutingOverhead,
+    /// (c) Time to first token with 0, 50, 90 and 99 % of the prompt cached, relative to cold.
+    PrefixHit,
+    /// (d) Per-step time outside the model forward at batch 64.
+    EngineOverhead,
+    /// (a) to (d) in turn.
+    All,
+}
+
+/// `routed bench` flags.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// The scenario.
+    #[arg(value_enum)]
+    scenario: Scenario,
+    /// Batch sizes for the throughput scenario.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 8, 32, 64])]
+    batch_sizes: Vec<usize>,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 128)]
+    prompt_len: usize,
+    /// Generated tokens per request.
+    #[arg(long, default_value_t = 32)]
+    output_len: u32,
+    /// On/off pairs for the routing-overhead scenario; repetitions elsewhere.
+    #[arg(long, default_value_t = 10)]
+    repeats: usize,
+    /// Write the records as a JSON list to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// Runs the chosen scenarios.
+pub async fn run(args: BenchArgs) -> Result<()> {
+    let mut engine_args = args.engine.clone();
+    engine_args.heartbeat_ms = 0;
+    let engine = engine_args.start()?;
+    let model = engine.model_info().served_model_name.clone();
+    let all = args.scenario == Scenario::All;
+    let mut records = Vec::new();
+    if all || args.scenario == Scenario::Throughput {
+        records.extend(throughput(&engine, &args).await?);
+    }
+    if all || args.scenario == Scenario::RoutingOverhead {
+        let mut off_args = engine_args.clone();
+        off_args.disable_return_routed_experts = true;
+        let off = off_args.start()?;
+        records.extend(routing_overhead(&engine, &off, &args).await?);
+        off.shutdown().await;
+    }
+    if all || args.scenario == Scenario::PrefixHit {
+        records.extend(prefix_hit(&engine, &args).await?);
+    }
+    if all || args.scenario == Scenario::EngineOverhead {
+        records.extend(engine_overhead(&engine, &args).await?);
+    }
+    engine.shutdown().await;
+    for r in &mut records {
+        r["engine"] = json!("routed");
+        r["dtype"] = json!("f32");
+        r["model"] = json!(model);
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&records)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// A deterministic pseudo-random prompt (ids below 1000 so every vocabulary has them).
+fn prompt(seed: u64, len: usize, vocab: usize) -> Vec<TokenId> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab.min(1000) as u64) as TokenId
+        })
+        .collect()
+}
+
+fn request(engine: &EngineHandle, tokens: Vec<TokenId>, output_len: u32) -> GenerateRequest {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(output_len) };
+    let return_routing = engine.model_info().routing_capture;
+    GenerateRequest { return_routing, ..GenerateRequest::new(tokens, params) }
+}
+
+/// Runs a request to the end; returns the time to its first token and to its end.
+async fn timed(engine: &EngineHandle, req: GenerateRequest) -> Result<(Duration, Duration)> {
+    let started = Instant::now();
+    let mut events = engine.submit(req).await?;
+    let mut first = None;
+    while let Some(event) = events.next().await {
+        match event {
+            RequestEvent::Token(_) => {
+                first.get_or_insert_with(|| started.elapsed());
+            }
+            RequestEvent::Finished(_) => {}
+            RequestEvent::Error(e) => anyhow::bail!("benchmark request failed: {e}"),
+        }
+    }
+    Ok((first.unwrap_or_default(), started.elapsed()))
+}
+
+async fn batch(engine: &EngineHandle, seed: u64, n: usize, args: &BenchArgs) -> Result<Duration> {
+    let vocab = engine.model_info().vocab_size;
+    let reqs = (0..n).map(|i| {
+        request(engine, prompt(seed * 1000 + i as u64, args.prompt_len, vocab), args.output_len)
+    });
+    let started = Instant::now();
+    for r in join_all(reqs.map(|r| timed(engine, r))).await {
+        r?;
+    }
+    Ok(started.elapsed())
+}
+
+fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+async fn throughput(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value>> {
+    println!(
+        "(a) offline throughput, prompt {} + output {} tokens",
+        args.prompt_len, args.output_len
+    );
+    println!("{:>6} {:>10} {:>14} {:>14}", "batch", "wall s", "output tok/s", "total tok/s");
+    let mut records = Vec::new();
+    for (i, &b) in args.batch_sizes.iter().enumerate() {
+        engine.reset_prefix_cache().await?;
+        let wall = batch(engine, 1 + i as u64, b, args).await?.as_secs_f64();
+        let out = (b * args.output_len as usize) as f64 / wall;
+        let total = (b * (args.prompt_len + args.output_len as usize)) as f64 / wall;
+        println!("{b:>6} {wall:>10.3} {out:>14.1} {total:>14.1}");
+        records.push(json!({"scenario": format!("throughput_b{b}"), "tokens_per_s": out, "total_tokens_per_s": total, "wall_s": wall, "batch": b, "prompt_len": args.prompt_len, "output_len": args.output_len}));
+    }
+    Ok(records)
+}
+
+async fn routing_overhead(
+    on: &EngineHandle,
+    off: &EngineHandle,
+    args: &BenchArgs,
+) -> Result<Vec<Value>> {
+    println!("(b) routing capture on vs off: {} interleaved pairs of batch 8", args.repeats);
+    let before = on.stats().await?;
+    let mut ratios = Vec::new();
+    for pair in 0..args.repeats {
+        // Alternate which engine goes first so drift in machine load cancels out.
+        let seed = 100 + pair as u64;
+        let (t_on, t_off) = if pair % 2 == 0 {
+            let a = batch(on, seed, 8, args).await?;
+            (a, batch(off, seed, 8, args).await?)
+        } else {
+            let b = batch(off, seed, 8, args).await?;
+            (batch(on, seed, 8, args).await?, b)
+        };
+        ratios.push(t_on.as_secs_f64() / t_off.as_secs_f64());
+    }
+    let after = on.stats().await?;
+    let pipeline = (after.routing_capture_seconds - before.routing_capture_seconds)
+        + (after.routing_copy_seconds - before.routing_copy_seconds)
+        + (after.routing_store_seconds - before.routing_store_seconds);
+    let share = pipeline / (after.step_seconds - before.step_seconds).max(1e-12);
+    let (lo, hi) = (
+        ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        ratios.iter().copied().fold(0.0, f64::max),
+    );
+    let med = median(&mut ratios);
+    println!("median time ratio on/off {med:.4} (min {lo:.4}, max {hi:.4})");
+    println!("capture + copy + store time, measured directly: {:.3} % of step time", share * 100.0);
+    Ok(vec![
+        json!({"scenario": "routing_overhead", "median_ratio": med, "min_ratio": lo, "max_ratio": hi, "pipeline_share_of_step": share, "pairs": args.repeats}),
+    ])
+}
+
+async fn prefix_hit(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value>> {
+    println!("(c) time to first token with part of a {}-token prompt cached", args.prompt_len);
+    println!("{:>8} {:>12} {:>10}", "cached", "TTFT ms", "vs cold");
+    let vocab = engine.model_info().vocab_size;
+    let mut records = Vec::new();
+    let mut cold = 0.0;
+    for (i, fraction) in [0.0, 0.5, 0.9, 0.99].into_iter().enumerate() {
+        let mut ttfts = Vec::new();
+        for rep in 0..args.repeats.max(1) {
+            let full = prompt(7000 + (i * 100 + rep) as u64, args.prompt_len, vocab);
+            engine.reset_prefix_cache().await?;
+            let cached = (args.prompt_len as f64 * fraction) as usize;
+            if cached > 0 {
+                timed(engine, request(engine, full[..cached].to_vec(), 1)).await?;
+            }
+            ttfts.push(timed(engine, request(engine, full, 1)).await?.0.as_secs_f64());
+        }
+        let ttft = median(&mut ttfts);
+        if i == 0 {
+            cold = ttft;
+        }
+        println!("{:>7.0}% {:>12.2} {:>10.3}", fraction * 100.0, ttft * 1e3, ttft / cold);
+        records.push(json!({"scenario": format!("prefix_hit_{}", (fraction * 100.0) as u32), "ttft_s": ttft, "ratio_to_cold": ttft / cold}));
+    }
+    Ok(records)
+}
+
+async fn engine_overhead(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value>> {
+    let before = engine.stats().await?;
+    batch(engine, 900, 64, args).await?;
+    let after = engine.stats().await?;
+    let steps = (after.num_steps - before.num_steps).max(1) as f64;
+    let step = after.step_seconds - before.step_seconds;
+    let forward = after.forward_seconds - before.forward_seconds;
+    let share = (step - forward) / step.max(1e-12);
+    println!(
+        "(d) engine overhead at batch 64: {steps} steps, {:.3} ms per step, {:.3} ms outside the forward ({:.2} %)",
+        step / steps * 1e3,
+        (step - forward) / steps * 1e3,
+        share * 100.0
+    );
+    Ok(vec![
+        json!({"scenario": "engine_overhead_b64", "steps": steps, "step_ms": step / steps * 1e3, "overhead_ms": (step - forward) / steps * 1e3, "overhead_share": share}),
+    ])
+}
