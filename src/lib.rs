@@ -11,6 +11,7 @@ pub use routed_runtime as runtime;
 pub use routed_runtime::{
     Engine, EngineConfig, EngineHandle, GenerateRequest, ModelSource, RequestEvent,
 };
+pub use routed_server as server;
 pub use routed_types as types;
 
 pub mod embedded;

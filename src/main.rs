@@ -20,11 +20,25 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible HTTP API (the embedded tiny hybrid model without --model).
+    Serve(ServeArgs),
     /// Generate a continuation of one prompt and print it.
     Generate(GenerateArgs),
     /// Measure the engine: throughput, routing-capture overhead, prefix-hit scaling, engine
     /// overhead.
     Bench(bench::BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
 }
 
 #[derive(clap::Args)]
@@ -58,12 +72,35 @@ fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    let command = Cli::parse().command;
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    match Cli::parse().command {
+    match command {
+        Command::Serve(args) => serve(args),
         Command::Generate(args) => runtime.block_on(generate(args)),
         Command::Bench(args) => runtime.block_on(bench::run(args)),
     }
+}
+
+/// Runs the gateway until interrupted (Ctrl-C drains in-flight requests, then exits).
+fn serve(args: ServeArgs) -> Result<()> {
+    routed::server::install_metrics_recorder()
+        .map_err(|e| anyhow::anyhow!("metrics recorder: {e}"))?;
+    let engine = args.engine.start()?;
+    let listener =
+        routed::server::ServerConfig { host: args.host.clone(), port: args.port }.bind()?;
+    let info = engine.model_info();
+    tracing::info!(
+        model = %info.served_model_name,
+        device = %info.device,
+        kv_blocks = info.num_kv_blocks,
+        snapshot_slots = info.num_snapshot_slots,
+        routing_capture = info.routing_capture,
+        "serving on http://{}",
+        listener.local_addr()?
+    );
+    actix_rt::System::new().block_on(routed::server::serve(engine, listener))?;
+    Ok(())
 }
 
 async fn generate(args: GenerateArgs) -> Result<()> {

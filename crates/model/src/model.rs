@@ -8,7 +8,7 @@ use crate::{
     layers::{StepTokens, attention::Attention, mamba::Mamba, mlp::Mlp, moe::Moe},
     state::{StateCache, StateLayout},
 };
-use routed_backend::cpu;
+use routed_backend::cpu::{self, Matrix};
 use routed_types::RoutingMeta;
 
 /// A token mixer of a decoder layer.
@@ -33,11 +33,11 @@ pub(crate) struct Layer {
 /// A model ready to run on the CPU backend.
 pub struct Model {
     pub(crate) config: ModelConfig,
-    pub(crate) embed: Vec<f32>,
+    pub(crate) embed: Matrix,
     pub(crate) layers: Vec<Layer>,
     pub(crate) final_norm: Vec<f32>,
     /// `None` when tied to the embedding.
-    pub(crate) lm_head: Option<Vec<f32>>,
+    pub(crate) lm_head: Option<Matrix>,
 }
 
 impl Model {
@@ -106,7 +106,7 @@ impl Model {
         let mut x = vec![0.0f32; n * h];
         let ids = seqs.iter().flat_map(|s| s.token_ids.iter());
         for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
-            row.copy_from_slice(&self.embed[id as usize * h..(id as usize + 1) * h]);
+            self.embed.row_into(id as usize, row);
         }
         let mult = self.config.multipliers;
         if mult.embedding != 1.0 {
@@ -158,9 +158,9 @@ impl Model {
         for (o, &r) in normed.chunks_exact_mut(h).zip(&rows) {
             cpu::rms_norm(&x[r * h..(r + 1) * h], &self.final_norm, self.config.norm_eps, o);
         }
-        let head = self.lm_head.as_deref().unwrap_or(&self.embed);
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let mut logits = vec![0.0f32; rows.len() * self.config.vocab_size];
-        cpu::linear(&normed, head, h, &mut logits);
+        cpu::linear(&normed, head, &mut logits);
         let scaling = self.config.multipliers.logits_scaling;
         if scaling != 1.0 {
             cpu::scale_inplace(&mut logits, 1.0 / scaling);

@@ -4,6 +4,7 @@
 
 use crate::error::{ModelError, Result};
 use memmap2::Mmap;
+use routed_backend::cpu::{Matrix, MatrixData};
 use safetensors::{Dtype, SafeTensors};
 use std::{
     collections::HashMap,
@@ -103,6 +104,22 @@ impl Weights {
     /// The stored shape of a tensor.
     pub fn shape(&self, name: &str) -> Option<&[usize]> {
         self.entries.get(name).map(|e| e.shape.as_slice())
+    }
+
+    /// Loads `name` as a weight matrix `[product of all but the last dim, last dim]`, checking
+    /// that its shape is `shape`. bf16 tensors stay bf16 (the kernels widen them exactly); other
+    /// dtypes become `f32`.
+    pub fn matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix> {
+        let cols = *shape.last().expect("a matrix has at least one dimension");
+        let rows = shape.iter().product::<usize>() / cols.max(1);
+        let entry = self.entry(name)?;
+        if entry.dtype == Dtype::BF16 && entry.shape == shape {
+            let bytes = &self.shards[entry.shard].mmap[entry.range.clone()];
+            let values: Vec<half::bf16> =
+                bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]])).collect();
+            return Ok(Matrix::new(rows, cols, MatrixData::Bf16(values)));
+        }
+        Ok(Matrix::from_f32(rows, cols, self.f32(name, shape)?))
     }
 
     /// Loads `name` as `f32`, checking that its shape is `shape`.

@@ -257,4 +257,6 @@ pub struct ModelInfo {
     pub num_snapshot_slots: usize,
     /// The device, in words.
     pub device: String,
+    /// Seed for requests that don't give one (`--seed`).
+    pub default_seed: u64,
 }

@@ -144,6 +144,7 @@ impl Parts {
             num_kv_blocks: num_usable,
             num_snapshot_slots: snapshot_slots,
             device: "cpu".into(),
+            default_seed: config.seed,
         });
         let max_step = config.max_num_batched_tokens.max(1);
         Ok(Self {

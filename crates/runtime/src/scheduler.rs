@@ -246,6 +246,7 @@ impl SchedulerActor {
         }
         let tokenizer = self.tokenizer.clone();
         let mut decode = |t: &[u32]| tokenizer.decode(t).unwrap_or_default();
+        let mut gone = Vec::new();
         for event in self.policy.apply_output(ids, &output, &mut decode) {
             match event {
                 SeqEvent::Token { id, sampled } => {
@@ -257,13 +258,20 @@ impl SchedulerActor {
                             logprob: sampled.logprob,
                             top_logprobs: sampled.top_logprobs,
                         };
-                        let _ = g.events.send(RequestEvent::Token(token));
+                        if g.events.send(RequestEvent::Token(token)).is_err() {
+                            // Nobody listens any more (the submitter went away before it got
+                            // its stream): stop computing for it.
+                            gone.push(group);
+                        }
                     }
                 }
                 SeqEvent::Finished { id, reason, text_len } => {
                     self.finish(id, reason, text_len, ctx)
                 }
             }
+        }
+        for group in gone {
+            self.abort(group, ctx);
         }
     }
 

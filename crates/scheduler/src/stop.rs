@@ -16,8 +16,12 @@ pub fn check_stop(
     let last = *output.last()?;
     let n = output.len();
     if n >= params.min_tokens as usize {
-        if (!params.ignore_eos && eos.contains(&last)) || params.stop_token_ids.contains(&last) {
+        // A stop token is reported as the match; EOS is not (as vLLM and SGLang report it).
+        if params.stop_token_ids.contains(&last) {
             return Some((FinishReason::Stop { matched: Some(StopMatch::Token(last)) }, None));
+        }
+        if !params.ignore_eos && eos.contains(&last) {
+            return Some((FinishReason::Stop { matched: None }, None));
         }
         if !params.stop.is_empty() {
             let decoded = text(output);
@@ -48,7 +52,8 @@ mod tests {
     #[test]
     fn eos_stops_unless_ignored_or_below_min_tokens() {
         let p = SamplingParams::greedy(10);
-        assert!(check_stop(&[3, 2], &p, &[2], 5, 100, &mut text).is_some());
+        let eos = check_stop(&[3, 2], &p, &[2], 5, 100, &mut text).unwrap();
+        assert_eq!(eos.0, FinishReason::Stop { matched: None });
         let ignore = SamplingParams { ignore_eos: true, ..p.clone() };
         assert!(check_stop(&[3, 2], &ignore, &[2], 5, 100, &mut text).is_none());
         let min = SamplingParams { min_tokens: 3, ..p };

@@ -60,7 +60,8 @@ impl SamplingParams {
 /// Why a request stopped generating.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FinishReason {
-    /// EOS, a stop token or a stop string; `matched` says which when it was not EOS.
+    /// EOS, a stop token or a stop string; `matched` says which stop token or string, and is
+    /// `None` for EOS.
     Stop { matched: Option<StopMatch> },
     /// `max_tokens` reached (or the model length).
     Length,

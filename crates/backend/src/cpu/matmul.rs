@@ -1,30 +1,43 @@
 //! Dense matrix products with a fixed reduction order.
 //!
-//! Every output element is one call of [`dot`] over the full inner dimension, whatever the number
-//! of rows and however the work is split across threads. Threads split output rows or columns,
-//! never the reduction, so the result of a row does not depend on the rest of the batch.
+//! Every output element is the [`dot`] of an input row and a weight row over the full inner
+//! dimension: 16 interleaved partial sums, folded by a fixed pairwise tree. The tiled kernel
+//! computes several outputs at once (reusing each loaded input and weight chunk) but gives every
+//! output exactly that sequence of operations, and threads split output rows or columns, never the
+//! reduction. So a row's result does not depend on the rest of the batch, on the tiling, on the
+//! thread count or on the instruction set the kernel was dispatched to (no FMA contraction).
 
-use super::PAR_THRESHOLD;
+use super::{Matrix, MatrixData, PAR_THRESHOLD};
+use half::bf16;
 use rayon::prelude::*;
 
 const LANES: usize = 16;
+/// Weight rows per tile.
+const NR: usize = 4;
+/// Input rows per tile.
+const MR: usize = 4;
 
-/// `sum(a[i] * b[i])`, accumulated in 16 interleaved partial sums folded by a fixed pairwise tree.
-/// The order depends only on the length, so equal inputs give bitwise-equal results.
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "dot: length mismatch");
-    let mut acc = [0.0f32; LANES];
-    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..LANES {
-            acc[i] += x[i] * y[i];
-        }
+/// A weight element the kernels widen to `f32` (exactly).
+trait Elem: Copy + Send + Sync {
+    fn f(self) -> f32;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn f(self) -> f32 {
+        self
     }
-    for i in 0..ra.len() {
-        acc[i] += ra[i] * rb[i];
+}
+
+impl Elem for bf16 {
+    #[inline(always)]
+    fn f(self) -> f32 {
+        f32::from_bits((self.to_bits() as u32) << 16)
     }
+}
+
+#[inline(always)]
+fn fold(mut acc: [f32; LANES]) -> f32 {
     let mut width = LANES / 2;
     while width > 0 {
         for i in 0..width {
@@ -35,50 +48,222 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc[0]
 }
 
-/// `out[m, n] = x[m, k] · w[n, k]^T`: a linear layer without bias over `m` rows.
-pub fn linear(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
-    assert!(
-        k > 0 && x.len().is_multiple_of(k) && w.len().is_multiple_of(k),
-        "linear: bad inner dimension {k}"
-    );
-    let m = x.len() / k;
-    let n = w.len() / k;
-    assert_eq!(out.len(), m * n, "linear: output is {} values, expected {m}x{n}", out.len());
-    let row = |(xr, or): (&[f32], &mut [f32])| {
-        for (o, wr) in or.iter_mut().zip(w.chunks_exact(k)) {
-            *o = dot(xr, wr);
-        }
-    };
-    if m * n * k < PAR_THRESHOLD {
-        x.chunks_exact(k).zip(out.chunks_exact_mut(n)).for_each(row);
-    } else if m == 1 {
-        // One row: split the output columns across threads.
-        let cols = n.div_ceil(rayon::current_num_threads() * 4).max(8);
-        out.par_chunks_mut(cols).enumerate().for_each(|(c, oc)| {
-            let ws = &w[c * cols * k..(c * cols + oc.len()) * k];
-            for (o, wr) in oc.iter_mut().zip(ws.chunks_exact(k)) {
-                *o = dot(x, wr);
+/// `sum(a[i] * b[i])` in the fixed order every kernel here uses.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot: length mismatch");
+    let mut out = [0.0];
+    tile::<f32, 1, 1>(&[a], &[b], &mut [&mut out[..]], 0);
+    out[0]
+}
+
+/// Computes the `M x N` outputs of input rows `xs` against weight rows `ws`, writing
+/// `out[m][col + n]`.
+#[inline(always)]
+fn tile<W: Elem, const M: usize, const N: usize>(
+    xs: &[&[f32]; M],
+    ws: &[&[W]; N],
+    out: &mut [&mut [f32]; M],
+    col: usize,
+) {
+    let k = xs[0].len();
+    let mut acc = [[[0.0f32; LANES]; N]; M];
+    let full = k / LANES * LANES;
+    let mut c = 0;
+    while c < full {
+        let mut wv = [[0.0f32; LANES]; N];
+        for n in 0..N {
+            for l in 0..LANES {
+                wv[n][l] = ws[n][c + l].f();
             }
-        });
-    } else {
-        x.par_chunks_exact(k).zip(out.par_chunks_exact_mut(n)).for_each(row);
+        }
+        for m in 0..M {
+            let x = &xs[m][c..c + LANES];
+            for n in 0..N {
+                for l in 0..LANES {
+                    acc[m][n][l] += x[l] * wv[n][l];
+                }
+            }
+        }
+        c += LANES;
+    }
+    for l in 0..k - full {
+        for m in 0..M {
+            for n in 0..N {
+                acc[m][n][l] += xs[m][full + l] * ws[n][full + l].f();
+            }
+        }
+    }
+    for m in 0..M {
+        for n in 0..N {
+            out[m][col + n] = fold(acc[m][n]);
+        }
     }
 }
 
-/// Like [`linear`], for rows of `x` picked by `rows` (gathered MoE tokens): `out[i] = x[rows[i]] w^T`.
-pub fn linear_rows(x: &[f32], rows: &[usize], w: &[f32], k: usize, out: &mut [f32]) {
-    let n = w.len() / k;
-    assert_eq!(out.len(), rows.len() * n, "linear_rows: bad output size");
-    let row = |(&r, or): (&usize, &mut [f32])| {
-        let xr = &x[r * k..(r + 1) * k];
-        for (o, wr) in or.iter_mut().zip(w.chunks_exact(k)) {
-            *o = dot(xr, wr);
+/// All outputs of `rows` (input rows) against weight rows `cols`, written to `out` (`out[i]` is
+/// the output row of `rows[i]`; weight row `cols.start + j` lands at index `j`).
+fn block<W: Elem>(
+    x: &[f32],
+    k: usize,
+    rows: &[usize],
+    w: &[W],
+    cols: std::ops::Range<usize>,
+    out: &mut [&mut [f32]],
+) {
+    let base = cols.start;
+    let wrow = |n: usize| &w[n * k..(n + 1) * k];
+    let xrow = |m: usize| &x[rows[m] * k..(rows[m] + 1) * k];
+    let mut m = 0;
+    while m < rows.len() {
+        let mr = (rows.len() - m).min(MR);
+        let (head, _) = out[m..].split_at_mut(mr);
+        let mut n = cols.start;
+        while n < cols.end {
+            let nr = (cols.end - n).min(NR);
+            macro_rules! go {
+                ($mm:literal, $nn:literal) => {{
+                    let xs: [&[f32]; $mm] = std::array::from_fn(|i| xrow(m + i));
+                    let ws: [&[W]; $nn] = std::array::from_fn(|j| wrow(n + j));
+                    let mut o: [&mut [f32]; $mm] = {
+                        let mut it = head.iter_mut();
+                        std::array::from_fn(|_| &mut **it.next().expect("tile rows"))
+                    };
+                    tile::<W, $mm, $nn>(&xs, &ws, &mut o, n - base);
+                }};
+            }
+            match (mr, nr) {
+                (4, 4) => go!(4, 4),
+                (_, 4) => (0..mr).for_each(|i| {
+                    let ws: [&[W]; 4] = std::array::from_fn(|j| wrow(n + j));
+                    tile::<W, 1, 4>(&[xrow(m + i)], &ws, &mut [&mut *head[i]], n - base);
+                }),
+                _ => (0..mr).for_each(|i| {
+                    for j in 0..nr {
+                        tile::<W, 1, 1>(
+                            &[xrow(m + i)],
+                            &[wrow(n + j)],
+                            &mut [&mut *head[i]],
+                            n + j - base,
+                        );
+                    }
+                }),
+            }
+            n += nr;
         }
-    };
-    if rows.len() * n * k < PAR_THRESHOLD {
-        rows.iter().zip(out.chunks_exact_mut(n)).for_each(row);
-    } else {
-        rows.par_iter().zip(out.par_chunks_exact_mut(n)).for_each(row);
+        m += mr;
+    }
+}
+
+/// Splits the weight rows into chunks across threads; each chunk computes every input row.
+fn run<W: Elem>(x: &[f32], k: usize, rows: &[usize], w: &[W], n: usize, out: &mut [f32]) {
+    let m = rows.len();
+    let work = m * n * k;
+    if work < PAR_THRESHOLD {
+        let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(n).collect();
+        dispatch(x, k, rows, w, 0..n, &mut outs);
+        return;
+    }
+    let threads = rayon::current_num_threads().max(1);
+    // Chunks of whole tiles, a few per thread for balance.
+    let chunk = n.div_ceil(threads * 4).next_multiple_of(NR).max(NR);
+    let parts: Vec<(usize, Vec<f32>)> = (0..n.div_ceil(chunk))
+        .into_par_iter()
+        .map(|c| {
+            let cols = c * chunk..((c + 1) * chunk).min(n);
+            let mut packed = vec![0.0f32; m * cols.len()];
+            let mut outs: Vec<&mut [f32]> = packed.chunks_exact_mut(cols.len()).collect();
+            dispatch(x, k, rows, w, cols, &mut outs);
+            (c, packed)
+        })
+        .collect();
+    for (c, packed) in parts {
+        let start = c * chunk;
+        let width = packed.len() / m;
+        for (i, row) in packed.chunks_exact(width).enumerate() {
+            out[i * n + start..i * n + start + width].copy_from_slice(row);
+        }
+    }
+}
+
+/// Runs the kernel compiled for the widest instruction set this CPU has.
+fn dispatch<W: Elem>(
+    x: &[f32],
+    k: usize,
+    rows: &[usize],
+    w: &[W],
+    cols: std::ops::Range<usize>,
+    out: &mut [&mut [f32]],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F, checked just above.
+            return unsafe { block_avx512(x, k, rows, w, cols, out) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { block_avx2(x, k, rows, w, cols, out) };
+        }
+    }
+    block(x, k, rows, w, cols, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn block_avx512<W: Elem>(
+    x: &[f32],
+    k: usize,
+    rows: &[usize],
+    w: &[W],
+    cols: std::ops::Range<usize>,
+    out: &mut [&mut [f32]],
+) {
+    block(x, k, rows, w, cols, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn block_avx2<W: Elem>(
+    x: &[f32],
+    k: usize,
+    rows: &[usize],
+    w: &[W],
+    cols: std::ops::Range<usize>,
+    out: &mut [&mut [f32]],
+) {
+    block(x, k, rows, w, cols, out)
+}
+
+fn check(x: &[f32], rows: &[usize], w: &Matrix, out: &[f32]) {
+    let k = w.cols();
+    assert!(k > 0, "linear: empty inner dimension");
+    assert!(rows.iter().all(|&r| (r + 1) * k <= x.len()), "linear: input row out of range");
+    assert_eq!(out.len(), rows.len() * w.rows(), "linear: output size");
+}
+
+/// `out[m, n] = x[m, :] · w[n, :]` for every row of `x` (`[m, w.cols()]`): a linear layer
+/// without bias.
+pub fn linear(x: &[f32], w: &Matrix, out: &mut [f32]) {
+    let k = w.cols();
+    assert!(
+        k > 0 && x.len().is_multiple_of(k),
+        "linear: input is not a whole number of rows of {k}"
+    );
+    let rows: Vec<usize> = (0..x.len() / k).collect();
+    linear_rows(x, &rows, w, out);
+}
+
+/// Like [`linear`], for the rows of `x` listed in `rows` (gathered MoE tokens):
+/// `out[i] = x[rows[i]] · w^T`.
+pub fn linear_rows(x: &[f32], rows: &[usize], w: &Matrix, out: &mut [f32]) {
+    check(x, rows, w, out);
+    if rows.is_empty() {
+        return;
+    }
+    match w.data() {
+        MatrixData::F32(v) => run(x, w.cols(), rows, v, w.rows(), out),
+        MatrixData::Bf16(v) => run(x, w.cols(), rows, v, w.rows(), out),
     }
 }
 
@@ -92,29 +277,71 @@ mod tests {
             .collect()
     }
 
+    fn naive_dot(a: &[f32], b: &[f32]) -> f32 {
+        let mut acc = [0.0f32; LANES];
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            acc[i % LANES] += x * y;
+        }
+        fold(acc)
+    }
+
     #[test]
-    fn dot_matches_naive_sum_closely() {
+    fn dot_has_the_documented_order() {
         for len in [1, 7, 16, 33, 100] {
             let (a, b) = (seq(len, 1), seq(len, 2));
-            let naive: f64 = a.iter().zip(&b).map(|(x, y)| (*x as f64) * (*y as f64)).sum();
-            assert!((dot(&a, &b) as f64 - naive).abs() < 1e-4, "len {len}");
+            assert_eq!(dot(&a, &b), naive_dot(&a, &b), "len {len}");
         }
     }
 
     #[test]
-    fn a_row_does_not_depend_on_the_batch() {
-        let (k, n) = (96, 300);
-        let w = seq(n * k, 3);
-        let x = seq(64 * k, 4);
-        let mut all = vec![0.0; 64 * n];
-        linear(&x, &w, k, &mut all);
-        for r in [0, 17, 63] {
-            let mut one = vec![0.0; n];
-            linear(&x[r * k..(r + 1) * k], &w, k, &mut one);
-            assert_eq!(one, all[r * n..(r + 1) * n], "row {r}");
-            let mut gathered = vec![0.0; n];
-            linear_rows(&x, &[r], &w, k, &mut gathered);
-            assert_eq!(gathered, one);
+    fn every_output_equals_its_dot_whatever_the_batch_and_tiling() {
+        for (k, n) in [(96, 300), (33, 7), (16, 5)] {
+            let w = Matrix::from_f32(n, k, seq(n * k, 3));
+            let wv = seq(n * k, 3);
+            for m in [1, 3, 4, 9, 64] {
+                let x = seq(m * k, 4);
+                let mut all = vec![0.0; m * n];
+                linear(&x, &w, &mut all);
+                for r in 0..m {
+                    for c in 0..n {
+                        let want = naive_dot(&x[r * k..(r + 1) * k], &wv[c * k..(c + 1) * k]);
+                        assert_eq!(all[r * n + c], want, "k {k} n {n} m {m} row {r} col {c}");
+                    }
+                }
+                let mut gathered = vec![0.0; n];
+                linear_rows(&x, &[m - 1], &w, &mut gathered);
+                assert_eq!(gathered, all[(m - 1) * n..]);
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_weights_give_the_same_bits_as_their_f32_widening() {
+        let (k, n, m) = (40, 9, 6);
+        let halfs: Vec<bf16> = seq(n * k, 5).into_iter().map(bf16::from_f32).collect();
+        let wide: Vec<f32> = halfs.iter().map(|h| h.to_f32()).collect();
+        let x = seq(m * k, 6);
+        let (mut a, mut b) = (vec![0.0; m * n], vec![0.0; m * n]);
+        linear(&x, &Matrix::new(n, k, MatrixData::Bf16(halfs)), &mut a);
+        linear(&x, &Matrix::from_f32(n, k, wide), &mut b);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn large_products_split_across_threads_exactly() {
+        let (k, n, m) = (256, 1000, 5);
+        let w = Matrix::from_f32(n, k, seq(n * k, 7));
+        let x = seq(m * k, 8);
+        let mut out = vec![0.0; m * n];
+        linear(&x, &w, &mut out);
+        let wv = seq(n * k, 7);
+        for r in 0..m {
+            for c in (0..n).step_by(97) {
+                assert_eq!(
+                    out[r * n + c],
+                    naive_dot(&x[r * k..(r + 1) * k], &wv[c * k..(c + 1) * k])
+                );
+            }
         }
     }
 }

@@ -4,9 +4,11 @@
 //! by Hugging Face (`out_features` rows of `in_features`), so `y = x w^T`.
 
 mod matmul;
+mod matrix;
 mod ops;
 
 pub use matmul::{dot, linear, linear_rows};
+pub use matrix::{Matrix, MatrixData};
 pub use ops::{
     add_assign, argmax, log_softmax, relu2_inplace, rms_norm, rms_norm_inplace, scale_inplace,
     silu, silu_inplace, softmax_inplace, softplus,

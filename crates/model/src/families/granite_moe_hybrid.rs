@@ -19,6 +19,7 @@ use crate::{
     layers::{mlp::Mlp, moe::Moe},
     model::{Ffn, Layer, Mixer, Model},
 };
+use routed_backend::cpu::Matrix;
 
 pub(super) fn config(raw: &RawConfig) -> Result<ModelConfig> {
     let hidden = raw.usize(&["hidden_size"])?;
@@ -118,7 +119,7 @@ fn time_step_limit(raw: &RawConfig) -> Result<(Option<f32>, Option<f32>)> {
 pub(super) fn load(config: ModelConfig, w: &mut Loader<'_>) -> Result<Model> {
     let h = config.hidden_size;
     let eps = config.norm_eps;
-    let embed = w.tensor("model.embed_tokens.weight", &[config.vocab_size, h])?;
+    let embed = w.matrix("model.embed_tokens.weight", &[config.vocab_size, h])?;
     let (mut num_attn, mut num_mamba) = (0, 0);
     let mut layers = Vec::with_capacity(config.layers.len());
     for (l, spec) in config.layers.iter().enumerate() {
@@ -157,35 +158,29 @@ pub(super) fn load(config: ModelConfig, w: &mut Loader<'_>) -> Result<Model> {
     Ok(Model { config, embed, layers, final_norm, lm_head })
 }
 
-/// A SwiGLU MLP from a fused `[2 * inter, hidden]` input matrix (gate rows first).
-fn split_swiglu(fused: &[f32], down: Vec<f32>, hidden: usize, inter: usize) -> Mlp {
-    let (gate, up) = fused.split_at(inter * hidden);
-    Mlp {
-        activation: FfnActivation::SwiGlu,
-        gate: Some(gate.to_vec()),
-        up: up.to_vec(),
-        down,
-        hidden,
-        inter,
-    }
+/// A SwiGLU MLP from rows `[at, at + 2 * inter)` of a fused input matrix (gate rows first) and
+/// its down projection.
+fn split_swiglu(fused: &Matrix, at: usize, down: Matrix, hidden: usize, inter: usize) -> Mlp {
+    let (gate, up) =
+        (fused.slice_rows(at..at + inter), fused.slice_rows(at + inter..at + 2 * inter));
+    Mlp { activation: FfnActivation::SwiGlu, gate: Some(gate), up, down, hidden, inter }
 }
 
 fn moe(w: &mut Loader<'_>, config: &ModelConfig, p: &str) -> Result<Moe> {
     let cfg = config.moe.clone().expect("moe");
     let (h, e, i) = (config.hidden_size, cfg.num_experts, cfg.expert_intermediate);
-    let router = w.tensor(&format!("{p}.block_sparse_moe.router.layer.weight"), &[e, h])?;
-    let input = w.tensor(&format!("{p}.block_sparse_moe.input_linear.weight"), &[e, 2 * i, h])?;
-    let output = w.tensor(&format!("{p}.block_sparse_moe.output_linear.weight"), &[e, h, i])?;
-    let experts = input
-        .chunks_exact(2 * i * h)
-        .zip(output.chunks_exact(h * i))
-        .map(|(fused, down)| split_swiglu(fused, down.to_vec(), h, i))
+    let router = w.matrix(&format!("{p}.block_sparse_moe.router.layer.weight"), &[e, h])?;
+    // Fused on disk: `input_linear` is [E, 2I, H] (gate rows first), `output_linear` [E, H, I].
+    let input = w.matrix(&format!("{p}.block_sparse_moe.input_linear.weight"), &[e, 2 * i, h])?;
+    let output = w.matrix(&format!("{p}.block_sparse_moe.output_linear.weight"), &[e, h, i])?;
+    let experts = (0..e)
+        .map(|x| split_swiglu(&input, x * 2 * i, output.slice_rows(x * h..(x + 1) * h), h, i))
         .collect();
     let shared = match cfg.shared_intermediate {
         Some(s) => {
-            let fused = w.tensor(&format!("{p}.shared_mlp.input_linear.weight"), &[2 * s, h])?;
-            let down = w.tensor(&format!("{p}.shared_mlp.output_linear.weight"), &[h, s])?;
-            Some(split_swiglu(&fused, down, h, s))
+            let fused = w.matrix(&format!("{p}.shared_mlp.input_linear.weight"), &[2 * s, h])?;
+            let down = w.matrix(&format!("{p}.shared_mlp.output_linear.weight"), &[h, s])?;
+            Some(split_swiglu(&fused, 0, down, h, s))
         }
         None => None,
     };

@@ -16,6 +16,7 @@ use crate::{
     model::Model,
     weights::Weights,
 };
+use routed_backend::cpu::Matrix;
 
 /// Normalises a raw config for `arch`.
 pub(crate) fn config_for(arch: Architecture, raw: &RawConfig) -> Result<ModelConfig> {
@@ -58,17 +59,25 @@ impl Loader<'_> {
         Ok(t)
     }
 
+    /// A weight matrix of exactly `shape` (see [`Weights::matrix`]).
+    pub fn matrix(&mut self, name: &str, shape: &[usize]) -> Result<Matrix> {
+        let t = self.weights.matrix(name, shape)?;
+        self.done += 1;
+        (self.progress)(self.done.min(self.total), self.total);
+        Ok(t)
+    }
+
     /// Whether the checkpoint has `name`.
     pub fn has(&self, name: &str) -> bool {
         self.weights.contains(name)
     }
 
     /// The LM head, or `None` when tied to the embedding.
-    pub fn lm_head(&mut self, tied: bool, vocab: usize, hidden: usize) -> Result<Option<Vec<f32>>> {
+    pub fn lm_head(&mut self, tied: bool, vocab: usize, hidden: usize) -> Result<Option<Matrix>> {
         if tied && !self.has("lm_head.weight") {
             return Ok(None);
         }
-        self.tensor("lm_head.weight", &[vocab, hidden]).map(Some)
+        self.matrix("lm_head.weight", &[vocab, hidden]).map(Some)
     }
 
     /// Llama-style attention under `prefix` (`{prefix}.q_proj.weight`, ...).
@@ -92,14 +101,13 @@ impl Loader<'_> {
         Ok(Attention {
             cfg: cfg.clone(),
             kv_index,
-            q_proj: self.tensor(&format!("{prefix}.q_proj.weight"), &[nh * hd, hidden])?,
-            k_proj: self.tensor(&format!("{prefix}.k_proj.weight"), &[nkv * hd, hidden])?,
-            v_proj: self.tensor(&format!("{prefix}.v_proj.weight"), &[nkv * hd, hidden])?,
-            o_proj: self.tensor(&format!("{prefix}.o_proj.weight"), &[hidden, nh * hd])?,
+            q_proj: self.matrix(&format!("{prefix}.q_proj.weight"), &[nh * hd, hidden])?,
+            k_proj: self.matrix(&format!("{prefix}.k_proj.weight"), &[nkv * hd, hidden])?,
+            v_proj: self.matrix(&format!("{prefix}.v_proj.weight"), &[nkv * hd, hidden])?,
+            o_proj: self.matrix(&format!("{prefix}.o_proj.weight"), &[hidden, nh * hd])?,
             q_norm,
             k_norm,
             norm_eps: eps,
-            hidden,
         })
     }
 
@@ -113,14 +121,14 @@ impl Loader<'_> {
     ) -> Result<Mlp> {
         let [gate, up, down] = names;
         let gate = match gate {
-            Some(name) => Some(self.tensor(name, &[inter, hidden])?),
+            Some(name) => Some(self.matrix(name, &[inter, hidden])?),
             None => None,
         };
         Ok(Mlp {
             activation,
             gate,
-            up: self.tensor(up.expect("every MLP has an up projection"), &[inter, hidden])?,
-            down: self.tensor(down.expect("every MLP has a down projection"), &[hidden, inter])?,
+            up: self.matrix(up.expect("every MLP has an up projection"), &[inter, hidden])?,
+            down: self.matrix(down.expect("every MLP has a down projection"), &[hidden, inter])?,
             hidden,
             inter,
         })
@@ -142,8 +150,7 @@ impl Loader<'_> {
         Ok(Mamba {
             cfg: cfg.clone(),
             index,
-            hidden,
-            in_proj: self.tensor(&format!("{prefix}.in_proj.weight"), &[proj_dim, hidden])?,
+            in_proj: self.matrix(&format!("{prefix}.in_proj.weight"), &[proj_dim, hidden])?,
             conv_weight: self.tensor(&format!("{prefix}.conv1d.weight"), &[conv_dim, 1, k])?,
             conv_bias: match cfg.conv_bias {
                 true => Some(self.tensor(&format!("{prefix}.conv1d.bias"), &[conv_dim])?),
@@ -154,7 +161,7 @@ impl Loader<'_> {
             d: self.tensor(&format!("{prefix}.D"), &[nh])?,
             norm: self.tensor(&format!("{prefix}.norm.weight"), &[d_inner])?,
             norm_groups: cfg.norm_groups,
-            out_proj: self.tensor(&format!("{prefix}.out_proj.weight"), &[hidden, d_inner])?,
+            out_proj: self.matrix(&format!("{prefix}.out_proj.weight"), &[hidden, d_inner])?,
         })
     }
 
@@ -166,7 +173,7 @@ impl Loader<'_> {
         router: &str,
         expert: impl Fn(usize) -> [Option<String>; 3],
     ) -> Result<Moe> {
-        let router = self.tensor(router, &[cfg.num_experts, hidden])?;
+        let router = self.matrix(router, &[cfg.num_experts, hidden])?;
         let experts = (0..cfg.num_experts)
             .map(|e| {
                 let names = expert(e);

@@ -130,7 +130,7 @@ pub(super) fn config(raw: &RawConfig) -> Result<ModelConfig> {
 pub(super) fn load(config: ModelConfig, w: &mut Loader<'_>) -> Result<Model> {
     let h = config.hidden_size;
     let eps = config.norm_eps;
-    let embed = w.tensor("backbone.embeddings.weight", &[config.vocab_size, h])?;
+    let embed = w.matrix("backbone.embeddings.weight", &[config.vocab_size, h])?;
     let (mut num_attn, mut num_mamba) = (0, 0);
     let mut layers = Vec::with_capacity(config.layers.len());
     for (l, spec) in config.layers.iter().enumerate() {

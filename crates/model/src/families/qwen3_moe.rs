@@ -99,7 +99,7 @@ pub(super) fn load(config: ModelConfig, w: &mut Loader<'_>) -> Result<Model> {
     let attn_cfg = config.attention.clone().expect("attention config");
     let moe_cfg = config.moe.clone().expect("moe config");
     let mixtral = config.architecture == Architecture::Mixtral;
-    let embed = w.tensor("model.embed_tokens.weight", &[config.vocab_size, h])?;
+    let embed = w.matrix("model.embed_tokens.weight", &[config.vocab_size, h])?;
     let mut layers = Vec::with_capacity(config.layers.len());
     for (l, spec) in config.layers.iter().enumerate() {
         let p = format!("model.layers.{l}");

@@ -6,20 +6,19 @@
 use super::StepTokens;
 use crate::{batch::SeqInput, config::AttentionConfig, kv::KvCache};
 use rayon::prelude::*;
-use routed_backend::cpu;
+use routed_backend::cpu::{self, Matrix};
 
 pub(crate) struct Attention {
     pub cfg: AttentionConfig,
     /// Index of this layer's tensors in the KV cache.
     pub kv_index: usize,
-    pub q_proj: Vec<f32>,
-    pub k_proj: Vec<f32>,
-    pub v_proj: Vec<f32>,
-    pub o_proj: Vec<f32>,
+    pub q_proj: Matrix,
+    pub k_proj: Matrix,
+    pub v_proj: Matrix,
+    pub o_proj: Matrix,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub norm_eps: f32,
-    pub hidden: usize,
 }
 
 impl Attention {
@@ -37,9 +36,9 @@ impl Attention {
         let mut q = vec![0.0; n * nh * hd];
         let mut k = vec![0.0; n * nkv * hd];
         let mut v = vec![0.0; n * nkv * hd];
-        cpu::linear(h, &self.q_proj, self.hidden, &mut q);
-        cpu::linear(h, &self.k_proj, self.hidden, &mut k);
-        cpu::linear(h, &self.v_proj, self.hidden, &mut v);
+        cpu::linear(h, &self.q_proj, &mut q);
+        cpu::linear(h, &self.k_proj, &mut k);
+        cpu::linear(h, &self.v_proj, &mut v);
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
             cpu::rms_norm_inplace(&mut q, qn, self.norm_eps);
             cpu::rms_norm_inplace(&mut k, kn, self.norm_eps);
@@ -77,7 +76,7 @@ impl Attention {
             let mut scores = Vec::new();
             heads.chunks_mut(nh * hd).enumerate().for_each(|x| attend(&mut scores, x));
         }
-        cpu::linear(&heads, &self.o_proj, nh * hd, out);
+        cpu::linear(&heads, &self.o_proj, out);
     }
 
     /// All heads of one query at `pos`, over keys at positions `[first, pos]` of its sequence.

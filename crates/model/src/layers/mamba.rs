@@ -8,15 +8,14 @@
 
 use super::StepTokens;
 use crate::{batch::SeqInput, config::MambaConfig, state::StateCache};
-use routed_backend::cpu;
+use routed_backend::cpu::{self, Matrix};
 
 pub(crate) struct Mamba {
     pub cfg: MambaConfig,
     /// Index among the model's Mamba layers (its place in a state slot).
     pub index: usize,
-    pub hidden: usize,
     /// `[2 * d_inner + conv_dim + heads, hidden]`: z, then x|B|C, then dt.
-    pub in_proj: Vec<f32>,
+    pub in_proj: Matrix,
     /// `[conv_dim, conv_kernel]`.
     pub conv_weight: Vec<f32>,
     pub conv_bias: Option<Vec<f32>>,
@@ -28,7 +27,7 @@ pub(crate) struct Mamba {
     pub norm: Vec<f32>,
     pub norm_groups: usize,
     /// `[hidden, d_inner]`.
-    pub out_proj: Vec<f32>,
+    pub out_proj: Matrix,
 }
 
 impl Mamba {
@@ -43,9 +42,9 @@ impl Mamba {
         let cfg = &self.cfg;
         let n = tokens.positions.len();
         let d_inner = cfg.d_inner();
-        let proj_dim = self.in_proj.len() / self.hidden;
+        let proj_dim = self.in_proj.rows();
         let mut proj = vec![0.0f32; n * proj_dim];
-        cpu::linear(h, &self.in_proj, self.hidden, &mut proj);
+        cpu::linear(h, &self.in_proj, &mut proj);
         let mut y = vec![0.0f32; n * d_inner];
         let mut xbc = vec![0.0f32; cfg.conv_dim()];
         for (seq, range) in seqs.iter().zip(&tokens.seq_ranges) {
@@ -67,7 +66,7 @@ impl Mamba {
             }
         }
         self.gated_norm(&proj, proj_dim, &mut y);
-        cpu::linear(&y, &self.out_proj, d_inner, out);
+        cpu::linear(&y, &self.out_proj, out);
     }
 
     /// Advances the state by one token and writes its SSM output `y` (before the gated norm).

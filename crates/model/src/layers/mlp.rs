@@ -2,16 +2,16 @@
 //! (`down(relu(up x)²)`). MoE experts are blocks of this kind.
 
 use crate::config::FfnActivation;
-use routed_backend::cpu;
+use routed_backend::cpu::{self, Matrix};
 
 pub(crate) struct Mlp {
     pub activation: FfnActivation,
     /// `[inter, hidden]`; absent for squared ReLU.
-    pub gate: Option<Vec<f32>>,
+    pub gate: Option<Matrix>,
     /// `[inter, hidden]`.
-    pub up: Vec<f32>,
+    pub up: Matrix,
     /// `[hidden, inter]`.
-    pub down: Vec<f32>,
+    pub down: Matrix,
     pub hidden: usize,
     pub inter: usize,
 }
@@ -27,11 +27,11 @@ impl Mlp {
     pub fn forward_rows(&self, x: &[f32], rows: &[usize], out: &mut [f32]) {
         let n = rows.len();
         let mut up = vec![0.0; n * self.inter];
-        cpu::linear_rows(x, rows, &self.up, self.hidden, &mut up);
+        cpu::linear_rows(x, rows, &self.up, &mut up);
         match (&self.gate, self.activation) {
             (Some(g), FfnActivation::SwiGlu) => {
                 let mut gate = vec![0.0; n * self.inter];
-                cpu::linear_rows(x, rows, g, self.hidden, &mut gate);
+                cpu::linear_rows(x, rows, g, &mut gate);
                 for (u, g) in up.iter_mut().zip(&gate) {
                     *u *= cpu::silu(*g);
                 }
@@ -39,6 +39,6 @@ impl Mlp {
             (_, FfnActivation::Relu2) => cpu::relu2_inplace(&mut up),
             (None, FfnActivation::SwiGlu) => unreachable!("SwiGLU blocks are built with a gate"),
         }
-        cpu::linear(&up, &self.down, self.inter, out);
+        cpu::linear(&up, &self.down, out);
     }
 }

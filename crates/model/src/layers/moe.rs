@@ -11,12 +11,12 @@ use super::{
 };
 use crate::config::MoeConfig;
 use rayon::prelude::*;
-use routed_backend::cpu;
+use routed_backend::cpu::{self, Matrix};
 
 pub(crate) struct Moe {
     pub cfg: MoeConfig,
     /// `[num_experts, hidden]`.
-    pub router: Vec<f32>,
+    pub router: Matrix,
     /// Selection-only bias (Nemotron-H's `e_score_correction_bias`).
     pub router_bias: Option<Vec<f32>>,
     pub experts: Vec<Mlp>,
@@ -31,7 +31,7 @@ impl Moe {
         let (h, k, num_experts) = (self.hidden, self.cfg.top_k, self.cfg.num_experts);
         let n = x.len() / h;
         let mut logits = vec![0.0; n * num_experts];
-        cpu::linear(x, &self.router, h, &mut logits);
+        cpu::linear(x, &self.router, &mut logits);
         let mut ids = vec![0usize; n * k];
         let mut weights = vec![0.0f32; n * k];
         let bias = self.router_bias.as_deref();

@@ -1,0 +1,185 @@
+//! `POST /generate`: the token-in, SGLang-shaped route.
+//!
+//! One prompt (`text` or `input_ids`), one continuation. Routing, when returned, is base64 of the
+//! flat little-endian int32 array with its `[rows, L, K]` shape beside it. Streamed, each event
+//! is the response so far (cumulative `text` and `output_ids`), and the last one carries the
+//! finish reason and the routing.
+
+use std::sync::Arc;
+
+use actix_web::{HttpResponse, web};
+use futures_util::stream::{self, StreamExt};
+use routed_model::Tokenizer;
+use routed_runtime::{FinalOutput, RequestEvent, TokenEvent};
+use routed_types::{FinishReason, RoutingMeta, StopMatch};
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::detok::Detokenizer;
+use crate::error::ApiError;
+use crate::routing_wire::encode_sglang;
+use crate::run::{self, Merged};
+use crate::stream::{sse_done, sse_event};
+use crate::validate::{self, Job};
+
+/// SGLang's `finish_reason` object.
+fn finish_json(reason: Option<&FinishReason>) -> Value {
+    match reason {
+        None => Value::Null,
+        Some(FinishReason::Stop { matched }) => {
+            let matched = match matched {
+                Some(StopMatch::Token(id)) => json!(id),
+                Some(StopMatch::Text(s)) => json!(s),
+                None => Value::Null,
+            };
+            json!({"type": "stop", "matched": matched})
+        }
+        Some(FinishReason::Length) => json!({"type": "length", "matched": null}),
+        Some(FinishReason::Abort) => json!({"type": "abort", "matched": null}),
+    }
+}
+
+/// The body of a response (or of one streamed event).
+struct Body<'a> {
+    id: &'a str,
+    job: &'a Job,
+    text: &'a str,
+    tokens: &'a [TokenEvent],
+    output: Option<&'a FinalOutput>,
+}
+
+fn body_json(b: Body<'_>, meta: Option<&RoutingMeta>) -> Result<Value, ApiError> {
+    let output_ids: Vec<u32> = b.tokens.iter().map(|t| t.token).collect();
+    let prompt_tokens = b.job.requests[0].prompt_token_ids.len();
+    let mut meta_info = json!({
+        "id": b.id,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": output_ids.len(),
+        "cached_tokens": b.output.map_or(0, |o| o.num_cached_tokens),
+        "finish_reason": finish_json(b.output.map(|o| &o.finish_reason)),
+    });
+    if b.job.logprobs.is_some() {
+        let lps: Vec<Value> = b.tokens.iter().map(|t| json!([t.logprob, t.token])).collect();
+        meta_info["output_token_logprobs"] = Value::Array(lps);
+    }
+    if let (Some(output), Some(_), Some(meta)) = (b.output, b.job.routing, meta) {
+        match &output.routing {
+            Some(rows) => {
+                let (data, shape) = encode_sglang(rows, meta)?;
+                meta_info["routed_experts"] = json!(data);
+                meta_info["routed_experts_shape"] = json!(shape);
+            }
+            None => {
+                meta_info["routed_experts"] = Value::Null;
+                meta_info["routed_experts_shape"] = Value::Null;
+            }
+        }
+    }
+    Ok(json!({"text": b.text, "output_ids": output_ids, "meta_info": meta_info}))
+}
+
+/// `POST /generate`.
+pub(crate) async fn generate(
+    state: web::Data<AppState>,
+    body: web::Json<Value>,
+) -> Result<HttpResponse, ApiError> {
+    let job = validate::generate(&state, &body)?;
+    let merged = run::submit(state.handle(), state.registry(), &job, "/generate").await?;
+    let id = state.new_id("gen");
+    let meta = state.info().routing.clone();
+    if job.stream.is_some() {
+        let tokenizer = Arc::clone(state.tokenizer());
+        let body = SglStream {
+            id,
+            job,
+            tokenizer,
+            meta,
+            merged: Some(merged),
+            detok: Detokenizer::default(),
+            text: String::new(),
+            tokens: Vec::new(),
+            done: false,
+        };
+        return Ok(HttpResponse::Ok()
+            .content_type("text/event-stream")
+            .insert_header(("Cache-Control", "no-cache"))
+            .streaming(body.into_body()));
+    }
+    let choices = run::collect(merged, &job).await?;
+    let choice = &choices[0];
+    let output = choice.output(0)?;
+    let body = body_json(
+        Body {
+            id: &id,
+            job: &job,
+            text: &output.text,
+            tokens: &choice.tokens,
+            output: Some(output),
+        },
+        meta.as_ref(),
+    )?;
+    Ok(HttpResponse::Ok().json(body))
+}
+
+/// The streamed `/generate` body.
+struct SglStream {
+    id: String,
+    job: Job,
+    tokenizer: Arc<Tokenizer>,
+    meta: Option<RoutingMeta>,
+    merged: Option<Merged>,
+    detok: Detokenizer,
+    text: String,
+    tokens: Vec<TokenEvent>,
+    done: bool,
+}
+
+impl SglStream {
+    fn into_body(
+        self,
+    ) -> impl futures_util::Stream<Item = Result<web::Bytes, std::convert::Infallible>> + 'static
+    {
+        stream::unfold(self, |mut s| async move {
+            let next = s.next_event().await?;
+            Some((Ok(next), s))
+        })
+    }
+
+    async fn next_event(&mut self) -> Option<web::Bytes> {
+        loop {
+            let Some(merged) = self.merged.as_mut() else {
+                return (!std::mem::replace(&mut self.done, true)).then(sse_done);
+            };
+            let result = match merged.next().await {
+                Some((_, RequestEvent::Token(t))) => {
+                    let delta = self.detok.push(&self.tokenizer, t.token, &self.job.stop);
+                    self.tokens.push(t);
+                    if delta.is_empty() {
+                        continue;
+                    }
+                    self.text.push_str(&delta);
+                    self.event(None)
+                }
+                Some((_, RequestEvent::Finished(out))) => {
+                    self.text.push_str(&self.detok.finish(&out.text));
+                    self.merged = None;
+                    self.event(Some(&out))
+                }
+                Some((_, RequestEvent::Error(e))) => Err(e.into()),
+                None => Err(ApiError::Internal(
+                    "the engine ended the request without a final output".into(),
+                )),
+            };
+            return Some(result.unwrap_or_else(|err| {
+                self.merged = None;
+                sse_event(&err.body())
+            }));
+        }
+    }
+
+    fn event(&self, output: Option<&FinalOutput>) -> Result<web::Bytes, ApiError> {
+        let body =
+            Body { id: &self.id, job: &self.job, text: &self.text, tokens: &self.tokens, output };
+        Ok(sse_event(&body_json(body, self.meta.as_ref())?))
+    }
+}

@@ -1,0 +1,232 @@
+//! Response bodies of the OpenAI routes, whole and streamed, and the pieces they share:
+//! finish reasons, usage, logprobs and routing.
+
+use std::collections::BTreeMap;
+
+use routed_model::Tokenizer;
+use routed_runtime::{FinalOutput, TokenEvent};
+use routed_types::{FinishReason, RoutingMeta, StopMatch, TokenId};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::routing_wire::{self, RoutingRequest};
+use crate::run::ChoiceResult;
+use crate::validate::Job;
+
+/// `usage`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub(crate) struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub(crate) struct PromptTokensDetails {
+    pub cached_tokens: usize,
+}
+
+impl Usage {
+    /// Prompt tokens are counted once per prompt, completion tokens once per choice; cached
+    /// tokens are those the prompt's first computation skipped.
+    pub(crate) fn of(job: &Job, outputs: &[Option<&FinalOutput>]) -> Self {
+        let prompt_tokens: usize = job.prompt_lens().iter().sum();
+        let completion_tokens = outputs.iter().flatten().map(|o| o.token_ids.len()).sum();
+        let cached_tokens = outputs
+            .chunks(job.n.max(1))
+            .map(|choices| choices.iter().flatten().map(|o| o.num_cached_tokens).max().unwrap_or(0))
+            .sum();
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens },
+        }
+    }
+}
+
+/// The OpenAI `finish_reason`.
+pub(crate) fn finish_reason(reason: &FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop { .. } => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Abort => "abort",
+    }
+}
+
+/// vLLM's `stop_reason`: the stop token id or stop string that matched, else `null`.
+pub(crate) fn stop_reason(reason: &FinishReason) -> Value {
+    match reason {
+        FinishReason::Stop { matched: Some(StopMatch::Token(id)) } => json!(id),
+        FinishReason::Stop { matched: Some(StopMatch::Text(s)) } => json!(s),
+        _ => Value::Null,
+    }
+}
+
+/// The text of one token for logprobs.
+pub(crate) fn token_text(tokenizer: &Tokenizer, id: TokenId) -> String {
+    tokenizer.decode(&[id]).unwrap_or_default()
+}
+
+/// Legacy completions logprobs over `tokens`; `offset` is the text offset of the first one and
+/// is advanced past them.
+pub(crate) fn completion_logprobs(
+    tokenizer: &Tokenizer,
+    tokens: &[TokenEvent],
+    offset: &mut usize,
+) -> Value {
+    let mut texts = Vec::with_capacity(tokens.len());
+    let mut logprobs = Vec::with_capacity(tokens.len());
+    let mut tops = Vec::with_capacity(tokens.len());
+    let mut offsets = Vec::with_capacity(tokens.len());
+    for t in tokens {
+        let text = token_text(tokenizer, t.token);
+        offsets.push(*offset);
+        *offset += text.chars().count();
+        let mut top: BTreeMap<String, f32> =
+            t.top_logprobs.iter().map(|&(id, lp)| (token_text(tokenizer, id), lp)).collect();
+        top.entry(text.clone()).or_insert(t.logprob);
+        tops.push(top);
+        logprobs.push(t.logprob);
+        texts.push(text);
+    }
+    json!({"tokens": texts, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// Chat logprobs entries over `tokens`.
+pub(crate) fn chat_logprobs(tokenizer: &Tokenizer, tokens: &[TokenEvent]) -> Value {
+    let entry = |id: TokenId, lp: f32| {
+        let text = token_text(tokenizer, id);
+        json!({"token": text, "logprob": lp, "bytes": text.as_bytes()})
+    };
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let mut e = entry(t.token, t.logprob);
+            let top: Vec<Value> = t.top_logprobs.iter().map(|&(id, lp)| entry(id, lp)).collect();
+            e["top_logprobs"] = Value::Array(top);
+            e
+        })
+        .collect();
+    json!({"content": content})
+}
+
+/// Routing of one choice for the response, if the job asked for it.
+pub(crate) fn choice_routing(
+    routing: Option<RoutingRequest>,
+    meta: Option<&RoutingMeta>,
+    output: &FinalOutput,
+) -> Result<Option<Value>, ApiError> {
+    match (routing, meta) {
+        (Some(r), Some(meta)) => {
+            routing_wire::encode(output.routing.as_ref(), meta, r.format).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The response-level `routed_experts_meta`, if the job asked for routing.
+pub(crate) fn routing_meta(job: &Job, meta: Option<&RoutingMeta>) -> Option<Value> {
+    Some(routing_wire::meta_json(meta?, job.routing?))
+}
+
+/// Which OpenAI route a response is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/chat/completions`.
+    Chat,
+}
+
+impl Route {
+    /// The `object` of a whole response.
+    pub(crate) fn object(self) -> &'static str {
+        match self {
+            Self::Completions => "text_completion",
+            Self::Chat => "chat.completion",
+        }
+    }
+
+    /// The `object` of a streamed chunk.
+    pub(crate) fn chunk_object(self) -> &'static str {
+        match self {
+            Self::Completions => "text_completion",
+            Self::Chat => "chat.completion.chunk",
+        }
+    }
+
+    /// The prefix of response ids.
+    pub(crate) fn id_prefix(self) -> &'static str {
+        match self {
+            Self::Completions => "cmpl",
+            Self::Chat => "chatcmpl",
+        }
+    }
+}
+
+/// Identity fields of a response: id, creation time, model.
+#[derive(Clone, Debug)]
+pub(crate) struct Header {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+/// Builds the whole (non-streamed) response of an OpenAI route.
+pub(crate) fn whole(
+    route: Route,
+    header: &Header,
+    job: &Job,
+    choices: &[ChoiceResult],
+    tokenizer: &Tokenizer,
+    meta: Option<&RoutingMeta>,
+) -> Result<Value, ApiError> {
+    let mut outputs = Vec::with_capacity(choices.len());
+    let mut out_choices = Vec::with_capacity(choices.len());
+    for (i, c) in choices.iter().enumerate() {
+        let output = c.output(i)?;
+        outputs.push(Some(output));
+        let prompt = &job.requests[i / job.n.max(1)].prompt_token_ids;
+        let mut choice = match route {
+            Route::Completions => json!({
+                "index": i,
+                "text": output.text,
+                "logprobs": job.logprobs.map(|_| completion_logprobs(tokenizer, &c.tokens, &mut 0)),
+            }),
+            Route::Chat => json!({
+                "index": i,
+                "message": {"role": "assistant", "content": output.text},
+                "logprobs": job.logprobs.map(|_| chat_logprobs(tokenizer, &c.tokens)),
+            }),
+        };
+        choice["finish_reason"] = json!(finish_reason(&output.finish_reason));
+        choice["stop_reason"] = stop_reason(&output.finish_reason);
+        if job.return_token_ids {
+            choice["token_ids"] = json!(output.token_ids);
+            choice["prompt_token_ids"] = json!(prompt);
+        }
+        if let Some(routing) = choice_routing(job.routing, meta, output)? {
+            choice["routed_experts"] = routing;
+        }
+        out_choices.push(choice);
+    }
+    let mut body = json!({
+        "id": header.id,
+        "object": route.object(),
+        "created": header.created,
+        "model": header.model,
+        "choices": out_choices,
+        "usage": Usage::of(job, &outputs),
+    });
+    if route == Route::Chat && job.return_token_ids {
+        body["prompt_token_ids"] = json!(job.requests[0].prompt_token_ids);
+    }
+    if let Some(m) = routing_meta(job, meta) {
+        body["routed_experts_meta"] = m;
+    }
+    Ok(body)
+}

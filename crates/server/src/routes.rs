@@ -1,0 +1,111 @@
+//! The handlers of the OpenAI routes and the operational ones.
+
+use std::sync::Arc;
+
+use actix_web::{HttpResponse, web};
+use routed_runtime::EngineError;
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::error::ApiError;
+use crate::metrics::render_metrics;
+use crate::response::{self, Header, Route};
+use crate::run;
+use crate::stream::SseState;
+use crate::validate::{self, Job};
+
+/// Runs a validated job: a whole JSON response, or an SSE stream.
+async fn answer(state: &AppState, route: Route, job: Job) -> Result<HttpResponse, ApiError> {
+    let path = match route {
+        Route::Completions => "/v1/completions",
+        Route::Chat => "/v1/chat/completions",
+    };
+    let merged = run::submit(state.handle(), state.registry(), &job, path).await?;
+    let header = Header {
+        id: state.new_id(route.id_prefix()),
+        created: crate::unix_now(),
+        model: state.info().served_model_name.clone(),
+    };
+    let meta = state.info().routing.clone();
+    if job.stream.is_some() {
+        let tokenizer = Arc::clone(state.tokenizer());
+        let body = SseState::new(route, header, job, tokenizer, meta, merged).into_body();
+        return Ok(HttpResponse::Ok()
+            .content_type("text/event-stream")
+            .insert_header(("Cache-Control", "no-cache"))
+            .streaming(body));
+    }
+    let choices = run::collect(merged, &job).await?;
+    let body = response::whole(route, &header, &job, &choices, state.tokenizer(), meta.as_ref())?;
+    Ok(HttpResponse::Ok().json(body))
+}
+
+/// `POST /v1/completions`.
+pub(crate) async fn completions(
+    state: web::Data<AppState>,
+    body: web::Json<Value>,
+) -> Result<HttpResponse, ApiError> {
+    let job = validate::completions(&state, &body)?;
+    answer(&state, Route::Completions, job).await
+}
+
+/// `POST /v1/chat/completions`.
+pub(crate) async fn chat_completions(
+    state: web::Data<AppState>,
+    body: web::Json<Value>,
+) -> Result<HttpResponse, ApiError> {
+    let job = validate::chat(&state, &body)?;
+    answer(&state, Route::Chat, job).await
+}
+
+/// `GET /v1/models`.
+pub(crate) async fn models(state: web::Data<AppState>) -> HttpResponse {
+    let info = state.info();
+    let routing = info.routing.as_ref().map(|m| {
+        json!({
+            "num_moe_layers": m.num_moe_layers(),
+            "moe_layer_ids": m.moe_layer_ids,
+            "num_experts": m.num_experts,
+            "top_k": m.top_k,
+        })
+    });
+    HttpResponse::Ok().json(json!({
+        "object": "list",
+        "data": [{
+            "id": info.served_model_name,
+            "object": "model",
+            "created": state.started_at(),
+            "owned_by": "routed",
+            "root": info.served_model_name,
+            "parent": null,
+            "max_model_len": info.max_model_len,
+            "routing": routing,
+        }],
+    }))
+}
+
+/// `GET /health`: 200 when the engine can serve, 503 with the reason otherwise.
+pub(crate) async fn health(state: web::Data<AppState>) -> HttpResponse {
+    match state.handle().health().await {
+        Ok(()) => HttpResponse::Ok().json(json!({"status": "ok"})),
+        Err(EngineError::Unhealthy(reason)) => HttpResponse::ServiceUnavailable()
+            .json(json!({"status": "unhealthy", "reason": reason})),
+        Err(other) => HttpResponse::ServiceUnavailable()
+            .json(json!({"status": "unhealthy", "reason": other.to_string()})),
+    }
+}
+
+/// `GET /metrics`: Prometheus text.
+pub(crate) async fn metrics() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(render_metrics())
+}
+
+/// `POST /reset_prefix_cache`.
+pub(crate) async fn reset_prefix_cache(
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let reset = state.handle().reset_prefix_cache().await?;
+    Ok(HttpResponse::Ok().json(json!({"reset": reset})))
+}

@@ -1,0 +1,185 @@
+//! Submitting a job to the engine, tracking it while it runs, and gathering its events.
+//!
+//! Every submitted engine request is registered in the [`Registry`] until its stream ends. The
+//! registration lives inside the stream the response is built from, so when a client goes away
+//! (actix drops the handler future, or the SSE body) the stream is dropped with it, the request
+//! is aborted and leaves the registry.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use dashmap::DashMap;
+use futures_util::stream::{self, SelectAll, Stream, StreamExt};
+use routed_runtime::{EngineHandle, FinalOutput, RequestEvent, RequestStream, TokenEvent};
+use routed_types::RequestId;
+
+use crate::error::ApiError;
+use crate::validate::Job;
+
+/// One in-flight engine request.
+#[derive(Clone, Debug)]
+pub struct InFlight {
+    /// The route that submitted it.
+    pub route: &'static str,
+    /// When it was submitted.
+    pub submitted: Instant,
+}
+
+/// The engine requests this gateway has submitted and not yet seen end.
+#[derive(Debug, Default)]
+pub struct Registry {
+    requests: DashMap<RequestId, InFlight>,
+    num_aborted: AtomicU64,
+}
+
+impl Registry {
+    /// Requests in flight.
+    pub fn len(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Whether nothing is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+
+    /// Requests aborted because their client went away before they ended.
+    pub fn num_aborted(&self) -> u64 {
+        self.num_aborted.load(Ordering::Relaxed)
+    }
+
+    /// The ids in flight.
+    pub fn ids(&self) -> Vec<RequestId> {
+        self.requests.iter().map(|e| *e.key()).collect()
+    }
+
+    /// Aborts every request in flight (used when the server stops).
+    pub fn abort_all(&self, handle: &EngineHandle) {
+        for id in self.ids() {
+            handle.abort(id);
+        }
+    }
+}
+
+/// An engine stream registered in the [`Registry`], yielding its events tagged with the index of
+/// its prompt. Dropping it before the engine finished aborts the request.
+pub(crate) struct Tracked {
+    inner: RequestStream,
+    prompt: usize,
+    id: RequestId,
+    registry: Arc<Registry>,
+    handle: EngineHandle,
+    remaining: usize,
+    ended: bool,
+}
+
+impl Stream for Tracked {
+    type Item = (usize, RequestEvent);
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let polled = Pin::new(&mut self.inner).poll_next(cx);
+        match &polled {
+            Poll::Ready(Some(RequestEvent::Finished(_))) => {
+                self.remaining = self.remaining.saturating_sub(1);
+                self.ended |= self.remaining == 0;
+            }
+            Poll::Ready(Some(RequestEvent::Error(_)) | None) => self.ended = true,
+            _ => {}
+        }
+        let prompt = self.prompt;
+        polled.map(|event| event.map(|event| (prompt, event)))
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.registry.requests.remove(&self.id);
+        if !self.ended {
+            tracing::debug!(id = %self.id, "client gone: aborting request");
+            self.registry.num_aborted.fetch_add(1, Ordering::Relaxed);
+            self.handle.abort(self.id);
+        }
+    }
+}
+
+/// Events of every prompt of a job, tagged with the prompt's index.
+pub(crate) type Merged = SelectAll<Tracked>;
+
+/// Submits one engine request per prompt. If one is refused, those already submitted are
+/// aborted (their streams are dropped) and the refusal is returned.
+pub(crate) async fn submit(
+    handle: &EngineHandle,
+    registry: &Arc<Registry>,
+    job: &Job,
+    route: &'static str,
+) -> Result<Merged, ApiError> {
+    let mut tracked = Vec::with_capacity(job.requests.len());
+    for (prompt, request) in job.requests.iter().enumerate() {
+        let stream = handle.submit(request.clone()).await?;
+        let id = stream.id();
+        registry.requests.insert(id, InFlight { route, submitted: Instant::now() });
+        tracked.push(Tracked {
+            inner: stream,
+            prompt,
+            id,
+            registry: Arc::clone(registry),
+            handle: handle.clone(),
+            remaining: request.n,
+            ended: false,
+        });
+    }
+    Ok(stream::select_all(tracked))
+}
+
+/// What one choice produced: its token events and its final output.
+#[derive(Debug, Default)]
+pub(crate) struct ChoiceResult {
+    /// Token events in order (for logprobs).
+    pub tokens: Vec<TokenEvent>,
+    /// The end of the choice.
+    pub output: Option<Box<FinalOutput>>,
+}
+
+impl ChoiceResult {
+    /// The final output; a choice the engine never finished is a bug.
+    pub(crate) fn output(&self, index: usize) -> Result<&FinalOutput, ApiError> {
+        self.output.as_deref().ok_or_else(|| {
+            ApiError::Internal(format!("the engine ended choice {index} without a final output"))
+        })
+    }
+}
+
+/// The global choice index of continuation `index` of prompt `prompt` (prompt-major).
+pub(crate) fn choice_index(prompt: usize, index: usize, n: usize) -> usize {
+    prompt * n + index
+}
+
+/// Runs a job to the end and returns its choices in order.
+pub(crate) async fn collect(mut merged: Merged, job: &Job) -> Result<Vec<ChoiceResult>, ApiError> {
+    let mut choices: Vec<ChoiceResult> =
+        (0..job.requests.len() * job.n).map(|_| ChoiceResult::default()).collect();
+    while let Some((prompt, event)) = merged.next().await {
+        match event {
+            RequestEvent::Token(t) => {
+                let i = choice_index(prompt, t.index, job.n);
+                if let Some(c) = choices.get_mut(i) {
+                    c.tokens.push(t);
+                }
+            }
+            RequestEvent::Finished(out) => {
+                let i = choice_index(prompt, out.index, job.n);
+                if let Some(c) = choices.get_mut(i) {
+                    c.output = Some(out);
+                }
+            }
+            RequestEvent::Error(e) => return Err(e.into()),
+        }
+    }
+    for (i, c) in choices.iter().enumerate() {
+        c.output(i)?;
+    }
+    Ok(choices)
+}

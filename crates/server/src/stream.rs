@@ -1,0 +1,239 @@
+//! Server-sent events for the OpenAI routes.
+//!
+//! The body is a stream over the engine's merged events: `data: {chunk}` per token (text deltas
+//! from the [`Detokenizer`]), a final chunk per choice carrying its `finish_reason` and its
+//! routing (the first such chunk also carries `routed_experts_meta`), an optional usage chunk,
+//! then `data: [DONE]`. An error ends the stream with one `data: {"error": ...}` event and
+//! `[DONE]`. Dropping the body (the client went away) drops the engine streams, which aborts
+//! their requests.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use actix_web::web::Bytes;
+use futures_util::stream::{self, Stream, StreamExt};
+use routed_model::Tokenizer;
+use routed_runtime::{FinalOutput, RequestEvent, TokenEvent};
+use routed_types::RoutingMeta;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::detok::Detokenizer;
+use crate::error::ApiError;
+use crate::response::{
+    Header, Route, Usage, chat_logprobs, choice_routing, completion_logprobs, finish_reason,
+    routing_meta, stop_reason,
+};
+use crate::run::{Merged, choice_index};
+use crate::validate::Job;
+
+/// One SSE event.
+pub(crate) fn sse_event(payload: &impl Serialize) -> Bytes {
+    let json = serde_json::to_string(payload).unwrap_or_else(|e| {
+        format!(r#"{{"error":{{"message":"cannot serialise a chunk: {e}","type":"internal_error","param":null,"code":"internal_error"}}}}"#)
+    });
+    Bytes::from(format!("data: {json}\n\n"))
+}
+
+/// The closing event.
+pub(crate) fn sse_done() -> Bytes {
+    Bytes::from_static(b"data: [DONE]\n\n")
+}
+
+/// The streamed state of one choice.
+#[derive(Debug, Default)]
+struct ChoiceState {
+    detok: Detokenizer,
+    text_offset: usize,
+    started: bool,
+    output: Option<Box<FinalOutput>>,
+}
+
+/// Everything the SSE body needs while it runs.
+pub(crate) struct SseState {
+    route: Route,
+    header: Header,
+    job: Job,
+    tokenizer: Arc<Tokenizer>,
+    meta: Option<RoutingMeta>,
+    merged: Option<Merged>,
+    choices: Vec<ChoiceState>,
+    meta_sent: bool,
+    pending: VecDeque<Bytes>,
+}
+
+impl SseState {
+    /// Prepares the stream; chat streams open with one role chunk per choice.
+    pub(crate) fn new(
+        route: Route,
+        header: Header,
+        job: Job,
+        tokenizer: Arc<Tokenizer>,
+        meta: Option<RoutingMeta>,
+        merged: Merged,
+    ) -> Self {
+        let num_choices = job.requests.len() * job.n;
+        let mut state = Self {
+            route,
+            header,
+            job,
+            tokenizer,
+            meta,
+            merged: Some(merged),
+            choices: (0..num_choices).map(|_| ChoiceState::default()).collect(),
+            meta_sent: false,
+            pending: VecDeque::new(),
+        };
+        if route == Route::Chat {
+            for i in 0..num_choices {
+                let delta = json!({"role": "assistant", "content": ""});
+                let choice =
+                    json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null});
+                let chunk = state.chunk(i, choice);
+                state.pending.push_back(sse_event(&chunk));
+            }
+        }
+        state
+    }
+
+    /// The SSE body.
+    pub(crate) fn into_body(self) -> impl Stream<Item = Result<Bytes, Infallible>> + 'static {
+        stream::unfold(self, |mut state| async move {
+            let next = state.next_event().await?;
+            Some((Ok(next), state))
+        })
+    }
+
+    async fn next_event(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(bytes) = self.pending.pop_front() {
+                return Some(bytes);
+            }
+            let merged = self.merged.as_mut()?;
+            match merged.next().await {
+                Some((prompt, RequestEvent::Token(t))) => self.on_token(prompt, t),
+                Some((prompt, RequestEvent::Finished(out))) => {
+                    if let Err(e) = self.on_finished(prompt, out) {
+                        self.fail(e);
+                    }
+                }
+                Some((_, RequestEvent::Error(e))) => self.fail(e.into()),
+                None => self.on_end(),
+            }
+        }
+    }
+
+    /// Ends the stream with an error event; dropping the engine streams aborts the rest.
+    fn fail(&mut self, err: ApiError) {
+        self.merged = None;
+        self.pending.push_back(sse_event(&err.body()));
+        self.pending.push_back(sse_done());
+    }
+
+    fn on_end(&mut self) {
+        self.merged = None;
+        if let Some(i) = self.choices.iter().position(|c| c.output.is_none()) {
+            let err =
+                ApiError::Internal(format!("the engine ended choice {i} without a final output"));
+            self.pending.push_back(sse_event(&err.body()));
+        } else if self.job.stream == Some(true) {
+            let outputs: Vec<Option<&FinalOutput>> =
+                self.choices.iter().map(|c| c.output.as_deref()).collect();
+            let mut chunk = self.envelope();
+            chunk["choices"] = json!([]);
+            chunk["usage"] = json!(Usage::of(&self.job, &outputs));
+            self.pending.push_back(sse_event(&chunk));
+        }
+        self.pending.push_back(sse_done());
+    }
+
+    /// The fields every chunk starts with.
+    fn envelope(&self) -> Value {
+        json!({
+            "id": self.header.id,
+            "object": self.route.chunk_object(),
+            "created": self.header.created,
+            "model": self.header.model,
+        })
+    }
+
+    /// Wraps one choice into a chunk; the choice's first chunk carries its prompt ids when
+    /// asked.
+    fn chunk(&mut self, i: usize, mut choice: Value) -> Value {
+        let first = !std::mem::replace(&mut self.choices[i].started, true);
+        let mut chunk = self.envelope();
+        if first && self.job.return_token_ids {
+            let prompt = &self.job.requests[i / self.job.n.max(1)].prompt_token_ids;
+            match self.route {
+                Route::Completions => choice["prompt_token_ids"] = json!(prompt),
+                Route::Chat => chunk["prompt_token_ids"] = json!(prompt),
+            }
+        }
+        chunk["choices"] = json!([choice]);
+        if self.job.stream == Some(true) {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    /// The route-specific part of a choice: text delta and logprobs.
+    fn choice_body(&mut self, i: usize, text: String, tokens: &[TokenEvent]) -> Value {
+        match self.route {
+            Route::Completions => {
+                let logprobs = self.job.logprobs.map(|_| {
+                    completion_logprobs(&self.tokenizer, tokens, &mut self.choices[i].text_offset)
+                });
+                json!({"index": i, "text": text, "logprobs": logprobs})
+            }
+            Route::Chat => {
+                let logprobs = self.job.logprobs.map(|_| chat_logprobs(&self.tokenizer, tokens));
+                json!({"index": i, "delta": {"content": text}, "logprobs": logprobs})
+            }
+        }
+    }
+
+    fn on_token(&mut self, prompt: usize, t: TokenEvent) {
+        let i = choice_index(prompt, t.index, self.job.n);
+        let Some(state) = self.choices.get_mut(i) else { return };
+        let delta = state.detok.push(&self.tokenizer, t.token, &self.job.stop);
+        if delta.is_empty() && self.job.logprobs.is_none() && !self.job.return_token_ids {
+            return;
+        }
+        let mut choice = self.choice_body(i, delta, std::slice::from_ref(&t));
+        choice["finish_reason"] = Value::Null;
+        if self.job.return_token_ids {
+            choice["token_ids"] = json!([t.token]);
+        }
+        let chunk = self.chunk(i, choice);
+        self.pending.push_back(sse_event(&chunk));
+    }
+
+    fn on_finished(&mut self, prompt: usize, out: Box<FinalOutput>) -> Result<(), ApiError> {
+        let i = choice_index(prompt, out.index, self.job.n);
+        let Some(state) = self.choices.get_mut(i) else { return Ok(()) };
+        let rest = state.detok.finish(&out.text);
+        let mut choice = self.choice_body(i, rest, &[]);
+        choice["logprobs"] = Value::Null;
+        choice["finish_reason"] = json!(finish_reason(&out.finish_reason));
+        choice["stop_reason"] = stop_reason(&out.finish_reason);
+        if self.job.return_token_ids {
+            choice["token_ids"] = json!([]);
+        }
+        if let Some(routing) = choice_routing(self.job.routing, self.meta.as_ref(), &out)? {
+            choice["routed_experts"] = routing;
+        }
+        let mut chunk_meta = None;
+        if !self.meta_sent {
+            chunk_meta = routing_meta(&self.job, self.meta.as_ref());
+            self.meta_sent = chunk_meta.is_some();
+        }
+        self.choices[i].output = Some(out);
+        let mut chunk = self.chunk(i, choice);
+        if let Some(meta) = chunk_meta {
+            chunk["routed_experts_meta"] = meta;
+        }
+        self.pending.push_back(sse_event(&chunk));
+        Ok(())
+    }
+}

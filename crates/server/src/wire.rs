@@ -1,0 +1,149 @@
+//! Request bodies as they arrive on the wire.
+//!
+//! Each body is parsed from a `serde_json::Value` with `serde_path_to_error`, so a wrong type is
+//! a 400 naming the field. Unknown fields are ignored, as OpenAI and vLLM do. Every field is
+//! optional here; defaults and ranges are applied in `validate`.
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::error::{ApiError, from_serde};
+
+/// Parses `value` as `T`, naming the field of the first type error.
+pub(crate) fn parse<T: DeserializeOwned>(value: &Value) -> Result<T, ApiError> {
+    if !value.is_object() {
+        return Err(ApiError::InvalidRequest {
+            message: "the request body must be a JSON object".into(),
+            param: None,
+            code: "invalid_type",
+        });
+    }
+    serde_path_to_error::deserialize(value).map_err(from_serde)
+}
+
+/// `stop`: one string or a list of them.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    pub(crate) fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub(crate) struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// Fields shared by `/v1/completions` and `/v1/chat/completions`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub(crate) struct CommonFields {
+    pub model: Option<String>,
+    pub n: Option<u32>,
+    pub best_of: Option<u32>,
+    pub seed: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub stop: Option<StopField>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<u32>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub cache_salt: Option<String>,
+    pub return_token_ids: Option<bool>,
+    pub echo: Option<bool>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
+    pub return_routed_experts: Option<bool>,
+    pub routed_experts_start_len: Option<i64>,
+    pub routed_experts_prompt_start: Option<i64>,
+    pub routed_experts_format: Option<String>,
+}
+
+/// Fields only `/v1/completions` has.
+#[derive(Clone, Debug, Deserialize)]
+pub(crate) struct CompletionFields {
+    /// A string, token ids, or a batch of either; checked in `validate`.
+    pub prompt: Value,
+    pub max_tokens: Option<u32>,
+    pub logprobs: Option<u32>,
+    pub suffix: Option<String>,
+}
+
+/// One chat message.
+#[derive(Clone, Debug, Deserialize)]
+pub(crate) struct WireMessage {
+    pub role: String,
+    pub content: Option<MessageContent>,
+}
+
+/// A message's content: text, or a list of parts of which only `text` parts are supported.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a multi-part message.
+#[derive(Clone, Debug, Deserialize)]
+pub(crate) struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+/// Fields only `/v1/chat/completions` has.
+#[derive(Clone, Debug, Deserialize)]
+pub(crate) struct ChatFields {
+    pub messages: Vec<WireMessage>,
+    pub max_tokens: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<u32>,
+    pub add_generation_prompt: Option<bool>,
+    pub tools: Option<Vec<Value>>,
+    pub response_format: Option<Value>,
+}
+
+/// `sampling_params` of `/generate` (SGLang names).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub(crate) struct SglSamplingParams {
+    pub max_new_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_new_tokens: Option<u32>,
+    pub stop: Option<StopField>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub ignore_eos: Option<bool>,
+    pub seed: Option<u64>,
+    pub sampling_seed: Option<u64>,
+    pub n: Option<u32>,
+}
+
+/// The body of `/generate`.
+#[derive(Clone, Debug, Deserialize)]
+pub(crate) struct GenerateBody {
+    pub text: Option<Value>,
+    pub input_ids: Option<Value>,
+    pub sampling_params: Option<SglSamplingParams>,
+    pub return_logprob: Option<bool>,
+    pub return_routed_experts: Option<bool>,
+    pub routed_experts_start_len: Option<i64>,
+    pub stream: Option<bool>,
+}

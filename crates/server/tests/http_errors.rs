@@ -1,0 +1,214 @@
+//! Every bad input is a 4xx in the OpenAI error shape naming its field; overload is a 503; an
+//! engine failure mid-stream is one error event and `[DONE]`.
+
+mod common;
+
+use common::{TestServer, prompt_ids, request, server, test_config};
+use serde_json::{Value, json};
+
+const MODEL: &str = "tiny_hybrid_default";
+
+/// Asserts a 400 `invalid_request_error` whose `param` is `param`.
+fn assert_400(s: &TestServer, path: &str, body: Value, param: &str) -> Value {
+    let error = s.post(path, &body).error(400, "invalid_request_error");
+    assert_eq!(error["param"], param, "{path} {body}: {error}");
+    error
+}
+
+#[test]
+fn malformed_json_and_wrong_types_are_400() {
+    let s = server(MODEL);
+    let r = request(s.addr, "POST", "/v1/completions", Some(b"{\"prompt\": \"x\""));
+    let error = r.error(400, "invalid_request_error");
+    assert_eq!(error["code"], "invalid_json");
+    let r = request(s.addr, "POST", "/v1/chat/completions", Some(b"not json"));
+    r.error(400, "invalid_request_error");
+    let r = request(s.addr, "POST", "/v1/completions", Some(b"[1, 2]"));
+    r.error(400, "invalid_request_error");
+    let error = assert_400(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "x", "max_tokens": "many"}),
+        "max_tokens",
+    );
+    assert_eq!(error["code"], "invalid_type");
+    assert_400(&s, "/v1/completions", json!({"prompt": "x", "n": -1}), "n");
+    assert_400(&s, "/v1/completions", json!({"prompt": "x", "stream": "yes"}), "stream");
+    assert_400(&s, "/v1/completions", json!({"prompt": "x", "stop": 7}), "stop");
+    assert_400(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "x", "stream": true, "stream_options": {"include_usage": 1}}),
+        "stream_options.include_usage",
+    );
+    assert_400(&s, "/v1/chat/completions", json!({"messages": "hi"}), "messages");
+    assert_400(
+        &s,
+        "/v1/chat/completions",
+        json!({"messages": [{"content": "hi"}]}),
+        "messages[0].role",
+    );
+    assert_400(
+        &s,
+        "/generate",
+        json!({"input_ids": [1], "sampling_params": {"temperature": "hot"}}),
+        "sampling_params.temperature",
+    );
+}
+
+#[test]
+fn missing_and_out_of_range_fields_are_400_naming_the_field() {
+    let s = server(MODEL);
+    let c = "/v1/completions";
+    let error = assert_400(&s, c, json!({"max_tokens": 3}), "prompt");
+    assert_eq!(error["code"], "missing_required_parameter");
+    for (body, param) in [
+        (json!({"prompt": ""}), "prompt"),
+        (json!({"prompt": []}), "prompt"),
+        (json!({"prompt": [[]]}), "prompt"),
+        (json!({"prompt": [1, 100000]}), "prompt"),
+        (json!({"prompt": [1, -3]}), "prompt"),
+        (json!({"prompt": {"text": "x"}}), "prompt"),
+        (json!({"prompt": "x", "n": 0}), "n"),
+        (json!({"prompt": "x", "n": 129}), "n"),
+        (json!({"prompt": "x", "max_tokens": 0}), "max_tokens"),
+        (json!({"prompt": "x", "max_tokens": 4096}), "max_tokens"),
+        (json!({"prompt": prompt_ids(4096, 0)}), "prompt"),
+        (json!({"prompt": "x", "temperature": -0.5}), "temperature"),
+        (json!({"prompt": "x", "top_p": 0}), "top_p"),
+        (json!({"prompt": "x", "top_p": 1.5}), "top_p"),
+        (json!({"prompt": "x", "top_k": -2}), "top_k"),
+        (json!({"prompt": "x", "logprobs": 21}), "logprobs"),
+        (json!({"prompt": "x", "min_tokens": 20, "max_tokens": 10}), "min_tokens"),
+        (json!({"prompt": "x", "stop": ["ok", ""]}), "stop"),
+        (json!({"prompt": "x", "echo": true}), "echo"),
+        (json!({"prompt": "x", "suffix": "tail"}), "suffix"),
+        (json!({"prompt": "x", "best_of": 3}), "best_of"),
+        (json!({"prompt": "x", "frequency_penalty": 0.5}), "frequency_penalty"),
+        (json!({"prompt": "x", "logit_bias": {"5": 1}}), "logit_bias"),
+        (json!({"prompt": "x", "stream_options": {"include_usage": true}}), "stream_options"),
+        (json!({"prompt": "x", "cache_salt": ""}), "cache_salt"),
+        (json!({"prompt": "x", "routed_experts_format": "csv"}), "routed_experts_format"),
+    ] {
+        assert_400(&s, c, body, param);
+    }
+    let chat = "/v1/chat/completions";
+    let hi = json!([{"role": "user", "content": "hi"}]);
+    for (body, param) in [
+        (json!({"messages": []}), "messages"),
+        (json!({"messages": hi, "top_logprobs": 2}), "top_logprobs"),
+        (json!({"messages": hi, "logprobs": true, "top_logprobs": 21}), "top_logprobs"),
+        (json!({"messages": hi, "max_completion_tokens": 0}), "max_completion_tokens"),
+        (json!({"messages": hi, "max_tokens": 5000}), "max_tokens"),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+            "messages[0].content",
+        ),
+        (json!({"messages": hi, "tools": [{"type": "function"}]}), "tools"),
+    ] {
+        assert_400(&s, chat, body, param);
+    }
+    let g = "/generate";
+    for (body, param) in [
+        (json!({}), "text"),
+        (json!({"text": "a", "input_ids": [1]}), "text"),
+        (json!({"text": ["a", "b"]}), "text"),
+        (json!({"input_ids": [[1], [2]]}), "input_ids"),
+        (
+            json!({"input_ids": [1], "sampling_params": {"max_new_tokens": 0}}),
+            "sampling_params.max_new_tokens",
+        ),
+        (json!({"input_ids": [1], "sampling_params": {"top_k": -5}}), "sampling_params.top_k"),
+        (json!({"input_ids": [1], "routed_experts_start_len": 2}), "routed_experts_start_len"),
+    ] {
+        assert_400(&s, g, body, param);
+    }
+}
+
+#[test]
+fn an_unknown_model_or_route_is_404_and_a_wrong_method_405() {
+    let s = server(MODEL);
+    let error = s
+        .post("/v1/completions", &json!({"model": "gpt-4", "prompt": "x"}))
+        .error(404, "not_found_error");
+    assert_eq!(error["param"], "model");
+    assert_eq!(error["code"], "model_not_found");
+    s.post(
+        "/v1/chat/completions",
+        &json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .error(404, "not_found_error");
+    let error = s.get("/v1/nothing").error(404, "not_found_error");
+    assert_eq!(error["code"], "route_not_found");
+    s.post("/v2/completions", &json!({})).error(404, "not_found_error");
+    let r = s.get("/v1/completions");
+    assert_eq!(r.status, 405, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "method_not_allowed");
+}
+
+#[test]
+fn a_full_waiting_queue_is_503() {
+    let s = TestServer::shared("tiny_queue", || {
+        let mut config = test_config(MODEL);
+        config.max_waiting_requests = 1;
+        config
+    });
+    // Two continuations never fit a waiting queue of one.
+    let error =
+        s.post("/v1/completions", &json!({"prompt": "x", "n": 2})).error(503, "overloaded_error");
+    assert_eq!(error["code"], "queue_full");
+    // Streamed requests are refused before the stream starts.
+    s.post("/v1/completions", &json!({"prompt": "x", "n": 2, "stream": true}))
+        .error(503, "overloaded_error");
+    s.ok("/v1/completions", &json!({"prompt": "x", "max_tokens": 2}));
+}
+
+#[test]
+fn a_model_without_a_chat_template_refuses_chat() {
+    let dir = std::env::temp_dir().join(format!("routed-server-notemplate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let source = common::checkpoint(MODEL);
+    for entry in std::fs::read_dir(&source).expect("checkpoint") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().expect("name").to_owned();
+        if name == "tokenizer_config.json" {
+            let mut config: Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+            config.as_object_mut().expect("object").remove("chat_template");
+            std::fs::write(dir.join(name), config.to_string()).expect("write");
+        } else {
+            std::fs::copy(&path, dir.join(name)).expect("copy");
+        }
+    }
+    let mut config = test_config(MODEL);
+    config.model = routed_runtime::ModelSource::Dir(dir.clone());
+    let s = TestServer::start(config);
+    let error = s
+        .post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}]}))
+        .error(400, "invalid_request_error");
+    assert_eq!(error["param"], "messages");
+    assert!(error["message"].as_str().unwrap().contains("chat template"), "{error}");
+    s.ok("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_engine_failure_is_a_500_or_one_error_event_then_done() {
+    let s = TestServer::shared("faults", || test_config(MODEL));
+    let seed = routed_runtime::runner::FAULT_SEED;
+    let body = json!({"prompt": "boom", "seed": seed, "max_tokens": 4});
+    let error = s.post("/v1/completions", &body).error(500, "internal_error");
+    assert!(error["message"].as_str().unwrap().contains("injected"), "{error}");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = s.post("/v1/completions", &streamed);
+    assert_eq!(r.status, 200);
+    let events = r.sse();
+    assert_eq!(events.len(), 2, "{events:?}");
+    let event: Value = serde_json::from_str(&events[0]).expect("json");
+    assert_eq!(event["error"]["type"], "internal_error", "{event}");
+    assert_eq!(events[1], "[DONE]");
+    // The engine keeps serving.
+    assert_eq!(s.get("/health").status, 200);
+    s.ok("/v1/completions", &json!({"prompt": "fine", "max_tokens": 2}));
+}

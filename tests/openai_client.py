@@ -1,0 +1,126 @@
+"""Drives a running routed gateway with the official `openai` Python client.
+
+Usage: openai_client.py BASE_URL MODEL
+
+Run by crates/server/tests/http_openai_python.rs, which starts the server. Exits 3 when the
+`openai` or `numpy` package is missing (the Rust test then skips, unless CI=true).
+"""
+
+import base64
+import io
+import sys
+
+try:
+    import numpy as np
+    import openai
+except ImportError as err:  # pragma: no cover - depends on the environment
+    print(f"missing python package: {err}")
+    sys.exit(3)
+
+
+def decode_npy(b64):
+    return np.load(io.BytesIO(base64.b64decode(b64)), allow_pickle=False)
+
+
+def check_rows(rows, num_rows, layers, top_k, num_experts):
+    assert rows.shape == (num_rows, layers, top_k), (rows.shape, num_rows, layers, top_k)
+    assert rows.dtype == np.uint8, rows.dtype
+    assert (rows < num_experts).all()
+    for row in rows.reshape(-1, top_k):
+        assert len(set(row.tolist())) == top_k, row
+
+
+def main():
+    base_url, model = sys.argv[1], sys.argv[2]
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    # /v1/models carries the routing layout.
+    entry = client.models.list().data[0].model_dump()
+    assert entry["id"] == model, entry
+    routing = entry["routing"]
+    layers, top_k, num_experts = routing["num_moe_layers"], routing["top_k"], routing["num_experts"]
+    assert len(routing["moe_layer_ids"]) == layers
+
+    # Completions: routing requested through extra_body, decoded with numpy.
+    prompt = [10 + (i * 37) % 400 for i in range(20)]
+    extra = {"ignore_eos": True, "return_token_ids": True, "return_routed_experts": True}
+    whole = client.completions.create(
+        model=model, prompt=prompt, max_tokens=8, temperature=0, extra_body=extra
+    ).model_dump()
+    choice = whole["choices"][0]
+    generated = choice["token_ids"]
+    assert choice["prompt_token_ids"] == prompt
+    assert whole["usage"]["prompt_tokens"] == 20 and whole["usage"]["completion_tokens"] == 8
+    rows = decode_npy(choice["routed_experts"])
+    check_rows(rows, 20 + len(generated) - 1, layers, top_k, num_experts)
+    meta = whole["routed_experts_meta"]
+    assert meta["moe_layer_ids"] == routing["moe_layer_ids"] and meta["dtype"] == "uint8", meta
+    saved = io.BytesIO()
+    np.save(saved, rows)
+    assert saved.getvalue() == base64.b64decode(choice["routed_experts"]), "np.save disagrees"
+
+    # raw int32 and a start offset decode to the same values.
+    raw = client.completions.create(
+        model=model, prompt=prompt, max_tokens=8, temperature=0,
+        extra_body={**extra, "routed_experts_format": "raw_b64_int32", "routed_experts_start_len": 5},
+    ).model_dump()["choices"][0]
+    flat = np.frombuffer(base64.b64decode(raw["routed_experts"]), dtype="<i4")
+    assert (flat.reshape(-1, layers, top_k) == rows[5:]).all()
+
+    # Streaming: text deltas add up, and the final chunk carries the same routing.
+    text, streamed_rows, usage = "", None, None
+    stream = client.completions.create(
+        model=model, prompt=prompt, max_tokens=8, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body=extra,
+    )
+    for chunk in stream:
+        chunk = chunk.model_dump()
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        for c in chunk["choices"]:
+            text += c["text"]
+            if c.get("routed_experts") is not None:
+                assert c["finish_reason"] == "length", c
+                streamed_rows = decode_npy(c["routed_experts"])
+    assert text == choice["text"], (text, choice["text"])
+    assert streamed_rows is not None and (streamed_rows == rows).all()
+    assert usage["completion_tokens"] == 8, usage
+
+    # Chat, whole and streamed.
+    messages = [{"role": "user", "content": "Which experts did you use?"}]
+    chat = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=6, temperature=0, extra_body=extra
+    ).model_dump()
+    c = chat["choices"][0]
+    assert c["message"]["role"] == "assistant"
+    prompt_len = len(chat["prompt_token_ids"])
+    check_rows(decode_npy(c["routed_experts"]), prompt_len + len(c["token_ids"]) - 1,
+               layers, top_k, num_experts)
+    deltas, final = "", None
+    for chunk in client.chat.completions.create(
+        model=model, messages=messages, max_tokens=6, temperature=0, stream=True, extra_body=extra
+    ):
+        chunk = chunk.model_dump()
+        for d in chunk["choices"]:
+            deltas += d["delta"].get("content") or ""
+            if d.get("routed_experts") is not None:
+                final = d["routed_experts"]
+    assert deltas == c["message"]["content"]
+    assert final == c["routed_experts"]
+
+    # Errors surface as the client's typed exceptions.
+    try:
+        client.completions.create(model="no-such-model", prompt="x")
+        raise AssertionError("unknown model accepted")
+    except openai.NotFoundError as err:
+        assert err.status_code == 404
+    try:
+        client.completions.create(model=model, prompt="x", extra_body={"routed_experts_start_len": 99})
+        raise AssertionError("bad start accepted")
+    except openai.BadRequestError as err:
+        assert err.param == "routed_experts_start_len", err.body
+    print("openai client agrees")
+
+
+if __name__ == "__main__":
+    main()
