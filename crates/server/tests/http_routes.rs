@@ -345,5 +345,27 @@ fn a_client_that_disconnects_aborts_its_request() {
         wait_until_idle(&s);
         // Thousands of tokens take seconds: the request was aborted, not finished.
         assert_eq!(s.registry.num_aborted(), k as u64 + 1, "{path}");
+        assert_resources_released(&s, path);
+    }
+}
+
+/// After an abort: every block is free or evictable, no live state slot is held, and the routing
+/// rows held are at most those of the cached blocks (block 16, 3 MoE layers, top-2, one byte each).
+fn assert_resources_released(s: &TestServer, path: &str) {
+    let rt = actix_rt::System::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stats = rt.block_on(s.handle.stats()).expect("stats");
+        let blocks_ok =
+            stats.num_kv_blocks_free + stats.num_kv_blocks_evictable == stats.num_kv_blocks_total;
+        let rows_ok = stats.routing_bytes_held <= stats.num_kv_blocks_cached * 16 * 3 * 2;
+        if blocks_ok && rows_ok && stats.num_live_states_held == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path}: resources still held after the abort: {stats:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
