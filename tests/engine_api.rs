@@ -108,6 +108,13 @@ async fn invalid_requests_name_the_field() {
     assert_eq!(param(handle.submit(request(&[], 4)).await), "prompt");
     assert_eq!(param(handle.submit(request(&[512], 4)).await), "prompt");
     assert_eq!(param(handle.submit(request(&g.prompt("long"), 30)).await), "max_tokens");
+    let tiny = engine("nemotron_h", |c| c.num_kv_blocks = Some(8));
+    assert_eq!(
+        param(tiny.submit(request(&g.prompt("long"), 1)).await),
+        "max_tokens",
+        "40 tokens > 8 blocks of 4"
+    );
+    tiny.shutdown().await;
     let r = GenerateRequest { n: 0, ..request(&g.prompt("short1"), 4) };
     assert_eq!(param(handle.submit(r).await), "n");
     let r = GenerateRequest { routing_start: 5, ..request(&g.prompt("short3"), 4) };

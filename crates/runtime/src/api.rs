@@ -253,6 +253,8 @@ pub struct ModelInfo {
     pub routing_capture: bool,
     /// KV blocks in the pool.
     pub num_kv_blocks: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
     /// Snapshot slots (hybrid models).
     pub num_snapshot_slots: usize,
     /// The device, in words.

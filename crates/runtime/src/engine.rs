@@ -142,6 +142,7 @@ impl Parts {
             routing: meta,
             routing_capture: config.enable_routing_capture,
             num_kv_blocks: num_usable,
+            block_size,
             num_snapshot_slots: snapshot_slots,
             device: "cpu".into(),
             default_seed: config.seed,

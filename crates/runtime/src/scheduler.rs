@@ -112,6 +112,15 @@ impl SchedulerActor {
             );
             return bad("max_tokens", msg);
         }
+        let capacity = self.info.num_kv_blocks * self.info.block_size;
+        if p + r.sampling.max_tokens as usize > capacity {
+            // Such a request could never hold all its blocks at once: it would be preempted
+            // forever.
+            let msg = format!(
+                "prompt + max_tokens needs more than the KV cache's {capacity} token slots"
+            );
+            return bad("max_tokens", msg);
+        }
         if r.sampling.max_tokens == 0 {
             return bad("max_tokens", "max_tokens must be at least 1".into());
         }

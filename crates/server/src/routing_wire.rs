@@ -217,6 +217,7 @@ mod tests {
             routing: Some(RoutingMeta { moe_layer_ids: vec![1, 3], num_experts: 8, top_k: 2 }),
             routing_capture: capture,
             num_kv_blocks: 8,
+            block_size: 16,
             num_snapshot_slots: 0,
             device: "cpu".into(),
             default_seed: 0,
