@@ -24,6 +24,8 @@ pub const MAX_N: usize = 128;
 /// One submitted request: its stream and what its continuations share.
 struct Group {
     events: UnboundedSender<RequestEvent>,
+    /// Continuations: sequence ids `seq_id(group, 0..n)`.
+    n: usize,
     return_routing: bool,
     routing_start: usize,
     /// Continuations not finished yet.
@@ -62,8 +64,14 @@ pub struct SchedulerActor {
     drained: Vec<oneshot::Sender<()>>,
 }
 
+/// A request's sequence ids are `group << 8 | index`: `n` is at most 128, so the group id and
+/// index are recovered without a lookup table.
 fn group_of(seq: RequestId) -> (RequestId, usize) {
     (RequestId(seq.0 >> 8), (seq.0 & 0xff) as usize)
+}
+
+fn seq_id(group: RequestId, index: usize) -> RequestId {
+    RequestId(group.0 << 8 | index as u64)
 }
 
 impl SchedulerActor {
@@ -156,7 +164,7 @@ impl SchedulerActor {
         let prompt = Arc::new(r.prompt_token_ids);
         let seqs = (0..r.n)
             .map(|i| NewSeq {
-                id: RequestId(group.0 << 8 | i as u64),
+                id: seq_id(group, i),
                 prompt: prompt.clone(),
                 params: Arc::new(SamplingParams {
                     seed: r.sampling.seed.wrapping_add(i as u64),
@@ -174,6 +182,7 @@ impl SchedulerActor {
             return_routing: r.return_routing,
             routing_start: r.routing_start,
             num_open: r.n,
+            n: r.n,
         };
         self.groups.insert(group, entry);
         self.schedule(ctx);
@@ -346,16 +355,17 @@ impl SchedulerActor {
         self.policy.release(id);
     }
 
+    /// Ends a request with an error: the error ends its stream, and every continuation is
+    /// dropped (the sequence that failed included).
     fn fail_seq(&mut self, id: RequestId, error: EngineError) {
         let (group, _) = group_of(id);
         if let Some(g) = self.groups.remove(&group) {
             let _ = g.events.send(RequestEvent::Error(error));
-            for i in 0..256u64 {
-                self.policy.abort(RequestId(group.0 << 8 | i));
+            for i in 0..g.n {
+                self.policy.abort(seq_id(group, i));
+                self.last_step.remove(&seq_id(group, i));
             }
         }
-        self.last_step.remove(&id);
-        self.policy.abort(id);
     }
 
     /// A step failed in the runner: its requests fail; the prefix cache and routing rows are
@@ -388,12 +398,12 @@ impl SchedulerActor {
 
     fn abort(&mut self, group: RequestId, ctx: &mut Context<Self>) {
         let Some(g) = self.groups.remove(&group) else { return };
-        for i in 0..MAX_N as u64 {
-            let id = RequestId(group.0 << 8 | i);
+        for i in 0..g.n {
+            let id = seq_id(group, i);
             if let Some(seq) = self.policy.abort(id) {
                 self.last_step.remove(&id);
                 let output = FinalOutput {
-                    index: i as usize,
+                    index: i,
                     text: self.tokenizer.decode(&seq.output).unwrap_or_default(),
                     token_ids: seq.output,
                     finish_reason: FinishReason::Abort,
