@@ -20,6 +20,13 @@ const MR: usize = 4;
 /// A weight element the kernels widen to `f32` (exactly).
 trait Elem: Copy + Send + Sync {
     fn f(self) -> f32;
+
+    /// Loads 16 elements (lanes outside `mask` read as zero) widened to `f32`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F/BW/VL, and the masked elements at `ptr` are readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load(ptr: *const Self, mask: u16) -> std::arch::x86_64::__m512;
 }
 
 impl Elem for f32 {
@@ -27,12 +34,31 @@ impl Elem for f32 {
     fn f(self) -> f32 {
         self
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn load(ptr: *const Self, mask: u16) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller guarantees the masked elements are readable.
+        unsafe { std::arch::x86_64::_mm512_maskz_loadu_ps(mask, ptr) }
+    }
 }
 
 impl Elem for bf16 {
     #[inline(always)]
     fn f(self) -> f32 {
         f32::from_bits((self.to_bits() as u32) << 16)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn load(ptr: *const Self, mask: u16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees the masked elements are readable; bf16 is 16 bits wide.
+        let halves = unsafe { _mm256_maskz_loadu_epi16(mask, ptr.cast()) };
+        // bf16 is the top half of an f32: widening is a shift, exact.
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(halves)))
     }
 }
 
@@ -102,7 +128,55 @@ fn tile<W: Elem, const M: usize, const N: usize>(
 }
 
 /// All outputs of `rows` (input rows) against weight rows `cols`, written to `out` (`out[i]` is
-/// the output row of `rows[i]`; weight row `cols.start + j` lands at index `j`).
+/// the output row of `rows[i]`; weight row `cols.start + j` lands at index `j`). Weight tiles are
+/// the outer loop so a tile stays in cache while every input row passes over it.
+macro_rules! block_body {
+    ($tile:ident, $x:ident, $k:ident, $rows:ident, $w:ident, $cols:ident, $out:ident) => {{
+        let base = $cols.start;
+        let mut n = $cols.start;
+        while n < $cols.end {
+            let nr = ($cols.end - n).min(NR);
+            let mut m = 0;
+            while m < $rows.len() {
+                let mr = ($rows.len() - m).min(MR);
+                let xrow = |i: usize| &$x[$rows[i] * $k..($rows[i] + 1) * $k];
+                let wrow = |j: usize| &$w[j * $k..(j + 1) * $k];
+                if mr == MR && nr == NR {
+                    let xs = [xrow(m), xrow(m + 1), xrow(m + 2), xrow(m + 3)];
+                    let ws = [wrow(n), wrow(n + 1), wrow(n + 2), wrow(n + 3)];
+                    let (a, rest) = $out[m..].split_at_mut(1);
+                    let (b, rest) = rest.split_at_mut(1);
+                    let (c, d) = rest.split_at_mut(1);
+                    $tile::<W, 4, 4>(
+                        &xs,
+                        &ws,
+                        &mut [&mut *a[0], &mut *b[0], &mut *c[0], &mut *d[0]],
+                        n - base,
+                    );
+                } else if nr == NR {
+                    let ws = [wrow(n), wrow(n + 1), wrow(n + 2), wrow(n + 3)];
+                    for i in m..m + mr {
+                        $tile::<W, 1, 4>(&[xrow(i)], &ws, &mut [&mut *$out[i]], n - base);
+                    }
+                } else {
+                    for i in m..m + mr {
+                        for j in n..n + nr {
+                            $tile::<W, 1, 1>(
+                                &[xrow(i)],
+                                &[wrow(j)],
+                                &mut [&mut *$out[i]],
+                                j - base,
+                            );
+                        }
+                    }
+                }
+                m += mr;
+            }
+            n += nr;
+        }
+    }};
+}
+
 fn block<W: Elem>(
     x: &[f32],
     k: usize,
@@ -111,48 +185,7 @@ fn block<W: Elem>(
     cols: std::ops::Range<usize>,
     out: &mut [&mut [f32]],
 ) {
-    let base = cols.start;
-    let wrow = |n: usize| &w[n * k..(n + 1) * k];
-    let xrow = |m: usize| &x[rows[m] * k..(rows[m] + 1) * k];
-    let mut m = 0;
-    while m < rows.len() {
-        let mr = (rows.len() - m).min(MR);
-        let (head, _) = out[m..].split_at_mut(mr);
-        let mut n = cols.start;
-        while n < cols.end {
-            let nr = (cols.end - n).min(NR);
-            macro_rules! go {
-                ($mm:literal, $nn:literal) => {{
-                    let xs: [&[f32]; $mm] = std::array::from_fn(|i| xrow(m + i));
-                    let ws: [&[W]; $nn] = std::array::from_fn(|j| wrow(n + j));
-                    let mut o: [&mut [f32]; $mm] = {
-                        let mut it = head.iter_mut();
-                        std::array::from_fn(|_| &mut **it.next().expect("tile rows"))
-                    };
-                    tile::<W, $mm, $nn>(&xs, &ws, &mut o, n - base);
-                }};
-            }
-            match (mr, nr) {
-                (4, 4) => go!(4, 4),
-                (_, 4) => (0..mr).for_each(|i| {
-                    let ws: [&[W]; 4] = std::array::from_fn(|j| wrow(n + j));
-                    tile::<W, 1, 4>(&[xrow(m + i)], &ws, &mut [&mut *head[i]], n - base);
-                }),
-                _ => (0..mr).for_each(|i| {
-                    for j in 0..nr {
-                        tile::<W, 1, 1>(
-                            &[xrow(m + i)],
-                            &[wrow(n + j)],
-                            &mut [&mut *head[i]],
-                            n + j - base,
-                        );
-                    }
-                }),
-            }
-            n += nr;
-        }
-        m += mr;
-    }
+    block_body!(tile, x, k, rows, w, cols, out)
 }
 
 /// Splits the weight rows into chunks across threads; each chunk computes every input row.
@@ -186,7 +219,9 @@ fn run<W: Elem>(x: &[f32], k: usize, rows: &[usize], w: &[W], n: usize, out: &mu
     }
 }
 
-/// Runs the kernel compiled for the widest instruction set this CPU has.
+/// Runs the AVX-512 kernel where the CPU has it, else the portable one (which the compiler
+/// vectorises for the baseline instruction set). Both perform the same operations in the same
+/// order, so they agree bit for bit.
 fn dispatch<W: Elem>(
     x: &[f32],
     k: usize,
@@ -196,43 +231,95 @@ fn dispatch<W: Elem>(
     out: &mut [&mut [f32]],
 ) {
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F, checked just above.
-            return unsafe { block_avx512(x, k, rows, w, cols, out) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { block_avx2(x, k, rows, w, cols, out) };
-        }
+    if avx512::available() {
+        // SAFETY: the CPU supports the instructions the kernel is compiled for.
+        return unsafe { avx512::block(x, k, rows, w, cols, out) };
     }
     block(x, k, rows, w, cols, out)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn block_avx512<W: Elem>(
-    x: &[f32],
-    k: usize,
-    rows: &[usize],
-    w: &[W],
-    cols: std::ops::Range<usize>,
-    out: &mut [&mut [f32]],
-) {
-    block(x, k, rows, w, cols, out)
-}
+mod avx512 {
+    //! AVX-512 tiles: 16 lanes per register, one register per partial-sum vector of the portable
+    //! kernel, multiply then add (no FMA, to keep the portable kernel's rounding).
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn block_avx2<W: Elem>(
-    x: &[f32],
-    k: usize,
-    rows: &[usize],
-    w: &[W],
-    cols: std::ops::Range<usize>,
-    out: &mut [&mut [f32]],
-) {
-    block(x, k, rows, w, cols, out)
+    use super::{Elem, LANES, MR, NR, fold};
+    use std::arch::x86_64::*;
+
+    pub(super) fn available() -> bool {
+        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+        })
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn block<W: Elem>(
+        x: &[f32],
+        k: usize,
+        rows: &[usize],
+        w: &[W],
+        cols: std::ops::Range<usize>,
+        out: &mut [&mut [f32]],
+    ) {
+        block_body!(tile, x, k, rows, w, cols, out)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    fn tile<W: Elem, const M: usize, const N: usize>(
+        xs: &[&[f32]; M],
+        ws: &[&[W]; N],
+        out: &mut [&mut [f32]; M],
+        col: usize,
+    ) {
+        let k = xs[0].len();
+        let full = k / LANES * LANES;
+        let mut acc = [[_mm512_setzero_ps(); N]; M];
+        let mut wv = [_mm512_setzero_ps(); N];
+        let mut c = 0;
+        while c < full {
+            for n in 0..N {
+                // SAFETY: `c + LANES <= k`, the length of every weight row.
+                wv[n] = unsafe { W::load(ws[n].as_ptr().add(c), 0xffff) };
+            }
+            for m in 0..M {
+                // SAFETY: as above, for the input rows.
+                let xv = unsafe { _mm512_loadu_ps(xs[m].as_ptr().add(c)) };
+                for n in 0..N {
+                    acc[m][n] = _mm512_add_ps(acc[m][n], _mm512_mul_ps(xv, wv[n]));
+                }
+            }
+            c += LANES;
+        }
+        if full < k {
+            // The tail: masked lanes keep their partial sums untouched, like the portable loop.
+            let mask: __mmask16 = (1u32 << (k - full)) as u16 - 1;
+            for n in 0..N {
+                // SAFETY: masked loads read only the `k - full` valid elements.
+                wv[n] = unsafe { W::load(ws[n].as_ptr().add(full), mask) };
+            }
+            for m in 0..M {
+                // SAFETY: as above.
+                let xv = unsafe { _mm512_maskz_loadu_ps(mask, xs[m].as_ptr().add(full)) };
+                for n in 0..N {
+                    acc[m][n] =
+                        _mm512_mask_add_ps(acc[m][n], mask, acc[m][n], _mm512_mul_ps(xv, wv[n]));
+                }
+            }
+        }
+        let mut lanes = [0.0f32; LANES];
+        for m in 0..M {
+            for n in 0..N {
+                // SAFETY: `lanes` holds 16 floats.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[m][n]) };
+                out[m][col + n] = fold(lanes);
+            }
+        }
+        let _ = (MR, NR);
+    }
 }
 
 fn check(x: &[f32], rows: &[usize], w: &Matrix, out: &[f32]) {
