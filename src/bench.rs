@@ -19,7 +19,11 @@ pub enum Scenario {
     PrefixHit,
     /// (d) Per-step time outside the model forward at batch 64.
     EngineOverhead,
-    /// (a) to (d) in turn.
+    /// (e) HTTP serving: concurrent clients on loopback, requests/s and latency percentiles.
+    Http,
+    /// Batch-1 decode against the memory-bandwidth roofline.
+    Roofline,
+    /// Every scenario in turn.
     All,
 }
 
@@ -71,6 +75,12 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     }
     if all || args.scenario == Scenario::EngineOverhead {
         records.extend(engine_overhead(&engine, &args).await?);
+    }
+    if all || args.scenario == Scenario::Roofline {
+        records.extend(roofline(&engine, &args).await?);
+    }
+    if all || args.scenario == Scenario::Http {
+        records.extend(http(&engine, &args).await?);
     }
     engine.shutdown().await;
     for r in &mut records {
@@ -236,5 +246,121 @@ async fn engine_overhead(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<
     );
     Ok(vec![
         json!({"scenario": "engine_overhead_b64", "steps": steps, "step_ms": step / steps * 1e3, "overhead_ms": (step - forward) / steps * 1e3, "overhead_share": share}),
+    ])
+}
+
+/// Memory read bandwidth with every rayon thread summing its share of a 1 GiB buffer (median of
+/// 5 passes), in GB/s.
+fn measure_bandwidth() -> f64 {
+    use rayon::prelude::*;
+    let data = vec![1u64; (1 << 30) / 8];
+    let mut times: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            let sum: u64 = data
+                .par_chunks(1 << 16)
+                .map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
+                .sum();
+            std::hint::black_box(sum);
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    (data.len() * 8) as f64 / median(&mut times) / 1e9
+}
+
+async fn roofline(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value>> {
+    let vocab = engine.model_info().vocab_size;
+    let mut rates = Vec::new();
+    for rep in 0..args.repeats.max(1) {
+        let (ttft, total) =
+            timed(engine, request(engine, prompt(500 + rep as u64, 8, vocab), 64)).await?;
+        rates.push(63.0 / (total - ttft).as_secs_f64());
+    }
+    let decode = median(&mut rates);
+    let bandwidth = measure_bandwidth();
+    let bytes = engine.model_info().weight_bytes_per_token as f64;
+    let bound = bandwidth * 1e9 / bytes;
+    println!(
+        "roofline: decode at batch 1 {decode:.1} tok/s; bandwidth {bandwidth:.1} GB/s; {:.1} MB of weights per token",
+        bytes / 1e6
+    );
+    println!(
+        "          bound {bound:.1} tok/s, so {:.0} % of the roofline",
+        decode / bound * 100.0
+    );
+    Ok(vec![
+        json!({"scenario": "roofline_b1", "tokens_per_s": decode, "bandwidth_gb_s": bandwidth, "weight_bytes_per_token": bytes, "roofline_tokens_per_s": bound, "share_of_roofline": decode / bound}),
+    ])
+}
+
+/// One HTTP/1.1 request over a fresh connection; returns the status line's code.
+async fn http_request(addr: std::net::SocketAddr, body: &str) -> Result<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let status = std::str::from_utf8(&response[..response.len().min(12)])?
+        .get(9..12)
+        .unwrap_or("0")
+        .parse()?;
+    Ok(status)
+}
+
+async fn http(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value>> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    // The gateway runs in its own actix system, as `routed serve` runs it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let gateway_engine = engine.clone();
+    let running = std::thread::spawn(move || {
+        actix_rt::System::new().block_on(async move {
+            let server = routed::server::bind_server(gateway_engine, listener)?;
+            let _ = tx.send((server.addr, server.server.handle()));
+            server.server.await
+        })
+    });
+    let (addr, handle) = rx.recv().context("the gateway did not start")?;
+    let clients = 8;
+    let per_client = args.repeats.max(2);
+    let vocab = engine.model_info().vocab_size;
+    let model = engine.model_info().served_model_name.clone();
+    let started = Instant::now();
+    let work = (0..clients).map(|c| {
+        let model = model.clone();
+        async move {
+            let mut latencies = Vec::new();
+            for i in 0..per_client {
+                let ids = prompt((c * 1000 + i) as u64, args.prompt_len, vocab);
+                let body = json!({"model": model, "prompt": ids, "max_tokens": args.output_len, "ignore_eos": true}).to_string();
+                let t = Instant::now();
+                let status = http_request(addr, &body).await?;
+                anyhow::ensure!(status == 200, "HTTP {status}");
+                latencies.push(t.elapsed().as_secs_f64());
+            }
+            anyhow::Ok(latencies)
+        }
+    });
+    let mut latencies: Vec<f64> = Vec::new();
+    for r in join_all(work).await {
+        latencies.extend(r?);
+    }
+    let wall = started.elapsed().as_secs_f64();
+    handle.stop(true).await;
+    let _ = running.join();
+    latencies.sort_by(f64::total_cmp);
+    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize];
+    let rps = latencies.len() as f64 / wall;
+    println!(
+        "(e) HTTP: {clients} clients x {per_client} requests, routing on: {rps:.2} req/s, p50 {:.1} ms, p99 {:.1} ms",
+        pct(0.5) * 1e3,
+        pct(0.99) * 1e3
+    );
+    Ok(vec![
+        json!({"scenario": "http", "clients": clients, "requests": latencies.len(), "requests_per_s": rps, "p50_s": pct(0.5), "p99_s": pct(0.99)}),
     ])
 }

@@ -46,6 +46,34 @@ impl Model {
         &self.config
     }
 
+    /// Bytes of weights one decoded token reads, in their in-memory dtype: every matrix except
+    /// the embedding table (one row of it) and, in each MoE layer, only `top_k` experts. The
+    /// memory-bandwidth roofline of batch-1 decode is bandwidth divided by this.
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let mlp =
+            |m: &Mlp| m.gate.as_ref().map_or(0, Matrix::bytes) + m.up.bytes() + m.down.bytes();
+        let mut bytes = self.embed.bytes() / self.embed.rows().max(1);
+        bytes += self.lm_head.as_ref().unwrap_or(&self.embed).bytes();
+        for layer in &self.layers {
+            bytes += match layer.mixer.as_ref().map(|m| &m.1) {
+                Some(Mixer::Attention(a)) => {
+                    a.q_proj.bytes() + a.k_proj.bytes() + a.v_proj.bytes() + a.o_proj.bytes()
+                }
+                Some(Mixer::Mamba(m)) => m.in_proj.bytes() + m.out_proj.bytes(),
+                None => 0,
+            };
+            bytes += match layer.ffn.as_ref().map(|f| &f.1) {
+                Some(Ffn::Dense(m)) => mlp(m),
+                Some(Ffn::Moe(moe)) => {
+                    let expert = moe.experts.first().map_or(0, mlp);
+                    moe.router.bytes() + moe.cfg.top_k * expert + moe.shared.as_ref().map_or(0, mlp)
+                }
+                None => 0,
+            };
+        }
+        bytes
+    }
+
     /// What a routing consumer needs to read this model's rows.
     pub fn routing_meta(&self) -> Option<RoutingMeta> {
         let moe = self.config.moe.as_ref()?;

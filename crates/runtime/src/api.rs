@@ -261,4 +261,6 @@ pub struct ModelInfo {
     pub device: String,
     /// Seed for requests that don't give one (`--seed`).
     pub default_seed: u64,
+    /// Bytes of weights one decoded token reads (see `Model::weight_bytes_per_token`).
+    pub weight_bytes_per_token: usize,
 }

@@ -146,6 +146,7 @@ impl Parts {
             num_snapshot_slots: snapshot_slots,
             device: "cpu".into(),
             default_seed: config.seed,
+            weight_bytes_per_token: model.weight_bytes_per_token(),
         });
         let max_step = config.max_num_batched_tokens.max(1);
         Ok(Self {

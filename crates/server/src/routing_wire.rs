@@ -221,6 +221,7 @@ mod tests {
             num_snapshot_slots: 0,
             device: "cpu".into(),
             default_seed: 0,
+            weight_bytes_per_token: 0,
         }
     }
 
