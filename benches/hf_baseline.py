@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Hugging Face transformers on the benchmark checkpoints, CPU (see benches/README.md).
+
+    python benches/hf_baseline.py [MODELS_DIR] [--models qwen3_moe nemotron_h] [--dtypes f32 bf16]
+        [--runs 5] [--threads 2] [--json FILE]
+
+For each model and dtype: load with from_pretrained (default attention and experts
+implementations), one warm-up of each scenario, then RUNS measured runs; the figure is the median.
+
+  pp512  greedy generate(max_new_tokens=1) on a 512-token prompt at batch 1; tokens/s =
+         512 / wall time (one forward over the prompt plus choosing one token).
+  tg_b1  greedy generate of 65 new tokens (EOS off: min_new_tokens = max_new_tokens) from a
+  tg_b8  16-token prompt per sequence, at batch 1 / 8. A stopping criterion stamps the time as
+         each token is appended; tokens/s = batch * 64 / (t[65] - t[1]): the prompt's forward is
+         left out, generate()'s own per-step overhead is kept.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import host, measure, print_table, prompt_ids, record, write_records  # noqa: E402
+
+transformers.utils.logging.disable_progress_bar()
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class StepClock(StoppingCriteria):
+    """Never stops generation; notes the time each time a token has been appended."""
+
+    def __init__(self):
+        self.stamps = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.stamps.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+def generate(model, ids, new_tokens, clock=None):
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=model.config.pad_token_id,
+        stopping_criteria=StoppingCriteriaList([clock]) if clock else None,
+    )
+    assert out.shape == (ids.shape[0], ids.shape[1] + new_tokens), out.shape
+    return out
+
+
+def prefill_rate(model, ids):
+    t0 = time.perf_counter()
+    generate(model, ids, 1)
+    return ids.shape[1] / (time.perf_counter() - t0)
+
+
+def decode_rate(model, ids, steps):
+    clock = StepClock()
+    generate(model, ids, steps + 1, clock)
+    assert len(clock.stamps) == steps + 1, len(clock.stamps)
+    return ids.shape[0] * steps / (clock.stamps[-1] - clock.stamps[0])
+
+
+def bench(model_dir, name, dtype, args):
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
+    model.eval()
+    load_s = time.perf_counter() - t0
+    cfg = model.config
+    extra = dict(threads=args.threads, torch=torch.__version__, transformers=transformers.__version__,
+                 attn_implementation=cfg._attn_implementation,
+                 experts_implementation=getattr(cfg, "_experts_implementation", None),
+                 cpu_capability=torch.backends.cpu.get_cpu_capability(), load_s=round(load_s, 2), **host())
+    print(f"# {name} {dtype}: loaded in {load_s:.1f} s "
+          f"(attention {extra['attn_implementation']}, experts {extra['experts_implementation']})", flush=True)
+    records = []
+    with torch.inference_mode():
+        if args.prefill:
+            ids = torch.tensor([prompt_ids(0, args.prefill)])
+            runs, others, dropped = measure(lambda: prefill_rate(model, ids), args.runs, args.max_others,
+                                           args.retries, args.quiet_wait)
+            records.append(record("transformers", dtype, name, f"pp{args.prefill}", runs, batch=1,
+                                  others_cpu=others, dropped_runs=dropped,
+                                  prompt_tokens=args.prefill, **extra))
+            print_table(records[-1:])
+        for b in args.batches:
+            ids = torch.tensor([prompt_ids(1 + i, args.decode_prompt) for i in range(b)])
+            runs, others, dropped = measure(lambda: decode_rate(model, ids, args.decode), args.runs, args.max_others,
+                                           args.retries, args.quiet_wait)
+            records.append(record("transformers", dtype, name, f"tg_b{b}", runs, batch=b,
+                                  others_cpu=others, dropped_runs=dropped,
+                                  prompt_tokens=args.decode_prompt, new_tokens=args.decode, **extra))
+            print_table(records[-1:])
+    del model
+    return records
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("models_dir", nargs="?", default=os.path.join(REPO, "target", "bench-models"))
+    ap.add_argument("--models", nargs="+", default=["qwen3_moe", "nemotron_h"])
+    ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    ap.add_argument("--runs", type=int, default=5, help="measured runs per scenario (after one warm-up)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill test (0: skip it)")
+    ap.add_argument("--decode", type=int, default=64, help="decode steps measured")
+    ap.add_argument("--decode-prompt", type=int, default=16, help="prompt tokens per sequence before decoding")
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 8])
+    ap.add_argument("--max-others", type=float, default=0.1,
+                    help="repeat a run during which other work used more than this share of the CPU time")
+    ap.add_argument("--retries", type=int, default=5, help="at most this many repeated runs per scenario")
+    ap.add_argument("--quiet-wait", type=float, default=60.0,
+                    help="seconds to wait at most, before each run, for other work to go below --max-others")
+    ap.add_argument("--json", help="write the records to this file (a JSON list)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    records = []
+    for name in args.models:
+        for dtype in args.dtypes:
+            records += bench(os.path.join(args.models_dir, name), name, dtype, args)
+            if args.json:  # keep what is done if a later model fails
+                write_records(args.json, records)
+    print()
+    print_table(records)
+
+
+if __name__ == "__main__":
+    main()
