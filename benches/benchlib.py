@@ -137,3 +137,19 @@ def write_records(path, records):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(records, f, indent=2)
         f.write("\n")
+
+
+def add_scenario_args(ap):
+    """The scenario, repetition and noise-guard flags every baseline script shares."""
+    ap.add_argument("--runs", type=int, default=5, help="measured runs per scenario (after one warm-up)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill test (0: skip it)")
+    ap.add_argument("--decode", type=int, default=64, help="decode steps measured")
+    ap.add_argument("--decode-prompt", type=int, default=16, help="prompt tokens per sequence before decoding")
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 8])
+    ap.add_argument("--max-others", type=float, default=0.1,
+                    help="repeat a run during which other work used more than this share of the CPU time")
+    ap.add_argument("--retries", type=int, default=5, help="at most this many repeated runs per scenario")
+    ap.add_argument("--quiet-wait", type=float, default=60.0,
+                    help="seconds to wait at most, before each run, for other work to go below --max-others")
+    ap.add_argument("--json", help="write the records to this file (a JSON list)")

@@ -31,7 +31,7 @@ import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import host, measure, print_table, prompt_ids, record, write_records  # noqa: E402
+from benchlib import add_scenario_args, host, measure, print_table, prompt_ids, record, write_records  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 
@@ -116,18 +116,7 @@ def main():
     ap.add_argument("models_dir", nargs="?", default=os.path.join(REPO, "target", "bench-models"))
     ap.add_argument("--models", nargs="+", default=["qwen3_moe", "nemotron_h"])
     ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
-    ap.add_argument("--runs", type=int, default=5, help="measured runs per scenario (after one warm-up)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill test (0: skip it)")
-    ap.add_argument("--decode", type=int, default=64, help="decode steps measured")
-    ap.add_argument("--decode-prompt", type=int, default=16, help="prompt tokens per sequence before decoding")
-    ap.add_argument("--batches", type=int, nargs="*", default=[1, 8])
-    ap.add_argument("--max-others", type=float, default=0.1,
-                    help="repeat a run during which other work used more than this share of the CPU time")
-    ap.add_argument("--retries", type=int, default=5, help="at most this many repeated runs per scenario")
-    ap.add_argument("--quiet-wait", type=float, default=60.0,
-                    help="seconds to wait at most, before each run, for other work to go below --max-others")
-    ap.add_argument("--json", help="write the records to this file (a JSON list)")
+    add_scenario_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
