@@ -95,7 +95,12 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// A deterministic pseudo-random prompt (ids below 1000 so every vocabulary has them).
+/// Ids below this are ordinary (non-special) tokens of the benchmark checkpoints' Qwen3 tokenizer.
+const ORDINARY_TOKENS: usize = 151_643;
+
+/// A deterministic pseudo-random prompt: xorshift64 (13, 7, 17) from `seed * 0x9E37_79B9_7F4A_7C15 | 1`,
+/// each id the state modulo the ordinary vocabulary; the same ids `benches/benchlib.py` gives the
+/// baseline engines (seeds 1..=B for the decode prompts).
 fn prompt(seed: u64, len: usize, vocab: usize) -> Vec<TokenId> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..len)
@@ -103,7 +108,7 @@ fn prompt(seed: u64, len: usize, vocab: usize) -> Vec<TokenId> {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            (x % vocab.min(1000) as u64) as TokenId
+            (x % vocab.min(ORDINARY_TOKENS) as u64) as TokenId
         })
         .collect()
 }
@@ -134,7 +139,7 @@ async fn timed(engine: &EngineHandle, req: GenerateRequest) -> Result<(Duration,
 async fn batch(engine: &EngineHandle, seed: u64, n: usize, args: &BenchArgs) -> Result<Duration> {
     let vocab = engine.model_info().vocab_size;
     let reqs = (0..n).map(|i| {
-        request(engine, prompt(seed * 1000 + i as u64, args.prompt_len, vocab), args.output_len)
+        request(engine, prompt(seed * 1000 + i as u64 + 1, args.prompt_len, vocab), args.output_len)
     });
     let started = Instant::now();
     for r in join_all(reqs.map(|r| timed(engine, r))).await {
@@ -155,9 +160,10 @@ async fn throughput(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value
     );
     println!("{:>6} {:>10} {:>14} {:>14}", "batch", "wall s", "output tok/s", "total tok/s");
     let mut records = Vec::new();
-    for (i, &b) in args.batch_sizes.iter().enumerate() {
+    for &b in &args.batch_sizes {
         engine.reset_prefix_cache().await?;
-        let wall = batch(engine, 1 + i as u64, b, args).await?.as_secs_f64();
+        // Seeds 1..=b, as the baselines use; the cache reset keeps earlier batches from hitting.
+        let wall = batch(engine, 0, b, args).await?.as_secs_f64();
         let out = (b * args.output_len as usize) as f64 / wall;
         let total = (b * (args.prompt_len + args.output_len as usize)) as f64 / wall;
         println!("{b:>6} {wall:>10.3} {out:>14.1} {total:>14.1}");
@@ -363,4 +369,14 @@ async fn http(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value>> {
     Ok(vec![
         json!({"scenario": "http", "clients": clients, "requests": latencies.len(), "requests_per_s": rps, "p50_s": pct(0.5), "p99_s": pct(0.99)}),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    /// The prompt ids match `benches/benchlib.py`'s, so every engine gets the same prompts.
+    #[test]
+    fn prompts_match_the_baseline_scripts() {
+        assert_eq!(super::prompt(1, 6, 151_936), [69549, 110062, 86223, 72061, 144684, 59715]);
+        assert!(super::prompt(3, 100, 512).iter().all(|&t| t < 512));
+    }
 }
