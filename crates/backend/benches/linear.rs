@@ -18,6 +18,7 @@ fn median_secs(mut f: impl FnMut(), reps: usize) -> f64 {
 }
 
 fn main() {
+    cold_experts();
     for (name, n, k) in
         [("lm_head", 151_936, 1024), ("expert_up", 384, 1024), ("in_proj", 3088, 1024)]
     {
@@ -48,4 +49,37 @@ fn main() {
             }
         }
     }
+}
+
+/// Decode-shaped MoE traffic: 64 cold experts (up `[384, 1024]`, down `[1024, 384]`, bf16, 100 MB
+/// in all, more than the caches), 8 picked per token, one input row each.
+fn cold_experts() {
+    let (inter, hidden, num_experts, top_k) = (384, 1024, 64, 8);
+    let mk = |n: usize, k: usize, seed: usize| {
+        let v = (0..n * k).map(|i| bf16::from_f32(((i * 31 + seed) % 997) as f32 * 1e-3)).collect();
+        Matrix::new(n, k, MatrixData::Bf16(v))
+    };
+    let ups: Vec<Matrix> = (0..num_experts).map(|e| mk(inter, hidden, e)).collect();
+    let downs: Vec<Matrix> = (0..num_experts).map(|e| mk(hidden, inter, e + 99)).collect();
+    let x: Vec<f32> = (0..hidden).map(|i| (i % 13) as f32 * 0.1).collect();
+    let mut mid = vec![0.0; inter];
+    let mut out = vec![0.0; hidden];
+    let mut token = 0usize;
+    let bytes = (top_k * 2 * inter * hidden * 2) as f64;
+    let secs = median_secs(
+        || {
+            token += 1;
+            for j in 0..top_k {
+                let e = (token * 7 + j * 13) % num_experts;
+                linear(&x, &ups[e], &mut mid);
+                linear(&mid, &downs[e], &mut out);
+            }
+        },
+        101,
+    );
+    println!(
+        "cold experts: {top_k} of {num_experts} per token, m=1 {:>9.3} ms  {:>6.1} GB/s of weights",
+        secs * 1e3,
+        bytes / secs / 1e9
+    );
 }

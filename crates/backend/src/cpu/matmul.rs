@@ -16,6 +16,8 @@ const LANES: usize = 16;
 const NR: usize = 4;
 /// Input rows per tile.
 const MR: usize = 4;
+/// Weight rows per tile when fewer than `MR` input rows stream the weights once.
+const NS: usize = 8;
 
 /// A weight element the kernels widen to `f32` (exactly).
 trait Elem: Copy + Send + Sync {
@@ -79,7 +81,7 @@ fn fold(mut acc: [f32; LANES]) -> f32 {
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: length mismatch");
     let mut out = [0.0];
-    tile::<f32, 1, 1>(&[a], &[b], &mut [&mut out[..]], 0);
+    tile::<f32, 1, 1>(&[a], &[b], &mut [&mut out[..]], 0, std::ptr::null());
     out[0]
 }
 
@@ -91,6 +93,7 @@ fn tile<W: Elem, const M: usize, const N: usize>(
     ws: &[&[W]; N],
     out: &mut [&mut [f32]; M],
     col: usize,
+    _next: *const W,
 ) {
     let k = xs[0].len();
     let mut acc = [[[0.0f32; LANES]; N]; M];
@@ -133,14 +136,28 @@ fn tile<W: Elem, const M: usize, const N: usize>(
 macro_rules! block_body {
     ($tile:ident, $x:ident, $k:ident, $rows:ident, $w:ident, $cols:ident, $out:ident) => {{
         let base = $cols.start;
+        let xrow = |i: usize| &$x[$rows[i] * $k..($rows[i] + 1) * $k];
+        let wrow = |j: usize| &$w[j * $k..(j + 1) * $k];
+        let none = std::ptr::null::<W>();
         let mut n = $cols.start;
+        if $rows.len() < MR {
+            // Decode shapes: few input rows, so the weights stream from memory once. Wider tiles
+            // keep more rows in flight, and each tile prefetches the one after it.
+            while n + NS <= $cols.end {
+                let ws: [&[W]; NS] = std::array::from_fn(|j| wrow(n + j));
+                let next =
+                    if n + 2 * NS <= $cols.end { $w[(n + NS) * $k..].as_ptr() } else { none };
+                for i in 0..$rows.len() {
+                    $tile::<W, 1, NS>(&[xrow(i)], &ws, &mut [&mut *$out[i]], n - base, next);
+                }
+                n += NS;
+            }
+        }
         while n < $cols.end {
             let nr = ($cols.end - n).min(NR);
             let mut m = 0;
             while m < $rows.len() {
                 let mr = ($rows.len() - m).min(MR);
-                let xrow = |i: usize| &$x[$rows[i] * $k..($rows[i] + 1) * $k];
-                let wrow = |j: usize| &$w[j * $k..(j + 1) * $k];
                 if mr == MR && nr == NR {
                     let xs = [xrow(m), xrow(m + 1), xrow(m + 2), xrow(m + 3)];
                     let ws = [wrow(n), wrow(n + 1), wrow(n + 2), wrow(n + 3)];
@@ -152,11 +169,12 @@ macro_rules! block_body {
                         &ws,
                         &mut [&mut *a[0], &mut *b[0], &mut *c[0], &mut *d[0]],
                         n - base,
+                        none,
                     );
                 } else if nr == NR {
                     let ws = [wrow(n), wrow(n + 1), wrow(n + 2), wrow(n + 3)];
                     for i in m..m + mr {
-                        $tile::<W, 1, 4>(&[xrow(i)], &ws, &mut [&mut *$out[i]], n - base);
+                        $tile::<W, 1, 4>(&[xrow(i)], &ws, &mut [&mut *$out[i]], n - base, none);
                     }
                 } else {
                     for i in m..m + mr {
@@ -166,6 +184,7 @@ macro_rules! block_body {
                                 &[wrow(j)],
                                 &mut [&mut *$out[i]],
                                 j - base,
+                                none,
                             );
                         }
                     }
@@ -243,7 +262,7 @@ mod avx512 {
     //! AVX-512 tiles: 16 lanes per register, one register per partial-sum vector of the portable
     //! kernel, multiply then add (no FMA, to keep the portable kernel's rounding).
 
-    use super::{Elem, LANES, MR, NR, fold};
+    use super::{Elem, LANES, MR, NR, NS, fold};
     use std::arch::x86_64::*;
 
     pub(super) fn available() -> bool {
@@ -274,13 +293,26 @@ mod avx512 {
         ws: &[&[W]; N],
         out: &mut [&mut [f32]; M],
         col: usize,
+        next: *const W,
     ) {
         let k = xs[0].len();
         let full = k / LANES * LANES;
+        // Bytes of the next tile to prefetch per step: as many as this tile consumes.
+        let ahead = N * LANES * size_of::<W>();
         let mut acc = [[_mm512_setzero_ps(); N]; M];
         let mut wv = [_mm512_setzero_ps(); N];
         let mut c = 0;
         while c < full {
+            if !next.is_null() {
+                // The next tile's rows follow this one's in memory: walk them at the same pace.
+                let at = next.cast::<u8>().wrapping_add(c * N * size_of::<W>());
+                let mut line = 0;
+                while line < ahead {
+                    // A prefetch never faults, whatever the address.
+                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line).cast());
+                    line += 64;
+                }
+            }
             for n in 0..N {
                 // SAFETY: `c + LANES <= k`, the length of every weight row.
                 wv[n] = unsafe { W::load(ws[n].as_ptr().add(c), 0xffff) };
@@ -318,7 +350,7 @@ mod avx512 {
                 out[m][col + n] = fold(lanes);
             }
         }
-        let _ = (MR, NR);
+        let _ = (MR, NR, NS);
     }
 }
 
@@ -404,14 +436,23 @@ mod tests {
 
     #[test]
     fn bf16_weights_give_the_same_bits_as_their_f32_widening() {
-        let (k, n, m) = (40, 9, 6);
+        // 37 weight rows: streaming tiles of `NS`, then 4-wide tiles, then single rows.
+        let (k, n) = (40, 37);
         let halfs: Vec<bf16> = seq(n * k, 5).into_iter().map(bf16::from_f32).collect();
         let wide: Vec<f32> = halfs.iter().map(|h| h.to_f32()).collect();
-        let x = seq(m * k, 6);
-        let (mut a, mut b) = (vec![0.0; m * n], vec![0.0; m * n]);
-        linear(&x, &Matrix::new(n, k, MatrixData::Bf16(halfs)), &mut a);
-        linear(&x, &Matrix::from_f32(n, k, wide), &mut b);
-        assert_eq!(a, b);
+        let narrow = Matrix::new(n, k, MatrixData::Bf16(halfs));
+        let wide_rows = wide.clone();
+        let wide = Matrix::from_f32(n, k, wide);
+        for m in [1, 3, 6] {
+            let x = seq(m * k, 6);
+            let (mut a, mut b) = (vec![0.0; m * n], vec![0.0; m * n]);
+            linear(&x, &narrow, &mut a);
+            linear(&x, &wide, &mut b);
+            assert_eq!(a, b, "m {m}");
+            for c in 0..n {
+                assert_eq!(a[c], naive_dot(&x[..k], &wide_rows[c * k..(c + 1) * k]));
+            }
+        }
     }
 
     #[test]
