@@ -176,3 +176,43 @@ fn deterministic_mode_batching_and_chunking_are_bitwise_invisible() {
         assert_eq!(routing, reference.routing, "{arch}: routing differs");
     }
 }
+
+/// Mixtral with a sliding window of 20 (the golden checkpoint, config edited): the first 20
+/// positions see exactly what full attention sees, later ones differ, and chunking the prompt
+/// (blocks of queries whose windows start at different keys, more keys than kernel lanes)
+/// changes no bit.
+#[test]
+fn sliding_window_attention_is_windowed_and_chunk_invariant() {
+    let g = Golden::open("mixtral");
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(g.model_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let config_path = dir.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    const WINDOW: usize = 20;
+    config["sliding_window"] = WINDOW.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let windowed = Model::load(dir.path(), &mut |_, _| {}).expect("edited checkpoint loads");
+    let full = load(&g);
+    let prompt: Vec<u32> = g.prompt("long").into_iter().cycle().take(3 * WINDOW + 7).collect();
+    let vocab = full.config().vocab_size;
+
+    let mut d = Driver::new(&full, 256);
+    let seq = d.seq(prompt.len());
+    let reference = d.prefill(&prompt, &seq, prompt.len()).logits;
+    let mut d = Driver::new(&windowed, 256);
+    let seq = d.seq(prompt.len());
+    let whole = d.prefill(&prompt, &seq, prompt.len()).logits;
+    let inside = WINDOW * vocab;
+    assert!(whole[..inside] == reference[..inside], "positions inside the window");
+    assert!(max_abs_diff(&whole[inside..], &reference[inside..]) > 1e-3, "window ignored");
+    for chunk in [1, 5, 7, 23] {
+        let mut d = Driver::new(&windowed, 256);
+        let seq = d.seq(prompt.len());
+        let chunked = d.prefill(&prompt, &seq, chunk).logits;
+        assert!(chunked == whole, "chunks of {chunk} change the windowed logits");
+    }
+}

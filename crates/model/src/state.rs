@@ -1,5 +1,6 @@
 //! Recurrent-state storage of hybrid models: per Mamba layer, a conv state (the last
-//! `conv_kernel - 1` inputs of every conv channel) and an SSM state (`[heads, head_dim, state]`).
+//! `conv_kernel - 1` inputs of every conv channel, `[conv_kernel - 1, conv_dim]`) and an SSM state
+//! (`[heads, state, head_dim]`, channel-minor so the scan vectorises across channels).
 //!
 //! Two pools of the same slot layout: live slots (one per running sequence, plus one scratch slot
 //! that dummy forwards use) and snapshot slots (copies taken at block boundaries, which a later

@@ -26,7 +26,7 @@ trait Elem: Copy + Send + Sync {
     /// Loads 16 elements (lanes outside `mask` read as zero) widened to `f32`.
     ///
     /// # Safety
-    /// The CPU has AVX-512F/BW/VL, and the masked elements at `ptr` are readable.
+    /// The CPU has AVX-512F/BW/VL/DQ, and the masked elements at `ptr` are readable.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load(ptr: *const Self, mask: u16) -> std::arch::x86_64::__m512;
 }
@@ -39,7 +39,7 @@ impl Elem for f32 {
 
     #[cfg(target_arch = "x86_64")]
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     unsafe fn load(ptr: *const Self, mask: u16) -> std::arch::x86_64::__m512 {
         // SAFETY: the caller guarantees the masked elements are readable.
         unsafe { std::arch::x86_64::_mm512_maskz_loadu_ps(mask, ptr) }
@@ -54,7 +54,7 @@ impl Elem for bf16 {
 
     #[cfg(target_arch = "x86_64")]
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     unsafe fn load(ptr: *const Self, mask: u16) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64::*;
         // SAFETY: the caller guarantees the masked elements are readable; bf16 is 16 bits wide.
@@ -250,7 +250,7 @@ fn dispatch<W: Elem>(
     out: &mut [&mut [f32]],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if avx512::available() {
+    if super::avx512_available() {
         // SAFETY: the CPU supports the instructions the kernel is compiled for.
         return unsafe { avx512::block(x, k, rows, w, cols, out) };
     }
@@ -262,19 +262,10 @@ mod avx512 {
     //! AVX-512 tiles: 16 lanes per register, one register per partial-sum vector of the portable
     //! kernel, multiply then add (no FMA, to keep the portable kernel's rounding).
 
-    use super::{Elem, LANES, MR, NR, NS, fold};
+    use super::{Elem, LANES, MR, NR, NS};
     use std::arch::x86_64::*;
 
-    pub(super) fn available() -> bool {
-        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVAILABLE.get_or_init(|| {
-            is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vl")
-        })
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     pub(super) unsafe fn block<W: Elem>(
         x: &[f32],
         k: usize,
@@ -287,7 +278,7 @@ mod avx512 {
     }
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     fn tile<W: Elem, const M: usize, const N: usize>(
         xs: &[&[f32]; M],
         ws: &[&[W]; N],
@@ -342,15 +333,23 @@ mod avx512 {
                 }
             }
         }
-        let mut lanes = [0.0f32; LANES];
         for m in 0..M {
             for n in 0..N {
-                // SAFETY: `lanes` holds 16 floats.
-                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[m][n]) };
-                out[m][col + n] = fold(lanes);
+                out[m][col + n] = fold16(acc[m][n]);
             }
         }
         let _ = (MR, NR, NS);
+    }
+
+    /// [`fold`] in registers: the same pairwise tree (lane `i` plus lane `i + width`, halving the
+    /// width), one vector add per level.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    fn fold16(v: __m512) -> f32 {
+        let s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
     }
 }
 
@@ -383,6 +382,18 @@ pub fn linear_rows(x: &[f32], rows: &[usize], w: &Matrix, out: &mut [f32]) {
     match w.data() {
         MatrixData::F32(v) => run(x, w.cols(), rows, v, w.rows(), out),
         MatrixData::Bf16(v) => run(x, w.cols(), rows, v, w.rows(), out),
+    }
+}
+
+/// Like [`linear_rows`], for `f32` weights given as `w.len() / k` rows of `k` (products whose
+/// right-hand side is built per step, such as attention's keys and values).
+pub fn linear_rows_f32(x: &[f32], rows: &[usize], w: &[f32], k: usize, out: &mut [f32]) {
+    assert!(k > 0 && w.len().is_multiple_of(k), "linear: weights are not rows of {k}");
+    assert!(rows.iter().all(|&r| (r + 1) * k <= x.len()), "linear: input row out of range");
+    let n = w.len() / k;
+    assert_eq!(out.len(), rows.len() * n, "linear: output size");
+    if !rows.is_empty() {
+        run(x, k, rows, w, n, out);
     }
 }
 

@@ -6,14 +6,28 @@
 mod matmul;
 mod matrix;
 mod ops;
+mod ssm;
 
-pub use matmul::{dot, linear, linear_rows};
+pub use matmul::{dot, linear, linear_rows, linear_rows_f32};
 pub use matrix::{Matrix, MatrixData};
 pub use ops::{
     add_assign, argmax, log_softmax, relu2_inplace, rms_norm, rms_norm_inplace, scale_inplace,
     silu, silu_inplace, softmax_inplace, softplus,
 };
+pub use ssm::{conv_step, ssm_step};
 
 /// Below this many multiply-adds a kernel runs on the calling thread: handing tiny work to the
 /// thread pool costs more than it saves.
 pub(crate) const PAR_THRESHOLD: usize = 1 << 15;
+
+/// Whether the CPU runs the AVX-512 builds of the kernels (checked once).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx512_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512dq")
+    })
+}

@@ -151,7 +151,11 @@ impl Loader<'_> {
             cfg: cfg.clone(),
             index,
             in_proj: self.matrix(&format!("{prefix}.in_proj.weight"), &[proj_dim, hidden])?,
-            conv_weight: self.tensor(&format!("{prefix}.conv1d.weight"), &[conv_dim, 1, k])?,
+            conv_weight_t: transpose(
+                &self.tensor(&format!("{prefix}.conv1d.weight"), &[conv_dim, 1, k])?,
+                conv_dim,
+                k,
+            ),
             conv_bias: match cfg.conv_bias {
                 true => Some(self.tensor(&format!("{prefix}.conv1d.bias"), &[conv_dim])?),
                 false => None,
@@ -183,4 +187,15 @@ impl Loader<'_> {
             .collect::<Result<Vec<_>>>()?;
         Ok(Moe { cfg: cfg.clone(), router, router_bias: None, experts, shared: None, hidden })
     }
+}
+
+/// `[rows, cols]` to `[cols, rows]`.
+fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; x.len()];
+    for (r, row) in x.chunks_exact(cols).enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            out[c * rows + r] = v;
+        }
+    }
+    out
 }

@@ -57,69 +57,137 @@ impl Attention {
             layer.v[slot * width..(slot + 1) * width]
                 .copy_from_slice(&v[t * width..(t + 1) * width]);
         }
-        let mut heads = vec![0.0; n * nh * hd];
+        // One work item per (sequence, KV head): its group of query heads over its tokens. Item
+        // outputs are laid out `[seq][kv head][token][group][head_dim]`, then permuted.
+        let group = nh / nkv;
+        let mut by_item = vec![0.0; n * nh * hd];
+        let mut items = Vec::with_capacity(seqs.len() * nkv);
+        let mut rest = &mut by_item[..];
+        for (s, range) in tokens.seq_ranges.iter().enumerate() {
+            for kvh in 0..nkv {
+                let (mine, tail) = rest.split_at_mut(range.len() * group * hd);
+                items.push((s, kvh, mine));
+                rest = tail;
+            }
+        }
         let kv_ro: &KvCache = kv;
-        let attend = |scores: &mut Vec<f32>, (t, o): (usize, &mut [f32])| {
-            let seq = &seqs[tokens.seq_of[t]];
-            self.attend_one(
-                &q[t * nh * hd..(t + 1) * nh * hd],
-                tokens.positions[t],
-                seq,
-                kv_ro,
-                scores,
-                o,
-            );
-        };
-        if n * nh > 8 {
-            heads.par_chunks_mut(nh * hd).enumerate().for_each_init(Vec::new, attend);
-        } else {
-            let mut scores = Vec::new();
-            heads.chunks_mut(nh * hd).enumerate().for_each(|x| attend(&mut scores, x));
+        items.par_iter_mut().for_each_init(Scratch::default, |scratch, (s, kvh, out)| {
+            let range = tokens.seq_ranges[*s].clone();
+            self.attend(&q, tokens, range, &seqs[*s], *kvh, kv_ro, scratch, out);
+        });
+        let mut heads = vec![0.0; n * nh * hd];
+        for (s, kvh, item) in &items {
+            let range = tokens.seq_ranges[*s].clone();
+            for (t, rows) in range.zip(item.chunks_exact(group * hd)) {
+                let at = (t * nh + kvh * group) * hd;
+                heads[at..at + group * hd].copy_from_slice(rows);
+            }
         }
         cpu::linear(&heads, &self.o_proj, out);
     }
 
-    /// All heads of one query at `pos`, over keys at positions `[first, pos]` of its sequence.
-    fn attend_one(
+    /// The first key position a query at `pos` attends to.
+    fn first_key(&self, pos: usize) -> usize {
+        self.cfg.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+
+    /// The query heads of KV head `kvh` for the step tokens `range` (one sequence), into `out`
+    /// (`[token][group][head_dim]`), a block of queries at a time.
+    ///
+    /// Scores are one matrix product of the block's queries with its keys, probabilities are
+    /// reduced in position order, and the values product gives each key the lane of its absolute
+    /// position (keys are laid out from a multiple of [`KEY_ALIGN`], masked keys weigh exactly
+    /// zero), so a query's result is the same whatever block, chunk or batch it ran in.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
         &self,
         q: &[f32],
-        pos: usize,
+        tokens: &StepTokens,
+        range: std::ops::Range<usize>,
         seq: &SeqInput<'_>,
+        kvh: usize,
         kv: &KvCache,
-        scores: &mut Vec<f32>,
+        scratch: &mut Scratch,
         out: &mut [f32],
     ) {
         let cfg = &self.cfg;
-        let (hd, nkv) = (cfg.head_dim, cfg.num_kv_heads);
-        let group = cfg.num_heads / nkv;
-        let first = cfg.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let (hd, nh) = (cfg.head_dim, cfg.num_heads);
+        let group = nh / cfg.num_kv_heads;
         let layer = &kv.layers[self.kv_index];
         let width = kv.slot_width();
-        for (head, o) in out.chunks_exact_mut(hd).enumerate() {
-            let kvh = head / group;
-            let qh = &q[head * hd..(head + 1) * hd];
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for p in first..=pos {
+        let mut start = range.start;
+        while start < range.end {
+            let end = (start + QUERY_BLOCK).min(range.end);
+            let last = tokens.positions[end - 1];
+            let base = self.first_key(tokens.positions[start]) / KEY_ALIGN * KEY_ALIGN;
+            let nk = last + 1 - base;
+            let Scratch { keys, values_t, rows, scores } = scratch;
+            keys.clear();
+            values_t.resize(hd * nk, 0.0);
+            for p in base..=last {
                 let at = kv.slot(seq.block_table, p) * width + kvh * hd;
-                let s = cpu::dot(qh, &layer.k[at..at + hd]) * cfg.scale;
-                max = max.max(s);
-                scores.push(s);
-            }
-            let mut sum = 0.0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            o.fill(0.0);
-            for (p, &w) in (first..=pos).zip(scores.iter()) {
-                let at = kv.slot(seq.block_table, p) * width + kvh * hd;
-                let wp = w / sum;
-                for (acc, &val) in o.iter_mut().zip(&layer.v[at..at + hd]) {
-                    *acc += wp * val;
+                keys.extend_from_slice(&layer.k[at..at + hd]);
+                for (d, &v) in layer.v[at..at + hd].iter().enumerate() {
+                    values_t[d * nk + p - base] = v;
                 }
             }
+            rows.clear();
+            rows.extend(
+                (start..end).flat_map(|t| (0..group).map(move |g| t * nh + kvh * group + g)),
+            );
+            scores.resize(rows.len() * nk, 0.0);
+            cpu::linear_rows_f32(q, rows, keys, hd, scores);
+            for (i, row) in scores.chunks_exact_mut(nk).enumerate() {
+                let pos = tokens.positions[start + i / group];
+                let (lo, hi) = (self.first_key(pos) - base, pos + 1 - base);
+                row[..lo].fill(0.0);
+                row[hi..].fill(0.0);
+                softmax_scaled(&mut row[lo..hi], cfg.scale);
+            }
+            rows.clear();
+            rows.extend(0..(end - start) * group);
+            let block_out =
+                &mut out[(start - range.start) * group * hd..(end - range.start) * group * hd];
+            cpu::linear_rows_f32(scores, rows, values_t, nk, block_out);
+            start = end;
         }
+    }
+}
+
+/// Queries per block of the scores product: bounds the scratch and the work spent above the
+/// causal diagonal.
+const QUERY_BLOCK: usize = 64;
+
+/// Keys are laid out from a position that is a multiple of this (the matrix kernel's lane count),
+/// so in the values product a key's lane is its position modulo 16 in every block.
+const KEY_ALIGN: usize = 16;
+
+/// Per-thread buffers of [`Attention::attend`], reused across its blocks.
+#[derive(Default)]
+struct Scratch {
+    /// `[keys, head_dim]`.
+    keys: Vec<f32>,
+    /// `[head_dim, keys]`.
+    values_t: Vec<f32>,
+    rows: Vec<usize>,
+    /// `[rows, keys]`: scores, then probabilities.
+    scores: Vec<f32>,
+}
+
+/// `softmax(scale * s)` in place, reducing in position order.
+fn softmax_scaled(s: &mut [f32], scale: f32) {
+    let mut max = f32::NEG_INFINITY;
+    for v in s.iter_mut() {
+        *v *= scale;
+        max = max.max(*v);
+    }
+    let mut sum = 0.0f32;
+    for v in s.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in s.iter_mut() {
+        *v /= sum;
     }
 }
 

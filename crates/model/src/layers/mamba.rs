@@ -16,8 +16,8 @@ pub(crate) struct Mamba {
     pub index: usize,
     /// `[2 * d_inner + conv_dim + heads, hidden]`: z, then x|B|C, then dt.
     pub in_proj: Matrix,
-    /// `[conv_dim, conv_kernel]`.
-    pub conv_weight: Vec<f32>,
+    /// `[conv_kernel, conv_dim]` (transposed from the checkpoint's `[conv_dim, 1, conv_kernel]`).
+    pub conv_weight_t: Vec<f32>,
     pub conv_bias: Option<Vec<f32>>,
     pub dt_bias: Vec<f32>,
     /// `-exp(A_log)`, per head.
@@ -47,6 +47,7 @@ impl Mamba {
         cpu::linear(h, &self.in_proj, &mut proj);
         let mut y = vec![0.0f32; n * d_inner];
         let mut xbc = vec![0.0f32; cfg.conv_dim()];
+        let mut dtb = vec![0.0f32; cfg.state_size];
         for (seq, range) in seqs.iter().zip(&tokens.seq_ranges) {
             let io = seq.state.expect("hybrid sequences carry state (checked by the model)");
             let snapshot_at =
@@ -59,7 +60,8 @@ impl Mamba {
                 let (conv, ssm) = states.live_layer_mut(io.live, self.index);
                 let prompt = pos < seq.num_prompt_tokens;
                 let row = &proj[t * proj_dim..(t + 1) * proj_dim];
-                self.step(row, prompt, conv, ssm, &mut xbc, &mut y[t * d_inner..(t + 1) * d_inner]);
+                let y = &mut y[t * d_inner..(t + 1) * d_inner];
+                self.step(row, prompt, conv, ssm, &mut xbc, &mut dtb, y);
                 for slot in snapshot_at(pos + 1) {
                     states.snapshot_layer(io.live, self.index, slot);
                 }
@@ -70,6 +72,10 @@ impl Mamba {
     }
 
     /// Advances the state by one token and writes its SSM output `y` (before the gated norm).
+    ///
+    /// The conv state is `[conv_kernel - 1, conv_dim]` and each head's SSM state is
+    /// `[state_size, head_dim]`, so the backend kernels run across channels.
+    #[allow(clippy::too_many_arguments)]
     fn step(
         &self,
         proj: &[f32],
@@ -77,24 +83,15 @@ impl Mamba {
         conv: &mut [f32],
         ssm: &mut [f32],
         xbc: &mut [f32],
+        dtb: &mut [f32],
         y: &mut [f32],
     ) {
         let cfg = &self.cfg;
-        let (d_inner, conv_dim, k) = (cfg.d_inner(), cfg.conv_dim(), cfg.conv_kernel);
+        let (d_inner, conv_dim) = (cfg.d_inner(), cfg.conv_dim());
         let input = &proj[d_inner..d_inner + conv_dim];
         let dt_raw = &proj[d_inner + conv_dim..];
-        for c in 0..conv_dim {
-            let w = &self.conv_weight[c * k..(c + 1) * k];
-            let past = &mut conv[c * (k - 1)..(c + 1) * (k - 1)];
-            let mut acc = self.conv_bias.as_ref().map_or(0.0, |b| b[c]);
-            for i in 0..k - 1 {
-                acc += w[i] * past[i];
-            }
-            acc += w[k - 1] * input[c];
-            past.copy_within(1.., 0);
-            past[k - 2] = input[c];
-            xbc[c] = cpu::silu(acc);
-        }
+        cpu::conv_step(conv, &self.conv_weight_t, self.conv_bias.as_deref(), input, xbc);
+        cpu::silu_inplace(xbc);
         let (x, bc) = xbc.split_at(d_inner);
         let gn = cfg.num_groups * cfg.state_size;
         let (b, c) = bc.split_at(gn);
@@ -111,16 +108,16 @@ impl Mamba {
             let decay = (dt * self.a[head]).exp();
             let g = head / heads_per_group;
             let (bg, cg) = (&b[g * ns..(g + 1) * ns], &c[g * ns..(g + 1) * ns]);
-            for p in 0..hd {
-                let xv = x[head * hd + p];
-                let s = &mut ssm[(head * hd + p) * ns..(head * hd + p + 1) * ns];
-                let mut acc = 0.0f32;
-                for i in 0..ns {
-                    s[i] = s[i] * decay + (dt * bg[i]) * xv;
-                    acc += s[i] * cg[i];
-                }
-                y[head * hd + p] = acc + self.d[head] * xv;
-            }
+            dtb.iter_mut().zip(bg).for_each(|(o, &bv)| *o = dt * bv);
+            cpu::ssm_step(
+                &mut ssm[head * hd * ns..(head + 1) * hd * ns],
+                &x[head * hd..(head + 1) * hd],
+                dtb,
+                cg,
+                decay,
+                self.d[head],
+                &mut y[head * hd..(head + 1) * hd],
+            );
         }
     }
 
