@@ -10,7 +10,6 @@ use routed_types::{SampledToken, SamplingParams, TokenId};
 /// Sampling scratch reused across tokens so the hot path does not allocate per token.
 #[derive(Default)]
 pub struct Sampler {
-    logprobs: Vec<f32>,
     order: Vec<u32>,
     probs: Vec<f32>,
 }
@@ -19,18 +18,19 @@ impl Sampler {
     /// Samples from one row of logits. `index` is the position of the token in the request's
     /// output (0 for the first generated token); it selects the random number.
     pub fn sample(&mut self, logits: &[f32], params: &SamplingParams, index: u64) -> SampledToken {
-        self.logprobs.resize(logits.len(), 0.0);
-        cpu::log_softmax(logits, &mut self.logprobs);
+        // Logprobs are logits shifted by one normaliser: computed for the few tokens reported,
+        // never for the whole vocabulary.
+        let log_z = cpu::log_sum_exp(logits);
         let token = if params.is_greedy() {
             cpu::argmax(logits) as TokenId
         } else {
             self.sample_random(logits, params, uniform(params.seed, index))
         };
         let top_logprobs = match params.logprobs {
-            Some(n) if n > 0 => self.top_logprobs(n as usize),
+            Some(n) if n > 0 => self.top_logprobs(logits, log_z, n as usize),
             _ => Vec::new(),
         };
-        SampledToken { token, logprob: self.logprobs[token as usize], top_logprobs }
+        SampledToken { token, logprob: logits[token as usize] - log_z, top_logprobs }
     }
 
     fn sample_random(&mut self, logits: &[f32], params: &SamplingParams, u: f64) -> TokenId {
@@ -70,17 +70,18 @@ impl Sampler {
         *self.order.last().expect("at least one candidate")
     }
 
-    fn top_logprobs(&mut self, n: usize) -> Vec<(TokenId, f32)> {
+    /// The `n` most likely tokens (ties to the lower id) with their logprobs; ranking logits
+    /// ranks logprobs, which differ by a constant.
+    fn top_logprobs(&mut self, logits: &[f32], log_z: f32, n: usize) -> Vec<(TokenId, f32)> {
         self.order.clear();
-        self.order.extend(0..self.logprobs.len() as u32);
-        let lp = &self.logprobs;
-        let n = n.min(lp.len());
-        self.order.select_nth_unstable_by(n - 1, |&a, &b| {
-            lp[b as usize].total_cmp(&lp[a as usize]).then(a.cmp(&b))
-        });
+        self.order.extend(0..logits.len() as u32);
+        let by_logit =
+            |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+        let n = n.min(logits.len());
+        self.order.select_nth_unstable_by(n - 1, by_logit);
         self.order.truncate(n);
-        self.order.sort_by(|&a, &b| lp[b as usize].total_cmp(&lp[a as usize]).then(a.cmp(&b)));
-        self.order.iter().map(|&i| (i, lp[i as usize])).collect()
+        self.order.sort_by(by_logit);
+        self.order.iter().map(|&i| (i, logits[i as usize] - log_z)).collect()
     }
 }
 

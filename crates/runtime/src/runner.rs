@@ -10,13 +10,15 @@ use crate::{
 };
 use actix::{Actor, Addr, Handler, SyncContext};
 use crossbeam_channel::{Receiver, Sender};
+use rayon::prelude::*;
 use routed_model::{
     KvCache, LiveStateId, LogitsWanted, Model, RoutingBuffer, Sampler, SeqInput, StateCache,
     StateIo,
 };
-use routed_types::{BlockId, StepOutput, StepPlan};
+use routed_types::{BlockId, ScheduledSeq, StepOutput, StepPlan};
 use std::{
     collections::BTreeSet,
+    ops::Range,
     panic::{AssertUnwindSafe, catch_unwind},
     sync::Arc,
     time::Instant,
@@ -127,19 +129,18 @@ impl RunnerActor {
             }
         };
         let vocab = self.model.config().vocab_size;
-        let sampled = plan
-            .seqs
-            .iter()
-            .zip(&out.logits_rows)
-            .map(|(s, rows)| {
-                let (params, index) = s.sample.as_ref()?;
-                Some(self.sampler.sample(
-                    &out.logits[rows.start * vocab..rows.end * vocab],
-                    params,
-                    *index,
-                ))
-            })
-            .collect();
+        let sample = |sampler: &mut Sampler, (s, rows): (&ScheduledSeq, &Range<usize>)| {
+            let (params, index) = s.sample.as_ref()?;
+            Some(sampler.sample(&out.logits[rows.start * vocab..rows.end * vocab], params, *index))
+        };
+        // A row's sample depends on its own logits, seed and index only: rows run on any thread.
+        let sampled = if plan.seqs.iter().filter(|s| s.sample.is_some()).count() > 1 {
+            (plan.seqs.par_iter().zip(&out.logits_rows))
+                .map_init(Sampler::default, sample)
+                .collect()
+        } else {
+            plan.seqs.iter().zip(&out.logits_rows).map(|x| sample(&mut self.sampler, x)).collect()
+        };
         Timings::add(&self.timings.forward_ns, started.elapsed());
         if plan.capture_routing && buffer.num_moe_layers() > 0 {
             let started = Instant::now();

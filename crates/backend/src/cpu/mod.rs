@@ -8,11 +8,11 @@ mod matrix;
 mod ops;
 mod ssm;
 
-pub use matmul::{dot, linear, linear_rows, linear_rows_f32};
+pub use matmul::{dot, linear, linear_rows, linear_rows_f32, linear_rows_serial};
 pub use matrix::{Matrix, MatrixData};
 pub use ops::{
-    add_assign, argmax, log_softmax, relu2_inplace, rms_norm, rms_norm_inplace, scale_inplace,
-    silu, silu_inplace, softmax_inplace, softplus,
+    add_assign, argmax, log_softmax, log_sum_exp, relu2_inplace, rms_norm, rms_norm_inplace,
+    scale_inplace, silu, silu_inplace, softmax_inplace, softplus,
 };
 pub use ssm::{conv_step, ssm_step};
 

@@ -66,12 +66,18 @@ pub fn softmax_inplace(x: &mut [f32]) {
 
 /// Log-softmax of one row into `out`.
 pub fn log_softmax(x: &[f32], out: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = x.iter().map(|v| (v - max).exp()).sum();
-    let log_z = max + sum.ln();
+    let log_z = log_sum_exp(x);
     for (o, v) in out.iter_mut().zip(x) {
         *o = v - log_z;
     }
+}
+
+/// `log(Σ exp(x))`, shifted by the maximum: the normaliser of [`log_softmax`], whose entry `i`
+/// is `x[i] - log_sum_exp(x)`.
+pub fn log_sum_exp(x: &[f32]) -> f32 {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = x.iter().map(|v| (v - max).exp()).sum();
+    max + sum.ln()
 }
 
 /// Index of the first maximum (as `argmax` in torch).

@@ -23,15 +23,30 @@ impl Mlp {
         self.forward_rows(x, &rows, out);
     }
 
-    /// Applies the block to the rows of `x` listed in `rows`, into `out` (`[rows.len(), hidden]`).
-    pub fn forward_rows(&self, x: &[f32], rows: &[usize], out: &mut [f32]) {
+    /// Applies the block to the rows of `x` listed in `rows`, into `out` (`[rows.len(), hidden]`),
+    /// all on the calling thread (MoE runs one expert per task).
+    pub fn forward_rows_serial(&self, x: &[f32], rows: &[usize], out: &mut [f32]) {
+        self.forward_with(x, rows, out, cpu::linear_rows_serial)
+    }
+
+    fn forward_rows(&self, x: &[f32], rows: &[usize], out: &mut [f32]) {
+        self.forward_with(x, rows, out, cpu::linear_rows)
+    }
+
+    fn forward_with(
+        &self,
+        x: &[f32],
+        rows: &[usize],
+        out: &mut [f32],
+        linear: fn(&[f32], &[usize], &Matrix, &mut [f32]),
+    ) {
         let n = rows.len();
         let mut up = vec![0.0; n * self.inter];
-        cpu::linear_rows(x, rows, &self.up, &mut up);
+        linear(x, rows, &self.up, &mut up);
         match (&self.gate, self.activation) {
             (Some(g), FfnActivation::SwiGlu) => {
                 let mut gate = vec![0.0; n * self.inter];
-                cpu::linear_rows(x, rows, g, &mut gate);
+                linear(x, rows, g, &mut gate);
                 for (u, g) in up.iter_mut().zip(&gate) {
                     *u *= cpu::silu(*g);
                 }
@@ -39,6 +54,7 @@ impl Mlp {
             (_, FfnActivation::Relu2) => cpu::relu2_inplace(&mut up),
             (None, FfnActivation::SwiGlu) => unreachable!("SwiGLU blocks are built with a gate"),
         }
-        cpu::linear(&up, &self.down, out);
+        let all: Vec<usize> = (0..n).collect();
+        linear(&up, &all, &self.down, out);
     }
 }

@@ -45,35 +45,46 @@ impl Moe {
             *r = e as i16;
         }
 
-        // Group (token, rank) pairs by expert, then run each expert over its rows.
-        let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); num_experts];
+        // Counting-sort the (token, rank) pairs by expert, then run every expert with work as one
+        // task over its rows; its outputs land in its range of `sorted_out`.
+        let mut starts = vec![0usize; num_experts + 1];
+        for &e in &ids {
+            starts[e + 1] += 1;
+        }
+        for e in 0..num_experts {
+            starts[e + 1] += starts[e];
+        }
+        let mut fill = starts.clone();
+        let mut order = vec![0usize; n * k];
+        // `slot_of[pair]`: where the pair's output row sits in `sorted_out`.
+        let mut slot_of = vec![0usize; n * k];
         for (pair, &e) in ids.iter().enumerate() {
-            by_expert[e].push(pair);
+            order[fill[e]] = pair / k;
+            slot_of[pair] = fill[e];
+            fill[e] += 1;
         }
-        let mut expert_out = vec![0.0f32; n * k * h];
-        let results: Vec<(usize, Vec<f32>)> = by_expert
-            .par_iter()
-            .enumerate()
-            .filter(|(_, pairs)| !pairs.is_empty())
-            .map(|(e, pairs)| {
-                let rows: Vec<usize> = pairs.iter().map(|p| p / k).collect();
-                let mut y = vec![0.0; rows.len() * h];
-                self.experts[e].forward_rows(x, &rows, &mut y);
-                (e, y)
-            })
-            .collect();
-        for (e, y) in results {
-            for (&pair, yr) in by_expert[e].iter().zip(y.chunks_exact(h)) {
-                expert_out[pair * h..(pair + 1) * h].copy_from_slice(yr);
+        let mut sorted_out = vec![0.0f32; n * k * h];
+        let mut tasks = Vec::with_capacity(num_experts);
+        let mut rest = &mut sorted_out[..];
+        for e in 0..num_experts {
+            let (mine, tail) = rest.split_at_mut((starts[e + 1] - starts[e]) * h);
+            if !mine.is_empty() {
+                tasks.push((e, mine));
             }
+            rest = tail;
         }
+        let order = &order;
+        tasks.par_iter_mut().for_each(|(e, y)| {
+            let rows = &order[starts[*e]..starts[*e + 1]];
+            self.experts[*e].forward_rows_serial(x, rows, y);
+        });
         for t in 0..n {
             let o = &mut out[t * h..(t + 1) * h];
             o.fill(0.0);
             for j in 0..k {
                 let w = weights[t * k + j];
-                let y = &expert_out[(t * k + j) * h..(t * k + j + 1) * h];
-                o.iter_mut().zip(y).for_each(|(a, b)| *a += w * b);
+                let at = slot_of[t * k + j] * h;
+                o.iter_mut().zip(&sorted_out[at..at + h]).for_each(|(a, b)| *a += w * b);
             }
         }
         if let Some(shared) = &self.shared {
