@@ -81,8 +81,60 @@ fn fold(mut acc: [f32; LANES]) -> f32 {
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: length mismatch");
     let mut out = [0.0];
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512_available() {
+        // SAFETY: the CPU supports the instructions the kernel is compiled for.
+        unsafe { avx512::dot(a, b, &mut out) };
+        return out[0];
+    }
     tile::<f32, 1, 1>(&[a], &[b], &mut [&mut out[..]], 0, std::ptr::null());
     out[0]
+}
+
+/// `out[d] = Σ_j p[j] * row(j)[d]` over `j in 0..p.len()`, bit for bit what [`linear`] gives for
+/// the input row `p` against the matrix whose row `d` is `(row(0)[d], row(1)[d], ...)`, without
+/// building that transpose: term `j` accumulates in lane `(j + lane_offset) % 16`, in order of
+/// `j`, and the lanes fold by the same tree. A `lane_offset` of `s % 16` gives the bits of the
+/// same sum over `s` leading zero weights (which add nothing). `lanes` is scratch.
+pub fn lane_weighted_sum<'a>(
+    p: &[f32],
+    row: impl Fn(usize) -> &'a [f32],
+    lane_offset: usize,
+    lanes: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    lanes.clear();
+    lanes.resize(LANES * out.len(), 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512_available() {
+        // SAFETY: the CPU supports the instructions the kernel is compiled for.
+        return unsafe { avx512::lane_weighted_sum(p, row, lane_offset, lanes, out) };
+    }
+    lane_weighted_sum_body(p, row, lane_offset, lanes, out)
+}
+
+#[inline(always)]
+fn lane_weighted_sum_body<'a>(
+    p: &[f32],
+    row: impl Fn(usize) -> &'a [f32],
+    lane_offset: usize,
+    lanes: &mut [f32],
+    out: &mut [f32],
+) {
+    let d = out.len();
+    for (j, &w) in p.iter().enumerate() {
+        let l = (j + lane_offset) % LANES;
+        let v = row(j);
+        assert_eq!(v.len(), d, "lane_weighted_sum: row width");
+        lanes[l * d..(l + 1) * d].iter_mut().zip(v).for_each(|(y, &x)| *y += w * x);
+    }
+    let mut width = LANES / 2;
+    while width > 0 {
+        let (low, high) = lanes.split_at_mut(width * d);
+        low.iter_mut().zip(&high[..width * d]).for_each(|(y, &x)| *y += x);
+        width /= 2;
+    }
+    out.copy_from_slice(&lanes[..d]);
 }
 
 /// Computes the `M x N` outputs of input rows `xs` against weight rows `ws`, writing
@@ -279,6 +331,22 @@ mod avx512 {
         out: &mut [&mut [f32]],
     ) {
         block_body!(tile, x, k, rows, w, cols, out)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    pub(super) unsafe fn lane_weighted_sum<'a>(
+        p: &[f32],
+        row: impl Fn(usize) -> &'a [f32],
+        lane_offset: usize,
+        lanes: &mut [f32],
+        out: &mut [f32],
+    ) {
+        super::lane_weighted_sum_body(p, row, lane_offset, lanes, out)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    pub(super) unsafe fn dot(a: &[f32], b: &[f32], out: &mut [f32; 1]) {
+        tile::<f32, 1, 1>(&[a], &[b], &mut [&mut out[..]], 0, std::ptr::null());
     }
 
     #[inline]
@@ -483,6 +551,36 @@ mod tests {
                 assert_eq!(a[c], naive_dot(&x[..k], &wide_rows[c * k..(c + 1) * k]));
             }
         }
+    }
+
+    #[test]
+    fn lane_weighted_sum_is_the_transposed_product() {
+        let (keys, d) = (37, 24);
+        let values = seq(keys * d, 11);
+        let mut transposed = vec![0.0; keys * d];
+        for j in 0..keys {
+            for c in 0..d {
+                transposed[c * keys + j] = values[j * d + c];
+            }
+        }
+        let p = seq(keys, 12);
+        let mut want = vec![0.0; d];
+        linear(&p, &Matrix::from_f32(d, keys, transposed), &mut want);
+        let mut got = vec![0.0; d];
+        let row = |j: usize| &values[j * d..(j + 1) * d];
+        lane_weighted_sum(&p, row, 0, &mut Vec::new(), &mut got);
+        assert_eq!(got, want);
+        // Five leading zero weights are the same sum with the lanes shifted by five.
+        let padded: Vec<f32> = [0.0; 5].into_iter().chain(p.iter().copied()).collect();
+        let mut padded_t = vec![0.0; (keys + 5) * d];
+        for j in 0..keys {
+            for c in 0..d {
+                padded_t[c * (keys + 5) + j + 5] = values[j * d + c];
+            }
+        }
+        linear(&padded, &Matrix::from_f32(d, keys + 5, padded_t), &mut want);
+        lane_weighted_sum(&p, row, 5, &mut Vec::new(), &mut got);
+        assert_eq!(got, want);
     }
 
     #[test]

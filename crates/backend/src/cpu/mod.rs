@@ -8,10 +8,12 @@ mod matrix;
 mod ops;
 mod ssm;
 
-pub use matmul::{dot, linear, linear_rows, linear_rows_f32, linear_rows_serial};
+pub use matmul::{
+    dot, lane_weighted_sum, linear, linear_rows, linear_rows_f32, linear_rows_serial,
+};
 pub use matrix::{Matrix, MatrixData};
 pub use ops::{
-    add_assign, argmax, log_softmax, log_sum_exp, relu2_inplace, rms_norm, rms_norm_inplace,
+    add_assign, argmax, axpy, log_softmax, log_sum_exp, relu2_inplace, rms_norm, rms_norm_inplace,
     scale_inplace, silu, silu_inplace, softmax_inplace, softplus,
 };
 pub use ssm::{conv_step, ssm_step};

@@ -118,6 +118,12 @@ impl Attention {
         let mut start = range.start;
         while start < range.end {
             let end = (start + QUERY_BLOCK).min(range.end);
+            if end - start <= DIRECT_MAX_QUERIES {
+                let out = &mut out[(start - range.start) * group * hd..];
+                self.attend_direct(q, tokens, start..end, seq, kvh, kv, scratch, out);
+                start = end;
+                continue;
+            }
             let last = tokens.positions[end - 1];
             let base = self.first_key(tokens.positions[start]) / KEY_ALIGN * KEY_ALIGN;
             let nk = last + 1 - base;
@@ -152,7 +158,55 @@ impl Attention {
             start = end;
         }
     }
+
+    /// [`Self::attend`] for a few queries, reading the paged keys and values where they lie: each
+    /// score is the [`cpu::dot`] the scores product computes, and the values sum gives each key
+    /// the lane of its position, so the bits are those of the product path.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_direct(
+        &self,
+        q: &[f32],
+        tokens: &StepTokens,
+        block: std::ops::Range<usize>,
+        seq: &SeqInput<'_>,
+        kvh: usize,
+        kv: &KvCache,
+        scratch: &mut Scratch,
+        out: &mut [f32],
+    ) {
+        let cfg = &self.cfg;
+        let (hd, nh) = (cfg.head_dim, cfg.num_heads);
+        let group = nh / cfg.num_kv_heads;
+        let layer = &kv.layers[self.kv_index];
+        let width = kv.slot_width();
+        let at = |p: usize| kv.slot(seq.block_table, p) * width + kvh * hd;
+        let Scratch { keys: lanes, scores, .. } = scratch;
+        for (i, t) in block.enumerate() {
+            let pos = tokens.positions[t];
+            let first = self.first_key(pos);
+            let nk = pos + 1 - first;
+            scores.resize(group * nk, 0.0);
+            for p in first..=pos {
+                let key = &layer.k[at(p)..at(p) + hd];
+                for g in 0..group {
+                    let head = kvh * group + g;
+                    let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
+                    scores[g * nk + p - first] = cpu::dot(qh, key);
+                }
+            }
+            for (g, probs) in scores.chunks_exact_mut(nk).enumerate() {
+                softmax_scaled(probs, cfg.scale);
+                let o = &mut out[(i * group + g) * hd..(i * group + g + 1) * hd];
+                let value = |j: usize| &layer.v[at(first + j)..at(first + j) + hd];
+                cpu::lane_weighted_sum(probs, value, first % KEY_ALIGN, lanes, o);
+            }
+        }
+    }
 }
+
+/// Blocks of at most this many queries (decode steps) read keys and values in place instead of
+/// gathering them for the two products.
+const DIRECT_MAX_QUERIES: usize = 2;
 
 /// Queries per block of the scores product: bounds the scratch and the work spent above the
 /// causal diagonal.
