@@ -136,16 +136,23 @@ async fn timed(engine: &EngineHandle, req: GenerateRequest) -> Result<(Duration,
     Ok((first.unwrap_or_default(), started.elapsed()))
 }
 
-async fn batch(engine: &EngineHandle, seed: u64, n: usize, args: &BenchArgs) -> Result<Duration> {
+/// Times of one batch run: until every request had its first token, and until the last ended.
+struct BatchTimes {
+    first_tokens: Duration,
+    wall: Duration,
+}
+
+async fn batch(engine: &EngineHandle, seed: u64, n: usize, args: &BenchArgs) -> Result<BatchTimes> {
     let vocab = engine.model_info().vocab_size;
     let reqs = (0..n).map(|i| {
         request(engine, prompt(seed * 1000 + i as u64 + 1, args.prompt_len, vocab), args.output_len)
     });
     let started = Instant::now();
+    let mut first_tokens = Duration::ZERO;
     for r in join_all(reqs.map(|r| timed(engine, r))).await {
-        r?;
+        first_tokens = first_tokens.max(r?.0);
     }
-    Ok(started.elapsed())
+    Ok(BatchTimes { first_tokens, wall: started.elapsed() })
 }
 
 fn median(xs: &mut [f64]) -> f64 {
@@ -155,19 +162,34 @@ fn median(xs: &mut [f64]) -> f64 {
 
 async fn throughput(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value>> {
     println!(
-        "(a) offline throughput, prompt {} + output {} tokens",
-        args.prompt_len, args.output_len
+        "(a) offline throughput, prompt {} + output {} tokens, median of {} runs",
+        args.prompt_len,
+        args.output_len,
+        args.repeats.max(1)
     );
-    println!("{:>6} {:>10} {:>14} {:>14}", "batch", "wall s", "output tok/s", "total tok/s");
+    println!(
+        "{:>6} {:>10} {:>14} {:>14} {:>14}",
+        "batch", "wall s", "output tok/s", "total tok/s", "decode tok/s"
+    );
     let mut records = Vec::new();
     for &b in &args.batch_sizes {
-        engine.reset_prefix_cache().await?;
-        // Seeds 1..=b, as the baselines use; the cache reset keeps earlier batches from hitting.
-        let wall = batch(engine, 0, b, args).await?.as_secs_f64();
+        let (mut walls, mut decodes) = (Vec::new(), Vec::new());
+        for _ in 0..args.repeats.max(1) {
+            // Seeds 1..=b, as the baselines use; the cache reset keeps earlier runs from hitting.
+            engine.reset_prefix_cache().await?;
+            let t = batch(engine, 0, b, args).await?;
+            walls.push(t.wall.as_secs_f64());
+            // Decode alone, as the baselines time it: the steps after every request's first token.
+            let steps = args.output_len.saturating_sub(1) as f64;
+            decodes.push(b as f64 * steps / (t.wall - t.first_tokens).as_secs_f64().max(1e-9));
+        }
+        let wall = median(&mut walls);
+        let decode = median(&mut decodes);
         let out = (b * args.output_len as usize) as f64 / wall;
         let total = (b * (args.prompt_len + args.output_len as usize)) as f64 / wall;
-        println!("{b:>6} {wall:>10.3} {out:>14.1} {total:>14.1}");
+        println!("{b:>6} {wall:>10.3} {out:>14.1} {total:>14.1} {decode:>14.1}");
         records.push(json!({"scenario": format!("throughput_b{b}"), "tokens_per_s": out, "total_tokens_per_s": total, "wall_s": wall, "batch": b, "prompt_len": args.prompt_len, "output_len": args.output_len}));
+        records.push(json!({"scenario": format!("tg_b{b}"), "tokens_per_s": decode, "runs": decodes, "batch": b, "prompt_tokens": args.prompt_len, "new_tokens": args.output_len.saturating_sub(1)}));
     }
     Ok(records)
 }
@@ -184,11 +206,11 @@ async fn routing_overhead(
         // Alternate which engine goes first so drift in machine load cancels out.
         let seed = 100 + pair as u64;
         let (t_on, t_off) = if pair % 2 == 0 {
-            let a = batch(on, seed, 8, args).await?;
-            (a, batch(off, seed, 8, args).await?)
+            let a = batch(on, seed, 8, args).await?.wall;
+            (a, batch(off, seed, 8, args).await?.wall)
         } else {
-            let b = batch(off, seed, 8, args).await?;
-            (batch(on, seed, 8, args).await?, b)
+            let b = batch(off, seed, 8, args).await?.wall;
+            (batch(on, seed, 8, args).await?.wall, b)
         };
         ratios.push(t_on.as_secs_f64() / t_off.as_secs_f64());
     }
@@ -211,16 +233,20 @@ async fn routing_overhead(
 
 async fn prefix_hit(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value>> {
     println!("(c) time to first token with part of a {}-token prompt cached", args.prompt_len);
-    println!("{:>8} {:>12} {:>10}", "cached", "TTFT ms", "vs cold");
-    let vocab = engine.model_info().vocab_size;
+    println!("{:>8} {:>8} {:>12} {:>10}", "target", "cached", "TTFT ms", "vs cold");
+    let info = engine.model_info();
+    let (vocab, block) = (info.vocab_size, info.block_size);
     let mut records = Vec::new();
     let mut cold = 0.0;
     for (i, fraction) in [0.0, 0.5, 0.9, 0.99].into_iter().enumerate() {
+        // The cache holds whole blocks: the cached prefix is the block boundary nearest the
+        // target share (never the whole prompt, which must compute at least one token).
+        let blocks = (args.prompt_len as f64 * fraction / block as f64).round() as usize;
+        let cached = (blocks * block).min((args.prompt_len - 1) / block * block);
         let mut ttfts = Vec::new();
         for rep in 0..args.repeats.max(1) {
             let full = prompt(7000 + (i * 100 + rep) as u64, args.prompt_len, vocab);
             engine.reset_prefix_cache().await?;
-            let cached = (args.prompt_len as f64 * fraction) as usize;
             if cached > 0 {
                 timed(engine, request(engine, full[..cached].to_vec(), 1)).await?;
             }
@@ -230,8 +256,20 @@ async fn prefix_hit(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value
         if i == 0 {
             cold = ttft;
         }
-        println!("{:>7.0}% {:>12.2} {:>10.3}", fraction * 100.0, ttft * 1e3, ttft / cold);
-        records.push(json!({"scenario": format!("prefix_hit_{}", (fraction * 100.0) as u32), "ttft_s": ttft, "ratio_to_cold": ttft / cold}));
+        let share = cached as f64 / args.prompt_len as f64;
+        println!(
+            "{:>7.0}% {:>7.1}% {:>12.2} {:>10.3}",
+            fraction * 100.0,
+            share * 100.0,
+            ttft * 1e3,
+            ttft / cold
+        );
+        records.push(json!({"scenario": format!("prefix_hit_{}", (fraction * 100.0) as u32), "cached_tokens": cached, "cached_share": share, "ttft_s": ttft, "ratio_to_cold": ttft / cold}));
+        if i == 0 {
+            // The cold run is a plain prefill: the baselines' pp scenario.
+            let rates: Vec<f64> = ttfts.iter().map(|t| args.prompt_len as f64 / t).collect();
+            records.push(json!({"scenario": format!("pp{}", args.prompt_len), "tokens_per_s": args.prompt_len as f64 / ttft, "runs": rates, "batch": 1, "prompt_tokens": args.prompt_len}));
+        }
     }
     Ok(records)
 }

@@ -78,3 +78,40 @@ fn serve_runs_the_embedded_model() {
         "{response}"
     );
 }
+
+/// `routed bench` on the embedded model writes the records the baseline scripts' format expects:
+/// decode rates per batch size, the cold prefill rate, and prefix hits at block boundaries.
+#[test]
+fn bench_writes_comparable_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("routed.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_routed"))
+        .args(["bench", "all", "--batch-sizes", "1,2", "--prompt-len", "40", "--output-len", "4"])
+        .args(["--repeats", "2", "--num-kv-blocks", "64", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run routed bench");
+    assert!(out.status.success(), "bench failed: {}", String::from_utf8_lossy(&out.stderr));
+    let records: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let find = |scenario: &str| {
+        records
+            .iter()
+            .find(|r| r["scenario"] == scenario)
+            .unwrap_or_else(|| panic!("no {scenario} record in {records:?}"))
+    };
+    for scenario in ["tg_b1", "tg_b2", "pp40"] {
+        let r = find(scenario);
+        assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["runs"].as_array().unwrap().len(), 2, "{r}");
+        assert_eq!(r["engine"], "routed");
+    }
+    // 40 tokens in blocks of 16: 50 % rounds to one block, 90 % and 99 % to two.
+    for (scenario, cached) in [("prefix_hit_50", 16), ("prefix_hit_90", 32), ("prefix_hit_99", 32)]
+    {
+        assert_eq!(find(scenario)["cached_tokens"], cached, "{scenario}");
+    }
+    for scenario in ["routing_overhead", "engine_overhead_b64", "roofline_b1"] {
+        find(scenario);
+    }
+}
