@@ -120,26 +120,35 @@ impl RunnerActor {
         let mut buffer =
             self.buffers.free.recv().map_err(|_| "the routing buffer pool is gone".to_string())?;
         let started = Instant::now();
-        let out = self.model.forward(&inputs, &mut self.kv, &mut self.states, &mut buffer);
-        let out = match out {
-            Ok(out) => out,
+        let vocab = self.model.config().vocab_size;
+        let (model, kv, states, sampler) =
+            (&self.model, &mut self.kv, &mut self.states, &mut self.sampler);
+        // The step runs on a pool thread: the kernels' parallel regions then fork and join inside
+        // the pool, instead of parking this thread once per region.
+        let sampled = rayon::scope(|_| {
+            let out = model.forward(&inputs, kv, states, &mut buffer)?;
+            let sample = |sampler: &mut Sampler, (s, rows): (&ScheduledSeq, &Range<usize>)| {
+                let (params, index) = s.sample.as_ref()?;
+                let logits = &out.logits[rows.start * vocab..rows.end * vocab];
+                Some(sampler.sample(logits, params, *index))
+            };
+            // A row's sample depends on its own logits, seed and index only: any thread will do.
+            Ok::<_, routed_model::ModelError>(
+                if plan.seqs.iter().filter(|s| s.sample.is_some()).count() > 1 {
+                    (plan.seqs.par_iter().zip(&out.logits_rows))
+                        .map_init(Sampler::default, sample)
+                        .collect()
+                } else {
+                    plan.seqs.iter().zip(&out.logits_rows).map(|x| sample(sampler, x)).collect()
+                },
+            )
+        });
+        let sampled: Vec<_> = match sampled {
+            Ok(sampled) => sampled,
             Err(e) => {
                 let _ = self.buffers.returns.send(buffer);
                 return Err(e.to_string());
             }
-        };
-        let vocab = self.model.config().vocab_size;
-        let sample = |sampler: &mut Sampler, (s, rows): (&ScheduledSeq, &Range<usize>)| {
-            let (params, index) = s.sample.as_ref()?;
-            Some(sampler.sample(&out.logits[rows.start * vocab..rows.end * vocab], params, *index))
-        };
-        // A row's sample depends on its own logits, seed and index only: rows run on any thread.
-        let sampled = if plan.seqs.iter().filter(|s| s.sample.is_some()).count() > 1 {
-            (plan.seqs.par_iter().zip(&out.logits_rows))
-                .map_init(Sampler::default, sample)
-                .collect()
-        } else {
-            plan.seqs.iter().zip(&out.logits_rows).map(|x| sample(&mut self.sampler, x)).collect()
         };
         Timings::add(&self.timings.forward_ns, started.elapsed());
         if plan.capture_routing && buffer.num_moe_layers() > 0 {
