@@ -20,6 +20,7 @@ mod sampling;
 mod state;
 mod tokenizer;
 mod weights;
+mod workspace;
 
 pub use batch::{ForwardOutput, LiveStateId, LogitsWanted, RoutingBuffer, SeqInput, StateIo};
 pub use config::{

@@ -7,9 +7,11 @@ use crate::{
     kv::KvCache,
     layers::{StepTokens, attention::Attention, mamba::Mamba, mlp::Mlp, moe::Moe},
     state::{StateCache, StateLayout},
+    workspace::{Workspace, zeroed},
 };
 use routed_backend::cpu::{self, Matrix};
 use routed_types::RoutingMeta;
+use std::sync::Mutex;
 
 /// A token mixer of a decoder layer.
 pub(crate) enum Mixer {
@@ -38,6 +40,8 @@ pub struct Model {
     pub(crate) final_norm: Vec<f32>,
     /// `None` when tied to the embedding.
     pub(crate) lm_head: Option<Matrix>,
+    /// Activation buffers of finished forwards, taken by the next ones.
+    pub(crate) workspaces: Mutex<Vec<Workspace>>,
 }
 
 impl Model {
@@ -130,43 +134,60 @@ impl Model {
                 routing.max_tokens()
             )));
         }
-        let h = self.config.hidden_size;
-        let mut x = vec![0.0f32; n * h];
+        // One lock to take a workspace and one to give it back: per step, never per token.
+        let pool = || self.workspaces.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ws = pool().pop().unwrap_or_default();
+        let out = self.layers_forward(seqs, &tokens, kv, states, routing, &mut ws);
+        pool().push(ws);
+        Ok(out)
+    }
+
+    /// The embedding, every layer and the head, on the buffers of `ws`.
+    fn layers_forward(
+        &self,
+        seqs: &[SeqInput<'_>],
+        tokens: &StepTokens,
+        kv: &mut KvCache,
+        states: &mut StateCache,
+        routing: &mut RoutingBuffer,
+        ws: &mut Workspace,
+    ) -> ForwardOutput {
+        let (n, h) = (tokens.positions.len(), self.config.hidden_size);
+        let Workspace { x, normed, branch, attention, mamba, moe, mlp } = ws;
+        let x = zeroed(x, n * h);
         let ids = seqs.iter().flat_map(|s| s.token_ids.iter());
         for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
             self.embed.row_into(id as usize, row);
         }
         let mult = self.config.multipliers;
         if mult.embedding != 1.0 {
-            cpu::scale_inplace(&mut x, mult.embedding);
+            cpu::scale_inplace(x, mult.embedding);
         }
-        let mut normed = vec![0.0f32; n * h];
-        let mut branch = vec![0.0f32; n * h];
+        let normed = zeroed(normed, n * h);
+        let branch = zeroed(branch, n * h);
         let mut moe_index = 0;
         for layer in &self.layers {
             if let Some((norm, mixer)) = &layer.mixer {
-                cpu::rms_norm(&x, norm, self.config.norm_eps, &mut normed);
+                cpu::rms_norm(x, norm, self.config.norm_eps, normed);
                 match mixer {
-                    Mixer::Attention(attn) => attn.forward(&normed, &tokens, seqs, kv, &mut branch),
-                    Mixer::Mamba(mamba) => {
-                        mamba.forward(&normed, &tokens, seqs, states, &mut branch)
-                    }
+                    Mixer::Attention(a) => a.forward(normed, tokens, seqs, kv, branch, attention),
+                    Mixer::Mamba(m) => m.forward(normed, tokens, seqs, states, branch, mamba),
                 }
-                add_residual(&mut x, &branch, mult.residual);
+                add_residual(x, branch, mult.residual);
             }
             if let Some((norm, ffn)) = &layer.ffn {
-                cpu::rms_norm(&x, norm, self.config.norm_eps, &mut normed);
+                cpu::rms_norm(x, norm, self.config.norm_eps, normed);
                 match ffn {
-                    Ffn::Dense(mlp) => mlp.forward(&normed, &mut branch),
-                    Ffn::Moe(moe) => {
-                        moe.forward(&normed, &mut branch, routing.layer_mut(moe_index));
+                    Ffn::Dense(m) => m.forward(normed, branch, mlp),
+                    Ffn::Moe(m) => {
+                        m.forward(normed, branch, routing.layer_mut(moe_index), moe);
                         moe_index += 1;
                     }
                 }
-                add_residual(&mut x, &branch, mult.residual);
+                add_residual(x, branch, mult.residual);
             }
         }
-        Ok(self.logits(seqs, &tokens, &x))
+        self.logits(seqs, tokens, x)
     }
 
     fn logits(&self, seqs: &[SeqInput<'_>], tokens: &StepTokens, x: &[f32]) -> ForwardOutput {

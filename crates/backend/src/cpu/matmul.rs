@@ -81,13 +81,16 @@ fn fold(mut acc: [f32; LANES]) -> f32 {
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: length mismatch");
     let mut out = [0.0];
+    let view = OutView::new(&mut out, 1);
     #[cfg(target_arch = "x86_64")]
     if super::avx512_available() {
-        // SAFETY: the CPU supports the instructions the kernel is compiled for.
-        unsafe { avx512::dot(a, b, &mut out) };
+        // SAFETY: the CPU supports the instructions the kernel is compiled for; output (0, 0) is
+        // `out`.
+        unsafe { avx512::dot(a, b, view) };
         return out[0];
     }
-    tile::<f32, 1, 1>(&[a], &[b], &mut [&mut out[..]], 0, std::ptr::null());
+    // SAFETY: output (0, 0) is `out`.
+    unsafe { tile::<f32, 1, 1>(&[a], &[b], view, (0, 0), std::ptr::null()) };
     out[0]
 }
 
@@ -137,14 +140,17 @@ fn lane_weighted_sum_body<'a>(
     out.copy_from_slice(&lanes[..d]);
 }
 
-/// Computes the `M x N` outputs of input rows `xs` against weight rows `ws`, writing
-/// `out[m][col + n]`.
+/// Computes the `M x N` outputs of input rows `xs` against weight rows `ws`, writing output
+/// `(row + m, col + n)` of `out`.
+///
+/// # Safety
+/// Those outputs lie inside `out` and no other thread writes them meanwhile.
 #[inline(always)]
-fn tile<W: Elem, const M: usize, const N: usize>(
+unsafe fn tile<W: Elem, const M: usize, const N: usize>(
     xs: &[&[f32]; M],
     ws: &[&[W]; N],
-    out: &mut [&mut [f32]; M],
-    col: usize,
+    out: OutView,
+    (row, col): (usize, usize),
     _next: *const W,
 ) {
     let k = xs[0].len();
@@ -175,23 +181,55 @@ fn tile<W: Elem, const M: usize, const N: usize>(
             }
         }
     }
-    for m in 0..M {
-        for n in 0..N {
-            out[m][col + n] = fold(acc[m][n]);
+    for (m, acc) in acc.iter().enumerate() {
+        for (n, &acc) in acc.iter().enumerate() {
+            // SAFETY: the caller's contract.
+            unsafe { out.write(row + m, col + n, fold(acc)) };
         }
     }
 }
 
-/// All outputs of `rows` (input rows) against weight rows `cols`, written to `out` (`out[i]` is
-/// the output row of `rows[i]`; weight row `cols.start + j` lands at index `j`). Weight tiles are
-/// the outer loop so a tile stays in cache while every input row passes over it.
+/// Where a product's outputs go: output `(i, j)` at `ptr + i * stride + j`. The tasks of one
+/// product share copies of a view and write disjoint columns.
+#[derive(Clone, Copy)]
+struct OutView {
+    ptr: *mut f32,
+    stride: usize,
+}
+
+// SAFETY: a view is only handed to tasks that write disjoint outputs, within the lifetime of the
+// exclusive borrow it was made from (see `run`).
+unsafe impl Send for OutView {}
+unsafe impl Sync for OutView {}
+
+impl OutView {
+    /// A view of `out` as rows of `stride`.
+    fn new(out: &mut [f32], stride: usize) -> Self {
+        Self { ptr: out.as_mut_ptr(), stride }
+    }
+
+    /// # Safety
+    /// `(row, col)` lies inside the buffer the view was made from, which is still borrowed, and
+    /// no other thread writes it meanwhile.
+    #[inline(always)]
+    unsafe fn write(self, row: usize, col: usize, value: f32) {
+        // SAFETY: the caller's contract.
+        unsafe { *self.ptr.add(row * self.stride + col) = value };
+    }
+}
+
+/// All outputs of `rows` (input rows) against weight rows `cols`: output `(i, j)` is input row
+/// `rows[i]` against weight row `j`. Weight tiles are the outer loop so a tile stays in cache
+/// while every input row passes over it. Expands inside an `unsafe fn` whose contract covers the
+/// outputs `(0..rows.len(), cols)` of `$out`.
 macro_rules! block_body {
     ($tile:ident, $x:ident, $k:ident, $rows:ident, $w:ident, $cols:ident, $out:ident) => {{
-        let base = $cols.start;
         let xrow = |i: usize| &$x[$rows[i] * $k..($rows[i] + 1) * $k];
         let wrow = |j: usize| &$w[j * $k..(j + 1) * $k];
         let none = std::ptr::null::<W>();
         let mut n = $cols.start;
+        // SAFETY (every tile call): the tiles cover outputs `(0..rows.len(), cols)`, which the
+        // enclosing function's contract gives this call alone.
         if $rows.len() < MR {
             // Decode shapes: few input rows, so the weights stream from memory once. Wider tiles
             // keep more rows in flight, and each tile prefetches the one after it.
@@ -200,7 +238,7 @@ macro_rules! block_body {
                 let next =
                     if n + 2 * NS <= $cols.end { $w[(n + NS) * $k..].as_ptr() } else { none };
                 for i in 0..$rows.len() {
-                    $tile::<W, 1, NS>(&[xrow(i)], &ws, &mut [&mut *$out[i]], n - base, next);
+                    unsafe { $tile::<W, 1, NS>(&[xrow(i)], &ws, $out, (i, n), next) };
                 }
                 n += NS;
             }
@@ -216,32 +254,17 @@ macro_rules! block_body {
                 if mr == MR && nr == NR {
                     let xs = [xrow(m), xrow(m + 1), xrow(m + 2), xrow(m + 3)];
                     let ws = [wrow(n), wrow(n + 1), wrow(n + 2), wrow(n + 3)];
-                    let (a, rest) = $out[m..].split_at_mut(1);
-                    let (b, rest) = rest.split_at_mut(1);
-                    let (c, d) = rest.split_at_mut(1);
-                    $tile::<W, 4, 4>(
-                        &xs,
-                        &ws,
-                        &mut [&mut *a[0], &mut *b[0], &mut *c[0], &mut *d[0]],
-                        n - base,
-                        next,
-                    );
+                    unsafe { $tile::<W, 4, 4>(&xs, &ws, $out, (m, n), next) };
                 } else if nr == NR {
                     let ws = [wrow(n), wrow(n + 1), wrow(n + 2), wrow(n + 3)];
                     for i in m..m + mr {
                         let next = if i == 0 { next } else { none };
-                        $tile::<W, 1, 4>(&[xrow(i)], &ws, &mut [&mut *$out[i]], n - base, next);
+                        unsafe { $tile::<W, 1, 4>(&[xrow(i)], &ws, $out, (i, n), next) };
                     }
                 } else {
                     for i in m..m + mr {
                         for j in n..n + nr {
-                            $tile::<W, 1, 1>(
-                                &[xrow(i)],
-                                &[wrow(j)],
-                                &mut [&mut *$out[i]],
-                                j - base,
-                                none,
-                            );
+                            unsafe { $tile::<W, 1, 1>(&[xrow(i)], &[wrow(j)], $out, (i, j), none) };
                         }
                     }
                 }
@@ -252,65 +275,62 @@ macro_rules! block_body {
     }};
 }
 
-fn block<W: Elem>(
+/// # Safety
+/// Outputs `(0..rows.len(), cols)` of `out` lie in its buffer and are this call's alone.
+unsafe fn block<W: Elem>(
     x: &[f32],
     k: usize,
     rows: &[usize],
     w: &[W],
     cols: std::ops::Range<usize>,
-    out: &mut [&mut [f32]],
+    out: OutView,
 ) {
     block_body!(tile, x, k, rows, w, cols, out)
 }
 
-/// Splits the weight rows into chunks across threads; each chunk computes every input row.
+/// Splits the weight rows into chunks across threads; each chunk computes every input row and
+/// writes its own columns of `out` in place.
 fn run<W: Elem>(x: &[f32], k: usize, rows: &[usize], w: &[W], n: usize, out: &mut [f32]) {
     let m = rows.len();
-    let work = m * n * k;
-    if work < PAR_THRESHOLD {
-        let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(n).collect();
-        dispatch(x, k, rows, w, 0..n, &mut outs);
-        return;
+    assert_eq!(out.len(), m * n, "linear: output size");
+    let view = OutView::new(out, n);
+    if m * n * k < PAR_THRESHOLD {
+        // SAFETY: `out` holds `m` rows of `n`, exclusively borrowed.
+        return unsafe { dispatch(x, k, rows, w, 0..n, view) };
     }
     let threads = rayon::current_num_threads().max(1);
     // Chunks of whole tiles, a few per thread for balance.
     let chunk = n.div_ceil(threads * 4).next_multiple_of(NR).max(NR);
-    let parts: Vec<(usize, Vec<f32>)> = (0..n.div_ceil(chunk))
-        .into_par_iter()
-        .map(|c| {
-            let cols = c * chunk..((c + 1) * chunk).min(n);
-            let mut packed = vec![0.0f32; m * cols.len()];
-            let mut outs: Vec<&mut [f32]> = packed.chunks_exact_mut(cols.len()).collect();
-            dispatch(x, k, rows, w, cols, &mut outs);
-            (c, packed)
-        })
-        .collect();
-    for (c, packed) in parts {
-        let start = c * chunk;
-        let width = packed.len() / m;
-        for (i, row) in packed.chunks_exact(width).enumerate() {
-            out[i * n + start..i * n + start + width].copy_from_slice(row);
-        }
-    }
+    (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| {
+        let cols = c * chunk..((c + 1) * chunk).min(n);
+        // SAFETY: `out` holds `m` rows of `n` and stays borrowed until every chunk is done;
+        // chunks write disjoint column ranges.
+        unsafe { dispatch(x, k, rows, w, cols, view) };
+    });
 }
 
 /// Runs the AVX-512 kernel where the CPU has it, else the portable one (which the compiler
 /// vectorises for the baseline instruction set). Both perform the same operations in the same
 /// order, so they agree bit for bit.
-fn dispatch<W: Elem>(
+///
+/// # Safety
+/// Outputs `(0..rows.len(), cols)` of `out` lie in its buffer and are this call's alone.
+unsafe fn dispatch<W: Elem>(
     x: &[f32],
     k: usize,
     rows: &[usize],
     w: &[W],
     cols: std::ops::Range<usize>,
-    out: &mut [&mut [f32]],
+    out: OutView,
 ) {
     #[cfg(target_arch = "x86_64")]
     if super::avx512_available() {
-        // SAFETY: the CPU supports the instructions the kernel is compiled for.
+        // SAFETY: the CPU supports the instructions the kernel is compiled for; the outputs are
+        // as the caller promised.
         return unsafe { avx512::block(x, k, rows, w, cols, out) };
     }
-    block(x, k, rows, w, cols, out)
+    // SAFETY: as the caller promised.
+    unsafe { block(x, k, rows, w, cols, out) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -331,8 +351,26 @@ pub fn linear(x: &[f32], w: &Matrix, out: &mut [f32]) {
         k > 0 && x.len().is_multiple_of(k),
         "linear: input is not a whole number of rows of {k}"
     );
-    let rows: Vec<usize> = (0..x.len() / k).collect();
-    linear_rows(x, &rows, w, out);
+    linear_rows(x, &identity_rows(x.len() / k), w, out);
+}
+
+/// `0..m` as a row list for [`linear_rows`], borrowed from a static table for the row counts of
+/// decode steps (no allocation per product).
+pub fn identity_rows(m: usize) -> std::borrow::Cow<'static, [usize]> {
+    const SMALL: usize = 256;
+    static IDENTITY: [usize; SMALL] = {
+        let mut t = [0; SMALL];
+        let mut i = 0;
+        while i < SMALL {
+            t[i] = i;
+            i += 1;
+        }
+        t
+    };
+    match m <= SMALL {
+        true => std::borrow::Cow::Borrowed(&IDENTITY[..m]),
+        false => std::borrow::Cow::Owned((0..m).collect()),
+    }
 }
 
 /// Like [`linear`], for the rows of `x` listed in `rows` (gathered MoE tokens):
@@ -356,10 +394,13 @@ pub fn linear_rows_serial(x: &[f32], rows: &[usize], w: &Matrix, out: &mut [f32]
         return;
     }
     let n = w.rows();
-    let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(n).collect();
-    match w.data() {
-        MatrixData::F32(v) => dispatch(x, w.cols(), rows, v, 0..n, &mut outs),
-        MatrixData::Bf16(v) => dispatch(x, w.cols(), rows, v, 0..n, &mut outs),
+    let view = OutView::new(out, n);
+    // SAFETY: `check` made `out` exactly `rows.len()` rows of `n`, exclusively borrowed.
+    unsafe {
+        match w.data() {
+            MatrixData::F32(v) => dispatch(x, w.cols(), rows, v, 0..n, view),
+            MatrixData::Bf16(v) => dispatch(x, w.cols(), rows, v, 0..n, view),
+        }
     }
 }
 

@@ -9,7 +9,7 @@ mod ops;
 mod ssm;
 
 pub use matmul::{
-    dot, lane_weighted_sum, linear, linear_rows, linear_rows_f32, linear_rows_serial,
+    dot, identity_rows, lane_weighted_sum, linear, linear_rows, linear_rows_f32, linear_rows_serial,
 };
 pub use matrix::{Matrix, MatrixData};
 pub use ops::{

@@ -4,7 +4,12 @@
 //! cache, so its output does not depend on how the prompt was chunked or batched.
 
 use super::StepTokens;
-use crate::{batch::SeqInput, config::AttentionConfig, kv::KvCache};
+use crate::{
+    batch::SeqInput,
+    config::AttentionConfig,
+    kv::KvCache,
+    workspace::{AttentionWork, zeroed},
+};
 use rayon::prelude::*;
 use routed_backend::cpu::{self, Matrix};
 
@@ -29,23 +34,24 @@ impl Attention {
         seqs: &[SeqInput<'_>],
         kv: &mut KvCache,
         out: &mut [f32],
+        work: &mut AttentionWork,
     ) {
         let cfg = &self.cfg;
         let n = tokens.positions.len();
         let (hd, nh, nkv) = (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
-        let mut q = vec![0.0; n * nh * hd];
-        let mut k = vec![0.0; n * nkv * hd];
-        let mut v = vec![0.0; n * nkv * hd];
-        cpu::linear(h, &self.q_proj, &mut q);
-        cpu::linear(h, &self.k_proj, &mut k);
-        cpu::linear(h, &self.v_proj, &mut v);
+        let q = zeroed(&mut work.q, n * nh * hd);
+        let k = zeroed(&mut work.k, n * nkv * hd);
+        let v = zeroed(&mut work.v, n * nkv * hd);
+        cpu::linear(h, &self.q_proj, q);
+        cpu::linear(h, &self.k_proj, k);
+        cpu::linear(h, &self.v_proj, v);
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-            cpu::rms_norm_inplace(&mut q, qn, self.norm_eps);
-            cpu::rms_norm_inplace(&mut k, kn, self.norm_eps);
+            cpu::rms_norm_inplace(q, qn, self.norm_eps);
+            cpu::rms_norm_inplace(k, kn, self.norm_eps);
         }
         if let Some(theta) = cfg.rope_theta {
-            apply_rope(&mut q, hd, &tokens.positions, theta);
-            apply_rope(&mut k, hd, &tokens.positions, theta);
+            apply_rope(q, hd, &tokens.positions, theta);
+            apply_rope(k, hd, &tokens.positions, theta);
         }
         // Every key and value of the step is written before any query reads, so a chunk's
         // queries see their own chunk's keys.
@@ -60,9 +66,9 @@ impl Attention {
         // One work item per (sequence, KV head): its group of query heads over its tokens. Item
         // outputs are laid out `[seq][kv head][token][group][head_dim]`, then permuted.
         let group = nh / nkv;
-        let mut by_item = vec![0.0; n * nh * hd];
+        let by_item = zeroed(&mut work.by_item, n * nh * hd);
         let mut items = Vec::with_capacity(seqs.len() * nkv);
-        let mut rest = &mut by_item[..];
+        let mut rest = by_item;
         for (s, range) in tokens.seq_ranges.iter().enumerate() {
             for kvh in 0..nkv {
                 let (mine, tail) = rest.split_at_mut(range.len() * group * hd);
@@ -70,12 +76,12 @@ impl Attention {
                 rest = tail;
             }
         }
-        let kv_ro: &KvCache = kv;
+        let (kv_ro, q): (&KvCache, &[f32]) = (kv, q);
         items.par_iter_mut().for_each_init(Scratch::default, |scratch, (s, kvh, out)| {
             let range = tokens.seq_ranges[*s].clone();
-            self.attend(&q, tokens, range, &seqs[*s], *kvh, kv_ro, scratch, out);
+            self.attend(q, tokens, range, &seqs[*s], *kvh, kv_ro, scratch, out);
         });
-        let mut heads = vec![0.0; n * nh * hd];
+        let heads = zeroed(&mut work.heads, n * nh * hd);
         for (s, kvh, item) in &items {
             let range = tokens.seq_ranges[*s].clone();
             for (t, rows) in range.zip(item.chunks_exact(group * hd)) {
@@ -83,7 +89,7 @@ impl Attention {
                 heads[at..at + group * hd].copy_from_slice(rows);
             }
         }
-        cpu::linear(&heads, &self.o_proj, out);
+        cpu::linear(heads, &self.o_proj, out);
     }
 
     /// The first key position a query at `pos` attends to.
@@ -245,20 +251,24 @@ fn softmax_scaled(s: &mut [f32], scale: f32) {
     }
 }
 
-/// Rotary embedding in the "rotate half" layout: dims `i` and `i + d/2` form a pair.
+/// Rotary embedding in the "rotate half" layout: dims `i` and `i + d/2` form a pair. Each
+/// token's angles are computed once and applied to all its heads.
 fn apply_rope(x: &mut [f32], head_dim: usize, positions: &[usize], theta: f32) {
     let half = head_dim / 2;
     let inv_freq: Vec<f32> =
         (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect();
+    let mut rotation = vec![(0.0f32, 0.0f32); half];
     let per_token = x.len() / positions.len();
     for (row, &pos) in x.chunks_exact_mut(per_token).zip(positions) {
+        for (r, &f) in rotation.iter_mut().zip(&inv_freq) {
+            *r = (pos as f32 * f).sin_cos();
+        }
         for head in row.chunks_exact_mut(head_dim) {
-            for (i, &f) in inv_freq.iter().enumerate() {
-                let angle = pos as f32 * f;
-                let (sin, cos) = angle.sin_cos();
-                let (a, b) = (head[i], head[i + half]);
-                head[i] = a * cos - b * sin;
-                head[i + half] = b * cos + a * sin;
+            let (lo, hi) = head.split_at_mut(half);
+            for ((a, b), &(sin, cos)) in lo.iter_mut().zip(hi).zip(&rotation) {
+                let (x0, x1) = (*a, *b);
+                *a = x0 * cos - x1 * sin;
+                *b = x1 * cos + x0 * sin;
             }
         }
     }

@@ -7,7 +7,12 @@
 //! because the conv state starts as zeros, which is the causal zero padding.
 
 use super::StepTokens;
-use crate::{batch::SeqInput, config::MambaConfig, state::StateCache};
+use crate::{
+    batch::SeqInput,
+    config::MambaConfig,
+    state::StateCache,
+    workspace::{MambaWork, zeroed},
+};
 use routed_backend::cpu::{self, Matrix};
 
 pub(crate) struct Mamba {
@@ -38,16 +43,17 @@ impl Mamba {
         seqs: &[SeqInput<'_>],
         states: &mut StateCache,
         out: &mut [f32],
+        work: &mut MambaWork,
     ) {
         let cfg = &self.cfg;
         let n = tokens.positions.len();
         let d_inner = cfg.d_inner();
         let proj_dim = self.in_proj.rows();
-        let mut proj = vec![0.0f32; n * proj_dim];
-        cpu::linear(h, &self.in_proj, &mut proj);
-        let mut y = vec![0.0f32; n * d_inner];
-        let mut xbc = vec![0.0f32; cfg.conv_dim()];
-        let mut dtb = vec![0.0f32; cfg.state_size];
+        let proj = zeroed(&mut work.proj, n * proj_dim);
+        cpu::linear(h, &self.in_proj, proj);
+        let y = zeroed(&mut work.y, n * d_inner);
+        let xbc = zeroed(&mut work.xbc, cfg.conv_dim());
+        let dtb = zeroed(&mut work.dtb, cfg.state_size);
         for (seq, range) in seqs.iter().zip(&tokens.seq_ranges) {
             let io = seq.state.expect("hybrid sequences carry state (checked by the model)");
             let snapshot_at =
@@ -61,14 +67,14 @@ impl Mamba {
                 let prompt = pos < seq.num_prompt_tokens;
                 let row = &proj[t * proj_dim..(t + 1) * proj_dim];
                 let y = &mut y[t * d_inner..(t + 1) * d_inner];
-                self.step(row, prompt, conv, ssm, &mut xbc, &mut dtb, y);
+                self.step(row, prompt, conv, ssm, xbc, dtb, y);
                 for slot in snapshot_at(pos + 1) {
                     states.snapshot_layer(io.live, self.index, slot);
                 }
             }
         }
-        self.gated_norm(&proj, proj_dim, &mut y);
-        cpu::linear(&y, &self.out_proj, out);
+        self.gated_norm(proj, proj_dim, y);
+        cpu::linear(y, &self.out_proj, out);
     }
 
     /// Advances the state by one token and writes its SSM output `y` (before the gated norm).

@@ -1,7 +1,10 @@
 //! A dense feed-forward block: SwiGLU (`down(silu(gate x) * up x)`) or squared ReLU
 //! (`down(relu(up x)²)`). MoE experts are blocks of this kind.
 
-use crate::config::FfnActivation;
+use crate::{
+    config::FfnActivation,
+    workspace::{MlpWork, zeroed},
+};
 use routed_backend::cpu::{self, Matrix};
 
 pub(crate) struct Mlp {
@@ -18,19 +21,25 @@ pub(crate) struct Mlp {
 
 impl Mlp {
     /// Applies the block to every row of `x` (`[n, hidden]`) into `out`.
-    pub fn forward(&self, x: &[f32], out: &mut [f32]) {
-        let rows: Vec<usize> = (0..x.len() / self.hidden).collect();
-        self.forward_rows(x, &rows, out);
+    pub fn forward(&self, x: &[f32], out: &mut [f32], work: &mut MlpWork) {
+        let n = x.len() / self.hidden;
+        let up = zeroed(&mut work.up, n * self.inter);
+        let gate = zeroed(&mut work.gate, if self.gate.is_some() { n * self.inter } else { 0 });
+        self.forward_with(x, &cpu::identity_rows(n), out, up, gate, cpu::linear_rows)
     }
 
     /// Applies the block to the rows of `x` listed in `rows`, into `out` (`[rows.len(), hidden]`),
-    /// all on the calling thread (MoE runs one expert per task).
-    pub fn forward_rows_serial(&self, x: &[f32], rows: &[usize], out: &mut [f32]) {
-        self.forward_with(x, rows, out, cpu::linear_rows_serial)
-    }
-
-    fn forward_rows(&self, x: &[f32], rows: &[usize], out: &mut [f32]) {
-        self.forward_with(x, rows, out, cpu::linear_rows)
+    /// all on the calling thread (MoE runs one expert per task). `up` holds `rows.len() * inter`
+    /// floats, as does `gate` for a gated block (else it may be empty).
+    pub fn forward_rows_serial(
+        &self,
+        x: &[f32],
+        rows: &[usize],
+        out: &mut [f32],
+        up: &mut [f32],
+        gate: &mut [f32],
+    ) {
+        self.forward_with(x, rows, out, up, gate, cpu::linear_rows_serial)
     }
 
     fn forward_with(
@@ -38,23 +47,21 @@ impl Mlp {
         x: &[f32],
         rows: &[usize],
         out: &mut [f32],
+        up: &mut [f32],
+        gate: &mut [f32],
         linear: fn(&[f32], &[usize], &Matrix, &mut [f32]),
     ) {
-        let n = rows.len();
-        let mut up = vec![0.0; n * self.inter];
-        linear(x, rows, &self.up, &mut up);
+        linear(x, rows, &self.up, up);
         match (&self.gate, self.activation) {
             (Some(g), FfnActivation::SwiGlu) => {
-                let mut gate = vec![0.0; n * self.inter];
-                linear(x, rows, g, &mut gate);
-                for (u, g) in up.iter_mut().zip(&gate) {
+                linear(x, rows, g, gate);
+                for (u, g) in up.iter_mut().zip(gate.iter()) {
                     *u *= cpu::silu(*g);
                 }
             }
-            (_, FfnActivation::Relu2) => cpu::relu2_inplace(&mut up),
+            (_, FfnActivation::Relu2) => cpu::relu2_inplace(up),
             (None, FfnActivation::SwiGlu) => unreachable!("SwiGLU blocks are built with a gate"),
         }
-        let all: Vec<usize> = (0..n).collect();
-        linear(&up, &all, &self.down, out);
+        linear(up, &cpu::identity_rows(rows.len()), &self.down, out);
     }
 }

@@ -9,7 +9,10 @@ use super::{
     mlp::Mlp,
     router::{RouterScratch, route},
 };
-use crate::config::MoeConfig;
+use crate::{
+    config::MoeConfig,
+    workspace::{MoeWork, zeroed},
+};
 use rayon::prelude::*;
 use routed_backend::cpu::{self, Matrix};
 
@@ -27,13 +30,13 @@ pub(crate) struct Moe {
 impl Moe {
     /// Applies the block to `x` (`[n, hidden]`) into `out`, writing each token's expert ids
     /// (`[n, top_k]`, canonical order) into `routing`.
-    pub fn forward(&self, x: &[f32], out: &mut [f32], routing: &mut [i16]) {
+    pub fn forward(&self, x: &[f32], out: &mut [f32], routing: &mut [i16], work: &mut MoeWork) {
         let (h, k, num_experts) = (self.hidden, self.cfg.top_k, self.cfg.num_experts);
         let n = x.len() / h;
-        let mut logits = vec![0.0; n * num_experts];
-        cpu::linear(x, &self.router, &mut logits);
-        let mut ids = vec![0usize; n * k];
-        let mut weights = vec![0.0f32; n * k];
+        let logits = zeroed(&mut work.logits, n * num_experts);
+        cpu::linear(x, &self.router, logits);
+        let ids = zeroed(&mut work.ids, n * k);
+        let weights = zeroed(&mut work.weights, n * k);
         let bias = self.router_bias.as_deref();
         logits
             .par_chunks_exact(num_experts)
@@ -41,56 +44,65 @@ impl Moe {
             .for_each_init(RouterScratch::default, |scratch, (l, (i, w))| {
                 route(&self.cfg.router, l, bias, scratch, i, w)
             });
-        for (r, &e) in routing.iter_mut().zip(&ids) {
+        for (r, &e) in routing.iter_mut().zip(ids.iter()) {
             *r = e as i16;
         }
 
         // Counting-sort the (token, rank) pairs by expert, then run every expert with work as one
         // task over its rows; its outputs land in its range of `sorted_out`.
-        let mut starts = vec![0usize; num_experts + 1];
-        for &e in &ids {
+        let starts = zeroed(&mut work.starts, num_experts + 1);
+        for &e in ids.iter() {
             starts[e + 1] += 1;
         }
         for e in 0..num_experts {
             starts[e + 1] += starts[e];
         }
-        let mut fill = starts.clone();
-        let mut order = vec![0usize; n * k];
+        let fill = zeroed(&mut work.fill, num_experts + 1);
+        fill.copy_from_slice(starts);
+        let order = zeroed(&mut work.order, n * k);
         // `slot_of[pair]`: where the pair's output row sits in `sorted_out`.
-        let mut slot_of = vec![0usize; n * k];
+        let slot_of = zeroed(&mut work.slot_of, n * k);
         for (pair, &e) in ids.iter().enumerate() {
             order[fill[e]] = pair / k;
             slot_of[pair] = fill[e];
             fill[e] += 1;
         }
-        let mut sorted_out = vec![0.0f32; n * k * h];
+        let inter = self.experts.first().map_or(0, |m| m.inter);
+        let gated = self.experts.first().is_some_and(|m| m.gate.is_some());
+        let sorted_out = zeroed(&mut work.sorted_out, n * k * h);
+        let up = zeroed(&mut work.mlp.up, n * k * inter);
+        let gate = zeroed(&mut work.mlp.gate, if gated { n * k * inter } else { 0 });
         let mut tasks = Vec::with_capacity(num_experts);
-        let mut rest = &mut sorted_out[..];
+        let (mut out_rest, mut up_rest, mut gate_rest) = (sorted_out, up, gate);
         for e in 0..num_experts {
-            let (mine, tail) = rest.split_at_mut((starts[e + 1] - starts[e]) * h);
-            if !mine.is_empty() {
-                tasks.push((e, mine));
+            let rows = starts[e + 1] - starts[e];
+            let (o, o_tail) = out_rest.split_at_mut(rows * h);
+            let (u, u_tail) = up_rest.split_at_mut(rows * inter);
+            let (g, g_tail) = gate_rest.split_at_mut(if gated { rows * inter } else { 0 });
+            if rows > 0 {
+                tasks.push((e, o, u, g));
             }
-            rest = tail;
+            (out_rest, up_rest, gate_rest) = (o_tail, u_tail, g_tail);
         }
-        let order = &order;
-        tasks.par_iter_mut().for_each(|(e, y)| {
+        let (order, starts) = (&*order, &*starts);
+        tasks.par_iter_mut().for_each(|(e, y, up, gate)| {
             let rows = &order[starts[*e]..starts[*e + 1]];
-            self.experts[*e].forward_rows_serial(x, rows, y);
+            self.experts[*e].forward_rows_serial(x, rows, y, up, gate);
         });
+        let sorted_out = &work.sorted_out;
         for t in 0..n {
             let o = &mut out[t * h..(t + 1) * h];
             o.fill(0.0);
             for j in 0..k {
-                let w = weights[t * k + j];
-                let at = slot_of[t * k + j] * h;
+                let w = work.weights[t * k + j];
+                let at = work.slot_of[t * k + j] * h;
                 o.iter_mut().zip(&sorted_out[at..at + h]).for_each(|(a, b)| *a += w * b);
             }
         }
         if let Some(shared) = &self.shared {
-            let mut s = vec![0.0; n * h];
-            shared.forward(x, &mut s);
-            cpu::add_assign(out, &s);
+            let s = zeroed(&mut work.shared_out, n * h);
+            shared.forward(x, s, &mut work.mlp);
+            cpu::add_assign(out, s);
         }
     }
 }

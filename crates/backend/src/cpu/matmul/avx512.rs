@@ -1,9 +1,12 @@
 //! AVX-512 tiles: 16 lanes per register, one register per partial-sum vector of the portable
 //! kernel, multiply then add (no FMA, to keep the portable kernel's rounding).
 
-use super::{Elem, LANES, MR, NR, NS};
+use super::{Elem, LANES, MR, NR, NS, OutView};
 use std::arch::x86_64::*;
 
+/// # Safety
+/// The CPU has AVX-512F/BW/VL/DQ; outputs `(0..rows.len(), cols)` of `out` lie in its buffer and
+/// are this call's alone.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
 pub(super) unsafe fn block<W: Elem>(
     x: &[f32],
@@ -11,7 +14,7 @@ pub(super) unsafe fn block<W: Elem>(
     rows: &[usize],
     w: &[W],
     cols: std::ops::Range<usize>,
-    out: &mut [&mut [f32]],
+    out: OutView,
 ) {
     block_body!(tile, x, k, rows, w, cols, out)
 }
@@ -27,18 +30,25 @@ pub(super) unsafe fn lane_weighted_sum<'a>(
     super::lane_weighted_sum_body(p, row, lane_offset, lanes, out)
 }
 
+/// # Safety
+/// The CPU has AVX-512F/BW/VL/DQ; output `(0, 0)` of `out` is this call's alone.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-pub(super) unsafe fn dot(a: &[f32], b: &[f32], out: &mut [f32; 1]) {
-    tile::<f32, 1, 1>(&[a], &[b], &mut [&mut out[..]], 0, std::ptr::null());
+pub(super) unsafe fn dot(a: &[f32], b: &[f32], out: OutView) {
+    // SAFETY: the caller's contract.
+    unsafe { tile::<f32, 1, 1>(&[a], &[b], out, (0, 0), std::ptr::null()) };
 }
 
+/// The AVX-512 build of the portable `tile`: the same operations in the same order.
+///
+/// # Safety
+/// Outputs `(row..row + M, col..col + N)` of `out` lie in its buffer and are this call's alone.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-fn tile<W: Elem, const M: usize, const N: usize>(
+unsafe fn tile<W: Elem, const M: usize, const N: usize>(
     xs: &[&[f32]; M],
     ws: &[&[W]; N],
-    out: &mut [&mut [f32]; M],
-    col: usize,
+    out: OutView,
+    (row, col): (usize, usize),
     next: *const W,
 ) {
     let k = xs[0].len();
@@ -88,9 +98,10 @@ fn tile<W: Elem, const M: usize, const N: usize>(
             }
         }
     }
-    for m in 0..M {
-        for n in 0..N {
-            out[m][col + n] = fold16(acc[m][n]);
+    for (m, acc) in acc.iter().enumerate() {
+        for (n, &acc) in acc.iter().enumerate() {
+            // SAFETY: the caller's contract.
+            unsafe { out.write(row + m, col + n, fold16(acc)) };
         }
     }
     let _ = (MR, NR, NS);
