@@ -1,7 +1,10 @@
 //! Grouped-query self-attention over the paged KV cache, with optional RoPE and q/k norms.
 //!
-//! A query reduces over its keys in absolute position order, reading earlier chunks' keys from the
-//! cache, so its output does not depend on how the prompt was chunked or batched.
+//! A query's arithmetic is fixed by its absolute position alone: scores are dot products in the
+//! kernels' order, the softmax sums in position order, and the values sum gives every key the lane
+//! of its position. Earlier chunks' keys come from the cache, so the output does not depend on how
+//! the prompt was chunked or batched, nor on whether the query ran in a prompt block (two matrix
+//! products) or a decode step (keys and values read in place).
 
 use super::StepTokens;
 use crate::{
