@@ -1,5 +1,5 @@
-//! Buffers a forward reuses from step to step, so a steady stream of steps allocates nothing
-//! for activations: each buffer grows to the largest step seen and stays.
+//! Buffers a forward reuses from step to step, so a steady stream of steps allocates no
+//! activations: each buffer grows to the largest step seen and stays.
 
 /// Scratch of one forward; [`crate::Model`] keeps a pool of them (one per concurrent forward).
 #[derive(Default)]
