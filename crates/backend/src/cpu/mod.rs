@@ -13,7 +13,7 @@ pub use matmul::{
 };
 pub use matrix::{Matrix, MatrixData};
 pub use ops::{
-    add_assign, argmax, axpy, log_softmax, log_sum_exp, relu2_inplace, rms_norm, rms_norm_inplace,
+    add_assign, argmax, log_softmax, log_sum_exp, relu2_inplace, rms_norm, rms_norm_inplace,
     scale_inplace, silu, silu_inplace, softmax_inplace, softplus, sum_exp_below,
 };
 pub use ssm::{conv_step, ssm_step};

@@ -175,27 +175,6 @@ fn add_assign_body(a: &mut [f32], b: &[f32]) {
     a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
 }
 
-/// `y += a * x` (multiply, then add).
-pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if super::avx512_available() {
-        // SAFETY: the CPU has AVX-512F.
-        return unsafe { axpy_avx512(y, a, x) };
-    }
-    axpy_body(y, a, x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn axpy_avx512(y: &mut [f32], a: f32, x: &[f32]) {
-    axpy_body(y, a, x)
-}
-
-#[inline(always)]
-fn axpy_body(y: &mut [f32], a: f32, x: &[f32]) {
-    y.iter_mut().zip(x).for_each(|(y, &x)| *y += a * x);
-}
-
 /// `a *= s`.
 pub fn scale_inplace(a: &mut [f32], s: f32) {
     a.iter_mut().for_each(|x| *x *= s);
