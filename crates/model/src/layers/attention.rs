@@ -53,8 +53,7 @@ impl Attention {
             cpu::rms_norm_inplace(k, kn, self.norm_eps);
         }
         if let Some(theta) = cfg.rope_theta {
-            apply_rope(q, hd, &tokens.positions, theta);
-            apply_rope(k, hd, &tokens.positions, theta);
+            apply_rope([q, k], hd, &tokens.positions, theta);
         }
         // Every key and value of the step is written before any query reads, so a chunk's
         // queries see their own chunk's keys.
@@ -254,19 +253,21 @@ fn softmax_scaled(s: &mut [f32], scale: f32) {
     }
 }
 
-/// Rotary embedding in the "rotate half" layout: dims `i` and `i + d/2` form a pair. Each
-/// token's angles are computed once and applied to all its heads.
-fn apply_rope(x: &mut [f32], head_dim: usize, positions: &[usize], theta: f32) {
+/// Rotary embedding in the "rotate half" layout (dims `i` and `i + d/2` form a pair), applied to
+/// the queries and the keys. Each token's angles are computed once for all their heads.
+fn apply_rope(xs: [&mut [f32]; 2], head_dim: usize, positions: &[usize], theta: f32) {
     let half = head_dim / 2;
     let inv_freq: Vec<f32> =
         (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect();
     let mut rotation = vec![(0.0f32, 0.0f32); half];
-    let per_token = x.len() / positions.len();
-    for (row, &pos) in x.chunks_exact_mut(per_token).zip(positions) {
+    let [q, k] = xs;
+    let (q_width, k_width) = (q.len() / positions.len(), k.len() / positions.len());
+    let rows = q.chunks_exact_mut(q_width).zip(k.chunks_exact_mut(k_width));
+    for ((q_row, k_row), &pos) in rows.zip(positions) {
         for (r, &f) in rotation.iter_mut().zip(&inv_freq) {
             *r = (pos as f32 * f).sin_cos();
         }
-        for head in row.chunks_exact_mut(head_dim) {
+        for head in q_row.chunks_exact_mut(head_dim).chain(k_row.chunks_exact_mut(head_dim)) {
             let (lo, hi) = head.split_at_mut(half);
             for ((a, b), &(sin, cos)) in lo.iter_mut().zip(hi).zip(&rotation) {
                 let (x0, x1) = (*a, *b);
