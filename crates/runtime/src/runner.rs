@@ -124,8 +124,9 @@ impl RunnerActor {
         let (model, kv, states, sampler) =
             (&self.model, &mut self.kv, &mut self.states, &mut self.sampler);
         // The step runs on a pool thread: the kernels' parallel regions then fork and join inside
-        // the pool, instead of parking this thread once per region.
-        let sampled = rayon::scope(|_| {
+        // the pool, instead of parking this thread once per region; the other workers stay awake
+        // until the step ends.
+        let sampled = routed_backend::cpu::with_hot_workers(|| {
             let out = model.forward(&inputs, kv, states, &mut buffer)?;
             let sample = |sampler: &mut Sampler, (s, rows): (&ScheduledSeq, &Range<usize>)| {
                 let (params, index) = s.sample.as_ref()?;

@@ -6,6 +6,7 @@
 mod matmul;
 mod matrix;
 mod ops;
+mod pool;
 mod ssm;
 
 pub use matmul::{
@@ -16,6 +17,7 @@ pub use ops::{
     add_assign, argmax, log_softmax, log_sum_exp, relu2_inplace, rms_norm, rms_norm_inplace,
     scale_inplace, silu, silu_inplace, softmax_inplace, softplus, sum_exp_below,
 };
+pub use pool::with_hot_workers;
 pub use ssm::{conv_step, ssm_step};
 
 /// Below this many multiply-adds a kernel runs on the calling thread: handing tiny work to the
