@@ -1,8 +1,8 @@
 //! Grouped-query self-attention over the paged KV cache, with optional RoPE and q/k norms.
 //!
 //! A query's arithmetic is fixed by its absolute position alone: scores are dot products in the
-//! kernels' order, the softmax sums in position order, and the values sum gives every key the lane
-//! of its position. Earlier chunks' keys come from the cache, so the output does not depend on how
+//! kernels' order, the softmax sums a query's keys from its first one in a fixed lane order, and the
+//! values sum gives every key the lane of its position. Earlier chunks' keys come from the cache, so the output does not depend on how
 //! the prompt was chunked or batched, nor on whether the query ran in a prompt block (two matrix
 //! products) or a decode step (keys and values read in place).
 
@@ -102,8 +102,8 @@ impl Attention {
     /// The query heads of KV head `kvh` for the step tokens `range` (one sequence), into `out`
     /// (`[token][group][head_dim]`), a block of queries at a time.
     ///
-    /// Scores are one matrix product of the block's queries with its keys, probabilities are
-    /// reduced in position order, and the values product gives each key the lane of its absolute
+    /// Scores are one matrix product of the block's queries with its keys, each query's
+    /// probabilities are normalised over exactly its own keys, and the values product gives each key the lane of its absolute
     /// position (keys are laid out from a multiple of [`KEY_ALIGN`], masked keys weigh exactly
     /// zero), so a query's result is the same whatever block, chunk or batch it ran in.
     #[allow(clippy::too_many_arguments)]
@@ -156,7 +156,7 @@ impl Attention {
                 let (lo, hi) = (self.first_key(pos) - base, pos + 1 - base);
                 row[..lo].fill(0.0);
                 row[hi..].fill(0.0);
-                softmax_scaled(&mut row[lo..hi], cfg.scale);
+                cpu::softmax_scaled_inplace(&mut row[lo..hi], cfg.scale);
             }
             rows.clear();
             rows.extend(0..(end - start) * group);
@@ -203,7 +203,7 @@ impl Attention {
                 }
             }
             for (g, probs) in scores.chunks_exact_mut(nk).enumerate() {
-                softmax_scaled(probs, cfg.scale);
+                cpu::softmax_scaled_inplace(probs, cfg.scale);
                 let o = &mut out[(i * group + g) * hd..(i * group + g + 1) * hd];
                 let value = |j: usize| &layer.v[at(first + j)..at(first + j) + hd];
                 cpu::lane_weighted_sum(probs, value, first % KEY_ALIGN, lanes, o);
@@ -234,23 +234,6 @@ struct Scratch {
     rows: Vec<usize>,
     /// `[rows, keys]`: scores, then probabilities.
     scores: Vec<f32>,
-}
-
-/// `softmax(scale * s)` in place, reducing in position order.
-fn softmax_scaled(s: &mut [f32], scale: f32) {
-    let mut max = f32::NEG_INFINITY;
-    for v in s.iter_mut() {
-        *v *= scale;
-        max = max.max(*v);
-    }
-    let mut sum = 0.0f32;
-    for v in s.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    for v in s.iter_mut() {
-        *v /= sum;
-    }
 }
 
 /// Rotary embedding in the "rotate half" layout (dims `i` and `i + d/2` form a pair), applied to

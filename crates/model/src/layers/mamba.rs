@@ -133,7 +133,7 @@ impl Mamba {
         let group = d_inner / self.norm_groups;
         for (t, row) in y.chunks_exact_mut(d_inner).enumerate() {
             let z = &proj[t * proj_dim..t * proj_dim + d_inner];
-            row.iter_mut().zip(z).for_each(|(v, &g)| *v *= cpu::silu(g));
+            cpu::mul_silu_inplace(row, z);
             for (chunk, w) in row.chunks_exact_mut(group).zip(self.norm.chunks_exact(group)) {
                 cpu::rms_norm_inplace(chunk, w, self.cfg.norm_eps);
             }

@@ -55,9 +55,7 @@ impl Mlp {
         match (&self.gate, self.activation) {
             (Some(g), FfnActivation::SwiGlu) => {
                 linear(x, rows, g, gate);
-                for (u, g) in up.iter_mut().zip(gate.iter()) {
-                    *u *= cpu::silu(*g);
-                }
+                cpu::mul_silu_inplace(up, gate);
             }
             (_, FfnActivation::Relu2) => cpu::relu2_inplace(up),
             (None, FfnActivation::SwiGlu) => unreachable!("SwiGLU blocks are built with a gate"),
