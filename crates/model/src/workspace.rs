@@ -30,7 +30,17 @@ pub(crate) struct AttentionWork {
 pub(crate) struct MambaWork {
     pub proj: Vec<f32>,
     pub y: Vec<f32>,
+    pub scan: ScanBuffers,
+}
+
+/// The buffers of one segment's scan.
+#[derive(Default)]
+pub(crate) struct ScanBuffers {
+    /// `[token][conv_dim]`: the conv outputs after SiLU.
     pub xbc: Vec<f32>,
+    /// `[head][token][head_dim]`: each head's outputs.
+    pub by_head: Vec<f32>,
+    /// `[head][state_size]`: `dt * B`, per head.
     pub dtb: Vec<f32>,
 }
 
