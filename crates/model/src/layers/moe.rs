@@ -89,16 +89,16 @@ impl Moe {
             let rows = &order[starts[*e]..starts[*e + 1]];
             self.experts[*e].forward_rows_serial(x, rows, y, up, gate);
         });
-        let sorted_out = &work.sorted_out;
-        for t in 0..n {
-            let o = &mut out[t * h..(t + 1) * h];
+        // Each token's output is its experts' rows weighted in rank order, tokens in parallel.
+        let (sorted_out, weights, slot_of) = (&work.sorted_out, &work.weights, &work.slot_of);
+        out.par_chunks_exact_mut(h).enumerate().for_each(|(t, o)| {
             o.fill(0.0);
             for j in 0..k {
-                let w = work.weights[t * k + j];
-                let at = work.slot_of[t * k + j] * h;
+                let w = weights[t * k + j];
+                let at = slot_of[t * k + j] * h;
                 o.iter_mut().zip(&sorted_out[at..at + h]).for_each(|(a, b)| *a += w * b);
             }
-        }
+        });
         if let Some(shared) = &self.shared {
             let s = zeroed(&mut work.shared_out, n * h);
             shared.forward(x, s, &mut work.mlp);
