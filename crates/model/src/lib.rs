@@ -34,7 +34,7 @@ pub use routed_types::SampledToken;
 pub use sampling::Sampler;
 pub use state::StateCache;
 pub use tokenizer::{ChatMessage, Tokenizer};
-pub use weights::Weights;
+pub use weights::{Weights, streamed_vec};
 
 use std::path::Path;
 

@@ -198,7 +198,7 @@ fn shard_files(index: &Path) -> Result<Vec<String>> {
 /// transparent huge pages. Weights are streamed end to end at every decode step; 2 MiB pages
 /// spare that stream a page walk every 4 KiB. Only a hint (`MADV_HUGEPAGE` on the allocation's
 /// whole 2 MiB pages, before they are touched): where the kernel declines, nothing changes.
-fn streamed_vec<T>(len: usize) -> Vec<T> {
+pub fn streamed_vec<T>(len: usize) -> Vec<T> {
     let v = Vec::with_capacity(len);
     #[cfg(target_os = "linux")]
     {
