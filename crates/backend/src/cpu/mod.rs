@@ -3,6 +3,24 @@
 //! Layout conventions: matrices are row-major; a weight `w` of a linear layer is `[n, k]` as stored
 //! by Hugging Face (`out_features` rows of `in_features`), so `y = x w^T`.
 
+/// Calls `$body($args)` compiled for AVX-512F where the CPU has it, else for the baseline
+/// instruction set. Both builds run the one body, so they give the same bits; the AVX-512 one only
+/// lets the compiler use wider vectors. Expands as the tail of the public function.
+macro_rules! with_avx512 {
+    ($body:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?) => {{
+        #[cfg(target_arch = "x86_64")]
+        if super::avx512_available() {
+            #[target_feature(enable = "avx512f")]
+            unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                $body($($arg),*)
+            }
+            // SAFETY: the CPU has AVX-512F.
+            return unsafe { avx512($($arg),*) };
+        }
+        $body($($arg),*)
+    }};
+}
+
 mod matmul;
 mod matrix;
 mod ops;

@@ -39,18 +39,7 @@ pub fn silu(x: f32) -> f32 {
 
 /// In-place SiLU.
 pub fn silu_inplace(x: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if super::avx512_available() {
-        // SAFETY: the CPU has AVX-512F.
-        return unsafe { silu_inplace_avx512(x) };
-    }
-    silu_inplace_body(x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn silu_inplace_avx512(x: &mut [f32]) {
-    silu_inplace_body(x)
+    with_avx512!(silu_inplace_body(x: &mut [f32]))
 }
 
 #[inline(always)]
@@ -61,18 +50,7 @@ fn silu_inplace_body(x: &mut [f32]) {
 /// `a[i] *= silu(g[i])`: the gate of SwiGLU blocks and of Mamba2's gated norm.
 pub fn mul_silu_inplace(a: &mut [f32], g: &[f32]) {
     assert_eq!(a.len(), g.len(), "mul_silu_inplace: length mismatch");
-    #[cfg(target_arch = "x86_64")]
-    if super::avx512_available() {
-        // SAFETY: the CPU has AVX-512F.
-        return unsafe { mul_silu_inplace_avx512(a, g) };
-    }
-    mul_silu_inplace_body(a, g)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn mul_silu_inplace_avx512(a: &mut [f32], g: &[f32]) {
-    mul_silu_inplace_body(a, g)
+    with_avx512!(mul_silu_inplace_body(a: &mut [f32], g: &[f32]))
 }
 
 #[inline(always)]
@@ -98,18 +76,7 @@ pub fn softplus(x: f32) -> f32 {
 /// `exp`, summed in 16 lanes (element `i` in lane `i % 16`) folded by a fixed tree, so a row's
 /// result depends only on the row, never on the instruction set.
 pub fn softmax_scaled_inplace(x: &mut [f32], scale: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if super::avx512_available() {
-        // SAFETY: the CPU has AVX-512F.
-        return unsafe { softmax_scaled_avx512(x, scale) };
-    }
-    softmax_scaled_body(x, scale)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn softmax_scaled_avx512(x: &mut [f32], scale: f32) {
-    softmax_scaled_body(x, scale)
+    with_avx512!(softmax_scaled_body(x: &mut [f32], scale: f32))
 }
 
 #[inline(always)]
@@ -188,18 +155,7 @@ pub fn log_sum_exp(x: &[f32]) -> f32 {
 /// vectorises: 16 lane sums in order, folded by a fixed tree, so a row's result does not depend on
 /// the instruction set. Each term is within 2 ulp of the correctly rounded `exp`.
 pub fn sum_exp_below(x: &[f32], max: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if super::avx512_available() {
-        // SAFETY: the CPU has AVX-512F.
-        return unsafe { sum_exp_below_avx512(x, max) };
-    }
-    sum_exp_below_body(x, max)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn sum_exp_below_avx512(x: &[f32], max: f32) -> f32 {
-    sum_exp_below_body(x, max)
+    with_avx512!(sum_exp_below_body(x: &[f32], max: f32) -> f32)
 }
 
 #[inline(always)]
@@ -256,18 +212,7 @@ pub fn argmax(x: &[f32]) -> usize {
 
 /// `a += b`.
 pub fn add_assign(a: &mut [f32], b: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if super::avx512_available() {
-        // SAFETY: the CPU has AVX-512F.
-        return unsafe { add_assign_avx512(a, b) };
-    }
-    add_assign_body(a, b)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn add_assign_avx512(a: &mut [f32], b: &[f32]) {
-    add_assign_body(a, b)
+    with_avx512!(add_assign_body(a: &mut [f32], b: &[f32]))
 }
 
 #[inline(always)]
