@@ -208,6 +208,15 @@ impl OutView {
         Self { ptr: out.as_mut_ptr(), stride }
     }
 
+    /// The same view from output row `rows` on.
+    ///
+    /// # Safety
+    /// Row `rows` lies inside (or just past the end of) the buffer the view was made from.
+    unsafe fn skip_rows(self, rows: usize) -> Self {
+        // SAFETY: the caller's contract.
+        Self { ptr: unsafe { self.ptr.add(rows * self.stride) }, stride: self.stride }
+    }
+
     /// # Safety
     /// `(row, col)` lies inside the buffer the view was made from, which is still borrowed, and
     /// no other thread writes it meanwhile.
@@ -323,15 +332,27 @@ unsafe fn dispatch<W: Elem>(
     cols: std::ops::Range<usize>,
     out: OutView,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if super::avx512_available() {
-        // SAFETY: the CPU supports the instructions the kernel is compiled for; the outputs are
-        // as the caller promised.
-        return unsafe { avx512::block(x, k, rows, w, cols, out) };
+    // Input rows in panels that stay in the core's cache while every weight tile passes over
+    // them; otherwise a long prompt's rows are re-read from the shared cache once per tile.
+    let panel = (PANEL_BYTES / (k * size_of::<f32>())).max(MR).next_multiple_of(MR);
+    for (p, rows) in rows.chunks(panel).enumerate() {
+        // SAFETY: panel `p`'s outputs are rows `p * panel..` of the caller's outputs.
+        let out = unsafe { out.skip_rows(p * panel) };
+        #[cfg(target_arch = "x86_64")]
+        if super::avx512_available() {
+            // SAFETY: the CPU supports the instructions the kernel is compiled for; the outputs
+            // are as the caller promised.
+            unsafe { avx512::block(x, k, rows, w, cols.clone(), out) };
+            continue;
+        }
+        // SAFETY: as the caller promised.
+        unsafe { block(x, k, rows, w, cols.clone(), out) }
     }
-    // SAFETY: as the caller promised.
-    unsafe { block(x, k, rows, w, cols, out) }
 }
+
+/// Bytes of input rows per panel of [`dispatch`]: a quarter of a 2 MiB L2, leaving room for the
+/// weight tiles and the outputs.
+const PANEL_BYTES: usize = 512 << 10;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;

@@ -45,6 +45,28 @@ fn every_output_equals_its_dot_whatever_the_batch_and_tiling() {
 }
 
 #[test]
+fn long_inputs_run_in_row_panels_with_unchanged_bits() {
+    // k = 8192: panels of 16 rows, so 37 rows run as 16 + 16 + 5 (the last a full tile plus a
+    // leftover row) and 34 rows end on a 2-row panel, which takes the streaming tiles.
+    let (k, n) = (8192, 9);
+    let panel = PANEL_BYTES / (k * size_of::<f32>());
+    assert_eq!(panel, 16);
+    let wv = seq(n * k, 5);
+    let w = Matrix::from_f32(n, k, wv.clone());
+    for m in [37, 34] {
+        let x = seq(m * k, 6);
+        let mut all = vec![0.0; m * n];
+        linear(&x, &w, &mut all);
+        for r in 0..m {
+            for c in 0..n {
+                let want = naive_dot(&x[r * k..(r + 1) * k], &wv[c * k..(c + 1) * k]);
+                assert_eq!(all[r * n + c], want, "m {m} row {r} col {c}");
+            }
+        }
+    }
+}
+
+#[test]
 fn bf16_weights_give_the_same_bits_as_their_f32_widening() {
     // 37 weight rows: streaming tiles of `NS`, then 4-wide tiles, then single rows.
     let (k, n) = (40, 37);
