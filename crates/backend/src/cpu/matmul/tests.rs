@@ -14,6 +14,21 @@ fn naive_dot(a: &[f32], b: &[f32]) -> f32 {
     fold(acc)
 }
 
+/// `linear(x, w)`, checking every output against [`naive_dot`] of its rows (`wv`: `w`'s values).
+fn linear_matching_dots(x: &[f32], w: &Matrix, wv: &[f32]) -> Vec<f32> {
+    let (n, k) = (w.rows(), w.cols());
+    let m = x.len() / k;
+    let mut all = vec![0.0; m * n];
+    linear(x, w, &mut all);
+    for r in 0..m {
+        for c in 0..n {
+            let want = naive_dot(&x[r * k..(r + 1) * k], &wv[c * k..(c + 1) * k]);
+            assert_eq!(all[r * n + c], want, "k {k} n {n} m {m} row {r} col {c}");
+        }
+    }
+    all
+}
+
 #[test]
 fn dot_has_the_documented_order() {
     for len in [1, 7, 16, 33, 100] {
@@ -29,14 +44,7 @@ fn every_output_equals_its_dot_whatever_the_batch_and_tiling() {
         let wv = seq(n * k, 3);
         for m in [1, 3, 4, 9, 64] {
             let x = seq(m * k, 4);
-            let mut all = vec![0.0; m * n];
-            linear(&x, &w, &mut all);
-            for r in 0..m {
-                for c in 0..n {
-                    let want = naive_dot(&x[r * k..(r + 1) * k], &wv[c * k..(c + 1) * k]);
-                    assert_eq!(all[r * n + c], want, "k {k} n {n} m {m} row {r} col {c}");
-                }
-            }
+            let all = linear_matching_dots(&x, &w, &wv);
             let mut gathered = vec![0.0; n];
             linear_rows(&x, &[m - 1], &w, &mut gathered);
             assert_eq!(gathered, all[(m - 1) * n..]);
@@ -54,15 +62,7 @@ fn long_inputs_run_in_row_panels_with_unchanged_bits() {
     let wv = seq(n * k, 5);
     let w = Matrix::from_f32(n, k, wv.clone());
     for m in [37, 34] {
-        let x = seq(m * k, 6);
-        let mut all = vec![0.0; m * n];
-        linear(&x, &w, &mut all);
-        for r in 0..m {
-            for c in 0..n {
-                let want = naive_dot(&x[r * k..(r + 1) * k], &wv[c * k..(c + 1) * k]);
-                assert_eq!(all[r * n + c], want, "m {m} row {r} col {c}");
-            }
-        }
+        linear_matching_dots(&seq(m * k, 6), &w, &wv);
     }
 }
 
