@@ -1,6 +1,7 @@
 //! The compute seam of `routed`.
 //!
 //! * [`cpu`] holds the reference kernels. They are always built, and every model runs on them.
+//! * [`collective`] joins the ranks of an expert-parallel group (in-process threads on the CPU).
 //! * [`cuda`] is the GPU device, behind the `cuda` cargo feature. Without the feature a stub
 //!   module of the same shape stands in, so call sites never need `cfg`: asking for a CUDA device
 //!   then returns [`BackendError::CudaNotCompiled`].
@@ -12,6 +13,7 @@
 //! does not depend on which other tokens share its batch or how its prompt was chunked, which is
 //! what makes routing replay bitwise reproducible.
 
+pub mod collective;
 pub mod cpu;
 
 #[cfg(feature = "cuda")]
