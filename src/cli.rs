@@ -59,9 +59,13 @@ pub struct EngineArgs {
     /// Device: cpu or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Threads for the CPU kernels (default: every core).
+    /// Threads for the CPU kernels, split among the ranks (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Ranks (model runners) in the expert-parallel group: each holds 1/N of every MoE layer's
+    /// experts. Results are bitwise the same for every N; N must divide the number of experts.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub expert_parallel_size: u16,
     /// Default sampling seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -95,6 +99,7 @@ impl EngineArgs {
         config.max_model_len = self.max_model_len;
         config.heartbeat_ms = self.heartbeat_ms;
         config.threads = self.threads;
+        config.expert_parallel_size = usize::from(self.expert_parallel_size);
         config.seed = self.seed;
         Ok(config)
     }

@@ -2,7 +2,7 @@
 //! math bitwise unchanged.
 
 use routed::model::{LogitsWanted, Model, SeqInput};
-use routed::types::{BlockId, SnapshotSlotId};
+use routed::types::{BlockGeneration, BlockId, BlockRef, SnapshotSlotId};
 use routed_test_support::{Driver, Golden};
 
 const HYBRIDS: [&str; 2] = ["nemotron_h", "granitemoehybrid"];
@@ -109,7 +109,7 @@ fn dummy_forward_leaves_live_states_and_snapshots_unchanged() {
             .collect();
         assert_ne!(before[0], before[1], "{arch}: the request's state should be non-zero");
 
-        let scratch_block = [BlockId(63)];
+        let scratch_block = [BlockRef::new(BlockId(63), BlockGeneration(0))];
         let dummy = SeqInput {
             token_ids: &[0],
             num_computed_tokens: 0,

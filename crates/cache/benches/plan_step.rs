@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use routed_cache::{
     CacheConfig, CacheRequest, CommitEntry, KvCacheManager, SlotGrant, SlotRequest,
 };
-use routed_types::{RequestId, TokenId};
+use routed_types::{SeqId, TokenId};
 
 const NUM_REQUESTS: usize = 256;
 const NUM_GROUPS: usize = 16;
@@ -24,10 +24,10 @@ fn prompt(group: usize, request: u64) -> Vec<TokenId> {
 }
 
 /// Adds one wave of requests; returns their ids.
-fn add_wave(manager: &mut KvCacheManager, first_id: u64) -> Vec<RequestId> {
+fn add_wave(manager: &mut KvCacheManager, first_id: u64) -> Vec<SeqId> {
     (0..NUM_REQUESTS as u64)
         .map(|i| {
-            let id = RequestId(first_id + i);
+            let id = SeqId(first_id + i);
             let group = i as usize % NUM_GROUPS;
             manager.add_request(CacheRequest::new(id, prompt(group, first_id + i))).unwrap();
             id
@@ -36,7 +36,7 @@ fn add_wave(manager: &mut KvCacheManager, first_id: u64) -> Vec<RequestId> {
 }
 
 /// The timed part: prefix lookup for every request, one allocation, one commit.
-fn plan_step(manager: &mut KvCacheManager, ids: &[RequestId], max_new: usize) -> Vec<SlotGrant> {
+fn plan_step(manager: &mut KvCacheManager, ids: &[SeqId], max_new: usize) -> Vec<SlotGrant> {
     let mut num_hit_tokens = 0;
     for &id in ids {
         if let Ok(hit) = manager.get_computed_blocks(id) {
@@ -69,8 +69,8 @@ fn summarize(name: &str, mut samples: Vec<Duration>) {
 /// then a full wave, in which (on a hybrid model) one request per group snapshots the end of the
 /// shared prefix, its divergence point, while its siblings wait a step for it and then hit.
 fn warm_up(manager: &mut KvCacheManager) {
-    let leaders: Vec<RequestId> = add_wave(manager, 0).into_iter().take(NUM_GROUPS).collect();
-    let rest: Vec<RequestId> = (NUM_GROUPS as u64..NUM_REQUESTS as u64).map(RequestId).collect();
+    let leaders: Vec<SeqId> = add_wave(manager, 0).into_iter().take(NUM_GROUPS).collect();
+    let rest: Vec<SeqId> = (NUM_GROUPS as u64..NUM_REQUESTS as u64).map(SeqId).collect();
     manager.free(&rest).unwrap();
     plan_step(manager, &leaders, usize::MAX);
     manager.free(&leaders).unwrap();

@@ -26,7 +26,7 @@
 use std::collections::BTreeSet;
 use std::ops::Range;
 
-use routed_types::{BlockGeneration, BlockHash, BlockId};
+use routed_types::{BlockGeneration, BlockHash, BlockId, BlockRef};
 
 use crate::hash::BlockHashMap;
 
@@ -73,7 +73,7 @@ struct BlockMeta {
     generation: BlockGeneration,
     hash: Option<BlockHash>,
     /// The block published under this block's parent hash when this one was published.
-    parent: Option<(BlockId, BlockGeneration)>,
+    parent: Option<BlockRef>,
     /// Idle published blocks whose live parent link points here.
     num_idle_children: u32,
     /// Clock value of the last release to zero owners; the LRU key.
@@ -282,7 +282,7 @@ impl BlockPool {
         }
         let parent = parent
             .and_then(|hash| self.lookup(hash))
-            .map(|parent| (parent, self.blocks[parent.index()].generation));
+            .map(|parent| BlockRef::new(parent, self.blocks[parent.index()].generation));
         let meta = &mut self.blocks[block_id.index()];
         meta.hash = Some(hash);
         meta.parent = parent;
@@ -344,10 +344,10 @@ impl BlockPool {
     }
 
     /// The parent link if it still names the block (and generation) it was made with.
-    fn live_parent(&self, link: Option<(BlockId, BlockGeneration)>) -> Option<BlockId> {
-        let (parent, generation) = link?;
-        let meta = &self.blocks[parent.index()];
-        (meta.hash.is_some() && meta.generation == generation).then_some(parent)
+    fn live_parent(&self, link: Option<BlockRef>) -> Option<BlockId> {
+        let BlockRef { block, generation } = link?;
+        let meta = &self.blocks[block.index()];
+        (meta.hash.is_some() && meta.generation == generation).then_some(block)
     }
 
     /// One idle child of `parent` was pinned or dropped; `parent` may have become a leaf.

@@ -1,6 +1,6 @@
 //! The values that cross the manager's boundary: what the scheduler asks for and what it gets.
 
-use routed_types::{BlockGeneration, BlockHash, BlockId, RequestId, SnapshotSlotId, TokenId};
+use routed_types::{BlockHash, BlockId, BlockRef, SeqId, SnapshotSlotId, TokenId};
 
 /// Names one grant of [`crate::KvCacheManager::allocate_slots`], so its commit can name it back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -10,7 +10,7 @@ pub struct GrantId(pub u64);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CacheRequest {
     /// The request.
-    pub request_id: RequestId,
+    pub seq_id: SeqId,
     /// Its prompt; at least one token.
     pub prompt_token_ids: Vec<TokenId>,
     /// Mixed into the first block's hash, so only requests with the same salt share a prefix.
@@ -22,8 +22,8 @@ pub struct CacheRequest {
 
 impl CacheRequest {
     /// A request with no salt that may read the prefix cache.
-    pub fn new(request_id: RequestId, prompt_token_ids: Vec<TokenId>) -> Self {
-        Self { request_id, prompt_token_ids, ..Self::default() }
+    pub fn new(seq_id: SeqId, prompt_token_ids: Vec<TokenId>) -> Self {
+        Self { seq_id, prompt_token_ids, ..Self::default() }
     }
 }
 
@@ -48,7 +48,7 @@ pub struct ComputedBlocks {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlotRequest {
     /// The request.
-    pub request_id: RequestId,
+    pub seq_id: SeqId,
     /// Most tokens to compute for it this step (a chunked-prefill cap, `1` for a decode). Skipped
     /// cached tokens do not count.
     pub max_num_new_tokens: usize,
@@ -56,13 +56,13 @@ pub struct SlotRequest {
 
 impl SlotRequest {
     /// A candidate capped only by the step's token budget.
-    pub fn new(request_id: RequestId) -> Self {
-        Self { request_id, max_num_new_tokens: usize::MAX }
+    pub fn new(seq_id: SeqId) -> Self {
+        Self { seq_id, max_num_new_tokens: usize::MAX }
     }
 
     /// A candidate that computes at most `max_num_new_tokens` tokens this step.
-    pub fn with_max(request_id: RequestId, max_num_new_tokens: usize) -> Self {
-        Self { request_id, max_num_new_tokens }
+    pub fn with_max(seq_id: SeqId, max_num_new_tokens: usize) -> Self {
+        Self { seq_id, max_num_new_tokens }
     }
 }
 
@@ -82,7 +82,7 @@ pub struct PlannedSnapshot {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlotGrant {
     /// The request.
-    pub request_id: RequestId,
+    pub seq_id: SeqId,
     /// Names this grant in [`CommitEntry`].
     pub grant_id: GrantId,
     /// Whether this grant admitted the request (its first since it was added or preempted).
@@ -97,7 +97,7 @@ pub struct SlotGrant {
     /// Blocks appended to the request's block table by this grant, with their new generation
     /// (routing rows are keyed by it). The whole table, hits first, is
     /// [`crate::KvCacheManager::block_table`].
-    pub new_blocks: Vec<(BlockId, BlockGeneration)>,
+    pub new_blocks: Vec<BlockRef>,
     /// Hybrid admission with a hit: copy this snapshot into the request's live state before the
     /// forward. A hybrid admission without one starts from a zeroed state.
     pub restore_from: Option<SnapshotSlotId>,
@@ -114,7 +114,7 @@ impl SlotGrant {
     /// The commit to send once the forward completed and wrote every planned snapshot.
     pub fn commit_entry(&self) -> CommitEntry {
         CommitEntry {
-            request_id: self.request_id,
+            seq_id: self.seq_id,
             grant_id: self.grant_id,
             snapshots_written: self.snapshots.iter().map(|s| s.slot).collect(),
         }
@@ -141,7 +141,7 @@ pub enum DeferReason {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Deferral {
     /// The candidate.
-    pub request_id: RequestId,
+    pub seq_id: SeqId,
     /// Why.
     pub reason: DeferReason,
 }
@@ -155,7 +155,7 @@ pub struct StepAllocation {
     pub deferred: Vec<Deferral>,
     /// Running candidates preempted to make room for higher-priority ones: their blocks are
     /// released and they wait for re-admission (their tokens are kept).
-    pub preempted: Vec<RequestId>,
+    pub preempted: Vec<SeqId>,
     /// Sum of `num_new_tokens` over the grants; never above the token budget.
     pub num_scheduled_tokens: usize,
 }
@@ -164,7 +164,7 @@ pub struct StepAllocation {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommitEntry {
     /// The request.
-    pub request_id: RequestId,
+    pub seq_id: SeqId,
     /// The grant whose forward completed.
     pub grant_id: GrantId,
     /// The planned snapshot slots the forward actually wrote; the others are released.

@@ -231,7 +231,7 @@ fn ac17_eviction_is_leaf_first_along_the_chain() {
     manager.take_dropped_blocks();
     // Two blocks: one free, one evicted. The oldest leaf is C (A and B are its ancestors).
     run_to_completion(&mut manager, 3, &seq(900, 2 * block), 4096);
-    let dropped: Vec<BlockId> = manager.take_dropped_blocks().iter().map(|d| d.0).collect();
+    let dropped: Vec<BlockId> = manager.take_dropped_blocks().iter().map(|d| d.block).collect();
     assert!(dropped.contains(&tail), "{dropped:?}");
     add(&mut manager, 4, &[chain[..2 * block].to_vec(), seq(700, 3)].concat());
     assert_eq!(manager.get_computed_blocks(rid(4)).unwrap().block_ids.len(), 2);

@@ -8,7 +8,7 @@ use routed_cache::{
     CacheConfig, CacheError, CacheRequest, DeferReason, KvCacheManager, SlotRequest,
     snapshot_positions,
 };
-use routed_types::BlockId;
+use routed_types::{BlockId, BlockRef};
 
 const B: usize = 4;
 
@@ -163,9 +163,11 @@ fn forgotten_blocks_stop_matching_and_stale_generations_are_ignored() {
     let hit = manager.get_computed_blocks(rid(2)).unwrap();
     assert_eq!(hit.block_ids.len(), 3);
     let pool = manager.block_pool();
-    let second = (hit.block_ids[1], pool.generation(hit.block_ids[1]));
-    let stale =
-        (hit.block_ids[0], routed_types::BlockGeneration(pool.generation(hit.block_ids[0]).0 + 7));
+    let second = BlockRef::new(hit.block_ids[1], pool.generation(hit.block_ids[1]));
+    let stale = BlockRef::new(
+        hit.block_ids[0],
+        routed_types::BlockGeneration(pool.generation(hit.block_ids[0]).0 + 7),
+    );
     assert_eq!(manager.forget(&[second, stale]), 1);
     manager.check_invariants().unwrap();
     assert_eq!(manager.get_computed_blocks(rid(2)).unwrap().block_ids.len(), 1);

@@ -10,7 +10,7 @@ use common::{Rng, rid};
 use routed_cache::{
     CacheConfig, CacheRequest, CommitEntry, KvCacheManager, SlotGrant, SlotRequest,
 };
-use routed_types::{BlockGeneration, BlockHash, BlockId, SnapshotSlotId, TokenId};
+use routed_types::{BlockGeneration, BlockHash, BlockId, BlockRef, SnapshotSlotId, TokenId};
 
 const NUM_OPS: usize = 10_000;
 const SEEDS: [u64; 4] = [1, 2, 3, 0xdead_beef];
@@ -127,7 +127,7 @@ impl Harness {
         let id = self.next_id;
         self.next_id += 1;
         let request = CacheRequest {
-            request_id: rid(id),
+            seq_id: rid(id),
             prompt_token_ids: prompt,
             cache_salt,
             skip_reading_prefix_cache,
@@ -168,11 +168,11 @@ impl Harness {
     }
 
     fn check_grant(&mut self, grant: &SlotGrant) {
-        let id = grant.request_id.0;
-        let num_tokens = self.manager.num_tokens(grant.request_id).unwrap();
+        let id = grant.seq_id.0;
+        let num_tokens = self.manager.num_tokens(grant.seq_id).unwrap();
         assert!(grant.num_new_tokens >= 1 && grant.end() <= num_tokens);
         let pool = self.manager.block_pool();
-        for &(block_id, generation) in &grant.new_blocks {
+        for &BlockRef { block: block_id, generation } in &grant.new_blocks {
             assert!(!pool.is_scratch(block_id));
             assert_eq!(pool.generation(block_id), generation);
         }
@@ -195,9 +195,9 @@ impl Harness {
     fn check_hit(&self, grant: &SlotGrant) {
         let cached = grant.num_cached_tokens;
         assert_eq!(cached % self.block_size, 0);
-        assert!(cached < self.manager.num_tokens(grant.request_id).unwrap());
-        let table = self.manager.block_table(grant.request_id).unwrap();
-        let hashes = self.manager.block_hashes(grant.request_id).unwrap();
+        assert!(cached < self.manager.num_tokens(grant.seq_id).unwrap());
+        let table = self.manager.block_table(grant.seq_id).unwrap();
+        let hashes = self.manager.block_hashes(grant.seq_id).unwrap();
         let pool = self.manager.block_pool();
         let num_hit = cached / self.block_size;
         for (&block_id, &hash) in table[..num_hit].iter().zip(hashes) {
@@ -233,9 +233,9 @@ impl Harness {
 
     /// The runner completed `grant`: its blocks and written snapshots now hold its chain.
     fn record_writes(&mut self, grant: &SlotGrant, entry: &CommitEntry) {
-        let epoch = self.admissions[&grant.request_id.0].0;
-        let table = self.manager.block_table(grant.request_id).unwrap();
-        let hashes = self.manager.block_hashes(grant.request_id).unwrap();
+        let epoch = self.admissions[&grant.seq_id.0].0;
+        let table = self.manager.block_table(grant.seq_id).unwrap();
+        let hashes = self.manager.block_hashes(grant.seq_id).unwrap();
         let pool = self.manager.block_pool();
         let first = grant.num_computed_tokens / self.block_size;
         for index in first..grant.end() / self.block_size {
@@ -274,7 +274,7 @@ impl Harness {
     /// commit late, which must then be stale.
     fn abandon(&mut self, id: u64) {
         let (gone, kept): (Vec<SlotGrant>, Vec<SlotGrant>) =
-            std::mem::take(&mut self.uncommitted).into_iter().partition(|g| g.request_id.0 == id);
+            std::mem::take(&mut self.uncommitted).into_iter().partition(|g| g.seq_id.0 == id);
         self.uncommitted = kept;
         for grant in gone {
             if self.rng.chance(50) {
@@ -314,7 +314,7 @@ impl Harness {
         let stats = self.manager.stats();
         assert_eq!(stats.num_blocks_cached, 0);
         assert_eq!(stats.num_snapshot_slots_used, 0);
-        for (block_id, _) in dropped {
+        for BlockRef { block: block_id, .. } in dropped {
             assert_eq!(self.manager.block_pool().ref_count(block_id), 0);
         }
     }
@@ -327,7 +327,7 @@ impl Harness {
             generation = BlockGeneration(generation.0.wrapping_sub(1));
         }
         let was_cached = self.manager.block_pool().block_hash(block_id).is_some();
-        self.manager.forget(&[(block_id, generation)]);
+        self.manager.forget(&[BlockRef::new(block_id, generation)]);
         if self.manager.block_pool().generation(block_id) == generation {
             assert_eq!(self.manager.block_pool().block_hash(block_id), None);
         } else {
@@ -336,7 +336,7 @@ impl Harness {
     }
 
     fn drain(&mut self) {
-        for (block_id, generation) in self.manager.take_dropped_blocks() {
+        for BlockRef { block: block_id, generation } in self.manager.take_dropped_blocks() {
             let pool = self.manager.block_pool();
             assert!(generation <= pool.generation(block_id));
             assert!(pool.generation(block_id) != generation || pool.block_hash(block_id).is_none());

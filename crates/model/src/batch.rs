@@ -1,7 +1,7 @@
 //! The inputs and outputs of one forward call: a ragged batch in which each sequence contributes a
 //! prefill chunk or one decode token.
 
-use routed_types::{BlockId, SnapshotSlotId, TokenId};
+use routed_types::{BlockRef, SnapshotSlotId, TokenId};
 
 /// Which logits a sequence wants back from a forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,7 +42,7 @@ pub struct SeqInput<'a> {
     /// slightly differently, see `docs/ARCHITECTURE.md`).
     pub num_prompt_tokens: usize,
     /// Physical KV blocks of the sequence, covering at least every position up to the chunk's end.
-    pub block_table: &'a [BlockId],
+    pub block_table: &'a [BlockRef],
     /// Which logits to return.
     pub logits: LogitsWanted,
     /// Recurrent state, for hybrid models (`None` for attention-only models).
@@ -125,4 +125,6 @@ pub struct ForwardOutput {
     pub logits: Vec<f32>,
     /// For each sequence, the range of rows of `logits` that belong to it.
     pub logits_rows: Vec<std::ops::Range<usize>>,
+    /// The KV slot of every token of the step, in batch order: where its routing row is stored.
+    pub slot_mapping: Vec<usize>,
 }

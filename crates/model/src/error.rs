@@ -38,6 +38,12 @@ pub enum ModelError {
     /// A model feature the checkpoint uses is not implemented.
     #[error("{path}: unsupported configuration: {message}")]
     Unsupported { path: PathBuf, message: String },
+    /// The model cannot be split as asked over an expert-parallel group.
+    #[error("expert parallelism: {message}")]
+    ExpertParallel { message: String },
+    /// The ranks of an expert-parallel group failed to exchange expert outputs.
+    #[error(transparent)]
+    Collective(#[from] routed_backend::collective::CollectiveError),
     /// A forward call was given inconsistent inputs.
     #[error("invalid forward input: {0}")]
     BadInput(String),

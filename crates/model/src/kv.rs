@@ -2,7 +2,7 @@
 //! `num_blocks * block_size` token slots. The slot of position `p` of a sequence is
 //! `block_table[p / block_size] * block_size + p % block_size`, as in vLLM.
 
-use routed_types::BlockId;
+use routed_types::BlockRef;
 
 /// Keys and values of one attention layer, `[num_slots, num_kv_heads, head_dim]` each.
 pub(crate) struct LayerKv {
@@ -55,8 +55,8 @@ impl KvCache {
 
     /// The slot of `position` for a sequence with `block_table`.
     #[inline]
-    pub fn slot(&self, block_table: &[BlockId], position: usize) -> usize {
-        block_table[position / self.block_size].index() * self.block_size
+    pub fn slot(&self, block_table: &[BlockRef], position: usize) -> usize {
+        block_table[position / self.block_size].block.index() * self.block_size
             + position % self.block_size
     }
 }

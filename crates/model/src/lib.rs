@@ -17,6 +17,7 @@ mod kv;
 mod layers;
 mod model;
 mod sampling;
+mod shard;
 mod state;
 mod tokenizer;
 mod weights;
@@ -32,25 +33,43 @@ pub use kv::KvCache;
 pub use model::Model;
 pub use routed_types::SampledToken;
 pub use sampling::Sampler;
+pub use shard::{ExpertShard, LoadStats};
 pub use state::StateCache;
 pub use tokenizer::{ChatMessage, Tokenizer};
 pub use weights::{Weights, streamed_vec};
 
-use std::path::Path;
+use routed_backend::collective::{Collective, SingleRank};
+use std::{path::Path, sync::Arc};
 
 impl Model {
     /// Loads the model in checkpoint directory `dir` (config and weights), reporting progress as
     /// `(tensors loaded, total tensors)`.
     pub fn load(dir: &Path, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
+        Self::load_rank(dir, Arc::new(SingleRank), progress)
+    }
+
+    /// Loads one rank's part of the model in `dir` for an expert-parallel group: the rank's slice
+    /// of every MoE layer's experts (other ranks' expert tensors are never read) and everything
+    /// else whole. `ranks` is how this rank exchanges expert outputs with the others; the rank and
+    /// group size come from it. Fails, naming both numbers, when the group size does not divide
+    /// the number of experts.
+    pub fn load_rank(
+        dir: &Path,
+        ranks: Arc<dyn Collective>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
         let weights = Weights::open(dir)?;
-        families::load(config, &weights, progress)
+        let shard = ExpertShard { rank: ranks.rank(), num_ranks: ranks.world_size() };
+        let mut model = families::load(config, &weights, shard, progress)?;
+        model.collective = ranks;
+        Ok(model)
     }
 
     /// Loads a model from an explicit config file (e.g. a transformers 5 `config.v5.json`) and the
     /// weights in `dir`.
     pub fn load_with_config(dir: &Path, config_file: &Path) -> Result<Self> {
         let config = ModelConfig::from_file(config_file)?;
-        families::load(config, &Weights::open(dir)?, &mut |_, _| {})
+        families::load(config, &Weights::open(dir)?, ExpertShard::WHOLE, &mut |_, _| {})
     }
 }

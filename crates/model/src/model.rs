@@ -6,12 +6,14 @@ use crate::{
     error::{ModelError, Result},
     kv::KvCache,
     layers::{StepTokens, attention::Attention, mamba::Mamba, mlp::Mlp, moe::Moe},
+    shard::{ExpertShard, LoadStats},
     state::{StateCache, StateLayout},
     workspace::{Workspace, zeroed},
 };
+use routed_backend::collective::{Collective, SingleRank};
 use routed_backend::cpu::{self, Matrix};
 use routed_types::RoutingMeta;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// A token mixer of a decoder layer.
 pub(crate) enum Mixer {
@@ -32,7 +34,8 @@ pub(crate) struct Layer {
     pub ffn: Option<(Vec<f32>, Ffn)>,
 }
 
-/// A model ready to run on the CPU backend.
+/// A model ready to run on the CPU backend: the whole model, or one rank's part of it under
+/// expert parallelism (see [`ExpertShard`]).
 pub struct Model {
     pub(crate) config: ModelConfig,
     pub(crate) embed: Matrix,
@@ -42,9 +45,51 @@ pub struct Model {
     pub(crate) lm_head: Option<Matrix>,
     /// Activation buffers of finished forwards, taken by the next ones.
     pub(crate) workspaces: Mutex<Vec<Workspace>>,
+    /// Which experts this rank holds.
+    pub(crate) shard: ExpertShard,
+    /// How the ranks exchange expert outputs.
+    pub(crate) collective: Arc<dyn Collective>,
+    /// What loading read.
+    pub(crate) load_stats: LoadStats,
 }
 
 impl Model {
+    /// A whole (single-rank) model from its parts.
+    pub(crate) fn new(
+        config: ModelConfig,
+        embed: Matrix,
+        layers: Vec<Layer>,
+        final_norm: Vec<f32>,
+        lm_head: Option<Matrix>,
+    ) -> Self {
+        Self {
+            config,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            workspaces: Mutex::default(),
+            shard: ExpertShard::WHOLE,
+            collective: Arc::new(SingleRank),
+            load_stats: LoadStats::default(),
+        }
+    }
+
+    /// Which experts this rank holds.
+    pub fn shard(&self) -> ExpertShard {
+        self.shard
+    }
+
+    /// The expert-parallel group this rank belongs to.
+    pub fn collective(&self) -> &Arc<dyn Collective> {
+        &self.collective
+    }
+
+    /// What loading read from the checkpoint.
+    pub fn load_stats(&self) -> LoadStats {
+        self.load_stats
+    }
+
     /// The normalised configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
@@ -139,7 +184,8 @@ impl Model {
         let mut ws = pool().pop().unwrap_or_default();
         let out = self.layers_forward(seqs, &tokens, kv, states, routing, &mut ws);
         pool().push(ws);
-        Ok(out)
+        let logits = out?;
+        Ok(ForwardOutput { slot_mapping: tokens.slots, ..logits })
     }
 
     /// The embedding, every layer and the head, on the buffers of `ws`.
@@ -151,7 +197,7 @@ impl Model {
         states: &mut StateCache,
         routing: &mut RoutingBuffer,
         ws: &mut Workspace,
-    ) -> ForwardOutput {
+    ) -> Result<ForwardOutput> {
         let (n, h) = (tokens.positions.len(), self.config.hidden_size);
         let Workspace { x, normed, branch, attention, mamba, moe, mlp } = ws;
         let x = zeroed(x, n * h);
@@ -180,14 +226,15 @@ impl Model {
                 match ffn {
                     Ffn::Dense(m) => m.forward(normed, branch, mlp),
                     Ffn::Moe(m) => {
-                        m.forward(normed, branch, routing.layer_mut(moe_index), moe);
+                        let ids = routing.layer_mut(moe_index);
+                        m.forward(normed, branch, ids, moe, self.collective.as_ref())?;
                         moe_index += 1;
                     }
                 }
                 add_residual(x, branch, mult.residual);
             }
         }
-        self.logits(seqs, tokens, x)
+        Ok(self.logits(seqs, tokens, x))
     }
 
     fn logits(&self, seqs: &[SeqInput<'_>], tokens: &StepTokens, x: &[f32]) -> ForwardOutput {
@@ -214,7 +261,7 @@ impl Model {
         if scaling != 1.0 {
             cpu::scale_inplace(&mut logits, 1.0 / scaling);
         }
-        ForwardOutput { logits, logits_rows }
+        ForwardOutput { logits, logits_rows, slot_mapping: Vec::new() }
     }
 
     /// Checks every sequence's state slots, then restores snapshots and clears the live state of
@@ -272,8 +319,9 @@ impl Model {
             slots: Vec::with_capacity(n),
             seq_ranges: Vec::with_capacity(seqs.len()),
         };
-        let needs_kv = self.config.attention.is_some();
         for (i, seq) in seqs.iter().enumerate() {
+            // Every sequence has blocks for its positions, attention or not: routing rows are
+            // stored per KV block.
             if seq.token_ids.is_empty() {
                 return Err(ModelError::BadInput(format!("sequence {i} has no tokens")));
             }
@@ -286,13 +334,13 @@ impl Model {
                 )));
             }
             let end = seq.num_computed_tokens + seq.token_ids.len();
-            if needs_kv && seq.block_table.len() * kv.block_size() < end {
+            if seq.block_table.len() * kv.block_size() < end {
                 return Err(ModelError::BadInput(format!(
                     "sequence {i}: {} blocks cannot hold {end} tokens",
                     seq.block_table.len()
                 )));
             }
-            if let Some(b) = seq.block_table.iter().find(|b| b.index() >= kv.num_blocks()) {
+            if let Some(b) = seq.block_table.iter().find(|b| b.block.index() >= kv.num_blocks()) {
                 return Err(ModelError::BadInput(format!(
                     "sequence {i}: block {b:?} outside the pool"
                 )));
@@ -301,7 +349,7 @@ impl Model {
             for p in seq.num_computed_tokens..end {
                 tokens.positions.push(p);
                 tokens.seq_of.push(i);
-                tokens.slots.push(if needs_kv { kv.slot(seq.block_table, p) } else { 0 });
+                tokens.slots.push(kv.slot(seq.block_table, p));
             }
             tokens.seq_ranges.push(first..tokens.positions.len());
         }

@@ -106,24 +106,56 @@ impl Weights {
         self.entries.get(name).map(|e| e.shape.as_slice())
     }
 
+    /// Bytes `name` occupies in its shard, if it exists.
+    pub fn num_bytes(&self, name: &str) -> Option<usize> {
+        self.entries.get(name).map(|e| e.range.len())
+    }
+
     /// Loads `name` as a weight matrix `[product of all but the last dim, last dim]`, checking
     /// that its shape is `shape`. bf16 tensors stay bf16 (the kernels widen them exactly); other
     /// dtypes become `f32`.
     pub fn matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix> {
+        self.matrix_slice(name, shape, 0..shape[0])
+    }
+
+    /// Like [`Self::matrix`], reading only the entries `leading` of the first dimension (e.g. some
+    /// experts of a fused `[experts, rows, cols]` tensor). Only those bytes are read from the
+    /// mapping.
+    pub fn matrix_slice(
+        &self,
+        name: &str,
+        shape: &[usize],
+        leading: std::ops::Range<usize>,
+    ) -> Result<Matrix> {
         let cols = *shape.last().expect("a matrix has at least one dimension");
-        let rows = shape.iter().product::<usize>() / cols.max(1);
-        let entry = self.entry(name)?;
-        if entry.dtype == Dtype::BF16 && entry.shape == shape {
-            let bytes = &self.shards[entry.shard].mmap[entry.range.clone()];
-            let mut values = streamed_vec(rows * cols);
+        let (bytes, dtype) = self.slice_bytes(name, shape, leading.clone())?;
+        let count = leading.len() * shape[1..].iter().product::<usize>();
+        let rows = count / cols.max(1);
+        if dtype == Dtype::BF16 {
+            let mut values = streamed_vec(count);
             values.extend(bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]])));
             return Ok(Matrix::new(rows, cols, MatrixData::Bf16(values)));
         }
-        Ok(Matrix::from_f32(rows, cols, self.f32(name, shape)?))
+        let values = self.convert_f32(name, bytes, dtype, count)?;
+        Ok(Matrix::from_f32(rows, cols, values))
     }
 
     /// Loads `name` as `f32`, checking that its shape is `shape`.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let (bytes, dtype) =
+            self.slice_bytes(name, shape, 0..shape.first().copied().unwrap_or(1))?;
+        let count: usize = shape.iter().product();
+        self.convert_f32(name, bytes, dtype, count)
+    }
+
+    /// The bytes of entries `leading` of the first dimension of `name`, checking that its shape
+    /// is `shape`.
+    fn slice_bytes(
+        &self,
+        name: &str,
+        shape: &[usize],
+        leading: std::ops::Range<usize>,
+    ) -> Result<(&[u8], Dtype)> {
         let entry = self.entry(name)?;
         let path = &self.shards[entry.shard].path;
         if entry.shape != shape {
@@ -136,7 +168,34 @@ impl Weights {
         }
         let bytes = &self.shards[entry.shard].mmap[entry.range.clone()];
         let count: usize = shape.iter().product();
-        let out = match entry.dtype {
+        let bad = |message: String| ModelError::Safetensors { path: path.clone(), message };
+        if bytes.len() * 8 != count * entry.dtype.bitsize() {
+            return Err(bad(format!(
+                "tensor {name:?}: byte length {} does not match its shape {shape:?}",
+                bytes.len()
+            )));
+        }
+        let num_leading = shape.first().copied().unwrap_or(1);
+        if leading.start > leading.end || leading.end > num_leading {
+            return Err(ModelError::BadInput(format!(
+                "entries {leading:?} of tensor {name:?} with shape {shape:?}"
+            )));
+        }
+        let stride = bytes.len().checked_div(num_leading).unwrap_or(0);
+        Ok((&bytes[leading.start * stride..leading.end * stride], entry.dtype))
+    }
+
+    /// `count` values of `dtype` in `bytes`, as `f32`.
+    fn convert_f32(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        dtype: Dtype,
+        count: usize,
+    ) -> Result<Vec<f32>> {
+        let entry = self.entry(name)?;
+        let path = &self.shards[entry.shard].path;
+        let out = match dtype {
             Dtype::F32 => convert::<f32>(bytes, count, |v| v),
             Dtype::BF16 => convert::<half::bf16>(bytes, count, half::bf16::to_f32),
             Dtype::F16 => convert::<half::f16>(bytes, count, half::f16::to_f32),
@@ -150,10 +209,7 @@ impl Weights {
         };
         out.ok_or_else(|| ModelError::Safetensors {
             path: path.clone(),
-            message: format!(
-                "tensor {name:?}: byte length {} does not match its shape {shape:?}",
-                bytes.len()
-            ),
+            message: format!("tensor {name:?}: {} bytes hold no {count} values", bytes.len()),
         })
     }
 

@@ -56,6 +56,8 @@ pub(crate) struct MoeWork {
     pub slot_of: Vec<usize>,
     /// Expert outputs in sorted-pair order, `[n * top_k, hidden]`.
     pub sorted_out: Vec<f32>,
+    /// Each rank's range of `sorted_out` (expert parallelism).
+    pub segments: Vec<std::ops::Range<usize>>,
     /// Expert intermediates in sorted-pair order, `[n * top_k, inter]`.
     pub mlp: MlpWork,
     pub shared_out: Vec<f32>,

@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use routed_routing::{RoutingStore, RoutingStoreConfig};
-use routed_types::{BlockGeneration, BlockId, RoutingMeta};
+use routed_types::{BlockGeneration, BlockId, BlockRef, RoutingMeta};
 
 const TOKENS: usize = 32_768;
 const STEP_TOKENS: usize = 2048;
@@ -32,18 +32,21 @@ impl Lcg {
 struct Step {
     ids: Vec<i16>,
     slots: Vec<usize>,
-    blocks: Vec<(BlockId, BlockGeneration)>,
+    blocks: Vec<BlockRef>,
 }
 
-fn block_table(rng: &mut Lcg) -> Vec<(BlockId, BlockGeneration)> {
+fn block_table(rng: &mut Lcg) -> Vec<BlockRef> {
     let mut pool: Vec<u32> = (0..POOL_BLOCKS as u32).collect();
     for i in (1..pool.len()).rev() {
         pool.swap(i, rng.next() as usize % (i + 1));
     }
-    pool[..TOKENS / BLOCK_SIZE].iter().map(|&b| (BlockId(b), BlockGeneration(1))).collect()
+    pool[..TOKENS / BLOCK_SIZE]
+        .iter()
+        .map(|&b| BlockRef::new(BlockId(b), BlockGeneration(1)))
+        .collect()
 }
 
-fn steps(table: &[(BlockId, BlockGeneration)], num_experts: u32, rng: &mut Lcg) -> Vec<Step> {
+fn steps(table: &[BlockRef], num_experts: u32, rng: &mut Lcg) -> Vec<Step> {
     (0..TOKENS / STEP_TOKENS)
         .map(|s| {
             let positions = s * STEP_TOKENS..(s + 1) * STEP_TOKENS;
@@ -52,7 +55,7 @@ fn steps(table: &[(BlockId, BlockGeneration)], num_experts: u32, rng: &mut Lcg) 
                 .collect();
             let slots = positions
                 .clone()
-                .map(|p| table[p / BLOCK_SIZE].0.index() * BLOCK_SIZE + p % BLOCK_SIZE)
+                .map(|p| table[p / BLOCK_SIZE].block.index() * BLOCK_SIZE + p % BLOCK_SIZE)
                 .collect();
             let blocks = table[positions.start / BLOCK_SIZE..positions.end / BLOCK_SIZE].to_vec();
             Step { ids, slots, blocks }

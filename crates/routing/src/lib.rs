@@ -12,7 +12,7 @@
 //! byte per id when `num_experts <= 256`, two otherwise ([`IdWidth`], one width per store), and a
 //! bitmap of which offsets were written, so a row never written is told apart from a written one.
 //!
-//! Rows are keyed by `(BlockId, BlockGeneration)`. Generations of one block must increase every
+//! Rows are keyed by `BlockRef` (block id and generation). Generations of one block must increase every
 //! time the block is handed to a new owner, including across [`RoutingStore::reset`]. That is
 //! what makes late messages harmless whatever order they arrive in:
 //!

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use routed_types::{BlockGeneration, BlockId, ExpertId, RoutingRows};
+use routed_types::{BlockGeneration, BlockId, BlockRef, ExpertId, RoutingRows};
 
 use crate::buffers::{
     Buffers, Geometry, MARK_ACCEPT, MARK_DROP, MARK_LISTED, MARK_NONE, ScatterCount, StepRows,
@@ -199,7 +199,7 @@ impl RoutingStore {
         &mut self,
         ids: &[i16],
         slot_mapping: &[usize],
-        blocks: &[(BlockId, BlockGeneration)],
+        blocks: &[BlockRef],
     ) -> Result<StepOutcome, RoutingError> {
         let expected = self.geom.row_len() * slot_mapping.len();
         if ids.len() != expected {
@@ -212,7 +212,7 @@ impl RoutingStore {
             return Err(err);
         }
         let mut blocks_refused = 0;
-        for &(block, generation) in blocks {
+        for &BlockRef { block, generation } in blocks {
             if self.marks[block.index()] == MARK_LISTED && !self.judge(block, generation) {
                 blocks_refused += 1;
             }
@@ -238,14 +238,18 @@ impl RoutingStore {
     }
 
     /// Marks the step's blocks [`MARK_LISTED`]; undoes its marks on error.
-    fn mark_listed(&mut self, blocks: &[(BlockId, BlockGeneration)]) -> Result<(), RoutingError> {
-        for (i, &(block, generation)) in blocks.iter().enumerate() {
+    fn mark_listed(&mut self, blocks: &[BlockRef]) -> Result<(), RoutingError> {
+        for (i, &BlockRef { block, generation }) in blocks.iter().enumerate() {
             let err = if block.index() >= self.num_blocks {
                 Some(RoutingError::BlockOutOfRange { block, num_blocks: self.num_blocks })
             } else if self.marks[block.index()] == MARK_LISTED {
-                blocks[..i].iter().find(|&&(b, g)| b == block && g != generation).map(|&(_, g)| {
-                    RoutingError::ConflictingGeneration { block, first: g, second: generation }
-                })
+                blocks[..i].iter().find(|r| r.block == block && r.generation != generation).map(
+                    |r| RoutingError::ConflictingGeneration {
+                        block,
+                        first: r.generation,
+                        second: generation,
+                    },
+                )
             } else {
                 None
             };
@@ -258,8 +262,8 @@ impl RoutingStore {
         Ok(())
     }
 
-    fn unmark(&mut self, blocks: &[(BlockId, BlockGeneration)]) {
-        for &(block, _) in blocks {
+    fn unmark(&mut self, blocks: &[BlockRef]) {
+        for &BlockRef { block, .. } in blocks {
             if let Some(mark) = self.marks.get_mut(block.index()) {
                 *mark = MARK_NONE;
             }
@@ -374,8 +378,8 @@ impl RoutingStore {
     }
 
     /// [`Self::release`] for each block.
-    pub fn release_blocks(&mut self, blocks: &[(BlockId, BlockGeneration)]) {
-        for &(block, generation) in blocks {
+    pub fn release_blocks(&mut self, blocks: &[BlockRef]) {
+        for &BlockRef { block, generation } in blocks {
             self.release(block, generation);
         }
     }
@@ -421,20 +425,20 @@ impl RoutingStore {
     }
 
     /// [`Self::free_block`] for each block.
-    pub fn free_blocks(&mut self, blocks: &[(BlockId, BlockGeneration)]) {
-        for &(block, generation) in blocks {
+    pub fn free_blocks(&mut self, blocks: &[BlockRef]) {
+        for &BlockRef { block, generation } in blocks {
             self.free_block(block, generation);
         }
     }
 
     /// Drops every cached-only block's rows (a prefix-cache reset) and returns those blocks,
     /// oldest release first. Held blocks keep theirs.
-    pub fn clear_cached(&mut self) -> Vec<(BlockId, BlockGeneration)> {
+    pub fn clear_cached(&mut self) -> Vec<BlockRef> {
         let mut dropped = Vec::with_capacity(self.lru.len());
         while let Some(b) = self.lru.pop_front() {
             self.drop_rows(b);
             self.entries[b].status = Status::Freed;
-            dropped.push((BlockId(b as u32), self.entries[b].generation));
+            dropped.push(BlockRef::new(BlockId(b as u32), self.entries[b].generation));
         }
         dropped
     }
@@ -470,7 +474,7 @@ impl RoutingStore {
     /// filled in.
     pub fn reconstruct(
         &self,
-        block_table: &[(BlockId, BlockGeneration)],
+        block_table: &[BlockRef],
         num_rows: usize,
         start: usize,
     ) -> Result<RoutingRows, RoutingError> {
@@ -488,7 +492,7 @@ impl RoutingStore {
         while position < num_rows {
             let index = position / bs;
             let (from, to) = (position % bs, bs.min(num_rows - index * bs));
-            let (block, generation) = block_table[index];
+            let BlockRef { block, generation } = block_table[index];
             self.check_rows(block, generation, position, from..to)?;
             self.buffers.gather(self.geom, block.index(), from, to, &mut ids);
             position = index * bs + to;

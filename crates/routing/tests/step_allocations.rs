@@ -7,7 +7,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use routed_routing::{RoutingStore, RoutingStoreConfig};
-use routed_types::{BlockGeneration, BlockId, RoutingMeta};
+use routed_types::{BlockGeneration, BlockId, BlockRef, RoutingMeta};
 
 struct Counting;
 
@@ -52,8 +52,8 @@ fn store_step_allocates_per_new_block_not_per_token() {
         RoutingStore::new(RoutingStoreConfig::new(&meta, num_blocks, block_size)).expect("valid");
     let ids: Vec<i16> = (0..layers * tokens * top_k).map(|i| (i % 64) as i16).collect();
     let slots: Vec<usize> = (0..tokens).collect();
-    let blocks: Vec<(BlockId, BlockGeneration)> =
-        (0..num_blocks as u32).map(|b| (BlockId(b), BlockGeneration(1))).collect();
+    let blocks: Vec<BlockRef> =
+        (0..num_blocks as u32).map(|b| BlockRef::new(BlockId(b), BlockGeneration(1))).collect();
 
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     let first = store.store_step(&ids, &slots, &blocks).expect("valid");

@@ -3,10 +3,10 @@
 use routed_routing::{
     IdWidth, LossReason, LostBlock, RoutingError, RoutingStore, RoutingStoreConfig, StepOutcome,
 };
-use routed_types::{BlockGeneration, BlockId, RoutingMeta};
+use routed_types::{BlockGeneration, BlockId, BlockRef, RoutingMeta};
 
 /// A block and the generation a message names.
-type Block = (BlockId, BlockGeneration);
+type Block = BlockRef;
 
 const L: usize = 2;
 const K: usize = 2;
@@ -24,8 +24,8 @@ fn store(num_blocks: usize, cap_blocks: Option<usize>) -> RoutingStore {
     RoutingStore::new(config).expect("valid config")
 }
 
-fn blk(b: u32, g: u32) -> (BlockId, BlockGeneration) {
-    (BlockId(b), BlockGeneration(g))
+fn blk(b: u32, g: u32) -> BlockRef {
+    BlockRef::new(BlockId(b), BlockGeneration(g))
 }
 
 /// The row the tests write for position `p` under tag `tag`: distinct ids per layer.
@@ -37,7 +37,7 @@ fn row(tag: u16, p: usize) -> Vec<u16> {
 /// Stores rows for `positions` of a request whose block table is `table`, as one step.
 fn store_positions(
     store: &mut RoutingStore,
-    table: &[(BlockId, BlockGeneration)],
+    table: &[BlockRef],
     positions: std::ops::Range<usize>,
     tag: u16,
 ) -> StepOutcome {
@@ -51,7 +51,7 @@ fn store_positions(
                 ids[(l * n + t) * K + k] = r[l * K + k] as i16;
             }
         }
-        slots.push(table[p / BS].0.index() * BS + p % BS);
+        slots.push(table[p / BS].block.index() * BS + p % BS);
     }
     let mut listed: Vec<_> = positions.map(|p| table[p / BS]).collect();
     listed.dedup();

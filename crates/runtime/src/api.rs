@@ -57,8 +57,12 @@ pub struct EngineConfig {
     pub max_model_len: Option<usize>,
     /// Idle heartbeat period; 0 turns it off.
     pub heartbeat_ms: u64,
-    /// Threads for the CPU kernels; `None` uses every core.
+    /// Threads for the CPU kernels, split evenly among the ranks; `None` uses every core.
     pub threads: Option<usize>,
+    /// Ranks (model runners) in the expert-parallel group: each holds `1 / n` of every MoE
+    /// layer's experts. Results are bitwise identical for every size; it must divide the number
+    /// of experts.
+    pub expert_parallel_size: usize,
     /// Default sampling seed for requests that give none.
     pub seed: u64,
 }
@@ -85,6 +89,7 @@ impl EngineConfig {
             max_model_len: None,
             heartbeat_ms: 100,
             threads: None,
+            expert_parallel_size: 1,
             seed: 0,
         }
     }
@@ -238,6 +243,23 @@ pub struct EngineStats {
     pub routing_store_seconds: f64,
 }
 
+impl EngineStats {
+    /// Copies the cache manager's figures in.
+    pub fn apply_cache(&mut self, c: &routed_cache::CacheStats) {
+        self.num_kv_blocks_total = c.num_blocks_total;
+        self.num_kv_blocks_free = c.num_blocks_free;
+        self.num_kv_blocks_cached = c.num_blocks_cached;
+        self.num_kv_blocks_evictable = c.num_blocks_evictable;
+        self.num_snapshot_slots_total = c.num_snapshot_slots_total;
+        self.num_snapshot_slots_used = c.num_snapshot_slots_used;
+        self.num_prefill_tokens_computed = c.num_prefill_tokens_computed;
+        self.num_prefill_tokens_skipped = c.num_prefill_tokens_skipped;
+        self.num_prefix_cache_hits = c.num_prefix_cache_hits;
+        self.num_deferrals = c.num_deferrals;
+        self.num_preemptions = c.num_preemptions;
+    }
+}
+
 /// What a client needs to know about the served model.
 #[derive(Clone, Debug)]
 pub struct ModelInfo {
@@ -259,6 +281,8 @@ pub struct ModelInfo {
     pub num_snapshot_slots: usize,
     /// The device, in words.
     pub device: String,
+    /// Ranks in the expert-parallel group.
+    pub expert_parallel_size: usize,
     /// Seed for requests that don't give one (`--seed`).
     pub default_seed: u64,
     /// Bytes of weights one decoded token reads (see `Model::weight_bytes_per_token`).

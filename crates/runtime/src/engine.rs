@@ -3,17 +3,18 @@
 use crate::{
     EngineConfig, EngineError, EngineStats, GenerateRequest, ModelInfo, RequestEvent,
     cache_manager::CacheManagerActor,
-    copy_worker::CopyWorkerActor,
-    heartbeat::{Connect, HeartbeatActor},
-    messages::{Abort, GetStats, Health, ResetCache, Shutdown, Submit},
+    copy_worker::{BufferPool, CopyWorkerHandle},
+    executor::ExecutorActor,
+    heartbeat::HeartbeatActor,
     routing_cache::RoutingCacheActor,
-    runner::{BufferPool, RunnerActor, RunnerConfig},
-    scheduler::{Peers, SchedulerActor},
+    runner::{RoutingSink, RunnerActor},
+    scheduler::{Abort, GetStats, Health, Peers, ResetCache, SchedulerActor, Shutdown, Submit},
     timings::Timings,
+    worker::{CacheShape, CpuWorker, Worker},
 };
-use actix::{Actor, Addr, SyncArbiter};
+use actix::{Actor, Addr, AsyncContext, SyncArbiter};
 use futures_util::Stream;
-use routed_backend::Device;
+use routed_backend::{Device, collective::InProcessGroup};
 use routed_cache::{CacheConfig, KvCacheManager, MambaCacheConfig};
 use routed_model::{Model, Tokenizer};
 use routed_routing::{RoutingStore, RoutingStoreConfig};
@@ -21,7 +22,7 @@ use routed_scheduler::{Scheduler, SchedulerConfig};
 use routed_types::{BlockId, RequestId};
 use std::{
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, Mutex},
     task::{Context as TaskContext, Poll},
     time::Duration,
 };
@@ -29,7 +30,7 @@ use tokio::sync::mpsc;
 
 /// Most KV blocks a CPU engine sizes itself to from a memory budget.
 const MAX_AUTO_BLOCKS: usize = 1 << 16;
-/// Routing buffers circulating between the runner and the copy worker.
+/// Routing buffers circulating between rank 0's runner and the copy worker.
 const NUM_ROUTING_BUFFERS: usize = 3;
 
 /// Starts engines.
@@ -41,7 +42,8 @@ impl Engine {
         Self::start_with_progress(config, &mut |_, _| {})
     }
 
-    /// Like [`Engine::start`], reporting weight-loading progress as `(tensors, total)`.
+    /// Like [`Engine::start`], reporting weight-loading progress as `(tensors, total)` (rank 0's,
+    /// when several ranks load).
     pub fn start_with_progress(
         config: EngineConfig,
         progress: &mut dyn FnMut(usize, usize),
@@ -52,17 +54,11 @@ impl Engine {
                 "{device} opened, but models run on the CPU backend only for now"
             )));
         }
-        if let Some(n) = config.threads {
-            // The CPU kernels use rayon's global pool; building it fails only when it exists
-            // already (a second engine in one process), which then keeps its size.
-            let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
-        }
+        let workers = load_cpu_workers(&config, progress)?;
         let dir = config.model.dir().to_owned();
-        let model =
-            Arc::new(Model::load(&dir, progress).map_err(|e| EngineError::Load(e.to_string()))?);
         let tokenizer =
             Arc::new(Tokenizer::from_dir(&dir).map_err(|e| EngineError::Load(e.to_string()))?);
-        let parts = Parts::new(&config, model, tokenizer)?;
+        let parts = Parts::new(&config, workers, tokenizer)?;
         let info = parts.info.clone();
         let tokenizer = parts.tokenizer.clone();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -78,36 +74,73 @@ impl Engine {
             .map_err(|e| EngineError::Load(format!("cannot spawn the engine thread: {e}")))?;
         let scheduler = rx
             .recv()
-            .map_err(|_| EngineError::Load("the engine thread died while starting".into()))?;
+            .map_err(|_| EngineError::Load("the engine thread died while starting".into()))??;
         Ok(EngineHandle { scheduler, info, tokenizer })
     }
+}
+
+/// One CPU worker per rank of the expert-parallel group, each on its share of the threads. The
+/// ranks load side by side; rank 0 reports progress.
+fn load_cpu_workers(
+    config: &EngineConfig,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<Box<dyn Worker>>, EngineError> {
+    let num_ranks = config.expert_parallel_size;
+    if num_ranks == 0 {
+        return Err(EngineError::Load("the expert parallel size must be at least 1".into()));
+    }
+    let threads = config
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let per_rank = (threads / num_ranks).max(1);
+    let dir = config.model.dir();
+    let ranks = InProcessGroup::ranks(num_ranks);
+    let models: Vec<_> = std::thread::scope(|s| {
+        let others: Vec<_> = ranks[1..]
+            .iter()
+            .map(|c| s.spawn(move || Model::load_rank(dir, c.clone(), &mut |_, _| {})))
+            .collect();
+        let first = Model::load_rank(dir, ranks[0].clone(), progress);
+        std::iter::once(first)
+            .chain(others.into_iter().map(|h| h.join().expect("a loading thread panicked")))
+            .collect()
+    });
+    models
+        .into_iter()
+        .map(|model| {
+            let model = model.map_err(|e| EngineError::Load(e.to_string()))?;
+            let worker = CpuWorker::new(Arc::new(model), per_rank)
+                .map_err(|e| EngineError::Load(e.to_string()))?;
+            Ok(Box::new(worker) as Box<dyn Worker>)
+        })
+        .collect()
 }
 
 /// Everything the actors are built from, prepared outside the actor system so errors return
 /// synchronously from `start`.
 struct Parts {
     config: EngineConfig,
-    model: Arc<Model>,
+    workers: Vec<Box<dyn Worker>>,
     tokenizer: Arc<Tokenizer>,
     info: Arc<ModelInfo>,
     cache: KvCacheManager,
     routing: RoutingStore,
-    runner: RunnerConfig,
     scheduler: SchedulerConfig,
 }
 
 impl Parts {
     fn new(
         config: &EngineConfig,
-        model: Arc<Model>,
+        mut workers: Vec<Box<dyn Worker>>,
         tokenizer: Arc<Tokenizer>,
     ) -> Result<Self, EngineError> {
-        let mc = model.config();
         let load = |e: String| EngineError::Load(e);
+        let first = &workers[0];
+        let mc = first.config().clone();
         let block_size = config.block_size.max(1);
         let num_usable = config.num_kv_blocks.unwrap_or_else(|| {
-            let kv = model.new_kv_cache(1, block_size).bytes().max(1);
-            ((config.kv_cache_memory_gb * 1e9) as usize / kv).clamp(16, MAX_AUTO_BLOCKS)
+            let per_block = first.kv_block_bytes(block_size).max(1);
+            ((config.kv_cache_memory_gb * 1e9) as usize / per_block).clamp(16, MAX_AUTO_BLOCKS)
         });
         // One extra block is the scratch block that dummy forwards write to.
         let num_blocks = num_usable + 1;
@@ -123,7 +156,7 @@ impl Parts {
             mamba: hybrid.then_some(MambaCacheConfig { num_snapshot_slots: snapshot_slots }),
         };
         let cache = KvCacheManager::new(cache_config).map_err(|e| load(e.to_string()))?;
-        let meta = model.routing_meta();
+        let meta = first.routing_meta();
         let routing_meta = meta.clone().unwrap_or(routed_types::RoutingMeta {
             moe_layer_ids: vec![0],
             num_experts: 1,
@@ -144,22 +177,24 @@ impl Parts {
             num_kv_blocks: num_usable,
             block_size,
             num_snapshot_slots: snapshot_slots,
-            device: "cpu".into(),
+            device: first.device(),
+            expert_parallel_size: workers.len(),
             default_seed: config.seed,
-            weight_bytes_per_token: model.weight_bytes_per_token(),
+            weight_bytes_per_token: first.weight_bytes_per_token(),
         });
-        let max_step = config.max_num_batched_tokens.max(1);
+        let shape = CacheShape {
+            num_blocks,
+            block_size,
+            num_live_states: config.max_num_seqs,
+            num_snapshot_slots: snapshot_slots,
+            scratch_block: BlockId(num_usable as u32),
+        };
+        for worker in &mut workers {
+            worker.initialize_cache(&shape).map_err(|e| load(e.to_string()))?;
+        }
         Ok(Self {
-            runner: RunnerConfig {
-                num_blocks,
-                block_size,
-                num_live_states: config.max_num_seqs,
-                num_snapshot_slots: snapshot_slots,
-                max_step_tokens: max_step,
-                scratch_block: BlockId(num_usable as u32),
-            },
             scheduler: SchedulerConfig {
-                max_num_batched_tokens: max_step,
+                max_num_batched_tokens: config.max_num_batched_tokens.max(1),
                 max_num_seqs: config.max_num_seqs.max(1),
                 max_waiting_requests: config.max_waiting_requests,
                 max_model_len,
@@ -168,7 +203,7 @@ impl Parts {
                 capture_routing: config.enable_routing_capture,
             },
             config: config.clone(),
-            model,
+            workers,
             tokenizer,
             info,
             cache,
@@ -177,41 +212,50 @@ impl Parts {
     }
 
     /// Starts every actor; must run inside the engine's actix system.
-    fn spawn(self) -> Addr<SchedulerActor> {
+    fn spawn(self) -> Result<Addr<SchedulerActor>, EngineError> {
         let timings = Arc::new(Timings::default());
         let cache = CacheManagerActor::new(self.cache).start();
         let routing = RoutingCacheActor::new(self.routing, cache.clone(), timings.clone()).start();
-        let max_step = self.runner.max_step_tokens;
-        let model = self.model.clone();
-        let buffers = BufferPool::new(NUM_ROUTING_BUFFERS, || model.new_routing_buffer(max_step));
-        let returns = buffers.returns.clone();
-        let routing_for_copy = routing.clone();
-        let copy_timings = timings.clone();
-        let copy = SyncArbiter::start(1, move || {
-            CopyWorkerActor::new(returns.clone(), routing_for_copy.clone(), copy_timings.clone())
-        });
-        let (model, runner_config) = (self.model.clone(), self.runner.clone());
-        let runner_timings = timings.clone();
-        let runner = SyncArbiter::start(1, move || {
-            let (m, c, b) = (model.clone(), runner_config.clone(), buffers.clone());
-            RunnerActor::new(m, c, b, copy.clone(), runner_timings.clone())
-        });
-        let heartbeat = (self.config.heartbeat_ms > 0).then(|| {
-            HeartbeatActor::new(
-                Duration::from_millis(self.config.heartbeat_ms),
-                vec![runner.clone()],
-            )
-            .start()
-        });
-        let peers =
-            Peers { cache, runners: vec![runner], routing, heartbeat: heartbeat.clone(), timings };
-        let scheduler =
-            SchedulerActor::new(Scheduler::new(self.scheduler), self.tokenizer, self.info, peers)
-                .start();
-        if let Some(h) = heartbeat {
-            h.do_send(Connect(scheduler.clone()));
-        }
-        scheduler
+        let max_step = self.scheduler.max_num_batched_tokens;
+        let pool =
+            BufferPool::new(NUM_ROUTING_BUFFERS, || self.workers[0].new_routing_buffer(max_step));
+        let (copy, _thread) =
+            CopyWorkerHandle::spawn(pool.returns(), routing.clone(), timings.clone())
+                .map_err(|e| EngineError::Load(format!("cannot start the copy worker: {e}")))?;
+        let ranks = self
+            .workers
+            .into_iter()
+            .map(|worker| {
+                let sink = match worker.rank() {
+                    0 => RoutingSink::Copy { pool: pool.clone(), copy: copy.clone() },
+                    _ => RoutingSink::Discard(worker.new_routing_buffer(max_step)),
+                };
+                // The factory runs once per thread, and the arbiter has one: the worker moves in.
+                let slot = Mutex::new(Some((worker, sink)));
+                let timings = timings.clone();
+                SyncArbiter::start(1, move || {
+                    let taken = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    let (worker, sink) = match taken {
+                        Some((w, sink)) => (Some(w), sink),
+                        None => {
+                            (None, RoutingSink::Discard(routed_model::RoutingBuffer::new(0, 0, 0)))
+                        }
+                    };
+                    RunnerActor::new(worker, sink, timings.clone())
+                })
+            })
+            .collect();
+        let executor = ExecutorActor::new(ranks).start();
+        let (policy, tokenizer, info) = (Scheduler::new(self.scheduler), self.tokenizer, self.info);
+        let heartbeat_ms = self.config.heartbeat_ms;
+        Ok(SchedulerActor::create(move |ctx| {
+            let heartbeat = (heartbeat_ms > 0).then(|| {
+                let period = Duration::from_millis(heartbeat_ms);
+                HeartbeatActor::new(period, executor.clone(), ctx.address().recipient()).start()
+            });
+            let peers = Peers { cache, executor, routing, heartbeat, timings };
+            SchedulerActor::new(policy, tokenizer, info, peers)
+        }))
     }
 }
 

@@ -1,74 +1,65 @@
-//! The idle heartbeat actor: while the engine is idle it sends a dummy forward to every runner at
-//! a fixed interval (expert-parallel collectives need every rank to step). A dummy forward uses
-//! the scratch block and scratch state only, so it never resets or evicts anything.
+//! The idle heartbeat actor: while the engine is idle it asks the executor for a dummy forward at
+//! a fixed interval. Every rank takes part in each one as a lockstep unit, which keeps the ranks'
+//! collectives aligned (expert parallelism needs every rank to step). A dummy forward uses the
+//! scratch block and scratch state only, so it never resets or evicts anything.
 
-use crate::{
-    messages::{DummyForward, DummyForwardDone, SetIdle},
-    runner::RunnerActor,
-    scheduler::SchedulerActor,
+use crate::executor::{ExecutorActor, RunDummyForward};
+use actix::{
+    Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Recipient, SpawnHandle,
+    WrapFuture,
 };
-use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, SpawnHandle, WrapFuture};
 use std::time::Duration;
+
+/// Heartbeat -> whoever counts beats (the scheduler): a dummy forward ran on every rank. No reply.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct DummyForwardDone;
+
+/// Scheduler -> heartbeat: the engine became idle (`true`: nothing running or waiting) or busy.
+/// No reply.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetIdle(pub bool);
 
 /// Sends dummy forwards while idle.
 pub struct HeartbeatActor {
     period: Duration,
-    runners: Vec<Addr<RunnerActor>>,
-    scheduler: Option<Addr<SchedulerActor>>,
+    executor: Addr<ExecutorActor>,
+    report: Recipient<DummyForwardDone>,
     timer: Option<SpawnHandle>,
-    in_flight: usize,
+    in_flight: bool,
 }
 
 impl HeartbeatActor {
-    /// A heartbeat every `period` to `runners`.
-    pub fn new(period: Duration, runners: Vec<Addr<RunnerActor>>) -> Self {
-        Self { period, runners, scheduler: None, timer: None, in_flight: 0 }
-    }
-
-    /// Where to report executed dummy forwards.
-    pub fn set_scheduler(&mut self, scheduler: Addr<SchedulerActor>) {
-        self.scheduler = Some(scheduler);
+    /// A heartbeat every `period` through `executor`, reporting each beat that ran to `report`.
+    pub fn new(
+        period: Duration,
+        executor: Addr<ExecutorActor>,
+        report: Recipient<DummyForwardDone>,
+    ) -> Self {
+        Self { period, executor, report, timer: None, in_flight: false }
     }
 
     fn beat(&mut self, ctx: &mut Context<Self>) {
         // Never queue a beat behind one that has not run yet.
-        if self.in_flight > 0 {
+        if self.in_flight {
             return;
         }
-        for runner in &self.runners {
-            self.in_flight += 1;
-            let done = runner.send(DummyForward).into_actor(self).map(|result, act, _| {
-                act.in_flight -= 1;
-                match result {
-                    Ok(Ok(())) => {
-                        if let Some(s) = &act.scheduler {
-                            s.do_send(DummyForwardDone);
-                        }
-                    }
-                    Ok(Err(e)) => tracing::warn!("dummy forward failed: {e}"),
-                    Err(_) => tracing::warn!("dummy forward not delivered: the runner is gone"),
-                }
-            });
-            ctx.spawn(done);
-        }
+        self.in_flight = true;
+        let done = self.executor.send(RunDummyForward).into_actor(self).map(|result, act, _| {
+            act.in_flight = false;
+            match result {
+                Ok(Ok(())) => act.report.do_send(DummyForwardDone),
+                Ok(Err(e)) => tracing::warn!("dummy forward failed: {e}"),
+                Err(_) => tracing::warn!("dummy forward not delivered: the executor is gone"),
+            }
+        });
+        ctx.spawn(done);
     }
 }
 
 impl Actor for HeartbeatActor {
     type Context = Context<Self>;
-}
-
-/// Lets the engine hand the heartbeat its scheduler once both exist.
-#[derive(actix::Message)]
-#[rtype(result = "()")]
-pub struct Connect(pub Addr<SchedulerActor>);
-
-impl Handler<Connect> for HeartbeatActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: Connect, _: &mut Context<Self>) {
-        self.set_scheduler(msg.0);
-    }
 }
 
 impl Handler<SetIdle> for HeartbeatActor {

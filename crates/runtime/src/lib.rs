@@ -1,17 +1,18 @@
 //! The actors of `routed` and the embedding API.
 //!
-//! Each component is its own actix actor owning its state; they exchange the typed messages in
-//! [`messages`] (each documented with its sender, reply and what happens when a peer is gone). See
-//! `docs/actors.md` for the whole picture.
+//! Each component is its own actor owning its state; they exchange typed messages, each defined
+//! beside the actor that receives it and documented with its sender, reply and what happens when a
+//! peer is gone. See `docs/actors.md` for the whole picture.
 //!
 //! | actor | owns |
 //! | --- | --- |
 //! | [`scheduler`] | request lifecycle, token streams, stop conditions |
 //! | [`cache_manager`] | `routed_cache::KvCacheManager` (one round trip per step) |
 //! | [`routing_cache`] | `routed_routing::RoutingStore` |
-//! | [`runner`] | weights, KV and Mamba state tensors, routing buffers (dedicated OS thread) |
+//! | [`executor`] | the runners of every rank; sends each step and dummy forward to all in lockstep |
+//! | [`runner`] | one rank's [`Worker`](worker::Worker) (dedicated OS thread) |
 //! | [`copy_worker`] | the device-to-host copy of each step's routing (dedicated OS thread) |
-//! | [`heartbeat`] | the idle timer that sends dummy forwards |
+//! | [`heartbeat`] | the idle timer that asks for dummy forwards |
 //!
 //! [`Engine::start`] wires them in an actix system on its own thread and returns an
 //! [`EngineHandle`], which is `Send + Clone` and works from any tokio runtime.
@@ -20,16 +21,19 @@ mod api;
 pub mod cache_manager;
 pub mod copy_worker;
 mod engine;
+pub mod executor;
 pub mod heartbeat;
-pub mod messages;
 pub mod metrics;
 pub mod routing_cache;
 pub mod runner;
 pub mod scheduler;
 pub mod timings;
+mod validate;
+pub mod worker;
 
 pub use api::{
     EngineConfig, EngineError, EngineStats, FinalOutput, GenerateRequest, ModelInfo, ModelSource,
     RequestEvent, TokenEvent,
 };
 pub use engine::{Engine, EngineHandle, RequestStream};
+pub use validate::{MAX_N, validate};

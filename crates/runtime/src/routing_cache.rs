@@ -3,17 +3,70 @@
 //! caught up with the step that computed them (the watermark).
 
 use crate::{
-    cache_manager::CacheManagerActor,
-    messages::{Forget, FreeBlocks, GetRoutingBytes, Reconstruct, StoreStep},
+    cache_manager::{CacheManagerActor, Forget},
     timings::Timings,
 };
-use actix::{Actor, Addr, Context, Handler, ResponseFuture};
-use routed_routing::RoutingStore;
-use routed_types::{RoutingRows, StepId};
+use actix::{Actor, Addr, Context, Handler, Message, ResponseFuture};
+use routed_routing::{RoutingError, RoutingStore};
+use routed_types::{BlockRef, RoutingRows, StepId};
 use std::{sync::Arc, time::Instant};
 use tokio::sync::oneshot;
 
-type Pending = (Reconstruct, oneshot::Sender<Result<RoutingRows, String>>);
+/// Copy worker -> routing host-cache: store a step's rows `(L, N, K)` through its slot mapping.
+/// Steps arrive in order; the step id becomes the store's watermark. No reply.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StoreStep {
+    /// The step.
+    pub step_id: StepId,
+    /// Expert ids, `(L, N, K)`.
+    pub ids: Vec<i16>,
+    /// KV slot of each token.
+    pub slot_mapping: Vec<usize>,
+    /// Blocks written, with their generations.
+    pub blocks: Vec<BlockRef>,
+}
+
+/// Scheduler -> routing host-cache: a finished sequence's rows `[start, num_rows)` from its block
+/// table. Answered only once the store has stored `after_step` (the last step that computed the
+/// sequence), so a lagging copy never leaves rows missing. Reply: the rows, or the error naming
+/// the missing position.
+#[derive(Message)]
+#[rtype(result = "Result<RoutingRows, ReconstructError>")]
+pub struct Reconstruct {
+    /// The sequence's block table.
+    pub table: Vec<BlockRef>,
+    /// Rows the sequence has: prompt + generated - 1.
+    pub num_rows: usize,
+    /// Rows to drop from the front.
+    pub start: usize,
+    /// The last step whose rows are needed.
+    pub after_step: StepId,
+}
+
+/// Scheduler -> routing host-cache: blocks changed hands (freed, evicted, reset); their rows go.
+/// No reply.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct FreeBlocks(pub Vec<BlockRef>);
+
+/// Scheduler -> routing host-cache: bytes of rows held (for stats).
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct GetRoutingBytes;
+
+/// Why a [`Reconstruct`] has no rows.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconstructError {
+    /// A row is missing, stale or lost.
+    #[error(transparent)]
+    Rows(#[from] RoutingError),
+    /// The host-cache stopped before the step's rows arrived.
+    #[error("the routing host-cache stopped before the rows arrived")]
+    Stopped,
+}
+
+type Pending = (Reconstruct, oneshot::Sender<Result<RoutingRows, ReconstructError>>);
 
 /// Owns the per-block routing rows.
 pub struct RoutingCacheActor {
@@ -31,8 +84,8 @@ impl RoutingCacheActor {
         Self { store, watermark: None, pending: Vec::new(), cache, timings }
     }
 
-    fn reconstruct(&self, r: &Reconstruct) -> Result<RoutingRows, String> {
-        self.store.reconstruct(&r.table, r.num_rows, r.start).map_err(|e| e.to_string())
+    fn reconstruct(&self, r: &Reconstruct) -> Result<RoutingRows, ReconstructError> {
+        Ok(self.store.reconstruct(&r.table, r.num_rows, r.start)?)
     }
 
     fn caught_up(&self, step: StepId) -> bool {
@@ -56,7 +109,9 @@ impl Handler<StoreStep> for RoutingCacheActor {
         self.watermark = Some(msg.step_id);
         let lost = self.store.take_lost();
         if !lost.is_empty() {
-            self.cache.do_send(Forget(lost.iter().map(|l| (l.block, l.generation)).collect()));
+            self.cache.do_send(Forget(
+                lost.iter().map(|l| BlockRef::new(l.block, l.generation)).collect(),
+            ));
         }
         let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
             .into_iter()
@@ -69,7 +124,7 @@ impl Handler<StoreStep> for RoutingCacheActor {
 }
 
 impl Handler<Reconstruct> for RoutingCacheActor {
-    type Result = ResponseFuture<Result<RoutingRows, String>>;
+    type Result = ResponseFuture<Result<RoutingRows, ReconstructError>>;
 
     fn handle(&mut self, msg: Reconstruct, _: &mut Context<Self>) -> Self::Result {
         if self.caught_up(msg.after_step) {
@@ -78,9 +133,7 @@ impl Handler<Reconstruct> for RoutingCacheActor {
         }
         let (tx, rx) = oneshot::channel();
         self.pending.push((msg, tx));
-        Box::pin(async move {
-            rx.await.unwrap_or_else(|_| Err("the routing host-cache stopped".into()))
-        })
+        Box::pin(async move { rx.await.unwrap_or(Err(ReconstructError::Stopped)) })
     }
 }
 

@@ -1,243 +1,145 @@
-//! The model runner actor: one per device, on a dedicated OS thread (actix `SyncArbiter`), since
-//! model math blocks. It owns the weights, the KV and Mamba state tensors and a small pool of
-//! routing buffers, and executes one [`Execute`] or [`DummyForward`] at a time, so a dummy forward
+//! The model runner actor: one per rank, on a dedicated OS thread (actix `SyncArbiter`), since
+//! device work blocks. It is thin on purpose: the device work is its [`Worker`]'s. The runner
+//! keeps the rank, contains panics (`catch_unwind`: actix does not catch them), and hands rank 0's
+//! routing buffer to the D2H copy worker. It executes one message at a time, so a dummy forward
 //! and a real step never overlap.
 
 use crate::{
-    copy_worker::CopyWorkerActor,
-    messages::{CopyRouting, DummyForward, Execute},
+    copy_worker::{BufferPool, CopyRouting, CopyWorkerHandle},
     timings::Timings,
+    worker::{LockstepId, Worker, WorkerError},
 };
-use actix::{Actor, Addr, Handler, SyncContext};
-use crossbeam_channel::{Receiver, Sender};
-use rayon::prelude::*;
-use routed_model::{
-    KvCache, LiveStateId, LogitsWanted, Model, RoutingBuffer, Sampler, SeqInput, StateCache,
-    StateIo,
-};
-use routed_types::{BlockId, ScheduledSeq, StepOutput, StepPlan};
+use actix::{Actor, Handler, Message, SyncContext};
+use routed_model::RoutingBuffer;
+use routed_types::{StepOutput, StepPlan};
 use std::{
-    collections::BTreeSet,
-    ops::Range,
     panic::{AssertUnwindSafe, catch_unwind},
     sync::Arc,
     time::Instant,
 };
 
-/// How the runner's tensors are sized.
-#[derive(Clone, Debug)]
-pub struct RunnerConfig {
-    /// KV blocks (scratch blocks included).
-    pub num_blocks: usize,
-    /// Tokens per block.
-    pub block_size: usize,
-    /// Live state slots (one per running sequence).
-    pub num_live_states: usize,
-    /// Snapshot slots.
-    pub num_snapshot_slots: usize,
-    /// Largest step, in tokens.
-    pub max_step_tokens: usize,
-    /// The block dummy forwards write to.
-    pub scratch_block: BlockId,
+/// Executor -> runner: execute one step as lockstep unit `unit` (every rank gets the same plan and
+/// unit). Reply: the step's output (sampled tokens on rank 0, none elsewhere), or why the step
+/// failed on this rank; a failing rank releases the other ranks of the unit.
+#[derive(Message)]
+#[rtype(result = "Result<StepOutput, WorkerError>")]
+pub struct Execute {
+    /// The step, shared by every rank.
+    pub plan: Arc<StepPlan>,
+    /// Its lockstep unit.
+    pub unit: LockstepId,
 }
 
-/// Routing buffers circulate between the runner and the copy worker: the runner takes one per
-/// step and the worker returns it once its copy is done, so a buffer is never overwritten while
-/// it is being read.
-#[derive(Clone)]
-pub struct BufferPool {
-    /// Free buffers.
-    pub free: Receiver<RoutingBuffer>,
-    /// Where the copy worker returns buffers.
-    pub returns: Sender<RoutingBuffer>,
+/// Executor -> runner: one dummy forward on the scratch block and scratch state as lockstep unit
+/// `unit`; records no routing, touches no sequence's KV, state or snapshot. Reply: whether it ran.
+#[derive(Message)]
+#[rtype(result = "Result<(), WorkerError>")]
+pub struct DummyForward {
+    /// Its lockstep unit.
+    pub unit: LockstepId,
 }
 
-impl BufferPool {
-    /// A pool of `count` buffers made by `make`.
-    pub fn new(count: usize, make: impl Fn() -> RoutingBuffer) -> Self {
-        let (returns, free) = crossbeam_channel::bounded(count);
-        for _ in 0..count {
-            returns.send(make()).expect("the pool has room for its own buffers");
-        }
-        Self { free, returns }
-    }
+/// Where a rank's routing goes.
+pub enum RoutingSink {
+    /// Rank 0: a buffer leased from the pool per step, handed to the copy worker.
+    Copy {
+        /// Buffers circulating between this runner and the copy worker.
+        pool: BufferPool,
+        /// The copy worker.
+        copy: CopyWorkerHandle,
+    },
+    /// Other ranks: their expert ids are rank 0's (routers are replicated), so they are written
+    /// to a private buffer and never read.
+    Discard(RoutingBuffer),
 }
 
-/// Executes steps on one device.
+/// Executes steps on one rank.
 pub struct RunnerActor {
-    model: Arc<Model>,
-    config: RunnerConfig,
-    kv: KvCache,
-    states: StateCache,
-    sampler: Sampler,
-    buffers: BufferPool,
-    /// Routing written by dummy forwards goes here and nowhere else.
-    scratch_routing: RoutingBuffer,
-    copy: Addr<CopyWorkerActor>,
+    rank: usize,
+    worker: Option<Box<dyn Worker>>,
+    routing: RoutingSink,
     timings: Arc<Timings>,
 }
 
 impl RunnerActor {
-    /// Allocates the runner's tensors for `model`.
+    /// The runner of `worker`'s rank. `worker` is `None` only if it was lost (every message then
+    /// fails with [`WorkerError::NoWorker`]).
     pub fn new(
-        model: Arc<Model>,
-        config: RunnerConfig,
-        buffers: BufferPool,
-        copy: Addr<CopyWorkerActor>,
+        worker: Option<Box<dyn Worker>>,
+        routing: RoutingSink,
         timings: Arc<Timings>,
     ) -> Self {
-        Self {
-            timings,
-            kv: model.new_kv_cache(config.num_blocks, config.block_size),
-            states: model.new_state_cache(config.num_live_states, config.num_snapshot_slots),
-            scratch_routing: model.new_routing_buffer(1),
-            sampler: Sampler::default(),
-            model,
-            config,
-            buffers,
-            copy,
-        }
+        let rank = worker.as_ref().map_or(0, |w| w.rank());
+        Self { rank, worker, routing, timings }
     }
 
-    fn execute(&mut self, plan: StepPlan) -> Result<StepOutput, String> {
-        let hybrid = self.model.config().is_hybrid();
-        let inputs: Vec<SeqInput<'_>> = plan
-            .seqs
-            .iter()
-            .map(|s| SeqInput {
-                token_ids: &s.token_ids,
-                num_computed_tokens: s.num_computed_tokens,
-                num_prompt_tokens: s.num_prompt_tokens,
-                block_table: &s.block_table,
-                logits: if s.sample.is_some() { LogitsWanted::Last } else { LogitsWanted::None },
-                state: hybrid.then(|| StateIo {
-                    live: LiveStateId(s.live_state.unwrap_or(0)),
-                    restore_from: s.restore_from,
-                    snapshots: &s.snapshots,
-                }),
-            })
-            .collect();
-        let mut buffer =
-            self.buffers.free.recv().map_err(|_| "the routing buffer pool is gone".to_string())?;
+    fn execute(&mut self, plan: &StepPlan, unit: LockstepId) -> Result<StepOutput, WorkerError> {
+        let worker = self.worker.as_deref_mut().ok_or(WorkerError::NoWorker)?;
+        let (pool, copy) = match &mut self.routing {
+            RoutingSink::Discard(buffer) => {
+                return contain(|| worker.execute(plan, unit, buffer)).map(|s| s.output);
+            }
+            RoutingSink::Copy { pool, copy } => (pool, copy),
+        };
+        // Whatever happens below, the lease returns its buffer unless it was handed off.
+        let Ok(mut lease) = pool.lease(copy) else {
+            worker.abort(unit);
+            return Err(WorkerError::CopyWorkerGone);
+        };
         let started = Instant::now();
-        let vocab = self.model.config().vocab_size;
-        let (model, kv, states, sampler) =
-            (&self.model, &mut self.kv, &mut self.states, &mut self.sampler);
-        // The step runs on a pool thread: the kernels' parallel regions then fork and join inside
-        // the pool, instead of parking this thread once per region; the other workers stay awake
-        // until the step ends.
-        let sampled = routed_backend::cpu::with_hot_workers(|| {
-            let out = model.forward(&inputs, kv, states, &mut buffer)?;
-            let sample = |sampler: &mut Sampler, (s, rows): (&ScheduledSeq, &Range<usize>)| {
-                let (params, index) = s.sample.as_ref()?;
-                let logits = &out.logits[rows.start * vocab..rows.end * vocab];
-                Some(sampler.sample(logits, params, *index))
-            };
-            // A row's sample depends on its own logits, seed and index only: any thread will do.
-            Ok::<_, routed_model::ModelError>(
-                if plan.seqs.iter().filter(|s| s.sample.is_some()).count() > 1 {
-                    (plan.seqs.par_iter().zip(&out.logits_rows))
-                        .map_init(Sampler::default, sample)
-                        .collect()
-                } else {
-                    plan.seqs.iter().zip(&out.logits_rows).map(|x| sample(sampler, x)).collect()
-                },
-            )
-        });
-        let sampled: Vec<_> = match sampled {
-            Ok(sampled) => sampled,
-            Err(e) => {
-                let _ = self.buffers.returns.send(buffer);
-                return Err(e.to_string());
-            }
-        };
+        let step = contain(|| worker.execute(plan, unit, lease.buffer_mut()))?;
         Timings::add(&self.timings.forward_ns, started.elapsed());
-        if plan.capture_routing && buffer.num_moe_layers() > 0 {
+        if plan.capture_routing && lease.buffer_mut().num_moe_layers() > 0 {
             let started = Instant::now();
-            let (slot_mapping, blocks) = self.slot_mapping(&plan);
-            self.copy.do_send(CopyRouting { step_id: plan.step_id, buffer, slot_mapping, blocks });
-            Timings::add(&self.timings.capture_ns, started.elapsed());
-        } else {
-            let _ = self.buffers.returns.send(buffer);
-        }
-        Ok(StepOutput { step_id: plan.step_id, sampled })
-    }
-
-    /// The KV slot of every token of the step and the blocks (with generations) it wrote to.
-    fn slot_mapping(
-        &self,
-        plan: &StepPlan,
-    ) -> (Vec<usize>, Vec<(BlockId, routed_types::BlockGeneration)>) {
-        let b = self.config.block_size;
-        let mut slots = Vec::with_capacity(plan.num_tokens());
-        let mut blocks = BTreeSet::new();
-        for s in &plan.seqs {
-            for p in s.num_computed_tokens..s.num_computed_tokens + s.token_ids.len() {
-                let i = p / b;
-                slots.push(s.block_table[i].index() * b + p % b);
-                blocks.insert((s.block_table[i], s.block_generations[i]));
+            let msg = CopyRouting {
+                step_id: plan.step_id,
+                buffer: lease.take(),
+                slot_mapping: step.slot_mapping,
+                blocks: step.blocks,
+            };
+            if let Err(back) = copy.copy(msg) {
+                let _ = pool.returns().send(back.buffer);
+                return Err(WorkerError::CopyWorkerGone);
             }
+            Timings::add(&self.timings.capture_ns, started.elapsed());
         }
-        (slots, blocks.into_iter().collect())
-    }
-
-    fn dummy_forward(&mut self) -> Result<(), String> {
-        let table = [self.config.scratch_block];
-        let input = SeqInput {
-            token_ids: &[0],
-            num_computed_tokens: 0,
-            num_prompt_tokens: 1,
-            block_table: &table,
-            logits: LogitsWanted::None,
-            state: self.model.config().is_hybrid().then(|| StateIo {
-                live: self.states.scratch(),
-                restore_from: None,
-                snapshots: &[],
-            }),
-        };
-        self.model
-            .forward(&[input], &mut self.kv, &mut self.states, &mut self.scratch_routing)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        Ok(step.output)
     }
 }
 
-impl Actor for RunnerActor {
-    type Context = SyncContext<Self>;
+/// Runs `f`, turning a panic into [`WorkerError::Panicked`].
+fn contain<T>(f: impl FnOnce() -> Result<T, WorkerError>) -> Result<T, WorkerError> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(WorkerError::Panicked(message(&p))))
 }
 
-impl Handler<Execute> for RunnerActor {
-    type Result = Result<StepOutput, String>;
-
-    fn handle(&mut self, msg: Execute, _: &mut SyncContext<Self>) -> Self::Result {
-        if cfg!(feature = "fault-injection")
-            && msg.0.seqs.iter().any(|s| s.sample.as_ref().is_some_and(|p| p.0.seed == FAULT_SEED))
-        {
-            return Err("injected runner failure".into());
-        }
-        // actix does not catch panics: a panicking step must not take the runner thread down
-        // with the engine's only copy of the weights.
-        catch_unwind(AssertUnwindSafe(|| self.execute(msg.0)))
-            .unwrap_or_else(|p| Err(format!("runner panicked: {}", panic_message(&p))))
-    }
-}
-
-impl Handler<DummyForward> for RunnerActor {
-    type Result = Result<(), String>;
-
-    fn handle(&mut self, _: DummyForward, _: &mut SyncContext<Self>) -> Self::Result {
-        catch_unwind(AssertUnwindSafe(|| self.dummy_forward()))
-            .unwrap_or_else(|p| Err(format!("dummy forward panicked: {}", panic_message(&p))))
-    }
-}
-
-/// With the `fault-injection` feature, a step containing a request sampled with this seed fails
-/// in the runner (tests of failure handling).
-pub const FAULT_SEED: u64 = 0xFA17_FA17;
-
-fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+fn message(p: &Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_default()
+}
+
+impl Actor for RunnerActor {
+    type Context = SyncContext<Self>;
+
+    fn started(&mut self, _: &mut SyncContext<Self>) {
+        tracing::debug!(rank = self.rank, "runner started");
+    }
+}
+
+impl Handler<Execute> for RunnerActor {
+    type Result = Result<StepOutput, WorkerError>;
+
+    fn handle(&mut self, msg: Execute, _: &mut SyncContext<Self>) -> Self::Result {
+        self.execute(&msg.plan, msg.unit)
+    }
+}
+
+impl Handler<DummyForward> for RunnerActor {
+    type Result = Result<(), WorkerError>;
+
+    fn handle(&mut self, msg: DummyForward, _: &mut SyncContext<Self>) -> Self::Result {
+        let worker = self.worker.as_deref_mut().ok_or(WorkerError::NoWorker)?;
+        contain(|| worker.dummy_forward(msg.unit))
+    }
 }

@@ -29,5 +29,5 @@ pub enum SchedulerError {
     Overloaded(usize),
     /// A request id is already in use.
     #[error("duplicate request id {0:?}")]
-    Duplicate(routed_types::RequestId),
+    Duplicate(routed_types::SeqId),
 }

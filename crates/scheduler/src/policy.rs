@@ -4,8 +4,8 @@
 use crate::{NewSeq, SchedulerError, Seq, SeqStatus, check_stop};
 use routed_cache::{CacheRequest, CacheStats, CommitEntry, SlotRequest, StepAllocation};
 use routed_types::{
-    BlockGeneration, BlockId, FinishReason, RequestId, SampledToken, ScheduledSeq, StepId,
-    StepOutput, StepPlan, TokenId,
+    BlockRef, FinishReason, SampledToken, ScheduledSeq, SeqId, StepId, StepOutput, StepPlan,
+    TokenId,
 };
 use std::collections::{HashMap, VecDeque};
 
@@ -37,9 +37,9 @@ pub struct CacheStep {
     /// Requests to start tracking.
     pub add: Vec<CacheRequest>,
     /// Sampled tokens, appended before the step that feeds them back.
-    pub append: Vec<(RequestId, TokenId)>,
+    pub append: Vec<(SeqId, TokenId)>,
     /// Finished or aborted sequences whose blocks can be released.
-    pub free: Vec<RequestId>,
+    pub free: Vec<SeqId>,
     /// Candidates in priority order: running sequences first (oldest first), then waiting ones.
     pub candidates: Vec<SlotRequest>,
     /// Token budget of the step.
@@ -53,9 +53,9 @@ pub struct GrantedStep {
     pub allocation: StepAllocation,
     /// Per grant: the whole block table with generations for an admission, the blocks appended
     /// by the grant otherwise.
-    pub tables: Vec<Vec<(BlockId, BlockGeneration)>>,
+    pub tables: Vec<Vec<BlockRef>>,
     /// Blocks whose contents died since the last step (evicted, reset): their routing rows go.
-    pub dropped_blocks: Vec<(BlockId, BlockGeneration)>,
+    pub dropped_blocks: Vec<BlockRef>,
     /// Cache figures after the step was planned.
     pub stats: CacheStats,
 }
@@ -64,17 +64,17 @@ pub struct GrantedStep {
 #[derive(Clone, Debug, PartialEq)]
 pub enum SeqEvent {
     /// A token was sampled.
-    Token { id: RequestId, sampled: SampledToken },
+    Token { id: SeqId, sampled: SampledToken },
     /// The sequence stopped; its routing must be read before [`Scheduler::release`].
-    Finished { id: RequestId, reason: FinishReason, text_len: Option<usize> },
+    Finished { id: SeqId, reason: FinishReason, text_len: Option<usize> },
 }
 
 /// The request lifecycle and the step policy.
 pub struct Scheduler {
     config: SchedulerConfig,
-    seqs: HashMap<RequestId, Seq>,
-    waiting: VecDeque<RequestId>,
-    running: Vec<RequestId>,
+    seqs: HashMap<SeqId, Seq>,
+    waiting: VecDeque<SeqId>,
+    running: Vec<SeqId>,
     free_live_states: Vec<u32>,
     next_step: u64,
     outbox: CacheStep,
@@ -129,7 +129,7 @@ impl Scheduler {
     }
 
     /// A tracked sequence.
-    pub fn seq(&self, id: RequestId) -> Option<&Seq> {
+    pub fn seq(&self, id: SeqId) -> Option<&Seq> {
         self.seqs.get(&id)
     }
 
@@ -143,7 +143,7 @@ impl Scheduler {
         }
         for s in new {
             self.outbox.add.push(CacheRequest {
-                request_id: s.id,
+                seq_id: s.id,
                 prompt_token_ids: s.prompt.to_vec(),
                 cache_salt: s.cache_salt,
                 skip_reading_prefix_cache: false,
@@ -167,7 +167,7 @@ impl Scheduler {
     }
 
     /// Drops a sequence wherever it is and releases what it holds. Returns it, if it existed.
-    pub fn abort(&mut self, id: RequestId) -> Option<Seq> {
+    pub fn abort(&mut self, id: SeqId) -> Option<Seq> {
         let mut seq = self.seqs.remove(&id)?;
         self.waiting.retain(|&w| w != id);
         self.running.retain(|&r| r != id);
@@ -175,9 +175,9 @@ impl Scheduler {
             self.free_live_states.push(slot);
         }
         let before = self.outbox.add.len();
-        self.outbox.add.retain(|a| a.request_id != id);
+        self.outbox.add.retain(|a| a.seq_id != id);
         self.outbox.append.retain(|a| a.0 != id);
-        self.outbox.commit.retain(|c| c.request_id != id);
+        self.outbox.commit.retain(|c| c.seq_id != id);
         if self.outbox.add.len() == before {
             // The cache manager knows it: release its blocks there.
             self.outbox.free.push(id);
@@ -186,7 +186,7 @@ impl Scheduler {
     }
 
     /// Frees a finished sequence's blocks once its routing rows have been read.
-    pub fn release(&mut self, id: RequestId) {
+    pub fn release(&mut self, id: SeqId) {
         if self.seqs.get(&id).is_some_and(|s| s.status == SeqStatus::Finishing) {
             self.seqs.remove(&id);
             self.outbox.free.push(id);
@@ -216,22 +216,21 @@ impl Scheduler {
         self.in_flight.clear();
         for (grant, table) in granted.allocation.grants.iter().zip(granted.tables) {
             if grant.is_admission {
-                self.admit(grant.request_id, table, grant.num_cached_tokens);
-            } else if let Some(seq) = self.seqs.get_mut(&grant.request_id) {
+                self.admit(grant.seq_id, table, grant.num_cached_tokens);
+            } else if let Some(seq) = self.seqs.get_mut(&grant.seq_id) {
                 seq.blocks.extend(table);
             }
-            let Some(seq) = self.seqs.get_mut(&grant.request_id) else { continue };
+            let Some(seq) = self.seqs.get_mut(&grant.seq_id) else { continue };
             seq.num_computed_tokens = grant.end();
             seq.ever_computed = true;
             let sample = (grant.end() == seq.num_tokens())
                 .then(|| (seq.params.clone(), seq.output.len() as u64));
             plan.seqs.push(ScheduledSeq {
-                request_id: seq.id,
+                seq_id: seq.id,
                 token_ids: (grant.num_computed_tokens..grant.end()).map(|p| seq.token(p)).collect(),
                 num_computed_tokens: grant.num_computed_tokens,
                 num_prompt_tokens: seq.prompt.len(),
-                block_table: seq.blocks.iter().map(|b| b.0).collect(),
-                block_generations: seq.blocks.iter().map(|b| b.1).collect(),
+                block_table: seq.blocks.clone(),
                 live_state: seq.live_state,
                 restore_from: grant.restore_from,
                 snapshots: grant.snapshots.iter().map(|s| (s.position, s.slot)).collect(),
@@ -242,12 +241,7 @@ impl Scheduler {
         plan
     }
 
-    fn admit(
-        &mut self,
-        id: RequestId,
-        table: Vec<(BlockId, BlockGeneration)>,
-        num_cached_tokens: usize,
-    ) {
+    fn admit(&mut self, id: SeqId, table: Vec<BlockRef>, num_cached_tokens: usize) {
         let Some(seq) = self.seqs.get_mut(&id) else { return };
         seq.status = SeqStatus::Running;
         seq.blocks = table;
@@ -260,7 +254,7 @@ impl Scheduler {
         self.running.push(id);
     }
 
-    fn preempted(&mut self, id: RequestId) {
+    fn preempted(&mut self, id: SeqId) {
         let Some(seq) = self.seqs.get_mut(&id) else { return };
         seq.status = SeqStatus::Waiting;
         seq.blocks.clear();
@@ -277,7 +271,7 @@ impl Scheduler {
     /// tokens, checks stop conditions, queues the commits. `text` decodes tokens for stop strings.
     pub fn apply_output(
         &mut self,
-        ids: &[RequestId],
+        ids: &[SeqId],
         output: &StepOutput,
         text: &mut dyn FnMut(&[TokenId]) -> String,
     ) -> Vec<SeqEvent> {

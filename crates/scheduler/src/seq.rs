@@ -1,6 +1,6 @@
 //! One sequence (one sampled continuation) as the scheduler tracks it.
 
-use routed_types::{BlockGeneration, BlockId, RequestId, SamplingParams, TokenId};
+use routed_types::{BlockRef, SamplingParams, SeqId, TokenId};
 use std::sync::Arc;
 
 /// Where a sequence is in its life.
@@ -18,7 +18,7 @@ pub enum SeqStatus {
 #[derive(Clone, Debug)]
 pub struct NewSeq {
     /// Its id.
-    pub id: RequestId,
+    pub id: SeqId,
     /// The prompt (shared between the continuations of one request).
     pub prompt: Arc<Vec<TokenId>>,
     /// Sampling and stop parameters (seed already offset for continuation `i`).
@@ -31,7 +31,7 @@ pub struct NewSeq {
 #[derive(Clone, Debug)]
 pub struct Seq {
     /// Its id.
-    pub id: RequestId,
+    pub id: SeqId,
     /// The prompt.
     pub prompt: Arc<Vec<TokenId>>,
     /// Generated tokens.
@@ -41,7 +41,7 @@ pub struct Seq {
     /// Lifecycle state.
     pub status: SeqStatus,
     /// Block table with each block's generation (empty while waiting).
-    pub blocks: Vec<(BlockId, BlockGeneration)>,
+    pub blocks: Vec<BlockRef>,
     /// Tokens in the KV cache (computed or skipped).
     pub num_computed_tokens: usize,
     /// Prompt tokens skipped by a prefix hit at the latest admission.

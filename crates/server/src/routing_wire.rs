@@ -220,6 +220,7 @@ mod tests {
             block_size: 16,
             num_snapshot_slots: 0,
             device: "cpu".into(),
+            expert_parallel_size: 1,
             default_seed: 0,
             weight_bytes_per_token: 0,
         }

@@ -195,7 +195,7 @@ fn a_model_without_a_chat_template_refuses_chat() {
 #[test]
 fn an_engine_failure_is_a_500_or_one_error_event_then_done() {
     let s = TestServer::shared("faults", || test_config(MODEL));
-    let seed = routed_runtime::runner::FAULT_SEED;
+    let seed = routed_runtime::worker::faults::FAIL_SEED;
     let body = json!({"prompt": "boom", "seed": seed, "max_tokens": 4});
     let error = s.post("/v1/completions", &body).error(500, "internal_error");
     assert!(error["message"].as_str().unwrap().contains("injected"), "{error}");

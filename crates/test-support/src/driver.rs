@@ -5,7 +5,7 @@
 use routed_model::{
     KvCache, LiveStateId, LogitsWanted, Model, RoutingBuffer, SeqInput, StateCache, StateIo,
 };
-use routed_types::{BlockId, SnapshotSlotId, TokenId};
+use routed_types::{BlockGeneration, BlockId, BlockRef, SnapshotSlotId, TokenId};
 
 /// The result of a prefill: logits for every computed position and the routing of every computed
 /// token, `[T, L, K]`.
@@ -20,7 +20,7 @@ pub struct Prefill {
 #[derive(Clone, Debug)]
 pub struct Seq {
     /// Its block table.
-    pub table: Vec<BlockId>,
+    pub table: Vec<BlockRef>,
     /// Its live state slot (unused by attention-only models).
     pub live: LiveStateId,
 }
@@ -54,7 +54,9 @@ impl<'m> Driver<'m> {
     /// A fresh sequence with blocks for `len` tokens and its own live state slot.
     pub fn seq(&mut self, len: usize) -> Seq {
         let n = len.div_ceil(self.kv.block_size()) as u32;
-        let table = (self.next_block..self.next_block + n).map(BlockId).collect();
+        let table = (self.next_block..self.next_block + n)
+            .map(|b| BlockRef::new(BlockId(b), BlockGeneration(0)))
+            .collect();
         self.next_block += n;
         assert!(self.next_block as usize <= self.kv.num_blocks(), "driver ran out of blocks");
         let live = LiveStateId(self.next_live);

@@ -9,7 +9,9 @@ mod routing;
 mod sampling;
 mod step;
 
-pub use ids::{BlockGeneration, BlockHash, BlockId, RequestId, SnapshotSlotId, TokenId};
+pub use ids::{
+    BlockGeneration, BlockHash, BlockId, BlockRef, RequestId, SeqId, SnapshotSlotId, TokenId,
+};
 pub use routing::{ExpertId, RoutingMeta, RoutingRows};
 pub use sampling::{FinishReason, SamplingParams, StopMatch};
 pub use step::{SampledToken, ScheduledSeq, StepId, StepOutput, StepPlan};

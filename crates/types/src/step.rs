@@ -2,7 +2,7 @@
 //! it returns ([`StepOutput`]). Names follow vLLM v1 (`num_computed_tokens`, block tables, slot
 //! mapping) so a reader who knows it can read ours cold.
 
-use crate::{BlockGeneration, BlockId, RequestId, SamplingParams, SnapshotSlotId, TokenId};
+use crate::{BlockRef, SamplingParams, SeqId, SnapshotSlotId, TokenId};
 use std::sync::Arc;
 
 /// Numbers engine steps in order; the routing host-cache's watermark is a step id.
@@ -13,17 +13,15 @@ pub struct StepId(pub u64);
 #[derive(Clone, Debug)]
 pub struct ScheduledSeq {
     /// The sequence.
-    pub request_id: RequestId,
+    pub seq_id: SeqId,
     /// Tokens fed this step: a prefill chunk, or the token sampled last step.
     pub token_ids: Vec<TokenId>,
     /// Tokens already in the KV cache (computed or skipped); `token_ids[0]` sits here.
     pub num_computed_tokens: usize,
     /// Prompt length (positions at or past it are generated tokens).
     pub num_prompt_tokens: usize,
-    /// The sequence's whole block table.
-    pub block_table: Vec<BlockId>,
-    /// Generation of every block in `block_table`, for keying routing rows.
-    pub block_generations: Vec<BlockGeneration>,
+    /// The sequence's whole block table; the generations key the routing rows the step writes.
+    pub block_table: Vec<BlockRef>,
     /// Live Mamba state slot (hybrid models).
     pub live_state: Option<u32>,
     /// Copy this snapshot into the live state before the forward.

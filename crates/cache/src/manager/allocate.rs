@@ -1,6 +1,6 @@
 //! Prefix matching and step allocation: `get_computed_blocks` and `allocate_slots`.
 
-use routed_types::{BlockId, RequestId};
+use routed_types::{BlockId, BlockRef, SeqId};
 
 use super::{Admission, KvCacheManager, PendingGrant, RequestState};
 use crate::CacheError;
@@ -23,10 +23,10 @@ impl KvCacheManager {
     /// model the longest run of cached blocks from block 0; for a hybrid model the longest such
     /// run that ends at a block with a stored Mamba snapshot. Either is capped so at least one
     /// token is left to compute. Changes nothing: `allocate_slots` pins what it finds then.
-    pub fn get_computed_blocks(&self, request_id: RequestId) -> Result<ComputedBlocks, CacheError> {
-        let state = self.state(request_id)?;
+    pub fn get_computed_blocks(&self, seq_id: SeqId) -> Result<ComputedBlocks, CacheError> {
+        let state = self.state(seq_id)?;
         if state.admission.is_some() {
-            return Err(CacheError::AlreadyAdmitted(request_id));
+            return Err(CacheError::AlreadyAdmitted(seq_id));
         }
         Ok(self.find_hit(state))
     }
@@ -100,11 +100,11 @@ impl KvCacheManager {
         candidates: &[SlotRequest],
         token_budget: usize,
     ) -> Result<StepAllocation, CacheError> {
-        let ids: Vec<RequestId> = candidates.iter().map(|c| c.request_id).collect();
+        let ids: Vec<SeqId> = candidates.iter().map(|c| c.seq_id).collect();
         self.validate_ids(&ids)?;
         let mut step = StepAllocation::default();
         for (index, candidate) in candidates.iter().enumerate() {
-            if step.preempted.contains(&candidate.request_id) {
+            if step.preempted.contains(&candidate.seq_id) {
                 continue;
             }
             let budget = token_budget - step.num_scheduled_tokens;
@@ -116,7 +116,7 @@ impl KvCacheManager {
                 }
                 Planned::Deferred(reason) => {
                     self.counters.deferrals += 1;
-                    step.deferred.push(Deferral { request_id: candidate.request_id, reason });
+                    step.deferred.push(Deferral { seq_id: candidate.seq_id, reason });
                 }
                 Planned::PreemptedSelf => {}
             }
@@ -129,10 +129,10 @@ impl KvCacheManager {
         candidate: &SlotRequest,
         budget: usize,
         lower: &[SlotRequest],
-        preempted: &mut Vec<RequestId>,
+        preempted: &mut Vec<SeqId>,
     ) -> Planned {
-        let request_id = candidate.request_id;
-        let state = &self.requests[&request_id];
+        let seq_id = candidate.seq_id;
+        let state = &self.requests[&seq_id];
         let admitting = state.admission.is_none();
         let hit = if admitting { self.find_hit(state) } else { ComputedBlocks::default() };
         if admitting
@@ -160,18 +160,18 @@ impl KvCacheManager {
             if admitting {
                 return Planned::Deferred(DeferReason::NoFreeBlocks);
             }
-            let victim = lower.iter().rev().map(|c| c.request_id).find(|victim| {
+            let victim = lower.iter().rev().map(|c| c.seq_id).find(|victim| {
                 !preempted.contains(victim) && self.requests[victim].admission.is_some()
             });
-            let victim = victim.unwrap_or(request_id);
+            let victim = victim.unwrap_or(seq_id);
             self.release_request(victim);
             self.counters.preemptions += 1;
             preempted.push(victim);
-            if victim == request_id {
+            if victim == seq_id {
                 return Planned::PreemptedSelf;
             }
         }
-        Planned::Granted(self.grant(request_id, hit, start, num_new, prefill_len))
+        Planned::Granted(self.grant(seq_id, hit, start, num_new, prefill_len))
     }
 
     /// Hybrid models: ends a non-final prefill chunk on a block boundary, unless that would leave
@@ -189,7 +189,7 @@ impl KvCacheManager {
     /// checked by the caller.
     fn grant(
         &mut self,
-        request_id: RequestId,
+        seq_id: SeqId,
         hit: ComputedBlocks,
         start: usize,
         num_new: usize,
@@ -197,15 +197,15 @@ impl KvCacheManager {
     ) -> SlotGrant {
         let block_size = self.config.block_size;
         let end = start + num_new;
-        let is_admission = self.requests[&request_id].admission.is_none();
+        let is_admission = self.requests[&seq_id].admission.is_none();
         if is_admission {
-            self.admit(request_id, &hit, prefill_len);
+            self.admit(seq_id, &hit, prefill_len);
         }
-        let num_held = self.requests[&request_id].block_table.len();
+        let num_held = self.requests[&seq_id].block_table.len();
         let new_blocks: Vec<_> =
             (num_held..end.div_ceil(block_size)).map(|_| self.allocate_block()).collect();
-        let state = self.requests.get_mut(&request_id).expect("validated");
-        state.block_table.extend(new_blocks.iter().map(|&(block_id, _)| block_id));
+        let state = self.requests.get_mut(&seq_id).expect("validated");
+        state.block_table.extend(new_blocks.iter().map(|b| b.block));
         state.num_computed_tokens = end;
         self.counters.prefill_computed += (end.min(prefill_len).saturating_sub(start)) as u64;
         let publishing = self.config.enable_prefix_caching && !state.publish_disabled;
@@ -215,10 +215,10 @@ impl KvCacheManager {
             *self.pending_blocks.entry(hash).or_default() += 1;
         }
         let snapshots =
-            if publishing { self.plan_snapshots(request_id, start, end) } else { Vec::new() };
+            if publishing { self.plan_snapshots(seq_id, start, end) } else { Vec::new() };
         let grant_id = GrantId(self.next_grant_id);
         self.next_grant_id += 1;
-        let state = self.requests.get_mut(&request_id).expect("validated");
+        let state = self.requests.get_mut(&seq_id).expect("validated");
         state.pending.push_back(PendingGrant {
             grant_id,
             end,
@@ -226,7 +226,7 @@ impl KvCacheManager {
             snapshots: snapshots.clone(),
         });
         SlotGrant {
-            request_id,
+            seq_id,
             grant_id,
             is_admission,
             num_computed_tokens: start,
@@ -240,7 +240,7 @@ impl KvCacheManager {
 
     /// Pins a waiting request's hit (before anything is allocated, so the allocation cannot evict
     /// it) and makes the request running. Counts the hit only now that admission is certain.
-    fn admit(&mut self, request_id: RequestId, hit: &ComputedBlocks, prefill_len: usize) {
+    fn admit(&mut self, seq_id: SeqId, hit: &ComputedBlocks, prefill_len: usize) {
         for &block_id in &hit.block_ids {
             if self.pool.pin(block_id)
                 && let Some(snapshots) = &mut self.snapshots
@@ -255,7 +255,7 @@ impl KvCacheManager {
         let num_hit = hit.block_ids.len();
         let divergence =
             (hit.num_kv_matched_blocks > num_hit).then_some(hit.num_kv_matched_blocks * block_size);
-        let state = self.requests.get_mut(&request_id).expect("validated");
+        let state = self.requests.get_mut(&seq_id).expect("validated");
         state.block_table.clone_from(&hit.block_ids);
         state.num_published_blocks = num_hit;
         state.num_computed_tokens = hit.num_computed_tokens;
@@ -266,32 +266,27 @@ impl KvCacheManager {
         self.counters.prefill_skipped += hit.num_computed_tokens as u64;
     }
 
-    fn allocate_block(&mut self) -> (BlockId, routed_types::BlockGeneration) {
+    fn allocate_block(&mut self) -> BlockRef {
         let allocated = self.pool.allocate().expect("capacity was checked before granting");
         if let Some(evicted) = allocated.evicted {
             if let Some(snapshots) = &mut self.snapshots {
                 snapshots.drop_block(evicted.block_id);
             }
-            self.dropped.push((evicted.block_id, evicted.generation));
+            self.dropped.push(BlockRef::new(evicted.block_id, evicted.generation));
         }
-        (allocated.block_id, allocated.generation)
+        BlockRef::new(allocated.block_id, allocated.generation)
     }
 
     /// Reserves slots for the snapshots a hybrid grant must take (see
     /// [`super::snapshot_positions`]).
     /// A position whose snapshot already exists or is already planned is skipped, and so is every
     /// position once the pool has no slot to give: snapshots only improve later hits.
-    fn plan_snapshots(
-        &mut self,
-        request_id: RequestId,
-        start: usize,
-        end: usize,
-    ) -> Vec<PlannedSnapshot> {
+    fn plan_snapshots(&mut self, seq_id: SeqId, start: usize, end: usize) -> Vec<PlannedSnapshot> {
         let block_size = self.config.block_size;
         let Some(snapshots) = &mut self.snapshots else {
             return Vec::new();
         };
-        let state = &self.requests[&request_id];
+        let state = &self.requests[&seq_id];
         let admission = state.admission.expect("granted requests are admitted");
         let positions = super::snapshot_positions(
             block_size,

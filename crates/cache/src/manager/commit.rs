@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use routed_types::{BlockHash, RequestId};
+use routed_types::{BlockHash, SeqId};
 
 use super::{KvCacheManager, PendingGrant};
 use crate::CacheError;
@@ -25,7 +25,7 @@ impl KvCacheManager {
         self.validate_commit(entries)?;
         let mut summary = CommitSummary::default();
         for entry in entries {
-            let grant = self.requests.get_mut(&entry.request_id).and_then(|state| {
+            let grant = self.requests.get_mut(&entry.seq_id).and_then(|state| {
                 let is_front = state.pending.front().is_some_and(|g| g.grant_id == entry.grant_id);
                 if is_front { state.pending.pop_front() } else { None }
             });
@@ -39,16 +39,16 @@ impl KvCacheManager {
 
     /// Each request's entries must name its oldest pending grants, in order.
     fn validate_commit(&self, entries: &[CommitEntry]) -> Result<(), CacheError> {
-        let mut num_seen: HashMap<RequestId, usize> = HashMap::new();
+        let mut num_seen: HashMap<SeqId, usize> = HashMap::new();
         for entry in entries {
-            let Some(state) = self.requests.get(&entry.request_id) else { continue };
+            let Some(state) = self.requests.get(&entry.seq_id) else { continue };
             let Some(index) = state.pending.iter().position(|g| g.grant_id == entry.grant_id)
             else {
                 continue;
             };
-            let seen = num_seen.entry(entry.request_id).or_default();
+            let seen = num_seen.entry(entry.seq_id).or_default();
             if index != *seen {
-                return Err(CacheError::OutOfOrderCommit(entry.request_id));
+                return Err(CacheError::OutOfOrderCommit(entry.seq_id));
             }
             *seen += 1;
         }
@@ -62,7 +62,7 @@ impl KvCacheManager {
         summary: &mut CommitSummary,
     ) {
         let block_size = self.config.block_size;
-        let state = self.requests.get_mut(&entry.request_id).expect("grant was pending");
+        let state = self.requests.get_mut(&entry.seq_id).expect("grant was pending");
         state.num_committed_tokens = grant.end;
         let first = state.num_published_blocks;
         let last = grant.end / block_size;
@@ -102,8 +102,8 @@ impl KvCacheManager {
 
     /// Gives back what an uncommitted grant holds outside the block table: its pending hashes and
     /// its reserved snapshot slots.
-    pub(super) fn abandon_grant(&mut self, request_id: RequestId, grant: PendingGrant) {
-        let state = &self.requests[&request_id];
+    pub(super) fn abandon_grant(&mut self, seq_id: SeqId, grant: PendingGrant) {
+        let state = &self.requests[&seq_id];
         remove_pending(&mut self.pending_blocks, &state.block_hashes[grant.pending_block_range]);
         let Some(snapshots) = &mut self.snapshots else { return };
         for planned in grant.snapshots {

@@ -21,9 +21,8 @@ impl KvCacheManager {
         let mut owners = vec![0u32; self.pool.num_blocks()];
         let mut pending_blocks: BlockHashMap<u32> = BlockHashMap::default();
         let mut pending_snapshots: BlockHashMap<u32> = BlockHashMap::default();
-        for (request_id, state) in &self.requests {
-            self.check_request(state)
-                .map_err(|message| format!("request {request_id}: {message}"))?;
+        for (seq_id, state) in &self.requests {
+            self.check_request(state).map_err(|message| format!("request {seq_id}: {message}"))?;
             for &block_id in &state.block_table {
                 owners[block_id.index()] += 1;
             }

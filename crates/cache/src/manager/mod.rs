@@ -9,7 +9,7 @@ mod snapshots;
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
-use routed_types::{BlockGeneration, BlockHash, BlockId, RequestId, TokenId};
+use routed_types::{BlockGeneration, BlockHash, BlockId, BlockRef, SeqId, TokenId};
 
 pub use snapshots::snapshot_positions;
 
@@ -28,13 +28,13 @@ pub struct KvCacheManager {
     config: CacheConfig,
     pool: BlockPool,
     snapshots: Option<SnapshotPool>,
-    requests: HashMap<RequestId, RequestState>,
+    requests: HashMap<SeqId, RequestState>,
     /// Hashes of blocks that uncommitted grants are computing, with multiplicity.
     pending_blocks: BlockHashMap<u32>,
     /// Hashes that uncommitted grants will publish a snapshot under, with multiplicity.
     pending_snapshots: BlockHashMap<u32>,
     /// Blocks whose content died since the last drain, with the generation it was written under.
-    dropped: Vec<(BlockId, BlockGeneration)>,
+    dropped: Vec<BlockRef>,
     next_grant_id: u64,
     counters: Counters,
 }
@@ -134,13 +134,13 @@ impl KvCacheManager {
 
     /// Starts tracking a request (waiting: it holds nothing until a grant admits it).
     pub fn add_request(&mut self, request: CacheRequest) -> Result<(), CacheError> {
-        let CacheRequest { request_id, prompt_token_ids, cache_salt, skip_reading_prefix_cache } =
+        let CacheRequest { seq_id, prompt_token_ids, cache_salt, skip_reading_prefix_cache } =
             request;
-        if self.requests.contains_key(&request_id) {
-            return Err(CacheError::DuplicateRequest(request_id));
+        if self.requests.contains_key(&seq_id) {
+            return Err(CacheError::DuplicateRequest(seq_id));
         }
         if prompt_token_ids.is_empty() {
-            return Err(CacheError::EmptyPrompt(request_id));
+            return Err(CacheError::EmptyPrompt(seq_id));
         }
         let mut state = RequestState {
             num_prompt_tokens: prompt_token_ids.len(),
@@ -158,7 +158,7 @@ impl KvCacheManager {
             publish_disabled: false,
         };
         self.extend_hashes(&mut state);
-        self.requests.insert(request_id, state);
+        self.requests.insert(seq_id, state);
         Ok(())
     }
 
@@ -166,14 +166,13 @@ impl KvCacheManager {
     /// back). Blocks they complete are hashed now and published once computed.
     pub fn append_token_ids(
         &mut self,
-        request_id: RequestId,
+        seq_id: SeqId,
         token_ids: &[TokenId],
     ) -> Result<(), CacheError> {
-        let mut state =
-            self.requests.remove(&request_id).ok_or(CacheError::UnknownRequest(request_id))?;
+        let mut state = self.requests.remove(&seq_id).ok_or(CacheError::UnknownRequest(seq_id))?;
         state.token_ids.extend_from_slice(token_ids);
         self.extend_hashes(&mut state);
-        self.requests.insert(request_id, state);
+        self.requests.insert(seq_id, state);
         Ok(())
     }
 
@@ -192,10 +191,10 @@ impl KvCacheManager {
 
     /// Releases the blocks of running requests so they wait for re-admission, keeping their
     /// tokens; their uncommitted grants will publish nothing.
-    pub fn preempt(&mut self, request_ids: &[RequestId]) -> Result<(), CacheError> {
-        self.validate_ids(request_ids)?;
-        for &request_id in request_ids {
-            self.release_request(request_id);
+    pub fn preempt(&mut self, seq_ids: &[SeqId]) -> Result<(), CacheError> {
+        self.validate_ids(seq_ids)?;
+        for &seq_id in seq_ids {
+            self.release_request(seq_id);
             self.counters.preemptions += 1;
         }
         Ok(())
@@ -204,23 +203,23 @@ impl KvCacheManager {
     /// Forgets requests (finished or aborted), releasing their blocks once per request: a block
     /// several of them share loses one owner per request. Their uncommitted grants will publish
     /// nothing.
-    pub fn free(&mut self, request_ids: &[RequestId]) -> Result<(), CacheError> {
-        self.validate_ids(request_ids)?;
-        for &request_id in request_ids {
-            self.release_request(request_id);
-            self.requests.remove(&request_id);
+    pub fn free(&mut self, seq_ids: &[SeqId]) -> Result<(), CacheError> {
+        self.validate_ids(seq_ids)?;
+        for &seq_id in seq_ids {
+            self.release_request(seq_id);
+            self.requests.remove(&seq_id);
         }
         Ok(())
     }
 
-    fn validate_ids(&self, request_ids: &[RequestId]) -> Result<(), CacheError> {
-        let mut seen = std::collections::HashSet::with_capacity(request_ids.len());
-        for &request_id in request_ids {
-            if !self.requests.contains_key(&request_id) {
-                return Err(CacheError::UnknownRequest(request_id));
+    fn validate_ids(&self, seq_ids: &[SeqId]) -> Result<(), CacheError> {
+        let mut seen = std::collections::HashSet::with_capacity(seq_ids.len());
+        for &seq_id in seq_ids {
+            if !self.requests.contains_key(&seq_id) {
+                return Err(CacheError::UnknownRequest(seq_id));
             }
-            if !seen.insert(request_id) {
-                return Err(CacheError::RepeatedRequest(request_id));
+            if !seen.insert(seq_id) {
+                return Err(CacheError::RepeatedRequest(seq_id));
             }
         }
         Ok(())
@@ -228,8 +227,8 @@ impl KvCacheManager {
 
     /// Drops a request's uncommitted grants and releases its blocks, tail first, leaving it
     /// waiting with its tokens.
-    fn release_request(&mut self, request_id: RequestId) {
-        let state = self.requests.get_mut(&request_id).expect("validated");
+    fn release_request(&mut self, seq_id: SeqId) {
+        let state = self.requests.get_mut(&seq_id).expect("validated");
         let pending = std::mem::take(&mut state.pending);
         let table = std::mem::take(&mut state.block_table);
         state.admission = None;
@@ -238,7 +237,7 @@ impl KvCacheManager {
         state.num_published_blocks = 0;
         state.publish_disabled = false;
         for grant in pending {
-            self.abandon_grant(request_id, grant);
+            self.abandon_grant(seq_id, grant);
         }
         for &block_id in table.iter().rev() {
             self.release_block(block_id);
@@ -253,7 +252,9 @@ impl KvCacheManager {
                     snapshots.set_block_idle(block_id, true);
                 }
             }
-            Released::Freed { generation } => self.dropped.push((block_id, generation)),
+            Released::Freed { generation } => {
+                self.dropped.push(BlockRef::new(block_id, generation))
+            }
         }
     }
 
@@ -262,7 +263,7 @@ impl KvCacheManager {
     /// again). Returns the dropped blocks, whose routing rows should go; they are also reported by
     /// [`KvCacheManager::take_dropped_blocks`]. Running requests keep their blocks but publish
     /// nothing more.
-    pub fn reset_prefix_cache(&mut self) -> Vec<(BlockId, BlockGeneration)> {
+    pub fn reset_prefix_cache(&mut self) -> Vec<BlockRef> {
         for state in self.requests.values_mut() {
             state.publish_disabled |= state.admission.is_some();
         }
@@ -276,7 +277,7 @@ impl KvCacheManager {
             .pool
             .drop_all_published()
             .into_iter()
-            .map(|evicted| (evicted.block_id, evicted.generation))
+            .map(|evicted| BlockRef::new(evicted.block_id, evicted.generation))
             .collect();
         self.dropped.extend_from_slice(&dropped);
         dropped
@@ -286,9 +287,9 @@ impl KvCacheManager {
     /// generation is not the block's current one is ignored: that content is already gone. A held
     /// block stays with its owners but is never published in this generation. Returns how many
     /// blocks were affected.
-    pub fn forget(&mut self, blocks: &[(BlockId, BlockGeneration)]) -> usize {
+    pub fn forget(&mut self, blocks: &[BlockRef]) -> usize {
         let mut num_forgotten = 0;
-        for &(block_id, generation) in blocks {
+        for &BlockRef { block: block_id, generation } in blocks {
             let in_range = block_id.index() < self.pool.num_blocks();
             if !in_range
                 || self.pool.is_scratch(block_id)
@@ -308,7 +309,7 @@ impl KvCacheManager {
                 snapshots.drop_block(block_id);
             }
             if !held {
-                self.dropped.push((block_id, evicted.generation));
+                self.dropped.push(BlockRef::new(block_id, evicted.generation));
             }
             num_forgotten += 1;
         }
@@ -318,7 +319,7 @@ impl KvCacheManager {
     /// Blocks whose content died (evicted, freed unpublished, reset, forgotten) since the last
     /// call, with the generation that content was written under. The routing store drops their
     /// rows.
-    pub fn take_dropped_blocks(&mut self) -> Vec<(BlockId, BlockGeneration)> {
+    pub fn take_dropped_blocks(&mut self) -> Vec<BlockRef> {
         std::mem::take(&mut self.dropped)
     }
 
@@ -340,65 +341,58 @@ impl KvCacheManager {
         }
     }
 
-    fn state(&self, request_id: RequestId) -> Result<&RequestState, CacheError> {
-        self.requests.get(&request_id).ok_or(CacheError::UnknownRequest(request_id))
+    fn state(&self, seq_id: SeqId) -> Result<&RequestState, CacheError> {
+        self.requests.get(&seq_id).ok_or(CacheError::UnknownRequest(seq_id))
     }
 
     /// Whether the request is known.
-    pub fn contains_request(&self, request_id: RequestId) -> bool {
-        self.requests.contains_key(&request_id)
+    pub fn contains_request(&self, seq_id: SeqId) -> bool {
+        self.requests.contains_key(&seq_id)
     }
 
     /// The request's block table: block `i` holds positions `i * block_size ..`.
-    pub fn block_table(&self, request_id: RequestId) -> Result<&[BlockId], CacheError> {
-        Ok(&self.state(request_id)?.block_table)
+    pub fn block_table(&self, seq_id: SeqId) -> Result<&[BlockId], CacheError> {
+        Ok(&self.state(seq_id)?.block_table)
     }
 
     /// The current generation of every block in the request's table, in table order (routing rows
     /// are keyed by `(block, generation)`).
-    pub fn block_generations(
-        &self,
-        request_id: RequestId,
-    ) -> Result<Vec<BlockGeneration>, CacheError> {
-        let table = self.block_table(request_id)?;
+    pub fn block_generations(&self, seq_id: SeqId) -> Result<Vec<BlockGeneration>, CacheError> {
+        let table = self.block_table(seq_id)?;
         Ok(table.iter().map(|&block_id| self.pool.generation(block_id)).collect())
     }
 
     /// Tokens computed or in flight for the request.
-    pub fn num_computed_tokens(&self, request_id: RequestId) -> Result<usize, CacheError> {
-        Ok(self.state(request_id)?.num_computed_tokens)
+    pub fn num_computed_tokens(&self, seq_id: SeqId) -> Result<usize, CacheError> {
+        Ok(self.state(seq_id)?.num_computed_tokens)
     }
 
     /// Tokens the manager knows for the request (prompt plus appended).
-    pub fn num_tokens(&self, request_id: RequestId) -> Result<usize, CacheError> {
-        Ok(self.state(request_id)?.token_ids.len())
+    pub fn num_tokens(&self, seq_id: SeqId) -> Result<usize, CacheError> {
+        Ok(self.state(seq_id)?.token_ids.len())
     }
 
     /// Tokens the request skipped at its last admission (the OpenAI `cached_tokens`).
-    pub fn num_cached_tokens(&self, request_id: RequestId) -> Result<usize, CacheError> {
-        Ok(self.state(request_id)?.num_cached_tokens)
+    pub fn num_cached_tokens(&self, seq_id: SeqId) -> Result<usize, CacheError> {
+        Ok(self.state(seq_id)?.num_cached_tokens)
     }
 
     /// Hashes of the request's complete blocks (empty when prefix caching is off).
-    pub fn block_hashes(&self, request_id: RequestId) -> Result<&[BlockHash], CacheError> {
-        Ok(&self.state(request_id)?.block_hashes)
+    pub fn block_hashes(&self, seq_id: SeqId) -> Result<&[BlockHash], CacheError> {
+        Ok(&self.state(seq_id)?.block_hashes)
     }
 
     /// KV slot of every position in `positions` of the request, in order (see
     /// [`slot_for_position`]).
     pub fn slot_mapping(
         &self,
-        request_id: RequestId,
+        seq_id: SeqId,
         positions: Range<usize>,
     ) -> Result<Vec<u64>, CacheError> {
-        let table = self.block_table(request_id)?;
+        let table = self.block_table(seq_id)?;
         let num_slots = table.len() * self.config.block_size;
         if positions.end > num_slots {
-            return Err(CacheError::PositionOutOfRange {
-                request_id,
-                end: positions.end,
-                num_slots,
-            });
+            return Err(CacheError::PositionOutOfRange { seq_id, end: positions.end, num_slots });
         }
         let mut slots = Vec::with_capacity(positions.len());
         extend_slot_mapping(table, self.config.block_size, positions, &mut slots);

@@ -6,7 +6,7 @@
 use routed_cache::{
     CacheRequest, CommitEntry, KvCacheManager, SlotGrant, SlotRequest, StepAllocation,
 };
-use routed_types::{RequestId, TokenId};
+use routed_types::{SeqId, TokenId};
 
 /// SplitMix64: tiny, seeded, identical on every platform.
 #[derive(Clone, Debug)]
@@ -46,8 +46,8 @@ pub fn seq(base: u32, n: usize) -> Vec<TokenId> {
     (0..n as u32).map(|i| base + i).collect()
 }
 
-pub fn rid(id: u64) -> RequestId {
-    RequestId(id)
+pub fn rid(id: u64) -> SeqId {
+    SeqId(id)
 }
 
 pub fn add(manager: &mut KvCacheManager, id: u64, prompt: &[TokenId]) {

@@ -155,7 +155,7 @@ pub(super) fn load(config: ModelConfig, w: &mut Loader<'_>) -> Result<Model> {
     }
     let final_norm = w.tensor("model.norm.weight", &[h])?;
     let lm_head = w.lm_head(config.tie_word_embeddings, config.vocab_size, h)?;
-    Ok(Model { config, embed, layers, final_norm, lm_head, workspaces: Default::default() })
+    Ok(Model::new(config, embed, layers, final_norm, lm_head))
 }
 
 /// A SwiGLU MLP from rows `[at, at + 2 * inter)` of a fused input matrix (gate rows first) and
@@ -170,10 +170,20 @@ fn moe(w: &mut Loader<'_>, config: &ModelConfig, p: &str) -> Result<Moe> {
     let cfg = config.moe.clone().expect("moe");
     let (h, e, i) = (config.hidden_size, cfg.num_experts, cfg.expert_intermediate);
     let router = w.matrix(&format!("{p}.block_sparse_moe.router.layer.weight"), &[e, h])?;
-    // Fused on disk: `input_linear` is [E, 2I, H] (gate rows first), `output_linear` [E, H, I].
-    let input = w.matrix(&format!("{p}.block_sparse_moe.input_linear.weight"), &[e, 2 * i, h])?;
-    let output = w.matrix(&format!("{p}.block_sparse_moe.output_linear.weight"), &[e, h, i])?;
-    let experts = (0..e)
+    // Fused on disk: `input_linear` is [E, 2I, H] (gate rows first), `output_linear` [E, H, I];
+    // only this rank's experts are read.
+    let local = w.local_experts(e);
+    let input = w.matrix_slice(
+        &format!("{p}.block_sparse_moe.input_linear.weight"),
+        &[e, 2 * i, h],
+        local.clone(),
+    )?;
+    let output = w.matrix_slice(
+        &format!("{p}.block_sparse_moe.output_linear.weight"),
+        &[e, h, i],
+        local.clone(),
+    )?;
+    let experts = (0..local.len())
         .map(|x| split_swiglu(&input, x * 2 * i, output.slice_rows(x * h..(x + 1) * h), h, i))
         .collect();
     let shared = match cfg.shared_intermediate {
@@ -184,5 +194,5 @@ fn moe(w: &mut Loader<'_>, config: &ModelConfig, p: &str) -> Result<Moe> {
         }
         None => None,
     };
-    Ok(Moe { cfg, router, router_bias: None, experts, shared, hidden: h })
+    Ok(Moe { cfg, router, router_bias: None, local, experts, shared, hidden: h })
 }

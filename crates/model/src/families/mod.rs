@@ -11,12 +11,14 @@ use crate::{
         Architecture, AttentionConfig, FfnActivation, MambaConfig, ModelConfig, MoeConfig,
         RawConfig,
     },
-    error::Result,
+    error::{ModelError, Result},
     layers::{attention::Attention, mamba::Mamba, mlp::Mlp, moe::Moe},
     model::Model,
+    shard::{ExpertShard, LoadStats},
     weights::Weights,
 };
 use routed_backend::cpu::Matrix;
+use std::ops::Range;
 
 /// Normalises a raw config for `arch`.
 pub(crate) fn config_for(arch: Architecture, raw: &RawConfig) -> Result<ModelConfig> {
@@ -28,25 +30,61 @@ pub(crate) fn config_for(arch: Architecture, raw: &RawConfig) -> Result<ModelCon
     }
 }
 
-/// Builds the model for `config` from `weights`, reporting progress as `(tensors loaded, total)`.
+/// Builds `shard`'s part of the model for `config` from `weights`, reporting progress as
+/// `(tensors loaded, total)`.
 pub(crate) fn load(
     config: ModelConfig,
     weights: &Weights,
+    shard: ExpertShard,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Model> {
-    let mut loader = Loader { weights, done: 0, total: weights.len(), progress };
-    match config.architecture {
+    check_shard(&config, shard)?;
+    let mut loader = Loader {
+        weights,
+        shard,
+        done: 0,
+        total: weights.len(),
+        stats: LoadStats::default(),
+        progress,
+    };
+    let mut model = match config.architecture {
         Architecture::Qwen3Moe | Architecture::Mixtral => qwen3_moe::load(config, &mut loader),
         Architecture::NemotronH => nemotron_h::load(config, &mut loader),
         Architecture::GraniteMoeHybrid => granite_moe_hybrid::load(config, &mut loader),
+    }?;
+    // A rank skips other ranks' experts, so its count stops short of the checkpoint's.
+    (loader.progress)(loader.done, loader.done);
+    model.shard = shard;
+    model.load_stats = loader.stats;
+    Ok(model)
+}
+
+/// Experts split evenly: every rank must hold the same number of each layer's experts.
+fn check_shard(config: &ModelConfig, shard: ExpertShard) -> Result<()> {
+    let n = shard.num_ranks;
+    let bad = |message: String| Err(ModelError::ExpertParallel { message });
+    if n == 0 || shard.rank >= n {
+        return bad(format!("rank {} of an expert-parallel group of {n}", shard.rank));
+    }
+    match &config.moe {
+        _ if n == 1 => Ok(()),
+        None => bad(format!("expert parallel size {n}, but the model has no MoE layers")),
+        Some(moe) if !moe.num_experts.is_multiple_of(n) => bad(format!(
+            "the model's {} experts per MoE layer cannot be split evenly over an expert parallel \
+             size of {n}",
+            moe.num_experts
+        )),
+        Some(_) => Ok(()),
     }
 }
 
-/// Reads tensors with their expected shapes and reports progress.
+/// Reads tensors with their expected shapes, counts what it read and reports progress.
 pub(crate) struct Loader<'a> {
     weights: &'a Weights,
+    shard: ExpertShard,
     done: usize,
     total: usize,
+    stats: LoadStats,
     progress: &'a mut dyn FnMut(usize, usize),
 }
 
@@ -54,17 +92,42 @@ impl Loader<'_> {
     /// A tensor of exactly `shape`.
     pub fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let t = self.weights.f32(name, shape)?;
-        self.done += 1;
-        (self.progress)(self.done.min(self.total), self.total);
+        self.count(name, 1, 1);
         Ok(t)
     }
 
     /// A weight matrix of exactly `shape` (see [`Weights::matrix`]).
     pub fn matrix(&mut self, name: &str, shape: &[usize]) -> Result<Matrix> {
         let t = self.weights.matrix(name, shape)?;
+        self.count(name, 1, 1);
+        Ok(t)
+    }
+
+    /// Entries `leading` of the first dimension of a tensor of exactly `shape`, as a matrix (see
+    /// [`Weights::matrix_slice`]).
+    pub fn matrix_slice(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        leading: Range<usize>,
+    ) -> Result<Matrix> {
+        let t = self.weights.matrix_slice(name, shape, leading.clone())?;
+        self.count(name, leading.len(), shape[0]);
+        Ok(t)
+    }
+
+    /// The experts this rank holds, out of `num_experts`.
+    pub fn local_experts(&self, num_experts: usize) -> Range<usize> {
+        self.shard.experts(num_experts)
+    }
+
+    /// Records that `part / whole` of tensor `name` was read.
+    fn count(&mut self, name: &str, part: usize, whole: usize) {
+        let bytes = self.weights.num_bytes(name).unwrap_or(0);
+        self.stats.num_tensors += 1;
+        self.stats.num_bytes += bytes / whole.max(1) * part;
         self.done += 1;
         (self.progress)(self.done.min(self.total), self.total);
-        Ok(t)
     }
 
     /// Whether the checkpoint has `name`.
@@ -169,7 +232,8 @@ impl Loader<'_> {
         })
     }
 
-    /// A MoE block whose experts' tensor names are given by `expert(e)`.
+    /// A MoE block whose experts' tensor names are given by `expert(e)`; only this rank's
+    /// experts are read.
     pub fn moe(
         &mut self,
         cfg: &MoeConfig,
@@ -178,14 +242,24 @@ impl Loader<'_> {
         expert: impl Fn(usize) -> [Option<String>; 3],
     ) -> Result<Moe> {
         let router = self.matrix(router, &[cfg.num_experts, hidden])?;
-        let experts = (0..cfg.num_experts)
+        let local = self.local_experts(cfg.num_experts);
+        let experts = local
+            .clone()
             .map(|e| {
                 let names = expert(e);
                 let [g, u, d] = [names[0].as_deref(), names[1].as_deref(), names[2].as_deref()];
                 self.mlp([g, u, d], cfg.activation, hidden, cfg.expert_intermediate)
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Moe { cfg: cfg.clone(), router, router_bias: None, experts, shared: None, hidden })
+        Ok(Moe {
+            cfg: cfg.clone(),
+            router,
+            router_bias: None,
+            local,
+            experts,
+            shared: None,
+            hidden,
+        })
     }
 }
 

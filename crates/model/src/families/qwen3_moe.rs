@@ -155,5 +155,5 @@ pub(super) fn load(config: ModelConfig, w: &mut Loader<'_>) -> Result<Model> {
     }
     let final_norm = w.tensor("model.norm.weight", &[h])?;
     let lm_head = w.lm_head(config.tie_word_embeddings, config.vocab_size, h)?;
-    Ok(Model { config, embed, layers, final_norm, lm_head, workspaces: Default::default() })
+    Ok(Model::new(config, embed, layers, final_norm, lm_head))
 }

@@ -4,6 +4,12 @@
 //! of that product is computed exactly as it would be alone (see the backend's determinism rule),
 //! and a token's expert outputs are combined in rank order, so a token's result does not depend on
 //! the rest of the batch.
+//!
+//! Under expert parallelism a rank holds a contiguous slice of the experts. Sorting pairs by
+//! expert puts each rank's rows in one contiguous range, so after every rank has run its own
+//! experts one all-gather fills in the rest, and every rank combines exactly the rows a single
+//! rank would have computed, in the same order: the result is bitwise the same for any number of
+//! ranks.
 
 use super::{
     mlp::Mlp,
@@ -11,10 +17,13 @@ use super::{
 };
 use crate::{
     config::MoeConfig,
+    error::Result,
     workspace::{MoeWork, zeroed},
 };
 use rayon::prelude::*;
+use routed_backend::collective::Collective;
 use routed_backend::cpu::{self, Matrix};
+use std::ops::Range;
 
 pub(crate) struct Moe {
     pub cfg: MoeConfig,
@@ -22,6 +31,9 @@ pub(crate) struct Moe {
     pub router: Matrix,
     /// Selection-only bias (Nemotron-H's `e_score_correction_bias`).
     pub router_bias: Option<Vec<f32>>,
+    /// The experts this rank holds (all of them on a single rank).
+    pub local: Range<usize>,
+    /// Expert `local.start + i` is `experts[i]`.
     pub experts: Vec<Mlp>,
     pub shared: Option<Mlp>,
     pub hidden: usize,
@@ -29,8 +41,16 @@ pub(crate) struct Moe {
 
 impl Moe {
     /// Applies the block to `x` (`[n, hidden]`) into `out`, writing each token's expert ids
-    /// (`[n, top_k]`, canonical order) into `routing`.
-    pub fn forward(&self, x: &[f32], out: &mut [f32], routing: &mut [i16], work: &mut MoeWork) {
+    /// (`[n, top_k]`, canonical order) into `routing`. Every rank of `ranks` calls this with the
+    /// same `x`; the other ranks' expert outputs arrive through it.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        out: &mut [f32],
+        routing: &mut [i16],
+        work: &mut MoeWork,
+        ranks: &dyn Collective,
+    ) -> Result<()> {
         let (h, k, num_experts) = (self.hidden, self.cfg.top_k, self.cfg.num_experts);
         let n = x.len() / h;
         let logits = zeroed(&mut work.logits, n * num_experts);
@@ -79,7 +99,7 @@ impl Moe {
             let (o, o_tail) = out_rest.split_at_mut(rows * h);
             let (u, u_tail) = up_rest.split_at_mut(rows * inter);
             let (g, g_tail) = gate_rest.split_at_mut(if gated { rows * inter } else { 0 });
-            if rows > 0 {
+            if rows > 0 && self.local.contains(&e) {
                 tasks.push((e, o, u, g));
             }
             (out_rest, up_rest, gate_rest) = (o_tail, u_tail, g_tail);
@@ -87,8 +107,19 @@ impl Moe {
         let (order, starts) = (&*order, &*starts);
         tasks.par_iter_mut().for_each(|(e, y, up, gate)| {
             let rows = &order[starts[*e]..starts[*e + 1]];
-            self.experts[*e].forward_rows_serial(x, rows, y, up, gate);
+            self.experts[*e - self.local.start].forward_rows_serial(x, rows, y, up, gate);
         });
+        drop(tasks);
+        if ranks.world_size() > 1 {
+            // Rank r's experts are one contiguous run of sorted rows.
+            let per_rank = num_experts / ranks.world_size();
+            work.segments.clear();
+            work.segments.extend(
+                (0..ranks.world_size())
+                    .map(|r| starts[r * per_rank] * h..starts[(r + 1) * per_rank] * h),
+            );
+            ranks.all_gather(&mut work.sorted_out, &work.segments)?;
+        }
         // Each token's output is its experts' rows weighted in rank order, tokens in parallel.
         let (sorted_out, weights, slot_of) = (&work.sorted_out, &work.weights, &work.slot_of);
         out.par_chunks_exact_mut(h).enumerate().for_each(|(t, o)| {
@@ -104,5 +135,6 @@ impl Moe {
             shared.forward(x, s, &mut work.mlp);
             cpu::add_assign(out, s);
         }
+        Ok(())
     }
 }

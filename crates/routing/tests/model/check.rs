@@ -2,7 +2,7 @@
 
 use rand::RngExt;
 use routed_routing::RoutingError;
-use routed_types::{BlockGeneration, BlockId, RoutingRows};
+use routed_types::{BlockRef, RoutingRows};
 
 use super::{Owner, Sim, bgen, bid};
 
@@ -49,8 +49,8 @@ impl Sim {
     }
 
     fn check_table(&mut self, table: &[(usize, u32)], num_rows: usize, start: usize, op: usize) {
-        let listed: Vec<(BlockId, BlockGeneration)> =
-            table.iter().map(|&(b, g)| (bid(b), bgen(g))).collect();
+        let listed: Vec<BlockRef> =
+            table.iter().map(|&(b, g)| BlockRef::new(bid(b), bgen(g))).collect();
         let got = self.store.reconstruct(&listed, num_rows, start);
         let expected = self.expected(table, num_rows, start).map(|ids| RoutingRows {
             start,
@@ -93,7 +93,7 @@ impl Sim {
             let blk = &self.blocks[b];
             let old = blk.history[self.rng.random_range(0..blk.history.len())];
             if blk.ghost != Some(old) {
-                let got = self.store.reconstruct(&[(bid(b), bgen(old))], bs, 0);
+                let got = self.store.reconstruct(&[BlockRef::new(bid(b), bgen(old))], bs, 0);
                 assert!(
                     matches!(got, Err(ref e) if e.position() == Some(0)),
                     "op {op}: stale block {b} gen {old} gave {got:?}"

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use routed_routing::{LossReason, LostBlock, RoutingError, RoutingStore, RoutingStoreConfig};
-use routed_types::{BlockGeneration, BlockId};
+use routed_types::{BlockGeneration, BlockId, BlockRef};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Owner {
@@ -287,8 +287,8 @@ impl Sim {
     fn op_clear_cached(&mut self) {
         self.cov.clears += 1;
         let got = self.store.clear_cached();
-        let expected: Vec<(BlockId, BlockGeneration)> =
-            self.lru.iter().map(|&(b, g)| (bid(b), bgen(g))).collect();
+        let expected: Vec<BlockRef> =
+            self.lru.iter().map(|&(b, g)| BlockRef::new(bid(b), bgen(g))).collect();
         assert_eq!(got, expected, "clear_cached returns the LRU in order");
         for (b, g) in std::mem::take(&mut self.lru) {
             let blk = &mut self.blocks[b];

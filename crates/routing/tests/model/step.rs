@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use rand::RngExt;
 use rand::seq::SliceRandom;
 use routed_routing::LossReason;
-use routed_types::{BlockGeneration, BlockId};
+use routed_types::BlockRef;
 
 use super::{Owner, Sim, bgen, bid};
 
@@ -64,8 +64,8 @@ impl Sim {
         }
         let tokens = self.random_tokens(&targets);
         let (ids, slots) = self.device_layout(&tokens);
-        let mut listed: Vec<(BlockId, BlockGeneration)> =
-            targets.iter().map(|&(b, g)| (bid(b), bgen(g))).collect();
+        let mut listed: Vec<BlockRef> =
+            targets.iter().map(|&(b, g)| BlockRef::new(bid(b), bgen(g))).collect();
         if let Some(&first) = listed.first()
             && self.rng.random_bool(0.2)
         {
@@ -73,7 +73,8 @@ impl Sim {
         }
         listed.shuffle(&mut self.rng);
         let outcome = self.store.store_step(&ids, &slots, &listed).expect("valid step");
-        let order: Vec<(usize, u32)> = listed.iter().map(|&(b, g)| (b.index(), g.0)).collect();
+        let order: Vec<(usize, u32)> =
+            listed.iter().map(|r| (r.block.index(), r.generation.0)).collect();
         let (written, dropped, refused) = self.apply_step(&order, &tokens);
         assert_eq!(outcome.rows_written, written, "rows written");
         assert_eq!(outcome.rows_dropped, dropped, "rows dropped");

@@ -1,0 +1,158 @@
+//! The executor actor: owns the runner actors (one per rank) and is what the scheduler and the
+//! heartbeat talk to. Every step and every dummy forward goes to all ranks as one lockstep unit
+//! with a fresh [`LockstepId`]; units run one at a time (the executor handles its messages
+//! atomically), so every rank sees them in the same order. Rank 0's output is the step's result;
+//! only rank 0 hands its routing to the copy worker.
+
+use crate::{
+    runner::{DummyForward, Execute, RunnerActor},
+    worker::{LockstepId, WorkerError},
+};
+use actix::{
+    Actor, ActorFutureExt, Addr, AtomicResponse, Context, Handler, MailboxError, Message,
+    WrapFuture,
+};
+use futures_util::future::join_all;
+use routed_types::{StepOutput, StepPlan};
+use std::sync::Arc;
+
+/// Scheduler -> executor: execute one step on every rank. Reply: rank 0's output, or the error
+/// that failed the step (the requests in it fail). A runner that is gone is reported as
+/// [`ExecutorError::RunnerGone`]: the engine cannot serve any more.
+#[derive(Message)]
+#[rtype(result = "Result<StepOutput, ExecutorError>")]
+pub struct ExecuteStep(pub StepPlan);
+
+/// Heartbeat -> executor: one dummy forward on every rank, in lockstep. Reply: whether every rank
+/// ran it.
+#[derive(Message)]
+#[rtype(result = "Result<(), ExecutorError>")]
+pub struct RunDummyForward;
+
+/// Why a unit failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    /// A rank failed its part (the others were released and failed or finished theirs).
+    #[error("rank {rank}: {source}")]
+    Rank {
+        /// The failing rank (the first whose error was not only a peer's abort).
+        rank: usize,
+        /// Why.
+        source: WorkerError,
+    },
+    /// A runner's mailbox is closed: its thread is gone.
+    #[error("the runner of rank {rank} is gone: {source}")]
+    RunnerGone {
+        /// The rank.
+        rank: usize,
+        /// The mailbox error.
+        source: MailboxError,
+    },
+}
+
+/// Sends lockstep units to every rank.
+pub struct ExecutorActor {
+    ranks: Vec<Addr<RunnerActor>>,
+    last_unit: u64,
+}
+
+impl ExecutorActor {
+    /// An executor over `ranks`, rank order.
+    pub fn new(ranks: Vec<Addr<RunnerActor>>) -> Self {
+        assert!(!ranks.is_empty(), "an executor drives at least one rank");
+        Self { ranks, last_unit: 0 }
+    }
+
+    fn next_unit(&mut self) -> LockstepId {
+        self.last_unit += 1;
+        LockstepId(self.last_unit)
+    }
+}
+
+/// Rank 0's result if every rank succeeded; else the most telling failure: a gone runner first,
+/// then the first rank whose error is its own rather than a peer's abort.
+fn combine<T>(
+    replies: Vec<Result<Result<T, WorkerError>, MailboxError>>,
+) -> Result<T, ExecutorError> {
+    let mut first_ok = None;
+    let mut failure: Option<ExecutorError> = None;
+    for (rank, reply) in replies.into_iter().enumerate() {
+        let error = match reply {
+            Ok(Ok(value)) => {
+                if rank == 0 {
+                    first_ok = Some(value);
+                }
+                continue;
+            }
+            Ok(Err(source)) => ExecutorError::Rank { rank, source },
+            Err(source) => ExecutorError::RunnerGone { rank, source },
+        };
+        let better = match (&failure, &error) {
+            (None, _) => true,
+            (Some(ExecutorError::RunnerGone { .. }), _) => false,
+            (_, ExecutorError::RunnerGone { .. }) => true,
+            (Some(ExecutorError::Rank { source, .. }), _) => source.is_abort_by_peer(),
+        };
+        if better {
+            failure = Some(error);
+        }
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(first_ok.expect("rank 0 answered")),
+    }
+}
+
+impl Actor for ExecutorActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<ExecuteStep> for ExecutorActor {
+    type Result = AtomicResponse<Self, Result<StepOutput, ExecutorError>>;
+
+    fn handle(&mut self, msg: ExecuteStep, _: &mut Context<Self>) -> Self::Result {
+        let unit = self.next_unit();
+        let plan = Arc::new(msg.0);
+        let sends = self.ranks.iter().map(|r| r.send(Execute { plan: plan.clone(), unit }));
+        let all = join_all(sends.collect::<Vec<_>>());
+        AtomicResponse::new(Box::pin(all.into_actor(self).map(|replies, _, _| combine(replies))))
+    }
+}
+
+impl Handler<RunDummyForward> for ExecutorActor {
+    type Result = AtomicResponse<Self, Result<(), ExecutorError>>;
+
+    fn handle(&mut self, _: RunDummyForward, _: &mut Context<Self>) -> Self::Result {
+        let unit = self.next_unit();
+        let sends = self.ranks.iter().map(|r| r.send(DummyForward { unit }));
+        let all = join_all(sends.collect::<Vec<_>>());
+        AtomicResponse::new(Box::pin(all.into_actor(self).map(|replies, _, _| combine(replies))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use routed_backend::collective::CollectiveError;
+    use routed_model::ModelError;
+
+    fn aborted() -> WorkerError {
+        WorkerError::Model(ModelError::Collective(CollectiveError::Aborted { epoch: 1 }))
+    }
+
+    #[test]
+    fn rank_zero_answers_when_every_rank_succeeds() {
+        assert_eq!(combine::<u32>(vec![Ok(Ok(7)), Ok(Ok(8))]).unwrap(), 7);
+    }
+
+    #[test]
+    fn the_reported_failure_is_the_cause_not_a_peer_abort() {
+        let replies = vec![Ok(Err(aborted())), Ok(Err(WorkerError::Injected)), Ok(Ok(()))];
+        match combine::<()>(replies) {
+            Err(ExecutorError::Rank { rank: 1, source: WorkerError::Injected }) => {}
+            other => panic!("got {other:?}"),
+        }
+        let replies = vec![Ok(Err(WorkerError::Injected)), Err(MailboxError::Closed)];
+        assert!(matches!(combine::<()>(replies), Err(ExecutorError::RunnerGone { rank: 1, .. })));
+    }
+}

@@ -1,0 +1,168 @@
+//! The messages the scheduler actor answers, its stats, and the drain on shutdown.
+
+use super::SchedulerActor;
+use crate::{
+    EngineError, EngineStats, GenerateRequest, RequestEvent,
+    cache_manager::{GetCacheStats, ResetPrefixCache},
+    heartbeat::DummyForwardDone,
+    metrics as names,
+    routing_cache::{FreeBlocks, GetRoutingBytes},
+    timings::Timings,
+};
+use actix::{Context, Handler, Message, ResponseActFuture, ResponseFuture, WrapFuture};
+use routed_types::RequestId;
+use tokio::sync::{mpsc::UnboundedSender, oneshot};
+
+/// Handle -> scheduler: a new request; its events go to `events`. Reply: its id, or why it was
+/// refused (overloaded, invalid, shutting down).
+#[derive(Message)]
+#[rtype(result = "Result<RequestId, EngineError>")]
+pub struct Submit {
+    /// The request.
+    pub request: GenerateRequest,
+    /// Where its events go.
+    pub events: UnboundedSender<RequestEvent>,
+}
+
+/// Handle -> scheduler: abort a request (every sequence). No reply; unknown ids are ignored.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Abort(pub RequestId);
+
+/// Handle -> scheduler: the engine's figures.
+#[derive(Message)]
+#[rtype(result = "EngineStats")]
+pub struct GetStats;
+
+/// Handle -> scheduler: reset the prefix cache (between steps). Reply: whether it ran.
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct ResetCache;
+
+/// Handle -> scheduler: whether the engine can serve.
+#[derive(Message)]
+#[rtype(result = "Result<(), EngineError>")]
+pub struct Health;
+
+/// Handle -> scheduler: stop accepting requests, let in-flight ones finish, then stop the actor
+/// system. Reply when drained.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+impl SchedulerActor {
+    /// Once shutting down and drained: answers the waiting [`Shutdown`]s and stops the system.
+    pub(super) fn check_drained(&mut self) {
+        if !self.shutting_down
+            || self.step_in_flight
+            || !self.groups.is_empty() && self.unhealthy.is_none()
+        {
+            return;
+        }
+        if self.drained.is_empty() {
+            return;
+        }
+        for tx in self.drained.drain(..) {
+            let _ = tx.send(());
+        }
+        // Everything is drained: stop the actors (the system stops them in order, mailboxes
+        // first) and let the engine thread end.
+        actix::System::current().stop();
+    }
+}
+
+impl Handler<Submit> for SchedulerActor {
+    type Result = Result<RequestId, EngineError>;
+
+    fn handle(&mut self, msg: Submit, ctx: &mut Context<Self>) -> Self::Result {
+        self.submit(msg, ctx)
+    }
+}
+
+impl Handler<Abort> for SchedulerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Abort, ctx: &mut Context<Self>) {
+        self.abort(msg.0, ctx);
+    }
+}
+
+impl Handler<DummyForwardDone> for SchedulerActor {
+    type Result = ();
+
+    fn handle(&mut self, _: DummyForwardDone, _: &mut Context<Self>) {
+        self.stats.num_dummy_forwards += 1;
+        metrics::counter!(names::DUMMY_FORWARDS).increment(1);
+    }
+}
+
+impl Handler<GetStats> for SchedulerActor {
+    type Result = ResponseFuture<EngineStats>;
+
+    fn handle(&mut self, _: GetStats, _: &mut Context<Self>) -> Self::Result {
+        let mut stats = self.stats.clone();
+        stats.num_running = self.policy.num_running();
+        stats.num_waiting = self.policy.num_waiting();
+        stats.num_live_states_held = self.policy.num_live_states_held();
+        let t = &self.peers.timings;
+        stats.forward_seconds = Timings::seconds(&t.forward_ns);
+        stats.routing_capture_seconds = Timings::seconds(&t.capture_ns);
+        stats.routing_copy_seconds = Timings::seconds(&t.copy_ns);
+        stats.routing_store_seconds = Timings::seconds(&t.store_ns);
+        let (cache, routing) = (self.peers.cache.clone(), self.peers.routing.clone());
+        Box::pin(async move {
+            if let Ok(c) = cache.send(GetCacheStats).await {
+                stats.apply_cache(&c);
+            }
+            stats.routing_bytes_held = routing.send(GetRoutingBytes).await.unwrap_or(0);
+            names::publish(&stats);
+            stats
+        })
+    }
+}
+
+impl Handler<ResetCache> for SchedulerActor {
+    type Result = ResponseFuture<bool>;
+
+    fn handle(&mut self, _: ResetCache, _: &mut Context<Self>) -> Self::Result {
+        let (cache, routing) = (self.peers.cache.clone(), self.peers.routing.clone());
+        Box::pin(async move {
+            match cache.send(ResetPrefixCache).await {
+                Ok(dropped) => {
+                    routing.do_send(FreeBlocks(dropped));
+                    true
+                }
+                Err(_) => false,
+            }
+        })
+    }
+}
+
+impl Handler<Health> for SchedulerActor {
+    type Result = Result<(), EngineError>;
+
+    fn handle(&mut self, _: Health, _: &mut Context<Self>) -> Self::Result {
+        match &self.unhealthy {
+            Some(reason) => Err(EngineError::Unhealthy(reason.clone())),
+            None if self.shutting_down => Err(EngineError::ShutDown),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Handler<Shutdown> for SchedulerActor {
+    type Result = ResponseActFuture<Self, ()>;
+
+    fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) -> Self::Result {
+        self.shutting_down = true;
+        let (tx, rx) = oneshot::channel();
+        self.drained.push(tx);
+        self.check_drained();
+        Box::pin(
+            async move {
+                let _ = rx.await;
+            }
+            .into_actor(self),
+        )
+    }
+}

@@ -1,0 +1,218 @@
+//! A request's life in the scheduler actor: submission, streaming tokens, finishing (reading the
+//! routing first), aborting and failing.
+
+use super::{Group, SchedulerActor};
+use crate::{
+    EngineError, FinalOutput, RequestEvent, TokenEvent,
+    cache_manager::ResetPrefixCache,
+    routing_cache::{FreeBlocks, Reconstruct},
+    scheduler::Submit,
+    validate::validate,
+};
+use actix::{ActorFutureExt, AsyncContext, Context, WrapFuture};
+use routed_scheduler::{NewSeq, SchedulerError, SeqEvent};
+use routed_types::{FinishReason, RequestId, SamplingParams, SeqId, StepOutput};
+use std::sync::Arc;
+
+impl SchedulerActor {
+    pub(super) fn submit(
+        &mut self,
+        msg: Submit,
+        ctx: &mut Context<Self>,
+    ) -> Result<RequestId, EngineError> {
+        if self.shutting_down {
+            return Err(EngineError::ShutDown);
+        }
+        if let Some(reason) = &self.unhealthy {
+            return Err(EngineError::Unhealthy(reason.clone()));
+        }
+        let r = msg.request;
+        validate(&r, &self.info)?;
+        let request = RequestId(self.next_request);
+        self.next_request += 1;
+        let prompt = Arc::new(r.prompt_token_ids);
+        let seqs = (0..r.n)
+            .map(|i| NewSeq {
+                id: SeqId::new(request, i),
+                prompt: prompt.clone(),
+                params: Arc::new(SamplingParams {
+                    seed: r.sampling.seed.wrapping_add(i as u64),
+                    ..r.sampling.clone()
+                }),
+                cache_salt: r.cache_salt.clone(),
+            })
+            .collect();
+        self.policy.add(seqs).map_err(|e| match e {
+            SchedulerError::Overloaded(n) => EngineError::Overloaded(n),
+            other => EngineError::Internal(other.to_string()),
+        })?;
+        let entry = Group {
+            events: msg.events,
+            return_routing: r.return_routing,
+            routing_start: r.routing_start,
+            num_open: r.n,
+            n: r.n,
+        };
+        self.groups.insert(request, entry);
+        self.schedule(ctx);
+        Ok(request)
+    }
+
+    /// Applies a step's output: streams tokens, finishes the sequences that stopped.
+    pub(super) fn apply_output(
+        &mut self,
+        ids: &[SeqId],
+        output: &StepOutput,
+        ctx: &mut Context<Self>,
+    ) {
+        let tokenizer = self.tokenizer.clone();
+        let mut decode = |t: &[u32]| tokenizer.decode(t).unwrap_or_default();
+        let mut gone = Vec::new();
+        for event in self.policy.apply_output(ids, output, &mut decode) {
+            match event {
+                SeqEvent::Token { id, sampled } => {
+                    let Some(g) = self.groups.get(&id.request()) else { continue };
+                    let token = TokenEvent {
+                        index: id.index_in_request(),
+                        token: sampled.token,
+                        logprob: sampled.logprob,
+                        top_logprobs: sampled.top_logprobs,
+                    };
+                    if g.events.send(RequestEvent::Token(token)).is_err() {
+                        // Nobody listens any more (the submitter went away before it got its
+                        // stream): stop computing for it.
+                        gone.push(id.request());
+                    }
+                }
+                SeqEvent::Finished { id, reason, text_len } => {
+                    self.finish(id, reason, text_len, ctx)
+                }
+            }
+        }
+        for request in gone {
+            self.abort(request, ctx);
+        }
+    }
+
+    /// Builds a finished sequence's final output, reading its routing first when asked.
+    fn finish(
+        &mut self,
+        id: SeqId,
+        reason: FinishReason,
+        text_len: Option<usize>,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(seq) = self.policy.seq(id) else { return };
+        let mut text = self.tokenizer.decode(&seq.output).unwrap_or_default();
+        if let Some(len) = text_len {
+            text.truncate(len);
+        }
+        let output = FinalOutput {
+            index: id.index_in_request(),
+            token_ids: seq.output.clone(),
+            text,
+            finish_reason: reason,
+            num_prompt_tokens: seq.prompt.len(),
+            num_cached_tokens: seq.num_cached_tokens,
+            routing: None,
+        };
+        let group = self.groups.get(&id.request());
+        let Some(g) = group.filter(|g| g.return_routing && self.info.routing.is_some()) else {
+            return self.deliver(id, output);
+        };
+        let read = Reconstruct {
+            table: seq.blocks.clone(),
+            num_rows: seq.num_tokens() - 1,
+            start: g.routing_start,
+            after_step: self.last_step.get(&id).copied().unwrap_or_default(),
+        };
+        let fut = self.peers.routing.send(read).into_actor(self).map(move |res, act, ctx| {
+            match res {
+                Ok(Ok(rows)) => act.deliver(id, FinalOutput { routing: Some(rows), ..output }),
+                Ok(Err(e)) => act
+                    .fail_seq(id, EngineError::Internal(format!("routing rows unavailable: {e}"))),
+                Err(e) => act.fail_seq(
+                    id,
+                    EngineError::Internal(format!("routing host-cache unreachable: {e}")),
+                ),
+            }
+            act.schedule(ctx);
+        });
+        ctx.spawn(fut);
+    }
+
+    fn deliver(&mut self, id: SeqId, output: FinalOutput) {
+        if let Some(g) = self.groups.get_mut(&id.request()) {
+            let _ = g.events.send(RequestEvent::Finished(Box::new(output)));
+            g.num_open -= 1;
+            if g.num_open == 0 {
+                self.groups.remove(&id.request());
+            }
+        }
+        self.last_step.remove(&id);
+        self.policy.release(id);
+    }
+
+    /// Ends a request with an error: the error ends its stream, and every sequence of the
+    /// request is dropped (the one that failed included).
+    fn fail_seq(&mut self, id: SeqId, error: EngineError) {
+        let request = id.request();
+        if let Some(g) = self.groups.remove(&request) {
+            let _ = g.events.send(RequestEvent::Error(error));
+            for i in 0..g.n {
+                self.policy.abort(SeqId::new(request, i));
+                self.last_step.remove(&SeqId::new(request, i));
+            }
+        }
+    }
+
+    /// A step failed on a rank: its requests fail; the prefix cache and routing rows are reset
+    /// because the ranks' tensors can no longer be trusted.
+    pub(super) fn fail_step(&mut self, ids: &[SeqId], reason: String, ctx: &mut Context<Self>) {
+        tracing::error!("step failed: {reason}");
+        for &id in ids {
+            self.fail_seq(id, EngineError::Internal(reason.clone()));
+        }
+        let routing = self.peers.routing.clone();
+        let reset =
+            self.peers.cache.send(ResetPrefixCache).into_actor(self).map(move |res, _, _| {
+                if let Ok(dropped) = res {
+                    routing.do_send(FreeBlocks(dropped));
+                }
+            });
+        ctx.spawn(reset);
+    }
+
+    /// A peer is gone: nothing can be served any more.
+    pub(super) fn fail_engine(&mut self, reason: String) {
+        tracing::error!("engine unhealthy: {reason}");
+        self.unhealthy = Some(reason.clone());
+        self.step_in_flight = false;
+        for (_, g) in self.groups.drain() {
+            let _ = g.events.send(RequestEvent::Error(EngineError::Unhealthy(reason.clone())));
+        }
+        self.check_drained();
+    }
+
+    /// Ends every sequence of `request` with `finish_reason: abort`.
+    pub(super) fn abort(&mut self, request: RequestId, ctx: &mut Context<Self>) {
+        let Some(g) = self.groups.remove(&request) else { return };
+        for i in 0..g.n {
+            let id = SeqId::new(request, i);
+            if let Some(seq) = self.policy.abort(id) {
+                self.last_step.remove(&id);
+                let output = FinalOutput {
+                    index: i,
+                    text: self.tokenizer.decode(&seq.output).unwrap_or_default(),
+                    token_ids: seq.output,
+                    finish_reason: FinishReason::Abort,
+                    num_prompt_tokens: seq.prompt.len(),
+                    num_cached_tokens: seq.num_cached_tokens,
+                    routing: None,
+                };
+                let _ = g.events.send(RequestEvent::Finished(Box::new(output)));
+            }
+        }
+        self.schedule(ctx);
+    }
+}

@@ -1,0 +1,121 @@
+//! Request validation, in one place: the engine checks every [`GenerateRequest`] against the
+//! served model before admitting it, and the HTTP gateway runs the same check to answer a batch
+//! with a 400 before submitting any of it.
+
+use crate::{EngineError, GenerateRequest, ModelInfo};
+use routed_types::SeqId;
+
+/// The largest `n` (continuations per request).
+pub const MAX_N: usize = 128;
+
+const _: () = assert!(MAX_N <= SeqId::MAX_PER_REQUEST);
+
+/// Checks `request` against the served model; the error names the offending field.
+pub fn validate(request: &GenerateRequest, info: &ModelInfo) -> Result<(), EngineError> {
+    let bad =
+        |param: &'static str, message: String| Err(EngineError::InvalidRequest { param, message });
+    let p = request.prompt_token_ids.len();
+    let max_tokens = request.sampling.max_tokens as usize;
+    let limit = info.max_model_len;
+    if p == 0 {
+        return bad("prompt", "the prompt must have at least one token".into());
+    }
+    if let Some(t) = request.prompt_token_ids.iter().find(|&&t| t as usize >= info.vocab_size) {
+        let message = format!("token ids must be in [0, {}), got {t}", info.vocab_size);
+        return bad("prompt", message);
+    }
+    if p >= limit {
+        let message = format!(
+            "this model's maximum context length is {limit} tokens, and the prompt has {p}"
+        );
+        return bad("prompt", message);
+    }
+    if max_tokens == 0 {
+        return bad("max_tokens", "max_tokens must be at least 1".into());
+    }
+    if p + max_tokens > limit {
+        let message = format!(
+            "this model's maximum context length is {limit} tokens; the prompt ({p}) plus \
+             max_tokens ({max_tokens}) exceeds it"
+        );
+        return bad("max_tokens", message);
+    }
+    let capacity = info.num_kv_blocks * info.block_size;
+    if p + max_tokens > capacity {
+        // Such a request could never hold all its blocks at once: it would be preempted forever.
+        let message = format!(
+            "the prompt ({p}) plus max_tokens ({max_tokens}) needs more than the KV cache's \
+             {capacity} token slots"
+        );
+        return bad("max_tokens", message);
+    }
+    if request.n == 0 || request.n > MAX_N {
+        return bad("n", format!("n must be between 1 and {MAX_N}, got {}", request.n));
+    }
+    if request.return_routing && !info.routing_capture {
+        let message = "routing capture is off (start the server with \
+                       --enable-return-routed-experts)";
+        return bad("return_routed_experts", message.into());
+    }
+    if request.return_routing && request.routing_start > p {
+        let message = format!(
+            "routed_experts_start_len ({}) must be between 0 and the prompt's {p} tokens",
+            request.routing_start
+        );
+        return bad("routed_experts_start_len", message);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use routed_types::SamplingParams;
+
+    fn info() -> ModelInfo {
+        ModelInfo {
+            served_model_name: "m".into(),
+            max_model_len: 64,
+            vocab_size: 100,
+            routing: None,
+            routing_capture: true,
+            num_kv_blocks: 8,
+            block_size: 4,
+            num_snapshot_slots: 0,
+            device: "cpu".into(),
+            expert_parallel_size: 1,
+            default_seed: 0,
+            weight_bytes_per_token: 0,
+        }
+    }
+
+    fn param(r: GenerateRequest) -> Option<&'static str> {
+        match validate(&r, &info()) {
+            Ok(()) => None,
+            Err(EngineError::InvalidRequest { param, .. }) => Some(param),
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+
+    fn req(prompt: usize, max_tokens: u32) -> GenerateRequest {
+        GenerateRequest::new(vec![1; prompt], SamplingParams::greedy(max_tokens))
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        assert_eq!(param(req(3, 4)), None);
+        assert_eq!(param(req(0, 4)), Some("prompt"));
+        assert_eq!(
+            param(GenerateRequest { prompt_token_ids: vec![100], ..req(1, 4) }),
+            Some("prompt")
+        );
+        assert_eq!(param(req(64, 1)), Some("prompt"));
+        assert_eq!(param(req(3, 0)), Some("max_tokens"));
+        assert_eq!(param(req(30, 30)), Some("max_tokens")); // past the 32 KV slots
+        assert_eq!(param(req(60, 10)), Some("max_tokens")); // past max_model_len
+        assert_eq!(param(GenerateRequest { n: 0, ..req(3, 4) }), Some("n"));
+        assert_eq!(param(GenerateRequest { n: MAX_N + 1, ..req(3, 4) }), Some("n"));
+        let start = GenerateRequest { routing_start: 4, ..req(3, 4) };
+        assert_eq!(param(start), Some("routed_experts_start_len"));
+    }
+}

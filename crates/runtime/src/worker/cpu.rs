@@ -1,0 +1,238 @@
+//! The CPU worker: one rank's model on the CPU reference backend, with its own thread pool.
+
+use super::{CacheShape, ExecutedStep, LockstepId, Worker, WorkerError, written_blocks};
+use rayon::prelude::*;
+use routed_backend::collective::Collective;
+use routed_model::{
+    KvCache, LiveStateId, LogitsWanted, Model, ModelConfig, RoutingBuffer, Sampler, SeqInput,
+    StateCache, StateIo,
+};
+use routed_types::{
+    BlockGeneration, BlockId, BlockRef, RoutingMeta, SampledToken, ScheduledSeq, StepOutput,
+    StepPlan,
+};
+use std::{ops::Range, sync::Arc};
+
+/// A model rank computing on the CPU. Its kernels run on its own thread pool, so the ranks of an
+/// expert-parallel group split the cores between them.
+pub struct CpuWorker {
+    model: Arc<Model>,
+    pool: rayon::ThreadPool,
+    caches: Option<Caches>,
+    sampler: Sampler,
+    /// Routing written by dummy forwards goes here and nowhere else.
+    scratch_routing: RoutingBuffer,
+}
+
+struct Caches {
+    kv: KvCache,
+    states: StateCache,
+    block_size: usize,
+    scratch_block: BlockId,
+}
+
+impl CpuWorker {
+    /// A worker for `model` (a whole model or one rank's part) computing on `num_threads` threads.
+    pub fn new(model: Arc<Model>, num_threads: usize) -> Result<Self, WorkerError> {
+        let rank = model.shard().rank;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(num_threads.max(1))
+            .thread_name(move |i| format!("routed-cpu-r{rank}-{i}"))
+            .build()
+            .map_err(|e| WorkerError::Panicked(format!("cannot start the thread pool: {e}")))?;
+        Ok(Self {
+            scratch_routing: model.new_routing_buffer(1),
+            model,
+            pool,
+            caches: None,
+            sampler: Sampler::default(),
+        })
+    }
+
+    /// The model this worker runs.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    fn ranks(&self) -> Arc<dyn Collective> {
+        self.model.collective().clone()
+    }
+}
+
+/// Aborts a lockstep unit for the other ranks unless disarmed: whatever makes this rank leave the
+/// unit early (an error, a panic unwinding through the step) releases the ranks waiting for it.
+struct AbortOnExit {
+    ranks: Arc<dyn Collective>,
+    unit: LockstepId,
+    armed: bool,
+}
+
+impl AbortOnExit {
+    fn new(ranks: Arc<dyn Collective>, unit: LockstepId) -> Self {
+        Self { ranks, unit, armed: true }
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for AbortOnExit {
+    fn drop(&mut self) {
+        if self.armed {
+            self.ranks.abort(self.unit.0);
+        }
+    }
+}
+
+impl Worker for CpuWorker {
+    fn device(&self) -> String {
+        "cpu".into()
+    }
+
+    fn rank(&self) -> usize {
+        self.model.shard().rank
+    }
+
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn routing_meta(&self) -> Option<RoutingMeta> {
+        self.model.routing_meta()
+    }
+
+    fn weight_bytes_per_token(&self) -> usize {
+        self.model.weight_bytes_per_token()
+    }
+
+    fn kv_block_bytes(&self, block_size: usize) -> usize {
+        self.model.new_kv_cache(1, block_size).bytes()
+    }
+
+    fn initialize_cache(&mut self, shape: &CacheShape) -> Result<(), WorkerError> {
+        self.caches = Some(Caches {
+            kv: self.model.new_kv_cache(shape.num_blocks, shape.block_size),
+            states: self.model.new_state_cache(shape.num_live_states, shape.num_snapshot_slots),
+            block_size: shape.block_size,
+            scratch_block: shape.scratch_block,
+        });
+        Ok(())
+    }
+
+    fn new_routing_buffer(&self, max_tokens: usize) -> RoutingBuffer {
+        self.model.new_routing_buffer(max_tokens)
+    }
+
+    fn execute(
+        &mut self,
+        plan: &StepPlan,
+        unit: LockstepId,
+        routing: &mut RoutingBuffer,
+    ) -> Result<ExecutedStep, WorkerError> {
+        let guard = AbortOnExit::new(self.ranks(), unit);
+        let rank = self.rank();
+        #[cfg(feature = "fault-injection")]
+        super::faults::before_step(plan, rank, self.model.shard().num_ranks)?;
+        let caches = self.caches.as_mut().ok_or(WorkerError::NotInitialized)?;
+        let hybrid = self.model.config().is_hybrid();
+        // Only rank 0's logits are used: the other ranks skip the LM head and sampling.
+        let inputs: Vec<SeqInput<'_>> =
+            plan.seqs.iter().map(|s| seq_input(s, hybrid, rank == 0)).collect();
+        let (model, sampler) = (&self.model, &mut self.sampler);
+        let (kv, states) = (&mut caches.kv, &mut caches.states);
+        // The step runs on a pool thread: the kernels' parallel regions then fork and join inside
+        // the pool instead of parking this thread once per region, and the other workers stay
+        // awake until the step ends.
+        let (out, sampled) = self.pool.install(|| {
+            routed_backend::cpu::with_hot_workers(|| {
+                model.collective().begin(unit.0).map_err(routed_model::ModelError::from)?;
+                #[cfg(feature = "fault-injection")]
+                super::faults::inside_step(plan);
+                let out = model.forward(&inputs, kv, states, routing)?;
+                let sampled = sample(plan, &out.logits, &out.logits_rows, model, sampler);
+                Ok::<_, WorkerError>((out, sampled))
+            })
+        })?;
+        guard.disarm();
+        Ok(ExecutedStep {
+            output: StepOutput { step_id: plan.step_id, sampled },
+            slot_mapping: out.slot_mapping,
+            blocks: written_blocks(plan, caches.block_size),
+        })
+    }
+
+    fn dummy_forward(&mut self, unit: LockstepId) -> Result<(), WorkerError> {
+        let guard = AbortOnExit::new(self.ranks(), unit);
+        let caches = self.caches.as_mut().ok_or(WorkerError::NotInitialized)?;
+        let table = [BlockRef::new(caches.scratch_block, BlockGeneration(0))];
+        let input = SeqInput {
+            token_ids: &[0],
+            num_computed_tokens: 0,
+            num_prompt_tokens: 1,
+            block_table: &table,
+            logits: LogitsWanted::None,
+            state: self.model.config().is_hybrid().then(|| StateIo {
+                live: caches.states.scratch(),
+                restore_from: None,
+                snapshots: &[],
+            }),
+        };
+        let (model, routing) = (&self.model, &mut self.scratch_routing);
+        let (kv, states) = (&mut caches.kv, &mut caches.states);
+        self.pool.install(|| {
+            routed_backend::cpu::with_hot_workers(|| {
+                model.collective().begin(unit.0)?;
+                model.forward(&[input], kv, states, routing).map(drop)
+            })
+        })?;
+        guard.disarm();
+        Ok(())
+    }
+
+    fn abort(&self, unit: LockstepId) {
+        self.model.collective().abort(unit.0);
+    }
+}
+
+/// A scheduled sequence as the model's input. `wants_logits` is false on ranks whose samples are
+/// not used.
+fn seq_input(s: &ScheduledSeq, hybrid: bool, wants_logits: bool) -> SeqInput<'_> {
+    SeqInput {
+        token_ids: &s.token_ids,
+        num_computed_tokens: s.num_computed_tokens,
+        num_prompt_tokens: s.num_prompt_tokens,
+        block_table: &s.block_table,
+        logits: match s.sample.is_some() && wants_logits {
+            true => LogitsWanted::Last,
+            false => LogitsWanted::None,
+        },
+        state: hybrid.then(|| StateIo {
+            live: LiveStateId(s.live_state.unwrap_or(0)),
+            restore_from: s.restore_from,
+            snapshots: &s.snapshots,
+        }),
+    }
+}
+
+/// Samples every sequence that asked for a token and whose logits were computed.
+fn sample(
+    plan: &StepPlan,
+    logits: &[f32],
+    logits_rows: &[Range<usize>],
+    model: &Model,
+    sampler: &mut Sampler,
+) -> Vec<Option<SampledToken>> {
+    let vocab = model.config().vocab_size;
+    let one = |sampler: &mut Sampler, (s, rows): (&ScheduledSeq, &Range<usize>)| {
+        let (params, index) = s.sample.as_ref()?;
+        (!rows.is_empty())
+            .then(|| sampler.sample(&logits[rows.start * vocab..rows.end * vocab], params, *index))
+    };
+    // A row's sample depends on its own logits, seed and index only: any thread will do.
+    if logits_rows.iter().filter(|r| !r.is_empty()).count() > 1 {
+        (plan.seqs.par_iter().zip(logits_rows)).map_init(Sampler::default, one).collect()
+    } else {
+        plan.seqs.iter().zip(logits_rows).map(|x| one(sampler, x)).collect()
+    }
+}

@@ -1,0 +1,189 @@
+//! The device-neutral seam between the actors and a model.
+//!
+//! A [`Worker`] is one rank's compute: its part of the weights, its KV blocks and Mamba states,
+//! and the step loop around the model (inputs, forward, sampling). The runner actor that drives
+//! it knows nothing of the device: it hands the worker a [`StepPlan`] and a routing buffer, and
+//! gets back an [`ExecutedStep`]. [`CpuWorker`] runs the CPU reference backend; a CUDA worker
+//! implements the same trait.
+//!
+//! Sizing follows vLLM's worker protocol: load the model, ask how many bytes one KV block takes
+//! ([`Worker::kv_block_bytes`]), choose the number of blocks, then [`Worker::initialize_cache`].
+
+mod cpu;
+#[cfg(feature = "fault-injection")]
+pub mod faults;
+
+pub use cpu::CpuWorker;
+
+use routed_model::{ModelConfig, ModelError, RoutingBuffer};
+use routed_types::{BlockId, BlockRef, RoutingMeta, StepOutput, StepPlan};
+
+/// Numbers the units the ranks execute in lockstep: every engine step and every dummy forward, in
+/// the order the executor sends them. Every rank of a unit gets the same id, which the ranks'
+/// collectives check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LockstepId(pub u64);
+
+/// How a worker's caches are sized. Identical on every rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheShape {
+    /// KV blocks, the scratch block included.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Live Mamba state slots (one per running sequence).
+    pub num_live_states: usize,
+    /// Mamba snapshot slots.
+    pub num_snapshot_slots: usize,
+    /// The block dummy forwards write to; no sequence ever holds it.
+    pub scratch_block: BlockId,
+}
+
+/// One executed step: what the scheduler gets, and what the copy worker needs to store the step's
+/// routing.
+#[derive(Debug)]
+pub struct ExecutedStep {
+    /// Sampled tokens (rank 0; other ranks sample nothing).
+    pub output: StepOutput,
+    /// KV slot of every token of the step, in batch order.
+    pub slot_mapping: Vec<usize>,
+    /// Every block the step wrote, with its generation.
+    pub blocks: Vec<BlockRef>,
+}
+
+/// Why a worker could not execute a step or a dummy forward. The step's requests fail; the engine
+/// resets its prefix cache, since the worker's tensors may be half-written.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The model refused the step's inputs or failed in the forward (a collective included).
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A step arrived before [`Worker::initialize_cache`].
+    #[error("the worker's caches are not initialised")]
+    NotInitialized,
+    /// The step panicked; the panic was contained.
+    #[error("panicked: {0}")]
+    Panicked(String),
+    /// The D2H copy worker is gone, so the step's routing cannot be stored.
+    #[error("the D2H copy worker is gone; the step's routing cannot be stored")]
+    CopyWorkerGone,
+    /// The runner has no worker (it was lost to an earlier failure).
+    #[error("the runner has no worker")]
+    NoWorker,
+    /// A fault injected by a test (`fault-injection` feature).
+    #[error("injected runner failure")]
+    Injected,
+}
+
+impl WorkerError {
+    /// Whether this rank failed only because another rank aborted the unit: the other rank's
+    /// error is the cause worth reporting.
+    pub fn is_abort_by_peer(&self) -> bool {
+        matches!(
+            self,
+            Self::Model(ModelError::Collective(
+                routed_backend::collective::CollectiveError::Aborted { .. }
+            ))
+        )
+    }
+}
+
+/// One rank's compute: weights, KV and Mamba tensors, and the step loop around the model.
+pub trait Worker: Send {
+    /// The device, in words (`cpu`, `cuda:0 (NVIDIA H100)`).
+    fn device(&self) -> String;
+
+    /// This worker's rank in the expert-parallel group.
+    fn rank(&self) -> usize;
+
+    /// The model's normalised configuration.
+    fn config(&self) -> &ModelConfig;
+
+    /// What a routing consumer needs to read this model's rows (`None` without MoE layers).
+    fn routing_meta(&self) -> Option<RoutingMeta>;
+
+    /// Bytes of weights one decoded token reads (for the bandwidth roofline).
+    fn weight_bytes_per_token(&self) -> usize;
+
+    /// Bytes one KV block of `block_size` tokens takes on this worker's device.
+    fn kv_block_bytes(&self, block_size: usize) -> usize;
+
+    /// Allocates the KV blocks and Mamba states; called once, before the first step.
+    fn initialize_cache(&mut self, shape: &CacheShape) -> Result<(), WorkerError>;
+
+    /// A routing buffer `(L, N, K)` for steps of up to `max_tokens` tokens.
+    fn new_routing_buffer(&self, max_tokens: usize) -> RoutingBuffer;
+
+    /// Executes one step of lockstep unit `unit`: restores the snapshots the plan names, runs the
+    /// forward (writing every MoE layer's expert ids into `routing`), samples (rank 0), takes the
+    /// planned snapshots. A rank that fails aborts the unit for the other ranks before it returns.
+    fn execute(
+        &mut self,
+        plan: &StepPlan,
+        unit: LockstepId,
+        routing: &mut RoutingBuffer,
+    ) -> Result<ExecutedStep, WorkerError>;
+
+    /// One forward of a single token on the scratch block and the scratch state slot, as part of
+    /// lockstep unit `unit`. Records no routing and touches no sequence's KV, state or snapshot.
+    fn dummy_forward(&mut self, unit: LockstepId) -> Result<(), WorkerError>;
+
+    /// Releases the other ranks from unit `unit`, which this rank cannot take part in (it failed
+    /// before handing the unit to the worker).
+    fn abort(&self, unit: LockstepId);
+}
+
+/// Every block a step writes: for each sequence, the blocks covering the positions it computes.
+/// Sorted and without repeats.
+pub fn written_blocks(plan: &StepPlan, block_size: usize) -> Vec<BlockRef> {
+    let mut blocks = Vec::with_capacity(plan.seqs.len());
+    for s in &plan.seqs {
+        let end = s.num_computed_tokens + s.token_ids.len();
+        if end > s.num_computed_tokens {
+            let covering = s.num_computed_tokens / block_size..end.div_ceil(block_size);
+            blocks.extend_from_slice(&s.block_table[covering]);
+        }
+    }
+    blocks.sort_unstable();
+    blocks.dedup();
+    blocks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use routed_types::{BlockGeneration, ScheduledSeq, SeqId};
+
+    fn seq(computed: usize, len: usize, table: &[u32]) -> ScheduledSeq {
+        ScheduledSeq {
+            seq_id: SeqId(table[0] as u64),
+            token_ids: vec![1; len],
+            num_computed_tokens: computed,
+            num_prompt_tokens: computed + len,
+            block_table: table
+                .iter()
+                .map(|&b| BlockRef::new(BlockId(b), BlockGeneration(b + 100)))
+                .collect(),
+            live_state: None,
+            restore_from: None,
+            snapshots: Vec::new(),
+            sample: None,
+        }
+    }
+
+    #[test]
+    fn written_blocks_are_the_blocks_under_the_computed_positions() {
+        let plan = StepPlan {
+            seqs: vec![
+                // Positions 3..9 with blocks of 4: blocks 0, 1 and 2 of the table.
+                seq(3, 6, &[7, 8, 9, 10]),
+                // One decode token at position 4: the second block only.
+                seq(4, 1, &[2, 5]),
+            ],
+            ..StepPlan::default()
+        };
+        let got: Vec<u32> = written_blocks(&plan, 4).iter().map(|b| b.block.0).collect();
+        assert_eq!(got, [5, 7, 8, 9]);
+        assert!(written_blocks(&plan, 4).iter().all(|b| b.generation.0 == b.block.0 + 100));
+    }
+}
