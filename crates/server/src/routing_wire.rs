@@ -214,7 +214,12 @@ mod tests {
             served_model_name: "m".into(),
             max_model_len: 64,
             vocab_size: 100,
-            routing: Some(RoutingMeta { moe_layer_ids: vec![1, 3], num_experts: 8, top_k: 2 }),
+            routing: Some(RoutingMeta {
+                num_layers: 4,
+                moe_layer_ids: vec![1, 3],
+                num_experts: 8,
+                top_k: 2,
+            }),
             routing_capture: capture,
             num_kv_blocks: 8,
             block_size: 16,
