@@ -1,7 +1,10 @@
 //! From wire bodies to engine requests: defaults, ranges and the checks that make every bad
 //! input a 400 naming its field before anything reaches the engine.
 
-use routed_model::ChatMessage;
+mod generate;
+mod prompt;
+mod sampling;
+
 use routed_runtime::{GenerateRequest, ModelInfo};
 use routed_types::{SamplingParams, TokenId};
 use serde_json::Value;
@@ -9,9 +12,11 @@ use serde_json::Value;
 use crate::AppState;
 use crate::error::ApiError;
 use crate::routing_wire::{self, RoutingFields, RoutingRequest};
-use crate::wire::{
-    ChatFields, CommonFields, CompletionFields, GenerateBody, MessageContent, StopField, parse,
-};
+use crate::wire::{ChatFields, CommonFields, CompletionFields, parse};
+
+pub(crate) use generate::generate;
+use prompt::{completion_prompts, render_chat};
+use sampling::{SamplingFields, sampling};
 
 /// Most continuations one request may ask for.
 const MAX_N: u32 = 128;
@@ -91,84 +96,8 @@ fn refuse_unsupported(c: &CommonFields) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Sampling fields shared by every route, before `max_tokens` and logprobs.
-pub(crate) struct SamplingFields {
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<i64>,
-    pub seed: Option<u64>,
-    pub min_tokens: Option<u32>,
-    pub ignore_eos: Option<bool>,
-    pub stop: Option<StopField>,
-    pub stop_token_ids: Option<Vec<u32>>,
-    /// Prefix of the field names in errors (`sampling_params.` on `/generate`).
-    pub prefix: &'static str,
-    /// The name of `min_tokens` on this route.
-    pub min_tokens_name: &'static str,
-}
-
-/// Builds the engine's sampling parameters, checking each range.
-pub(crate) fn sampling(
-    f: SamplingFields,
-    max_tokens: u32,
-    logprobs: Option<u32>,
-    default_seed: u64,
-) -> Result<SamplingParams, ApiError> {
-    let name = |field: &str| format!("{}{field}", f.prefix);
-    let temperature = f.temperature.unwrap_or(1.0);
-    if !(temperature.is_finite() && temperature >= 0.0) {
-        return Err(ApiError::invalid(&name("temperature"), "temperature must be a number >= 0"));
-    }
-    let top_p = f.top_p.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid(&name("top_p"), "top_p must be in (0, 1]"));
-    }
-    let top_k = match f.top_k.unwrap_or(-1) {
-        -1 | 0 => None,
-        k if k > 0 => Some(u32::try_from(k).unwrap_or(u32::MAX)),
-        k => {
-            return Err(ApiError::invalid(
-                &name("top_k"),
-                format!("top_k must be -1 (off) or >= 1, got {k}"),
-            ));
-        }
-    };
-    let min_tokens = f.min_tokens.unwrap_or(0);
-    if min_tokens > max_tokens {
-        let field = name(f.min_tokens_name);
-        return Err(ApiError::invalid(
-            &field,
-            format!("{field} ({min_tokens}) must not exceed the maximum tokens ({max_tokens})"),
-        ));
-    }
-    let stop = f.stop.map(StopField::into_vec).unwrap_or_default();
-    if stop.iter().any(String::is_empty) {
-        return Err(ApiError::invalid(&name("stop"), "stop strings must not be empty"));
-    }
-    if let Some(k) = logprobs
-        && k > MAX_LOGPROBS
-    {
-        return Err(ApiError::invalid(
-            "logprobs",
-            format!("logprobs must be between 0 and {MAX_LOGPROBS}, got {k}"),
-        ));
-    }
-    Ok(SamplingParams {
-        temperature,
-        top_p,
-        top_k,
-        seed: f.seed.unwrap_or(default_seed),
-        max_tokens,
-        min_tokens,
-        ignore_eos: f.ignore_eos.unwrap_or(false),
-        stop_token_ids: f.stop_token_ids.unwrap_or_default(),
-        stop,
-        logprobs,
-    })
-}
-
 /// Checks that `prompt_len + max_tokens` fits the model; `prompt_param` names the prompt field.
-fn check_length(
+pub(crate) fn check_length(
     info: &ModelInfo,
     prompt_len: usize,
     max_tokens: u32,
@@ -194,62 +123,6 @@ fn check_length(
         ));
     }
     Ok(())
-}
-
-/// Token ids from a JSON array, each below the vocabulary size.
-fn token_ids(value: &[Value], info: &ModelInfo, param: &str) -> Result<Vec<TokenId>, ApiError> {
-    value
-        .iter()
-        .map(|v| {
-            v.as_u64().filter(|&id| id < info.vocab_size as u64).map(|id| id as TokenId).ok_or_else(
-                || {
-                    ApiError::invalid(
-                        param,
-                        format!("token ids must be integers in [0, {}), got {v}", info.vocab_size),
-                    )
-                },
-            )
-        })
-        .collect()
-}
-
-/// Encodes a text prompt.
-fn encode(state: &AppState, text: &str, param: &str) -> Result<Vec<TokenId>, ApiError> {
-    state
-        .tokenizer()
-        .encode(text)
-        .map_err(|e| ApiError::invalid(param, format!("cannot tokenize: {e}")))
-}
-
-/// The prompts of `/v1/completions`: a string, token ids, or a batch of either.
-fn completion_prompts(state: &AppState, prompt: &Value) -> Result<Vec<Vec<TokenId>>, ApiError> {
-    let info = state.info();
-    let wrong = || {
-        ApiError::invalid(
-            "prompt",
-            "prompt must be a string, an array of token ids, or an array of either",
-        )
-    };
-    let prompts = match prompt {
-        Value::String(s) => vec![encode(state, s, "prompt")?],
-        Value::Array(items) if items.iter().all(Value::is_number) && !items.is_empty() => {
-            vec![token_ids(items, info, "prompt")?]
-        }
-        Value::Array(items) if !items.is_empty() => items
-            .iter()
-            .map(|item| match item {
-                Value::String(s) => encode(state, s, "prompt"),
-                Value::Array(ids) => token_ids(ids, info, "prompt"),
-                _ => Err(wrong()),
-            })
-            .collect::<Result<_, _>>()?,
-        Value::Array(_) => return Err(ApiError::invalid("prompt", "prompt must not be empty")),
-        _ => return Err(wrong()),
-    };
-    if prompts.iter().any(Vec::is_empty) {
-        return Err(ApiError::invalid("prompt", "a prompt must have at least one token"));
-    }
-    Ok(prompts)
 }
 
 /// The checks and defaults both OpenAI routes share; returns the routing request and stream mode.
@@ -299,7 +172,8 @@ fn sampling_fields(c: &CommonFields) -> SamplingFields {
     }
 }
 
-fn requests(
+/// One engine request per prompt, each sampling `n` continuations.
+pub(crate) fn requests(
     prompts: Vec<Vec<TokenId>>,
     sampling: &SamplingParams,
     n: usize,
@@ -347,52 +221,6 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         return_token_ids: c.return_token_ids.unwrap_or(false),
         logprobs: f.logprobs,
     })
-}
-
-/// Renders chat messages with the checkpoint's template.
-fn render_chat(state: &AppState, f: &ChatFields) -> Result<Vec<TokenId>, ApiError> {
-    if f.messages.is_empty() {
-        return Err(ApiError::invalid("messages", "messages must not be empty"));
-    }
-    let tokenizer = state.tokenizer();
-    if !tokenizer.has_chat_template() {
-        return Err(ApiError::invalid(
-            "messages",
-            "this model has no chat template; use /v1/completions with a prompt",
-        ));
-    }
-    let mut messages = Vec::with_capacity(f.messages.len());
-    for (i, m) in f.messages.iter().enumerate() {
-        let content = match &m.content {
-            None => String::new(),
-            Some(MessageContent::Text(t)) => t.clone(),
-            Some(MessageContent::Parts(parts)) => {
-                let mut text = String::new();
-                for part in parts {
-                    match (part.kind.as_str(), &part.text) {
-                        ("text", Some(t)) => text.push_str(t),
-                        _ => {
-                            return Err(ApiError::unsupported(
-                                &format!("messages[{i}].content"),
-                                format!("content parts of type '{}' are not supported", part.kind),
-                            ));
-                        }
-                    }
-                }
-                text
-            }
-        };
-        messages.push(ChatMessage { role: m.role.clone(), content });
-    }
-    let add_generation_prompt = f.add_generation_prompt.unwrap_or(true);
-    let text = tokenizer.apply_chat_template(&messages, add_generation_prompt).map_err(|e| {
-        ApiError::invalid("messages", format!("cannot apply the chat template: {e}"))
-    })?;
-    let ids = encode(state, &text, "messages")?;
-    if ids.is_empty() {
-        return Err(ApiError::invalid("messages", "the rendered prompt has no tokens"));
-    }
-    Ok(ids)
 }
 
 /// Validates a `/v1/chat/completions` body.
@@ -446,85 +274,6 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         routing,
         stream,
         return_token_ids: c.return_token_ids.unwrap_or(false),
-        logprobs,
-    })
-}
-
-/// Validates a `/generate` body. Routing, when returned, is always raw int32.
-pub(crate) fn generate(state: &AppState, body: &Value) -> Result<Job, ApiError> {
-    let b: GenerateBody = parse(body)?;
-    let info = state.info();
-    let prompt = match (&b.text, &b.input_ids) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid("text", "give either text or input_ids, not both"));
-        }
-        (Some(Value::String(s)), None) => encode(state, s, "text")?,
-        (None, Some(Value::Array(ids))) if ids.iter().all(Value::is_number) => {
-            token_ids(ids, info, "input_ids")?
-        }
-        (Some(_), None) => {
-            return Err(ApiError::invalid(
-                "text",
-                "text must be one string (batches are not supported)",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(ApiError::invalid(
-                "input_ids",
-                "input_ids must be one array of token ids (batches are not supported)",
-            ));
-        }
-        (None, None) => return Err(ApiError::invalid("text", "give text or input_ids")),
-    };
-    if prompt.is_empty() {
-        return Err(ApiError::invalid("input_ids", "the prompt must have at least one token"));
-    }
-    let sp = b.sampling_params.unwrap_or_default();
-    if sp.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::unsupported(
-            "sampling_params.n",
-            "n > 1 is not supported on /generate",
-        ));
-    }
-    let max_tokens = sp.max_new_tokens.unwrap_or(128);
-    if max_tokens == 0 {
-        return Err(ApiError::invalid(
-            "sampling_params.max_new_tokens",
-            "max_new_tokens must be at least 1",
-        ));
-    }
-    check_length(info, prompt.len(), max_tokens, "input_ids", "sampling_params.max_new_tokens")?;
-    let routing = routing_wire::resolve(
-        info,
-        &RoutingFields {
-            return_routed_experts: b.return_routed_experts,
-            start_len: b.routed_experts_start_len,
-            prompt_start: None,
-            format: Some("raw_b64_int32".into()),
-        },
-        &[prompt.len()],
-    )?;
-    let fields = SamplingFields {
-        temperature: sp.temperature,
-        top_p: sp.top_p,
-        top_k: sp.top_k,
-        seed: sp.seed.or(sp.sampling_seed),
-        min_tokens: sp.min_new_tokens,
-        ignore_eos: sp.ignore_eos,
-        stop: sp.stop,
-        stop_token_ids: sp.stop_token_ids,
-        prefix: "sampling_params.",
-        min_tokens_name: "min_new_tokens",
-    };
-    let logprobs = b.return_logprob.unwrap_or(false).then_some(0);
-    let sampling = sampling(fields, max_tokens, logprobs, state.default_seed())?;
-    Ok(Job {
-        stop: sampling.stop.clone(),
-        requests: requests(vec![prompt], &sampling, 1, routing, None),
-        n: 1,
-        routing,
-        stream: b.stream.unwrap_or(false).then_some(false),
-        return_token_ids: true,
         logprobs,
     })
 }

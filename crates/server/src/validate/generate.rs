@@ -1,0 +1,90 @@
+//! `/generate` bodies (SGLang names) to engine requests.
+
+use serde_json::Value;
+
+use super::prompt::{encode, token_ids};
+use super::sampling::{SamplingFields, sampling};
+use super::{Job, check_length, requests};
+use crate::AppState;
+use crate::error::ApiError;
+use crate::routing_wire::{self, RoutingFields};
+use crate::wire::{GenerateBody, parse};
+
+/// Validates a `/generate` body. Routing, when returned, is always raw int32.
+pub(crate) fn generate(state: &AppState, body: &Value) -> Result<Job, ApiError> {
+    let b: GenerateBody = parse(body)?;
+    let info = state.info();
+    let prompt = match (&b.text, &b.input_ids) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid("text", "give either text or input_ids, not both"));
+        }
+        (Some(Value::String(s)), None) => encode(state, s, "text")?,
+        (None, Some(Value::Array(ids))) if ids.iter().all(Value::is_number) => {
+            token_ids(ids, info, "input_ids")?
+        }
+        (Some(_), None) => {
+            return Err(ApiError::invalid(
+                "text",
+                "text must be one string (batches are not supported)",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(ApiError::invalid(
+                "input_ids",
+                "input_ids must be one array of token ids (batches are not supported)",
+            ));
+        }
+        (None, None) => return Err(ApiError::invalid("text", "give text or input_ids")),
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("input_ids", "the prompt must have at least one token"));
+    }
+    let sp = b.sampling_params.unwrap_or_default();
+    if sp.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::unsupported(
+            "sampling_params.n",
+            "n > 1 is not supported on /generate",
+        ));
+    }
+    let max_tokens = sp.max_new_tokens.unwrap_or(128);
+    if max_tokens == 0 {
+        return Err(ApiError::invalid(
+            "sampling_params.max_new_tokens",
+            "max_new_tokens must be at least 1",
+        ));
+    }
+    check_length(info, prompt.len(), max_tokens, "input_ids", "sampling_params.max_new_tokens")?;
+    let routing = routing_wire::resolve(
+        info,
+        &RoutingFields {
+            return_routed_experts: b.return_routed_experts,
+            start_len: b.routed_experts_start_len,
+            prompt_start: None,
+            format: Some("raw_b64_int32".into()),
+        },
+        &[prompt.len()],
+    )?;
+    let fields = SamplingFields {
+        temperature: sp.temperature,
+        top_p: sp.top_p,
+        top_k: sp.top_k,
+        seed: sp.seed.or(sp.sampling_seed),
+        min_tokens: sp.min_new_tokens,
+        ignore_eos: sp.ignore_eos,
+        stop: sp.stop,
+        stop_token_ids: sp.stop_token_ids,
+        prefix: "sampling_params.",
+        min_tokens_name: "min_new_tokens",
+    };
+    let logprobs = b.return_logprob.unwrap_or(false).then_some(0);
+    let sampling = sampling(fields, max_tokens, logprobs, state.default_seed())?;
+    Ok(Job {
+        stop: sampling.stop.clone(),
+        requests: requests(vec![prompt], &sampling, 1, routing, None),
+        n: 1,
+        routing,
+        stream: b.stream.unwrap_or(false).then_some(false),
+        return_token_ids: true,
+        logprobs,
+    })
+}
