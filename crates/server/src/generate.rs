@@ -1,7 +1,8 @@
 //! `POST /generate`: the token-in, SGLang-shaped route.
 //!
 //! One prompt (`text` or `input_ids`), one continuation. Routing, when returned, is base64 of the
-//! flat little-endian int32 array with its `[rows, L, K]` shape beside it. Streamed, each event
+//! flat little-endian int32 array with its `[rows, L, K]` shape beside it (decoder-layer layout
+//! unless the request asks for `routed_experts_layers: "moe"`). Streamed, each event
 //! is the response so far (cumulative `text` and `output_ids`), and the last one carries the
 //! finish reason and the routing.
 
@@ -62,10 +63,10 @@ fn body_json(b: Body<'_>, meta: Option<&RoutingMeta>) -> Result<Value, ApiError>
         let lps: Vec<Value> = b.tokens.iter().map(|t| json!([t.logprob, t.token])).collect();
         meta_info["output_token_logprobs"] = Value::Array(lps);
     }
-    if let (Some(output), Some(_), Some(meta)) = (b.output, b.job.routing, meta) {
+    if let (Some(output), Some(routing), Some(meta)) = (b.output, b.job.routing, meta) {
         match &output.routing {
             Some(rows) => {
-                let (data, shape) = encode_sglang(rows, meta)?;
+                let (data, shape) = encode_sglang(rows, meta, routing.layers)?;
                 meta_info["routed_experts"] = json!(data);
                 meta_info["routed_experts_shape"] = json!(shape);
             }

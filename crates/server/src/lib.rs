@@ -13,7 +13,9 @@
 //! | `POST /reset_prefix_cache` | drop every cached block no request holds |
 //!
 //! Both OpenAI routes return routing replay: `choices[i].routed_experts` (base64 `.npy` by
-//! default) and a response-level `routed_experts_meta`.
+//! default, `[rows, num_hidden_layers, top_k]` indexed by decoder layer as vLLM and SGLang return
+//! it) and a response-level `routed_experts_meta`; SGLang's clients find the same rows in
+//! `sglext.routed_experts`.
 //!
 //! Only this crate knows HTTP and JSON wire shapes. It holds no engine state of its own beyond
 //! the [`Registry`] of in-flight requests, which is how a client that disconnects gets its
@@ -57,7 +59,7 @@ use routed_runtime::{EngineHandle, ModelInfo};
 
 pub use error::{ApiError, ErrorBody, ErrorDetail, json_config, not_found};
 pub use metrics::install_metrics_recorder;
-pub use routing_wire::{RoutingFormat, RoutingRequest};
+pub use routing_wire::{NON_MOE_FILL, RoutingFormat, RoutingLayers, RoutingRequest};
 pub use run::{InFlight, Registry};
 
 /// What the gateway shares between its handlers: the engine handle and the in-flight registry.

@@ -72,6 +72,7 @@ pub(crate) struct CommonFields {
     pub routed_experts_start_len: Option<i64>,
     pub routed_experts_prompt_start: Option<i64>,
     pub routed_experts_format: Option<String>,
+    pub routed_experts_layers: Option<String>,
 }
 
 /// Fields only `/v1/completions` has.
@@ -145,5 +146,6 @@ pub(crate) struct GenerateBody {
     pub return_logprob: Option<bool>,
     pub return_routed_experts: Option<bool>,
     pub routed_experts_start_len: Option<i64>,
+    pub routed_experts_layers: Option<String>,
     pub stream: Option<bool>,
 }

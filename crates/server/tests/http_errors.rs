@@ -89,6 +89,8 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
         (json!({"prompt": "x", "stream_options": {"include_usage": true}}), "stream_options"),
         (json!({"prompt": "x", "cache_salt": ""}), "cache_salt"),
         (json!({"prompt": "x", "routed_experts_format": "csv"}), "routed_experts_format"),
+        (json!({"prompt": "x", "routed_experts_layers": "dense"}), "routed_experts_layers"),
+        (json!({"prompt": "x", "routed_experts_layers": 1}), "routed_experts_layers"),
     ] {
         assert_400(&s, c, body, param);
     }
@@ -120,6 +122,7 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
         ),
         (json!({"input_ids": [1], "sampling_params": {"top_k": -5}}), "sampling_params.top_k"),
         (json!({"input_ids": [1], "routed_experts_start_len": 2}), "routed_experts_start_len"),
+        (json!({"input_ids": [1], "routed_experts_layers": "dense"}), "routed_experts_layers"),
     ] {
         assert_400(&s, g, body, param);
     }

@@ -61,6 +61,7 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<Job, ApiError> 
             start_len: b.routed_experts_start_len,
             prompt_start: None,
             format: Some("raw_b64_int32".into()),
+            layers: b.routed_experts_layers.clone(),
         },
         &[prompt.len()],
     )?;

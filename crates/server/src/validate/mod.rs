@@ -151,6 +151,7 @@ fn common_job(
             start_len: c.routed_experts_start_len,
             prompt_start: c.routed_experts_prompt_start,
             format: c.routed_experts_format.clone(),
+            layers: c.routed_experts_layers.clone(),
         },
         prompt_lens,
     )?;
