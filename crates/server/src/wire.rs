@@ -62,6 +62,8 @@ pub(crate) struct CommonFields {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub cache_salt: Option<String>,
+    /// SGLang's second cache namespace; combined with `cache_salt`.
+    pub extra_key: Option<String>,
     pub return_token_ids: Option<bool>,
     pub echo: Option<bool>,
     pub presence_penalty: Option<f32>,
@@ -144,8 +146,16 @@ pub(crate) struct GenerateBody {
     pub input_ids: Option<Value>,
     pub sampling_params: Option<SglSamplingParams>,
     pub return_logprob: Option<bool>,
+    /// Prompt logprobs from this position; -1 (SGLang's default) asks for none.
+    pub logprob_start_len: Option<i64>,
+    /// Top alternatives per sampled token (`output_top_logprobs`).
+    pub top_logprobs_num: Option<u32>,
+    /// Put each token's text in the logprob triples instead of `null`.
+    pub return_text_in_logprobs: Option<bool>,
     pub return_routed_experts: Option<bool>,
     pub routed_experts_start_len: Option<i64>,
     pub routed_experts_layers: Option<String>,
+    pub cache_salt: Option<String>,
+    pub extra_key: Option<String>,
     pub stream: Option<bool>,
 }

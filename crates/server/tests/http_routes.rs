@@ -248,8 +248,16 @@ fn generate_answers_in_the_sglang_shape() {
     assert_eq!(meta["completion_tokens"], 4);
     assert!(meta["cached_tokens"].is_u64());
     assert_eq!(meta["finish_reason"], json!({"type": "length", "matched": null}));
-    assert_eq!(meta["output_token_logprobs"].as_array().map(Vec::len), Some(4));
-    assert_eq!(meta["output_token_logprobs"][0][1], body["output_ids"][0]);
+    // SGLang's `[logprob, token_id, text-or-null]` triples; no text unless asked.
+    let triples = meta["output_token_logprobs"].as_array().expect("output_token_logprobs");
+    assert_eq!(triples.len(), 4);
+    for (t, id) in triples.iter().zip(body["output_ids"].as_array().unwrap()) {
+        assert_eq!(t.as_array().map(Vec::len), Some(3), "{t}");
+        assert!(t[0].as_f64().is_some_and(|lp| lp <= 0.0), "{t}");
+        assert_eq!(&t[1], id);
+        assert!(t[2].is_null(), "{t}");
+    }
+    assert!(meta.get("output_top_logprobs").is_none(), "{meta}");
     assert_eq!(meta["routed_experts_shape"], json!([13, 6, 2]));
     let raw = common::decode_raw_b64(meta["routed_experts"].as_str().unwrap(), 6, 2);
     // The same request on /v1/completions returns the same rows.

@@ -7,21 +7,21 @@ mod sampling;
 
 use routed_runtime::{GenerateRequest, ModelInfo};
 use routed_types::{SamplingParams, TokenId};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::AppState;
 use crate::error::ApiError;
 use crate::routing_wire::{self, RoutingFields, RoutingRequest};
 use crate::wire::{ChatFields, CommonFields, CompletionFields, parse};
 
-pub(crate) use generate::generate;
+pub(crate) use generate::{GenerateJob, generate};
 use prompt::{completion_prompts, render_chat};
 use sampling::{SamplingFields, sampling};
 
 /// Most continuations one request may ask for.
 const MAX_N: u32 = 128;
 /// Most top alternatives per token.
-const MAX_LOGPROBS: u32 = 20;
+pub(crate) const MAX_LOGPROBS: u32 = 20;
 
 /// A validated request: one engine request per prompt, and how to answer.
 #[derive(Clone, Debug)]
@@ -50,7 +50,7 @@ impl Job {
 }
 
 /// Answers 404 when the body names a model this server does not serve.
-fn check_model(info: &ModelInfo, model: Option<&str>) -> Result<(), ApiError> {
+pub(crate) fn check_model(info: &ModelInfo, model: Option<&str>) -> Result<(), ApiError> {
     match model {
         Some(m) if m != info.served_model_name => Err(ApiError::NotFound {
             message: format!(
@@ -125,20 +125,45 @@ pub(crate) fn check_length(
     Ok(())
 }
 
-/// The checks and defaults both OpenAI routes share; returns the routing request and stream mode.
+/// One engine cache salt for a request's two namespaces, vLLM's `cache_salt` and SGLang's
+/// `extra_key`: two requests share cached blocks only when both match. The pair is written as a
+/// JSON array, which no other pair writes, so distinct pairs never share a salt.
+pub(crate) fn cache_namespace(
+    cache_salt: Option<&str>,
+    extra_key: Option<&str>,
+) -> Result<Option<String>, ApiError> {
+    for (param, value) in [("cache_salt", cache_salt), ("extra_key", extra_key)] {
+        if value == Some("") {
+            return Err(ApiError::invalid(param, format!("{param} must be a non-empty string")));
+        }
+    }
+    if cache_salt.is_none() && extra_key.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(json!([cache_salt, extra_key]).to_string()))
+}
+
+/// What both OpenAI routes decide the same way.
+struct Common {
+    n: usize,
+    routing: Option<RoutingRequest>,
+    /// `Some(include_usage)` for a streamed answer.
+    stream: Option<bool>,
+    cache_salt: Option<String>,
+}
+
+/// The checks and defaults both OpenAI routes share.
 fn common_job(
     state: &AppState,
     c: &CommonFields,
     prompt_lens: &[usize],
-) -> Result<(usize, Option<RoutingRequest>, Option<bool>), ApiError> {
+) -> Result<Common, ApiError> {
     refuse_unsupported(c)?;
     let n = c.n.unwrap_or(1);
     if !(1..=MAX_N).contains(&n) {
         return Err(ApiError::invalid("n", format!("n must be between 1 and {MAX_N}, got {n}")));
     }
-    if c.cache_salt.as_deref() == Some("") {
-        return Err(ApiError::invalid("cache_salt", "cache_salt must be a non-empty string"));
-    }
+    let cache_salt = cache_namespace(c.cache_salt.as_deref(), c.extra_key.as_deref())?;
     let stream = c.stream.unwrap_or(false);
     if c.stream_options.is_some() && !stream {
         return Err(ApiError::invalid("stream_options", "stream_options needs stream: true"));
@@ -155,7 +180,7 @@ fn common_job(
         },
         prompt_lens,
     )?;
-    Ok((n as usize, routing, stream.then_some(include_usage)))
+    Ok(Common { n: n as usize, routing, stream: stream.then_some(include_usage), cache_salt })
 }
 
 fn sampling_fields(c: &CommonFields) -> SamplingFields {
@@ -204,7 +229,7 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
     }
     let prompts = completion_prompts(state, &f.prompt)?;
     let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let (n, routing, stream) = common_job(state, &c, &lens)?;
+    let common = common_job(state, &c, &lens)?;
     let max_tokens = f.max_tokens.unwrap_or(16);
     if max_tokens == 0 {
         return Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1"));
@@ -213,9 +238,10 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         check_length(state.info(), len, max_tokens, "prompt", "max_tokens")?;
     }
     let sampling = sampling(sampling_fields(&c), max_tokens, f.logprobs, state.default_seed())?;
+    let Common { n, routing, stream, cache_salt } = common;
     Ok(Job {
         stop: sampling.stop.clone(),
-        requests: requests(prompts, &sampling, n, routing, c.cache_salt.clone()),
+        requests: requests(prompts, &sampling, n, routing, cache_salt),
         n,
         routing,
         stream,
@@ -253,7 +279,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     }
     let prompt = render_chat(state, &f)?;
     let len = prompt.len();
-    let (n, routing, stream) = common_job(state, &c, &[len])?;
+    let common = common_job(state, &c, &[len])?;
     let (max_param, max_tokens) = match (f.max_completion_tokens, f.max_tokens) {
         (Some(m), _) => ("max_completion_tokens", m),
         (None, Some(m)) => ("max_tokens", m),
@@ -268,9 +294,10 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     }
     let logprobs = logprobs.then_some(top_logprobs);
     let sampling = sampling(sampling_fields(&c), max_tokens, logprobs, state.default_seed())?;
+    let Common { n, routing, stream, cache_salt } = common;
     Ok(Job {
         stop: sampling.stop.clone(),
-        requests: requests(vec![prompt], &sampling, n, routing, c.cache_salt.clone()),
+        requests: requests(vec![prompt], &sampling, n, routing, cache_salt),
         n,
         routing,
         stream,
