@@ -7,6 +7,7 @@
 //! | `POST /v1/completions` | text or token prompts, batches, `n`, streaming, logprobs |
 //! | `POST /v1/chat/completions` | messages through the checkpoint's chat template |
 //! | `POST /generate` | token-in, SGLang-shaped |
+//! | `POST /tokenize`, `POST /detokenize` | the tokenizer and chat template, as vLLM serves them |
 //! | `GET /v1/models` | the served model, its `max_model_len` and routing layout |
 //! | `GET /health` | 200, or 503 with the reason |
 //! | `GET /metrics` | Prometheus text |
@@ -43,6 +44,7 @@ mod routes;
 mod routing_wire;
 mod run;
 mod stream;
+mod tokenize;
 mod validate;
 mod wire;
 
@@ -167,6 +169,8 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: web::Data<AppState>) {
         .service(post("/v1/completions", web::post().to(routes::completions)))
         .service(post("/v1/chat/completions", web::post().to(routes::chat_completions)))
         .service(post("/generate", web::post().to(generate::generate)))
+        .service(post("/tokenize", web::post().to(tokenize::tokenize)))
+        .service(post("/detokenize", web::post().to(tokenize::detokenize)))
         .service(post("/reset_prefix_cache", web::post().to(routes::reset_prefix_cache)))
         .service(get("/v1/models", web::get().to(routes::models)))
         .service(get("/health", web::get().to(routes::health)))

@@ -119,6 +119,7 @@ pub(crate) struct ChatFields {
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
     pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<bool>,
     pub tools: Option<Vec<Value>>,
     pub response_format: Option<Value>,
 }
@@ -158,4 +159,26 @@ pub(crate) struct GenerateBody {
     pub cache_salt: Option<String>,
     pub extra_key: Option<String>,
     pub stream: Option<bool>,
+}
+
+/// The body of `/tokenize`: vLLM's completion form (`prompt`) or chat form (`messages`).
+#[derive(Clone, Debug, Deserialize)]
+pub(crate) struct TokenizeBody {
+    pub model: Option<String>,
+    pub prompt: Option<Value>,
+    pub messages: Option<Vec<WireMessage>>,
+    pub add_special_tokens: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<bool>,
+    pub return_token_strs: Option<bool>,
+    pub tools: Option<Vec<Value>>,
+    pub chat_template: Option<String>,
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+}
+
+/// The body of `/detokenize`.
+#[derive(Clone, Debug, Deserialize)]
+pub(crate) struct DetokenizeBody {
+    pub model: Option<String>,
+    pub tokens: Vec<Value>,
 }

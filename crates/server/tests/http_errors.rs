@@ -108,6 +108,10 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
             "messages[0].content",
         ),
         (json!({"messages": hi, "tools": [{"type": "function"}]}), "tools"),
+        (
+            json!({"messages": hi, "continue_final_message": true, "add_generation_prompt": true}),
+            "continue_final_message",
+        ),
     ] {
         assert_400(&s, chat, body, param);
     }

@@ -15,7 +15,8 @@ use crate::routing_wire::{self, RoutingFields, RoutingRequest};
 use crate::wire::{ChatFields, CommonFields, CompletionFields, parse};
 
 pub(crate) use generate::{GenerateJob, generate};
-use prompt::{completion_prompts, render_chat};
+use prompt::completion_prompts;
+pub(crate) use prompt::{ChatRender, render_chat, render_messages, token_ids};
 use sampling::{SamplingFields, sampling};
 
 /// Most continuations one request may ask for.

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::AppState;
 use crate::error::ApiError;
-use crate::wire::{ChatFields, MessageContent};
+use crate::wire::{ChatFields, MessageContent, WireMessage};
 
 /// Token ids from a JSON array, each below the vocabulary size.
 pub(crate) fn token_ids(
@@ -72,9 +72,63 @@ pub(crate) fn completion_prompts(
     Ok(prompts)
 }
 
-/// Renders chat messages with the checkpoint's template.
-pub(crate) fn render_chat(state: &AppState, f: &ChatFields) -> Result<Vec<TokenId>, ApiError> {
-    if f.messages.is_empty() {
+/// How chat messages are rendered, as transformers' `apply_chat_template` takes it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChatRender {
+    /// Append the template's assistant header.
+    pub add_generation_prompt: bool,
+    /// Leave the final message open, for the model to continue it.
+    pub continue_final_message: bool,
+}
+
+impl ChatRender {
+    /// The two options, refused together as vLLM does.
+    pub(crate) fn new(
+        add_generation_prompt: Option<bool>,
+        continue_final_message: Option<bool>,
+    ) -> Result<Self, ApiError> {
+        let continue_final_message = continue_final_message.unwrap_or(false);
+        let add_generation_prompt = add_generation_prompt.unwrap_or(!continue_final_message);
+        if add_generation_prompt && continue_final_message {
+            return Err(ApiError::invalid(
+                "continue_final_message",
+                "continue_final_message and add_generation_prompt cannot both be true",
+            ));
+        }
+        Ok(Self { add_generation_prompt, continue_final_message })
+    }
+}
+
+/// The text of one message; only `text` content parts are supported.
+fn message_text(i: usize, m: &WireMessage) -> Result<String, ApiError> {
+    Ok(match &m.content {
+        None => String::new(),
+        Some(MessageContent::Text(t)) => t.clone(),
+        Some(MessageContent::Parts(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match (part.kind.as_str(), &part.text) {
+                    ("text", Some(t)) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::unsupported(
+                            &format!("messages[{i}].content"),
+                            format!("content parts of type '{}' are not supported", part.kind),
+                        ));
+                    }
+                }
+            }
+            text
+        }
+    })
+}
+
+/// Renders chat messages with the checkpoint's template to the prompt text.
+pub(crate) fn render_messages(
+    state: &AppState,
+    messages: &[WireMessage],
+    how: ChatRender,
+) -> Result<String, ApiError> {
+    if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
     let tokenizer = state.tokenizer();
@@ -84,33 +138,36 @@ pub(crate) fn render_chat(state: &AppState, f: &ChatFields) -> Result<Vec<TokenI
             "this model has no chat template; use /v1/completions with a prompt",
         ));
     }
-    let mut messages = Vec::with_capacity(f.messages.len());
-    for (i, m) in f.messages.iter().enumerate() {
-        let content = match &m.content {
-            None => String::new(),
-            Some(MessageContent::Text(t)) => t.clone(),
-            Some(MessageContent::Parts(parts)) => {
-                let mut text = String::new();
-                for part in parts {
-                    match (part.kind.as_str(), &part.text) {
-                        ("text", Some(t)) => text.push_str(t),
-                        _ => {
-                            return Err(ApiError::unsupported(
-                                &format!("messages[{i}].content"),
-                                format!("content parts of type '{}' are not supported", part.kind),
-                            ));
-                        }
-                    }
-                }
-                text
-            }
-        };
-        messages.push(ChatMessage { role: m.role.clone(), content });
+    let messages = messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| Ok(ChatMessage { role: m.role.clone(), content: message_text(i, m)? }))
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let text =
+        tokenizer.apply_chat_template(&messages, how.add_generation_prompt).map_err(|e| {
+            ApiError::invalid("messages", format!("cannot apply the chat template: {e}"))
+        })?;
+    if !how.continue_final_message {
+        return Ok(text);
     }
-    let add_generation_prompt = f.add_generation_prompt.unwrap_or(true);
-    let text = tokenizer.apply_chat_template(&messages, add_generation_prompt).map_err(|e| {
-        ApiError::invalid("messages", format!("cannot apply the chat template: {e}"))
-    })?;
+    // As transformers does: cut the rendering right after the final message's content, so the
+    // template's end-of-turn tokens do not close it.
+    let last = messages.last().map(|m| m.content.as_str()).unwrap_or_default();
+    let needle = if text.contains(last) { last } else { last.trim() };
+    match text.rfind(needle).filter(|_| !needle.is_empty()) {
+        Some(at) => Ok(text[..at + needle.len()].to_owned()),
+        None => Err(ApiError::invalid(
+            "continue_final_message",
+            "the final message is empty or does not appear in the rendered chat, so it cannot \
+             be continued",
+        )),
+    }
+}
+
+/// Renders a chat request's messages and encodes them.
+pub(crate) fn render_chat(state: &AppState, f: &ChatFields) -> Result<Vec<TokenId>, ApiError> {
+    let how = ChatRender::new(f.add_generation_prompt, f.continue_final_message)?;
+    let text = render_messages(state, &f.messages, how)?;
     let ids = encode(state, &text, "messages")?;
     if ids.is_empty() {
         return Err(ApiError::invalid("messages", "the rendered prompt has no tokens"));
