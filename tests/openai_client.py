@@ -22,12 +22,17 @@ def decode_npy(b64):
     return np.load(io.BytesIO(base64.b64decode(b64)), allow_pickle=False)
 
 
-def check_rows(rows, num_rows, layers, top_k, num_experts):
+def check_rows(rows, num_rows, routing):
+    """Rows in the decoder-layer layout: MoE layers hold distinct ids, the others vLLM's zeros."""
+    layers, top_k = routing["num_layers"], routing["top_k"]
     assert rows.shape == (num_rows, layers, top_k), (rows.shape, num_rows, layers, top_k)
     assert rows.dtype == np.uint8, rows.dtype
-    assert (rows < num_experts).all()
-    for row in rows.reshape(-1, top_k):
+    moe = routing["moe_layer_ids"]
+    assert (rows[:, moe] < routing["num_experts"]).all()
+    for row in rows[:, moe].reshape(-1, top_k):
         assert len(set(row.tolist())) == top_k, row
+    dense = [i for i in range(layers) if i not in moe]
+    assert (rows[:, dense] == 0).all()
 
 
 def main():
@@ -38,8 +43,8 @@ def main():
     entry = client.models.list().data[0].model_dump()
     assert entry["id"] == model, entry
     routing = entry["routing"]
-    layers, top_k, num_experts = routing["num_moe_layers"], routing["top_k"], routing["num_experts"]
-    assert len(routing["moe_layer_ids"]) == layers
+    layers, top_k = routing["num_layers"], routing["top_k"]
+    assert len(routing["moe_layer_ids"]) == routing["num_moe_layers"]
 
     # Completions: routing requested through extra_body, decoded with numpy.
     prompt = [10 + (i * 37) % 400 for i in range(20)]
@@ -52,7 +57,7 @@ def main():
     assert choice["prompt_token_ids"] == prompt
     assert whole["usage"]["prompt_tokens"] == 20 and whole["usage"]["completion_tokens"] == 8
     rows = decode_npy(choice["routed_experts"])
-    check_rows(rows, 20 + len(generated) - 1, layers, top_k, num_experts)
+    check_rows(rows, 20 + len(generated) - 1, routing)
     meta = whole["routed_experts_meta"]
     assert meta["moe_layer_ids"] == routing["moe_layer_ids"] and meta["dtype"] == "uint8", meta
     saved = io.BytesIO()
@@ -94,8 +99,7 @@ def main():
     c = chat["choices"][0]
     assert c["message"]["role"] == "assistant"
     prompt_len = len(chat["prompt_token_ids"])
-    check_rows(decode_npy(c["routed_experts"]), prompt_len + len(c["token_ids"]) - 1,
-               layers, top_k, num_experts)
+    check_rows(decode_npy(c["routed_experts"]), prompt_len + len(c["token_ids"]) - 1, routing)
     deltas, final = "", None
     for chunk in client.chat.completions.create(
         model=model, messages=messages, max_tokens=6, temperature=0, stream=True, extra_body=extra

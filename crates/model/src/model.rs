@@ -127,6 +127,7 @@ impl Model {
     pub fn routing_meta(&self) -> Option<RoutingMeta> {
         let moe = self.config.moe.as_ref()?;
         Some(RoutingMeta {
+            num_layers: self.config.layers.len() as u32,
             moe_layer_ids: self.config.moe_layer_ids(),
             num_experts: moe.num_experts as u32,
             top_k: moe.top_k as u32,

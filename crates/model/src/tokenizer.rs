@@ -62,14 +62,36 @@ impl Tokenizer {
 
     /// Encodes text without adding special tokens (prompts arrive already templated).
     pub fn encode(&self, text: &str) -> Result<Vec<TokenId>> {
-        let enc =
-            self.inner.encode(text, false).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        Ok(enc.get_ids().to_vec())
+        self.encode_with(text, false)
     }
 
     /// Decodes ids to text, skipping special tokens.
     pub fn decode(&self, ids: &[TokenId]) -> Result<String> {
-        self.inner.decode(ids, true).map_err(|e| ModelError::Tokenizer(e.to_string()))
+        self.decode_with(ids, true)
+    }
+
+    /// Encodes text, adding the special tokens the tokenizer's post-processor defines (a BOS, for
+    /// example) when `add_special_tokens` is set, as transformers' `encode` does.
+    pub fn encode_with(&self, text: &str, add_special_tokens: bool) -> Result<Vec<TokenId>> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Decodes ids to text; `skip_special_tokens: false` keeps them, as transformers' `decode`
+    /// does by default.
+    pub fn decode_with(&self, ids: &[TokenId], skip_special_tokens: bool) -> Result<String> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))
+    }
+
+    /// The vocabulary entry of `id` (transformers' `convert_ids_to_tokens`), `None` outside the
+    /// vocabulary.
+    pub fn id_to_token(&self, id: TokenId) -> Option<String> {
+        self.inner.id_to_token(id)
     }
 
     /// Vocabulary size including added tokens.

@@ -86,6 +86,7 @@ fn summary(label: &str, mut times: Vec<Duration>, bytes: usize) {
 
 fn bench(num_experts: u32) {
     let meta = RoutingMeta {
+        num_layers: LAYERS as u32,
         moe_layer_ids: (0..LAYERS as u32).collect(),
         num_experts,
         top_k: TOP_K as u32,

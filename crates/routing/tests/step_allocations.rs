@@ -45,8 +45,12 @@ static GLOBAL: Counting = Counting;
 #[test]
 fn store_step_allocates_per_new_block_not_per_token() {
     let (layers, top_k, block_size, tokens) = (8usize, 4usize, 16usize, 512usize);
-    let meta =
-        RoutingMeta { moe_layer_ids: (0..layers as u32).collect(), num_experts: 64, top_k: 4 };
+    let meta = RoutingMeta {
+        num_layers: layers as u32,
+        moe_layer_ids: (0..layers as u32).collect(),
+        num_experts: 64,
+        top_k: 4,
+    };
     let num_blocks = tokens / block_size;
     let mut store =
         RoutingStore::new(RoutingStoreConfig::new(&meta, num_blocks, block_size)).expect("valid");

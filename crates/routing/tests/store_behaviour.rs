@@ -13,7 +13,7 @@ const K: usize = 2;
 const BS: usize = 4;
 
 fn meta(num_experts: u32) -> RoutingMeta {
-    RoutingMeta { moe_layer_ids: vec![1, 3], num_experts, top_k: K as u32 }
+    RoutingMeta { num_layers: 4, moe_layer_ids: vec![1, 3], num_experts, top_k: K as u32 }
 }
 
 fn store(num_blocks: usize, cap_blocks: Option<usize>) -> RoutingStore {

@@ -158,6 +158,7 @@ impl Parts {
         let cache = KvCacheManager::new(cache_config).map_err(|e| load(e.to_string()))?;
         let meta = first.routing_meta();
         let routing_meta = meta.clone().unwrap_or(routed_types::RoutingMeta {
+            num_layers: 1,
             moe_layer_ids: vec![0],
             num_experts: 1,
             top_k: 1,

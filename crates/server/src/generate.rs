@@ -1,9 +1,11 @@
 //! `POST /generate`: the token-in, SGLang-shaped route.
 //!
 //! One prompt (`text` or `input_ids`), one continuation. Routing, when returned, is base64 of the
-//! flat little-endian int32 array with its `[rows, L, K]` shape beside it. Streamed, each event
-//! is the response so far (cumulative `text` and `output_ids`), and the last one carries the
-//! finish reason and the routing.
+//! flat little-endian int32 array with its `[rows, L, K]` shape beside it (decoder-layer layout
+//! unless the request asks for `routed_experts_layers: "moe"`). Logprobs are SGLang's
+//! `[logprob, token_id, text-or-null]` triples. Streamed, each event is the response so far
+//! (cumulative `text` and `output_ids`), and the last one carries the finish reason and the
+//! routing.
 
 use std::sync::Arc;
 
@@ -11,16 +13,17 @@ use actix_web::{HttpResponse, web};
 use futures_util::stream::{self, StreamExt};
 use routed_model::Tokenizer;
 use routed_runtime::{FinalOutput, RequestEvent, TokenEvent};
-use routed_types::{FinishReason, RoutingMeta, StopMatch};
+use routed_types::{FinishReason, RoutingMeta, StopMatch, TokenId};
 use serde_json::{Value, json};
 
 use crate::AppState;
 use crate::detok::Detokenizer;
 use crate::error::ApiError;
+use crate::response::token_text;
 use crate::routing_wire::encode_sglang;
 use crate::run::{self, Merged};
 use crate::stream::{sse_done, sse_event};
-use crate::validate::{self, Job};
+use crate::validate::{self, GenerateJob};
 
 /// SGLang's `finish_reason` object.
 fn finish_json(reason: Option<&FinishReason>) -> Value {
@@ -42,15 +45,37 @@ fn finish_json(reason: Option<&FinishReason>) -> Value {
 /// The body of a response (or of one streamed event).
 struct Body<'a> {
     id: &'a str,
-    job: &'a Job,
+    request: &'a GenerateJob,
+    tokenizer: &'a Tokenizer,
     text: &'a str,
     tokens: &'a [TokenEvent],
     output: Option<&'a FinalOutput>,
 }
 
+/// SGLang's logprob triple `[logprob, token_id, text-or-null]`.
+fn triple(tokenizer: &Tokenizer, with_text: bool, id: TokenId, logprob: f32) -> Value {
+    let text = with_text.then(|| token_text(tokenizer, id));
+    json!([logprob, id, text])
+}
+
+/// `output_token_logprobs` and, with `top_logprobs_num`, `output_top_logprobs`.
+fn add_logprobs(b: &Body<'_>, meta_info: &mut Value) {
+    let with_text = b.request.text_in_logprobs;
+    let lps = b.tokens.iter().map(|t| triple(b.tokenizer, with_text, t.token, t.logprob));
+    meta_info["output_token_logprobs"] = Value::Array(lps.collect());
+    if b.request.top_logprobs_num.is_some() {
+        let tops = b.tokens.iter().map(|t| {
+            let top = t.top_logprobs.iter().map(|&(id, lp)| triple(b.tokenizer, with_text, id, lp));
+            Value::Array(top.collect())
+        });
+        meta_info["output_top_logprobs"] = Value::Array(tops.collect());
+    }
+}
+
 fn body_json(b: Body<'_>, meta: Option<&RoutingMeta>) -> Result<Value, ApiError> {
+    let job = &b.request.job;
     let output_ids: Vec<u32> = b.tokens.iter().map(|t| t.token).collect();
-    let prompt_tokens = b.job.requests[0].prompt_token_ids.len();
+    let prompt_tokens = job.requests[0].prompt_token_ids.len();
     let mut meta_info = json!({
         "id": b.id,
         "prompt_tokens": prompt_tokens,
@@ -58,14 +83,13 @@ fn body_json(b: Body<'_>, meta: Option<&RoutingMeta>) -> Result<Value, ApiError>
         "cached_tokens": b.output.map_or(0, |o| o.num_cached_tokens),
         "finish_reason": finish_json(b.output.map(|o| &o.finish_reason)),
     });
-    if b.job.logprobs.is_some() {
-        let lps: Vec<Value> = b.tokens.iter().map(|t| json!([t.logprob, t.token])).collect();
-        meta_info["output_token_logprobs"] = Value::Array(lps);
+    if job.logprobs.is_some() {
+        add_logprobs(&b, &mut meta_info);
     }
-    if let (Some(output), Some(_), Some(meta)) = (b.output, b.job.routing, meta) {
+    if let (Some(output), Some(routing), Some(meta)) = (b.output, job.routing, meta) {
         match &output.routing {
             Some(rows) => {
-                let (data, shape) = encode_sglang(rows, meta)?;
+                let (data, shape) = encode_sglang(rows, meta, routing.layers)?;
                 meta_info["routed_experts"] = json!(data);
                 meta_info["routed_experts_shape"] = json!(shape);
             }
@@ -83,15 +107,15 @@ pub(crate) async fn generate(
     state: web::Data<AppState>,
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
-    let job = validate::generate(&state, &body)?;
-    let merged = run::submit(state.handle(), state.registry(), &job, "/generate").await?;
+    let request = validate::generate(&state, &body)?;
+    let merged = run::submit(state.handle(), state.registry(), &request.job, "/generate").await?;
     let id = state.new_id("gen");
     let meta = state.info().routing.clone();
-    if job.stream.is_some() {
+    if request.job.stream.is_some() {
         let tokenizer = Arc::clone(state.tokenizer());
         let body = SglStream {
             id,
-            job,
+            request,
             tokenizer,
             meta,
             merged: Some(merged),
@@ -105,13 +129,14 @@ pub(crate) async fn generate(
             .insert_header(("Cache-Control", "no-cache"))
             .streaming(body.into_body()));
     }
-    let choices = run::collect(merged, &job).await?;
+    let choices = run::collect(merged, &request.job).await?;
     let choice = &choices[0];
     let output = choice.output(0)?;
     let body = body_json(
         Body {
             id: &id,
-            job: &job,
+            request: &request,
+            tokenizer: state.tokenizer(),
             text: &output.text,
             tokens: &choice.tokens,
             output: Some(output),
@@ -124,7 +149,7 @@ pub(crate) async fn generate(
 /// The streamed `/generate` body.
 struct SglStream {
     id: String,
-    job: Job,
+    request: GenerateJob,
     tokenizer: Arc<Tokenizer>,
     meta: Option<RoutingMeta>,
     merged: Option<Merged>,
@@ -152,7 +177,7 @@ impl SglStream {
             };
             let result = match merged.next().await {
                 Some((_, RequestEvent::Token(t))) => {
-                    let delta = self.detok.push(&self.tokenizer, t.token, &self.job.stop);
+                    let delta = self.detok.push(&self.tokenizer, t.token, &self.request.job.stop);
                     self.tokens.push(t);
                     if delta.is_empty() {
                         continue;
@@ -178,8 +203,14 @@ impl SglStream {
     }
 
     fn event(&self, output: Option<&FinalOutput>) -> Result<web::Bytes, ApiError> {
-        let body =
-            Body { id: &self.id, job: &self.job, text: &self.text, tokens: &self.tokens, output };
+        let body = Body {
+            id: &self.id,
+            request: &self.request,
+            tokenizer: &self.tokenizer,
+            text: &self.text,
+            tokens: &self.tokens,
+            output,
+        };
         Ok(sse_event(&body_json(body, self.meta.as_ref())?))
     }
 }

@@ -7,13 +7,16 @@
 //! | `POST /v1/completions` | text or token prompts, batches, `n`, streaming, logprobs |
 //! | `POST /v1/chat/completions` | messages through the checkpoint's chat template |
 //! | `POST /generate` | token-in, SGLang-shaped |
+//! | `POST /tokenize`, `POST /detokenize` | the tokenizer and chat template, as vLLM serves them |
 //! | `GET /v1/models` | the served model, its `max_model_len` and routing layout |
 //! | `GET /health` | 200, or 503 with the reason |
 //! | `GET /metrics` | Prometheus text |
 //! | `POST /reset_prefix_cache` | drop every cached block no request holds |
 //!
 //! Both OpenAI routes return routing replay: `choices[i].routed_experts` (base64 `.npy` by
-//! default) and a response-level `routed_experts_meta`.
+//! default, `[rows, num_hidden_layers, top_k]` indexed by decoder layer as vLLM and SGLang return
+//! it) and a response-level `routed_experts_meta`; SGLang's clients find the same rows in
+//! `sglext.routed_experts`.
 //!
 //! Only this crate knows HTTP and JSON wire shapes. It holds no engine state of its own beyond
 //! the [`Registry`] of in-flight requests, which is how a client that disconnects gets its
@@ -41,6 +44,7 @@ mod routes;
 mod routing_wire;
 mod run;
 mod stream;
+mod tokenize;
 mod validate;
 mod wire;
 
@@ -57,7 +61,7 @@ use routed_runtime::{EngineHandle, ModelInfo};
 
 pub use error::{ApiError, ErrorBody, ErrorDetail, json_config, not_found};
 pub use metrics::install_metrics_recorder;
-pub use routing_wire::{RoutingFormat, RoutingRequest};
+pub use routing_wire::{NON_MOE_FILL, RoutingFormat, RoutingLayers, RoutingRequest};
 pub use run::{InFlight, Registry};
 
 /// What the gateway shares between its handlers: the engine handle and the in-flight registry.
@@ -165,6 +169,8 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: web::Data<AppState>) {
         .service(post("/v1/completions", web::post().to(routes::completions)))
         .service(post("/v1/chat/completions", web::post().to(routes::chat_completions)))
         .service(post("/generate", web::post().to(generate::generate)))
+        .service(post("/tokenize", web::post().to(tokenize::tokenize)))
+        .service(post("/detokenize", web::post().to(tokenize::detokenize)))
         .service(post("/reset_prefix_cache", web::post().to(routes::reset_prefix_cache)))
         .service(get("/v1/models", web::get().to(routes::models)))
         .service(get("/health", web::get().to(routes::health)))

@@ -121,11 +121,26 @@ pub(crate) fn choice_routing(
     output: &FinalOutput,
 ) -> Result<Option<Value>, ApiError> {
     match (routing, meta) {
-        (Some(r), Some(meta)) => {
-            routing_wire::encode(output.routing.as_ref(), meta, r.format).map(Some)
-        }
+        (Some(r), Some(meta)) => routing_wire::encode(output.routing.as_ref(), meta, r).map(Some),
         _ => Ok(None),
     }
+}
+
+/// SGLang's response-level `sglext`, for a request that asked SGLang's way: `routed_experts` is
+/// base64 of the flat int32 rows of the first choice that has rows (SGLang returns one per
+/// request), in the request's layer layout. `None` when not asked or no choice has rows.
+pub(crate) fn sglext<'a>(
+    routing: Option<RoutingRequest>,
+    meta: Option<&RoutingMeta>,
+    outputs: impl IntoIterator<Item = &'a FinalOutput>,
+) -> Result<Option<Value>, ApiError> {
+    let (Some(request), Some(meta)) = (routing, meta) else { return Ok(None) };
+    if !request.sglext {
+        return Ok(None);
+    }
+    let Some(rows) = outputs.into_iter().find_map(|o| o.routing.as_ref()) else { return Ok(None) };
+    let (data, _) = routing_wire::encode_sglang(rows, meta, request.layers)?;
+    Ok(Some(json!({"routed_experts": data})))
 }
 
 /// The response-level `routed_experts_meta`, if the job asked for routing.
@@ -227,6 +242,9 @@ pub(crate) fn whole(
     }
     if let Some(m) = routing_meta(job, meta) {
         body["routed_experts_meta"] = m;
+    }
+    if let Some(ext) = sglext(job.routing, meta, outputs.iter().flatten().copied())? {
+        body["sglext"] = ext;
     }
     Ok(body)
 }

@@ -63,6 +63,7 @@ pub(crate) async fn models(state: web::Data<AppState>) -> HttpResponse {
     let info = state.info();
     let routing = info.routing.as_ref().map(|m| {
         json!({
+            "num_layers": m.num_layers,
             "num_moe_layers": m.num_moe_layers(),
             "moe_layer_ids": m.moe_layer_ids,
             "num_experts": m.num_experts,

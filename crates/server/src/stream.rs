@@ -2,8 +2,10 @@
 //!
 //! The body is a stream over the engine's merged events: `data: {chunk}` per token (text deltas
 //! from the [`Detokenizer`]), a final chunk per choice carrying its `finish_reason` and its
-//! routing (the first such chunk also carries `routed_experts_meta`), an optional usage chunk,
-//! then `data: [DONE]`. An error ends the stream with one `data: {"error": ...}` event and
+//! routing (the first such chunk also carries `routed_experts_meta`), SGLang's `sglext` chunk
+//! when the request asked SGLang's way, an optional usage chunk, then `data: [DONE]`. When
+//! routing was requested every chunk of a choice carries its `routed_experts` key, `null` until
+//! the final one. An error ends the stream with one `data: {"error": ...}` event and
 //! `[DONE]`. Dropping the body (the client went away) drops the engine streams, which aborts
 //! their requests.
 
@@ -23,7 +25,7 @@ use crate::detok::Detokenizer;
 use crate::error::ApiError;
 use crate::response::{
     Header, Route, Usage, chat_logprobs, choice_routing, completion_logprobs, finish_reason,
-    routing_meta, stop_reason,
+    routing_meta, sglext, stop_reason,
 };
 use crate::run::{Merged, choice_index};
 use crate::validate::Job;
@@ -137,7 +139,29 @@ impl SseState {
             let err =
                 ApiError::Internal(format!("the engine ended choice {i} without a final output"));
             self.pending.push_back(sse_event(&err.body()));
-        } else if self.job.stream == Some(true) {
+            self.pending.push_back(sse_done());
+            return;
+        }
+        // SGLang sends its extension in a chunk of its own once every choice has ended.
+        let outputs = self.choices.iter().filter_map(|c| c.output.as_deref());
+        match sglext(self.job.routing, self.meta.as_ref(), outputs) {
+            Ok(Some(ext)) => {
+                let mut chunk = self.envelope();
+                chunk["choices"] = json!([]);
+                chunk["sglext"] = ext;
+                if self.job.stream == Some(true) {
+                    chunk["usage"] = Value::Null;
+                }
+                self.pending.push_back(sse_event(&chunk));
+            }
+            Ok(None) => {}
+            Err(err) => {
+                self.pending.push_back(sse_event(&err.body()));
+                self.pending.push_back(sse_done());
+                return;
+            }
+        }
+        if self.job.stream == Some(true) {
             let outputs: Vec<Option<&FinalOutput>> =
                 self.choices.iter().map(|c| c.output.as_deref()).collect();
             let mut chunk = self.envelope();
@@ -159,8 +183,11 @@ impl SseState {
     }
 
     /// Wraps one choice into a chunk; the choice's first chunk carries its prompt ids when
-    /// asked.
+    /// asked. With routing requested, a choice that has not ended carries `routed_experts: null`.
     fn chunk(&mut self, i: usize, mut choice: Value) -> Value {
+        if self.job.routing.is_some() && choice.get("routed_experts").is_none() {
+            choice["routed_experts"] = Value::Null;
+        }
         let first = !std::mem::replace(&mut self.choices[i].started, true);
         let mut chunk = self.envelope();
         if first && self.job.return_token_ids {

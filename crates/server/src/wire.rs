@@ -62,6 +62,8 @@ pub(crate) struct CommonFields {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub cache_salt: Option<String>,
+    /// SGLang's second cache namespace; combined with `cache_salt`.
+    pub extra_key: Option<String>,
     pub return_token_ids: Option<bool>,
     pub echo: Option<bool>,
     pub presence_penalty: Option<f32>,
@@ -72,6 +74,7 @@ pub(crate) struct CommonFields {
     pub routed_experts_start_len: Option<i64>,
     pub routed_experts_prompt_start: Option<i64>,
     pub routed_experts_format: Option<String>,
+    pub routed_experts_layers: Option<String>,
 }
 
 /// Fields only `/v1/completions` has.
@@ -116,6 +119,7 @@ pub(crate) struct ChatFields {
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
     pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<bool>,
     pub tools: Option<Vec<Value>>,
     pub response_format: Option<Value>,
 }
@@ -143,7 +147,38 @@ pub(crate) struct GenerateBody {
     pub input_ids: Option<Value>,
     pub sampling_params: Option<SglSamplingParams>,
     pub return_logprob: Option<bool>,
+    /// Prompt logprobs from this position; -1 (SGLang's default) asks for none.
+    pub logprob_start_len: Option<i64>,
+    /// Top alternatives per sampled token (`output_top_logprobs`).
+    pub top_logprobs_num: Option<u32>,
+    /// Put each token's text in the logprob triples instead of `null`.
+    pub return_text_in_logprobs: Option<bool>,
     pub return_routed_experts: Option<bool>,
     pub routed_experts_start_len: Option<i64>,
+    pub routed_experts_layers: Option<String>,
+    pub cache_salt: Option<String>,
+    pub extra_key: Option<String>,
     pub stream: Option<bool>,
+}
+
+/// The body of `/tokenize`: vLLM's completion form (`prompt`) or chat form (`messages`).
+#[derive(Clone, Debug, Deserialize)]
+pub(crate) struct TokenizeBody {
+    pub model: Option<String>,
+    pub prompt: Option<Value>,
+    pub messages: Option<Vec<WireMessage>>,
+    pub add_special_tokens: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<bool>,
+    pub return_token_strs: Option<bool>,
+    pub tools: Option<Vec<Value>>,
+    pub chat_template: Option<String>,
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+}
+
+/// The body of `/detokenize`.
+#[derive(Clone, Debug, Deserialize)]
+pub(crate) struct DetokenizeBody {
+    pub model: Option<String>,
+    pub tokens: Vec<Value>,
 }

@@ -89,6 +89,9 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
         (json!({"prompt": "x", "stream_options": {"include_usage": true}}), "stream_options"),
         (json!({"prompt": "x", "cache_salt": ""}), "cache_salt"),
         (json!({"prompt": "x", "routed_experts_format": "csv"}), "routed_experts_format"),
+        (json!({"prompt": "x", "routed_experts_layers": "dense"}), "routed_experts_layers"),
+        (json!({"prompt": "x", "routed_experts_layers": 1}), "routed_experts_layers"),
+        (json!({"prompt": "x", "extra_key": ""}), "extra_key"),
     ] {
         assert_400(&s, c, body, param);
     }
@@ -105,6 +108,10 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
             "messages[0].content",
         ),
         (json!({"messages": hi, "tools": [{"type": "function"}]}), "tools"),
+        (
+            json!({"messages": hi, "continue_final_message": true, "add_generation_prompt": true}),
+            "continue_final_message",
+        ),
     ] {
         assert_400(&s, chat, body, param);
     }
@@ -120,6 +127,8 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
         ),
         (json!({"input_ids": [1], "sampling_params": {"top_k": -5}}), "sampling_params.top_k"),
         (json!({"input_ids": [1], "routed_experts_start_len": 2}), "routed_experts_start_len"),
+        (json!({"input_ids": [1], "top_logprobs_num": 21}), "top_logprobs_num"),
+        (json!({"input_ids": [1], "return_text_in_logprobs": "yes"}), "return_text_in_logprobs"),
     ] {
         assert_400(&s, g, body, param);
     }

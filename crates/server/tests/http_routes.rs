@@ -22,10 +22,11 @@ fn models_lists_the_model_with_its_length_and_routing_layout() {
     assert_eq!(model["id"], MODEL);
     assert_eq!(model["object"], "model");
     assert_eq!(model["max_model_len"], 4096);
-    // `ME*EME`: MoE layers at 1, 3 and 5; 8 experts, top 2.
+    // `ME*EME`: six decoder layers, MoE at 1, 3 and 5; 8 experts, top 2.
     assert_eq!(
         model["routing"],
-        json!({"num_moe_layers": 3, "moe_layer_ids": [1, 3, 5], "num_experts": 8, "top_k": 2})
+        json!({"num_layers": 6, "num_moe_layers": 3, "moe_layer_ids": [1, 3, 5],
+               "num_experts": 8, "top_k": 2})
     );
 }
 
@@ -75,9 +76,9 @@ fn completions_answer_in_the_openai_shape_with_usage_and_routing() {
     assert_eq!(usage["completion_tokens"], 5);
     assert_eq!(usage["total_tokens"].as_u64(), Some(prompt_tokens + 5));
     assert!(usage["prompt_tokens_details"]["cached_tokens"].is_u64());
-    // Routing is on by default.
+    // Routing is on by default, over every decoder layer.
     let rows = routing_of(choice);
-    assert_eq!(rows.shape, [prompt_tokens as usize + 4, 3, 2]);
+    assert_eq!(rows.shape, [prompt_tokens as usize + 4, 6, 2]);
     assert_eq!(body["routed_experts_meta"]["format"], "npy_b64");
 }
 
@@ -247,10 +248,18 @@ fn generate_answers_in_the_sglang_shape() {
     assert_eq!(meta["completion_tokens"], 4);
     assert!(meta["cached_tokens"].is_u64());
     assert_eq!(meta["finish_reason"], json!({"type": "length", "matched": null}));
-    assert_eq!(meta["output_token_logprobs"].as_array().map(Vec::len), Some(4));
-    assert_eq!(meta["output_token_logprobs"][0][1], body["output_ids"][0]);
-    assert_eq!(meta["routed_experts_shape"], json!([13, 3, 2]));
-    let raw = common::decode_raw_b64(meta["routed_experts"].as_str().unwrap(), 3, 2);
+    // SGLang's `[logprob, token_id, text-or-null]` triples; no text unless asked.
+    let triples = meta["output_token_logprobs"].as_array().expect("output_token_logprobs");
+    assert_eq!(triples.len(), 4);
+    for (t, id) in triples.iter().zip(body["output_ids"].as_array().unwrap()) {
+        assert_eq!(t.as_array().map(Vec::len), Some(3), "{t}");
+        assert!(t[0].as_f64().is_some_and(|lp| lp <= 0.0), "{t}");
+        assert_eq!(&t[1], id);
+        assert!(t[2].is_null(), "{t}");
+    }
+    assert!(meta.get("output_top_logprobs").is_none(), "{meta}");
+    assert_eq!(meta["routed_experts_shape"], json!([13, 6, 2]));
+    let raw = common::decode_raw_b64(meta["routed_experts"].as_str().unwrap(), 6, 2);
     // The same request on /v1/completions returns the same rows.
     let openai = s.ok(
         "/v1/completions",

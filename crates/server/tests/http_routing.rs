@@ -4,7 +4,8 @@
 //! Cases (numbered as in the routing replay acceptance list): 1 shape, 2 value validity,
 //! 3 chat endpoint, 4 `max_tokens=1`, 5 disabled server, 6 per-request opt-out, 8 prefix-cache
 //! hit, 9 full-prompt hit, 11 start offset, 14 `n > 1`, 17 finish reasons, 21 streaming,
-//! 24 metadata, 25 encoding variants.
+//! 24 metadata, 25 encoding variants; and the layer axis: every decoder layer by default (vLLM's
+//! and SGLang's layout), the MoE layers only on request.
 
 mod common;
 
@@ -16,12 +17,16 @@ use common::{
 };
 use serde_json::{Value, json};
 
-/// The checkpoints and their routing layout: `(arch, moe_layer_ids, num_experts, top_k)`.
-const MODELS: [(&str, [u32; 3], u32, usize); 3] = [
-    ("tiny_hybrid_default", [1, 3, 5], 8, 2),
-    ("nemotron_h", [1, 3, 6], 8, 2),
-    ("qwen3_moe", [0, 1, 3], 8, 2),
+/// The checkpoints and their routing layout:
+/// `(arch, num_layers, moe_layer_ids, num_experts, top_k)`.
+const MODELS: [(&str, usize, [u32; 3], u32, usize); 3] = [
+    ("tiny_hybrid_default", 6, [1, 3, 5], 8, 2),
+    ("nemotron_h", 7, [1, 3, 6], 8, 2),
+    ("qwen3_moe", 4, [0, 1, 3], 8, 2),
 ];
+
+/// The embedded model's MoE layers (`ME*EME`).
+const HYBRID_MOE: [u32; 3] = [1, 3, 5];
 
 fn completion(s: &TestServer, body: Value) -> Value {
     s.ok("/v1/completions", &body)
@@ -31,12 +36,17 @@ fn token_ids(choice: &Value) -> Vec<u64> {
     choice["token_ids"].as_array().expect("token_ids").iter().map(|v| v.as_u64().unwrap()).collect()
 }
 
-/// Case 2: every id is below `num_experts` and no layer of a row repeats an id.
-fn assert_valid(rows: &Rows, num_experts: u32) {
+/// Case 2 over the decoder-layer layout: in the MoE layers every id is below `num_experts` and no
+/// layer of a row repeats an id; every other layer holds the fill value (0, as vLLM's buffer).
+fn assert_valid(rows: &Rows, moe_layer_ids: &[u32], num_experts: u32) {
     let [n, layers, k] = rows.shape;
     for r in 0..n {
         for l in 0..layers {
             let ids = &rows.row(r)[l * k..(l + 1) * k];
+            if !moe_layer_ids.contains(&(l as u32)) {
+                assert!(ids.iter().all(|&id| id == 0), "row {r} non-MoE layer {l}: {ids:?}");
+                continue;
+            }
             assert!(ids.iter().all(|&id| id < num_experts), "row {r} layer {l}: {ids:?}");
             let distinct: HashSet<_> = ids.iter().collect();
             assert_eq!(distinct.len(), k, "row {r} layer {l} repeats an id: {ids:?}");
@@ -44,15 +54,28 @@ fn assert_valid(rows: &Rows, num_experts: u32) {
     }
 }
 
+/// The MoE-only rows (`routed_experts_layers: "moe"`) that a decoder-layer array holds.
+fn moe_only(rows: &Rows, moe_layer_ids: &[u32]) -> Vec<u32> {
+    let k = rows.shape[2];
+    (0..rows.shape[0])
+        .flat_map(|r| {
+            let row = rows.row(r);
+            moe_layer_ids
+                .iter()
+                .flat_map(move |&l| row[l as usize * k..(l as usize + 1) * k].to_vec())
+        })
+        .collect()
+}
+
 #[test]
 fn shape_validity_and_metadata_on_every_family() {
-    for (arch, moe_layer_ids, num_experts, top_k) in MODELS {
+    for (arch, num_layers, moe_layer_ids, num_experts, top_k) in MODELS {
         let s = server(arch);
         // Case 24: the model endpoint reports the layout.
         let model = &s.get("/v1/models").json()["data"][0];
-        let layers = moe_layer_ids.len();
-        let expected = json!({"num_moe_layers": layers, "moe_layer_ids": moe_layer_ids,
-                              "num_experts": num_experts, "top_k": top_k});
+        let expected = json!({"num_layers": num_layers, "num_moe_layers": moe_layer_ids.len(),
+                              "moe_layer_ids": moe_layer_ids, "num_experts": num_experts,
+                              "top_k": top_k});
         assert_eq!(model["routing"], expected, "{arch}");
         let routing = model["routing"].clone();
         // Case 1: 20-token prompt, 16 tokens, EOS ignored.
@@ -66,12 +89,14 @@ fn shape_validity_and_metadata_on_every_family() {
             (body["usage"]["prompt_tokens"].as_u64().unwrap() as usize, token_ids(choice).len());
         assert_eq!((p, g), (20, 16));
         let rows = routing_of(choice);
-        let layers = routing["num_moe_layers"].as_u64().unwrap() as usize;
-        assert_eq!(rows.shape, [p + g - 1, layers, top_k], "{arch}");
+        // The layer axis is every decoder layer, as `num_hidden_layers` in the config.
+        assert_eq!(rows.shape, [p + g - 1, num_layers, top_k], "{arch}");
         assert_eq!(rows.dtype, "|u1", "{arch}");
-        assert_valid(&rows, num_experts);
+        assert_valid(&rows, &moe_layer_ids, num_experts);
         // Case 24: the response's metadata matches the model's and the array.
         let meta = &body["routed_experts_meta"];
+        assert_eq!(meta["layers"], "all");
+        assert_eq!(meta["num_layers"], routing["num_layers"]);
         assert_eq!(meta["num_moe_layers"], routing["num_moe_layers"]);
         assert_eq!(meta["moe_layer_ids"], routing["moe_layer_ids"]);
         assert_eq!(meta["num_experts"], routing["num_experts"]);
@@ -83,6 +108,17 @@ fn shape_validity_and_metadata_on_every_family() {
         let one_rows = routing_of(&one["choices"][0]);
         assert_eq!(one_rows.shape[0], 20);
         assert_eq!(one_rows.ids, rows.rows(0, 20), "{arch}: prompt rows");
+        // The compact layout holds the same ids, MoE layers only, in model order.
+        let compact = completion(
+            &s,
+            json!({"prompt": prompt_ids(20, 11), "max_tokens": 16, "ignore_eos": true,
+                    "temperature": 0, "routed_experts_layers": "moe"}),
+        );
+        let moe_rows = routing_of(&compact["choices"][0]);
+        assert_eq!(moe_rows.shape, [p + g - 1, moe_layer_ids.len(), top_k], "{arch}");
+        assert_eq!(moe_rows.ids, moe_only(&rows, &moe_layer_ids), "{arch}: moe layout");
+        assert_eq!(compact["routed_experts_meta"]["layers"], "moe");
+        assert_eq!(compact["routed_experts_meta"]["num_layers"], num_layers);
     }
 }
 
@@ -169,7 +205,8 @@ fn prefix_cache_hits_return_the_original_rows() {
         let (r1, r2) = (routing_of(&first["choices"][0]), routing_of(&second["choices"][0]));
         assert_eq!(r1.rows(0, 64), r2.rows(0, 64), "{arch}: prefix rows");
         assert_eq!(r2.shape[0], 73 + token_ids(&second["choices"][0]).len() - 1);
-        assert_valid(&r2, 8);
+        let moe_layer_ids = if arch == "qwen3_moe" { [0, 1, 3] } else { HYBRID_MOE };
+        assert_valid(&r2, &moe_layer_ids, 8);
         // The same request on a server without prefix caching returns the same rows.
         let cold = TestServer::shared(&format!("nocache_{arch}"), || {
             let mut config = test_config(arch);
@@ -241,7 +278,7 @@ fn n_choices_share_their_prompt_rows() {
     for (c, r) in choices.iter().zip(&rows) {
         assert_eq!(r.shape[0], 21 + token_ids(c).len() - 1);
         assert_eq!(r.rows(0, 21), rows[0].rows(0, 21));
-        assert_valid(r, 8);
+        assert_valid(r, &HYBRID_MOE, 8);
     }
     let distinct: HashSet<Vec<u64>> = choices.iter().map(token_ids).collect();
     assert!(distinct.len() > 1, "four samples at temperature 1 should not all agree");
@@ -290,7 +327,9 @@ fn every_finish_reason_keeps_rows_and_ids_consistent() {
 
 #[test]
 fn streamed_routing_arrives_once_and_equals_the_whole_answer() {
-    // Case 21, on both OpenAI routes, with n = 2.
+    // Case 21, on both OpenAI routes, with n = 2: every chunk of a choice carries its
+    // `routed_experts` key, `null` until the chunk with its `finish_reason`, which carries the
+    // rows; the first such chunk carries `routed_experts_meta`.
     let s = server("tiny_hybrid_default");
     for (path, body) in [
         ("/v1/completions", json!({"prompt": prompt_ids(19, 18)})),
@@ -301,56 +340,117 @@ fn streamed_routing_arrives_once_and_equals_the_whole_answer() {
                             "ignore_eos": true});
         body.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
         let whole = s.ok(path, &body);
+        assert!(whole.get("sglext").is_none(), "{path}: sglext only when asked SGLang's way");
         body["stream"] = json!(true);
         let chunks = s.post(path, &body).sse_json();
         let mut carried = Vec::new();
         let mut metas = Vec::new();
+        let mut nulls = [0usize; 2];
         for (k, chunk) in chunks.iter().enumerate() {
             for choice in chunk["choices"].as_array().unwrap() {
-                if let Some(r) = choice.get("routed_experts") {
-                    assert!(!choice["finish_reason"].is_null(), "{path}: routing before the end");
-                    carried.push((choice["index"].as_u64().unwrap() as usize, r.clone()));
+                let index = choice["index"].as_u64().unwrap() as usize;
+                let r = choice.get("routed_experts").unwrap_or_else(|| {
+                    panic!("{path}: a chunk without the routed_experts key: {chunk}")
+                });
+                if r.is_null() {
+                    assert!(choice["finish_reason"].is_null(), "{path}: no rows at the end");
+                    nulls[index] += 1;
+                } else {
+                    assert!(!choice["finish_reason"].is_null(), "{path}: rows before the end");
+                    carried.push((index, r.clone()));
                 }
             }
             if let Some(m) = chunk.get("routed_experts_meta") {
                 metas.push((k, m.clone()));
             }
         }
+        assert!(nulls.iter().all(|&n| n > 0), "{path}: {nulls:?} null chunks per choice");
         assert_eq!(carried.len(), 2, "{path}: one routing chunk per choice");
         for (index, r) in carried {
             assert_eq!(r, whole["choices"][index]["routed_experts"], "{path} choice {index}");
         }
         assert_eq!(metas.len(), 1, "{path}");
         assert_eq!(metas[0].1, whole["routed_experts_meta"]);
+        let first_final = chunks.iter().position(|c| {
+            c["choices"].as_array().unwrap().iter().any(|ch| !ch["finish_reason"].is_null())
+        });
+        assert_eq!(Some(metas[0].0), first_final, "{path}: meta rides the first final chunk");
+    }
+}
+
+#[test]
+fn sglang_clients_read_sglext_with_the_same_rows() {
+    // SGLang's clients send `return_routed_experts: true` and read the response-level
+    // `sglext.routed_experts`: base64 flat int32 of the first choice, decoder-layer layout.
+    let s = server("tiny_hybrid_default");
+    for (path, body) in [
+        ("/v1/completions", json!({"prompt": prompt_ids(17, 20)})),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "sglext"}]})),
+    ] {
+        let mut body = body;
+        let fields = json!({"max_tokens": 5, "temperature": 0, "ignore_eos": true,
+                            "return_routed_experts": true});
+        body.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+        let whole = s.ok(path, &body);
+        let ext = whole["sglext"]["routed_experts"].as_str().expect("sglext.routed_experts");
+        let choice_rows = routing_of(&whole["choices"][0]);
+        let ext_rows = decode_raw_b64(ext, 6, 2);
+        assert_eq!(
+            (ext_rows.shape, &ext_rows.ids),
+            (choice_rows.shape, &choice_rows.ids),
+            "{path}"
+        );
+        // With the compact layout asked for, sglext follows it too.
+        let mut moe = body.clone();
+        moe["routed_experts_layers"] = json!("moe");
+        let compact = s.ok(path, &moe);
+        let ext = decode_raw_b64(compact["sglext"]["routed_experts"].as_str().unwrap(), 3, 2);
+        assert_eq!(ext.ids, moe_only(&choice_rows, &HYBRID_MOE), "{path}: moe sglext");
+        // Streamed: one chunk with no choices carries sglext, after every choice ended.
+        body["stream"] = json!(true);
+        let chunks = s.post(path, &body).sse_json();
+        let with_ext: Vec<&Value> = chunks.iter().filter(|c| c.get("sglext").is_some()).collect();
+        assert_eq!(with_ext.len(), 1, "{path}");
+        assert_eq!(with_ext[0]["choices"], json!([]));
+        assert_eq!(with_ext[0]["sglext"], whole["sglext"], "{path}: streamed sglext");
+        let ext_at = chunks.iter().position(|c| c.get("sglext").is_some()).unwrap();
+        let last_final = chunks.iter().rposition(|c| {
+            c["choices"].as_array().unwrap().iter().any(|ch| !ch["finish_reason"].is_null())
+        });
+        assert!(Some(ext_at) > last_final, "{path}: sglext after the final choice chunk");
     }
 }
 
 #[test]
 fn every_encoding_decodes_to_the_same_array() {
-    // Case 25.
+    // Case 25, in both layer layouts.
     let s = server("tiny_hybrid_default");
-    let ask = |format: &str| {
+    let ask = |format: &str, layers: &str| {
         completion(
             &s,
             json!({"prompt": prompt_ids(25, 19), "max_tokens": 9, "temperature": 0,
-                    "ignore_eos": true, "routed_experts_format": format}),
+                    "ignore_eos": true, "routed_experts_format": format,
+                    "routed_experts_layers": layers}),
         )
     };
-    let npy_body = ask("npy_b64");
-    let npy_b64 = npy_body["choices"][0]["routed_experts"].as_str().unwrap().to_owned();
-    let npy = decode_npy_b64(&npy_b64);
-    let raw_body = ask("raw_b64_int32");
-    assert_eq!(raw_body["routed_experts_meta"]["dtype"], "int32");
-    assert_eq!(raw_body["routed_experts_meta"]["format"], "raw_b64_int32");
-    let raw_b64 = raw_body["choices"][0]["routed_experts"].as_str().unwrap().to_owned();
-    let raw = decode_raw_b64(&raw_b64, 3, 2);
-    let list = decode_list(&ask("list")["choices"][0]["routed_experts"]);
-    assert_eq!(npy.shape, [33, 3, 2]);
-    assert_eq!((raw.shape, &raw.ids), (npy.shape, &npy.ids));
-    assert_eq!((list.shape, &list.ids), (npy.shape, &npy.ids));
-    // Sizes: 4/3 of the payload, plus a header of at most 128 bytes for `.npy`.
-    let elements = 33 * 3 * 2;
-    let b64_len = |bytes: usize| bytes.div_ceil(3) * 4;
-    assert_eq!(raw_b64.len(), b64_len(elements * 4));
-    assert!(npy_b64.len() >= b64_len(elements) && npy_b64.len() <= b64_len(elements + 128));
+    for (layers, num_layers) in [("all", 6), ("moe", 3)] {
+        let npy_body = ask("npy_b64", layers);
+        let npy_b64 = npy_body["choices"][0]["routed_experts"].as_str().unwrap().to_owned();
+        let npy = decode_npy_b64(&npy_b64);
+        let raw_body = ask("raw_b64_int32", layers);
+        assert_eq!(raw_body["routed_experts_meta"]["dtype"], "int32");
+        assert_eq!(raw_body["routed_experts_meta"]["format"], "raw_b64_int32");
+        assert_eq!(raw_body["routed_experts_meta"]["layers"], layers);
+        let raw_b64 = raw_body["choices"][0]["routed_experts"].as_str().unwrap().to_owned();
+        let raw = decode_raw_b64(&raw_b64, num_layers, 2);
+        let list = decode_list(&ask("list", layers)["choices"][0]["routed_experts"]);
+        assert_eq!(npy.shape, [33, num_layers, 2], "{layers}");
+        assert_eq!((raw.shape, &raw.ids), (npy.shape, &npy.ids), "{layers}");
+        assert_eq!((list.shape, &list.ids), (npy.shape, &npy.ids), "{layers}");
+        // Sizes: 4/3 of the payload, plus a header of at most 128 bytes for `.npy`.
+        let elements = 33 * num_layers * 2;
+        let b64_len = |bytes: usize| bytes.div_ceil(3) * 4;
+        assert_eq!(raw_b64.len(), b64_len(elements * 4));
+        assert!(npy_b64.len() >= b64_len(elements) && npy_b64.len() <= b64_len(elements + 128));
+    }
 }

@@ -7,8 +7,11 @@ pub type ExpertId = u16;
 /// What a consumer needs to interpret routing rows; published per model and per response.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RoutingMeta {
+    /// Number of decoder layers (`num_hidden_layers`), MoE or not: the layer axis of the
+    /// decoder-layer layout that vLLM and SGLang return and RL trainers reshape by.
+    pub num_layers: u32,
     /// Index of each MoE layer among all decoder layers, in model order. The layer axis of the
-    /// rows has one entry per element of this list.
+    /// stored rows has one entry per element of this list.
     pub moe_layer_ids: Vec<u32>,
     /// Number of routed experts per MoE layer.
     pub num_experts: u32,
@@ -17,12 +20,12 @@ pub struct RoutingMeta {
 }
 
 impl RoutingMeta {
-    /// Number of MoE layers (the `L` of `[rows, L, K]`).
+    /// Number of MoE layers (the `L` of the stored `[rows, L, K]`).
     pub fn num_moe_layers(&self) -> usize {
         self.moe_layer_ids.len()
     }
 
-    /// Number of expert ids in one row: `L * K`.
+    /// Number of expert ids in one stored row: `L * K` over the MoE layers.
     pub fn row_len(&self) -> usize {
         self.num_moe_layers() * self.top_k as usize
     }

@@ -1,0 +1,119 @@
+//! `POST /tokenize` and `POST /detokenize`, as vLLM's OpenAI server serves them.
+//!
+//! `/tokenize` takes a `prompt` (special tokens added by default) or chat `messages` rendered
+//! with the checkpoint's template (no extra special tokens by default, since the template writes
+//! them) and answers `{count, max_model_len, tokens, token_strs}`; `/detokenize` takes `tokens`
+//! and answers `{prompt}`, special tokens kept.
+
+use actix_web::{HttpResponse, web};
+use routed_types::TokenId;
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::error::ApiError;
+use crate::validate::{ChatRender, check_model, render_messages, token_ids};
+use crate::wire::{DetokenizeBody, TokenizeBody, parse};
+
+/// The token ids of a `/tokenize` body and the field they came from.
+fn tokenize_ids(
+    state: &AppState,
+    b: &TokenizeBody,
+) -> Result<(Vec<TokenId>, &'static str), ApiError> {
+    let (text, param, add_special) = match (&b.prompt, &b.messages) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid("messages", "give either prompt or messages, not both"));
+        }
+        (Some(Value::String(prompt)), None) => {
+            (prompt.clone(), "prompt", b.add_special_tokens.unwrap_or(true))
+        }
+        (Some(_), None) => return Err(ApiError::invalid("prompt", "prompt must be a string")),
+        (None, Some(messages)) => {
+            refuse_chat_options(b)?;
+            let how = ChatRender::new(b.add_generation_prompt, b.continue_final_message)?;
+            (
+                render_messages(state, messages, how)?,
+                "messages",
+                b.add_special_tokens.unwrap_or(false),
+            )
+        }
+        (None, None) => {
+            return Err(ApiError::InvalidRequest {
+                message: "'prompt' (or chat 'messages') is required".into(),
+                param: Some("prompt".into()),
+                code: "missing_required_parameter",
+            });
+        }
+    };
+    let ids = state
+        .tokenizer()
+        .encode_with(&text, add_special)
+        .map_err(|e| ApiError::invalid(param, format!("cannot tokenize: {e}")))?;
+    Ok((ids, param))
+}
+
+/// Chat options this server does not offer on `/tokenize`, refused unless neutral (a request's
+/// own template is refused by vLLM too unless the server trusts it).
+fn refuse_chat_options(b: &TokenizeBody) -> Result<(), ApiError> {
+    if b.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::unsupported("tools", "tools are not supported"));
+    }
+    if b.chat_template.is_some() {
+        return Err(ApiError::unsupported(
+            "chat_template",
+            "a request's own chat_template is not accepted; the checkpoint's template is used",
+        ));
+    }
+    if b.chat_template_kwargs.as_ref().is_some_and(|k| !k.is_empty()) {
+        return Err(ApiError::unsupported(
+            "chat_template_kwargs",
+            "chat_template_kwargs are not supported",
+        ));
+    }
+    Ok(())
+}
+
+/// `POST /tokenize`.
+pub(crate) async fn tokenize(
+    state: web::Data<AppState>,
+    body: web::Json<Value>,
+) -> Result<HttpResponse, ApiError> {
+    let b: TokenizeBody = parse(&body)?;
+    let info = state.info();
+    check_model(info, b.model.as_deref())?;
+    let (ids, param) = tokenize_ids(&state, &b)?;
+    if ids.len() > info.max_model_len {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "this model's maximum context length is {} tokens, and the {param} has {}",
+                info.max_model_len,
+                ids.len()
+            ),
+        ));
+    }
+    let token_strs = b.return_token_strs.unwrap_or(false).then(|| {
+        let tokenizer = state.tokenizer();
+        ids.iter().map(|&id| tokenizer.id_to_token(id).unwrap_or_default()).collect::<Vec<_>>()
+    });
+    Ok(HttpResponse::Ok().json(json!({
+        "count": ids.len(),
+        "max_model_len": info.max_model_len,
+        "tokens": ids,
+        "token_strs": token_strs,
+    })))
+}
+
+/// `POST /detokenize`.
+pub(crate) async fn detokenize(
+    state: web::Data<AppState>,
+    body: web::Json<Value>,
+) -> Result<HttpResponse, ApiError> {
+    let b: DetokenizeBody = parse(&body)?;
+    check_model(state.info(), b.model.as_deref())?;
+    let ids = token_ids(&b.tokens, state.info(), "tokens")?;
+    let prompt = state
+        .tokenizer()
+        .decode_with(&ids, false)
+        .map_err(|e| ApiError::invalid("tokens", format!("cannot detokenize: {e}")))?;
+    Ok(HttpResponse::Ok().json(json!({"prompt": prompt})))
+}

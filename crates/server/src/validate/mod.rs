@@ -1,0 +1,308 @@
+//! From wire bodies to engine requests: defaults, ranges and the checks that make every bad
+//! input a 400 naming its field before anything reaches the engine.
+
+mod generate;
+mod prompt;
+mod sampling;
+
+use routed_runtime::{GenerateRequest, ModelInfo};
+use routed_types::{SamplingParams, TokenId};
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::error::ApiError;
+use crate::routing_wire::{self, RoutingFields, RoutingRequest};
+use crate::wire::{ChatFields, CommonFields, CompletionFields, parse};
+
+pub(crate) use generate::{GenerateJob, generate};
+use prompt::completion_prompts;
+pub(crate) use prompt::{ChatRender, render_chat, render_messages, token_ids};
+use sampling::{SamplingFields, sampling};
+
+/// Most continuations one request may ask for.
+const MAX_N: u32 = 128;
+/// Most top alternatives per token.
+pub(crate) const MAX_LOGPROBS: u32 = 20;
+
+/// A validated request: one engine request per prompt, and how to answer.
+#[derive(Clone, Debug)]
+pub(crate) struct Job {
+    /// One per prompt, in order; each samples `n` continuations.
+    pub requests: Vec<GenerateRequest>,
+    /// Continuations per prompt.
+    pub n: usize,
+    /// Routing to return, if any.
+    pub routing: Option<RoutingRequest>,
+    /// `Some(include_usage)` for a streamed answer.
+    pub stream: Option<bool>,
+    /// Add `token_ids` / `prompt_token_ids` to choices.
+    pub return_token_ids: bool,
+    /// Top alternatives per token, when logprobs were asked for.
+    pub logprobs: Option<u32>,
+    /// Stop strings, held back while streaming.
+    pub stop: Vec<String>,
+}
+
+impl Job {
+    /// Prompt lengths, one per prompt.
+    pub(crate) fn prompt_lens(&self) -> Vec<usize> {
+        self.requests.iter().map(|r| r.prompt_token_ids.len()).collect()
+    }
+}
+
+/// Answers 404 when the body names a model this server does not serve.
+pub(crate) fn check_model(info: &ModelInfo, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != info.served_model_name => Err(ApiError::NotFound {
+            message: format!(
+                "the model '{m}' does not exist; this server serves '{}'",
+                info.served_model_name
+            ),
+            param: Some("model".into()),
+            code: "model_not_found",
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses fields we parse but do not implement, unless they hold their neutral value.
+fn refuse_unsupported(c: &CommonFields) -> Result<(), ApiError> {
+    let nonzero = |v: Option<f32>| v.is_some_and(|v| v != 0.0);
+    if nonzero(c.presence_penalty) {
+        return Err(ApiError::unsupported("presence_penalty", "presence_penalty is not supported"));
+    }
+    if nonzero(c.frequency_penalty) {
+        return Err(ApiError::unsupported(
+            "frequency_penalty",
+            "frequency_penalty is not supported",
+        ));
+    }
+    if c.repetition_penalty.is_some_and(|v| v != 1.0) {
+        return Err(ApiError::unsupported(
+            "repetition_penalty",
+            "repetition_penalty is not supported",
+        ));
+    }
+    if c.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+        return Err(ApiError::unsupported("logit_bias", "logit_bias is not supported"));
+    }
+    if c.echo == Some(true) {
+        return Err(ApiError::unsupported("echo", "echo is not supported"));
+    }
+    if let Some(best_of) = c.best_of
+        && best_of != c.n.unwrap_or(1)
+    {
+        return Err(ApiError::unsupported("best_of", "best_of different from n is not supported"));
+    }
+    Ok(())
+}
+
+/// Checks that `prompt_len + max_tokens` fits the model; `prompt_param` names the prompt field.
+pub(crate) fn check_length(
+    info: &ModelInfo,
+    prompt_len: usize,
+    max_tokens: u32,
+    prompt_param: &str,
+    max_param: &str,
+) -> Result<(), ApiError> {
+    let limit = info.max_model_len;
+    if prompt_len >= limit {
+        return Err(ApiError::invalid(
+            prompt_param,
+            format!(
+                "this model's maximum context length is {limit} tokens, and the prompt has {prompt_len}"
+            ),
+        ));
+    }
+    if prompt_len + max_tokens as usize > limit {
+        return Err(ApiError::invalid(
+            max_param,
+            format!(
+                "this model's maximum context length is {limit} tokens; the prompt ({prompt_len}) \
+                 plus {max_param} ({max_tokens}) exceeds it"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// One engine cache salt for a request's two namespaces, vLLM's `cache_salt` and SGLang's
+/// `extra_key`: two requests share cached blocks only when both match. The pair is written as a
+/// JSON array, which no other pair writes, so distinct pairs never share a salt.
+pub(crate) fn cache_namespace(
+    cache_salt: Option<&str>,
+    extra_key: Option<&str>,
+) -> Result<Option<String>, ApiError> {
+    for (param, value) in [("cache_salt", cache_salt), ("extra_key", extra_key)] {
+        if value == Some("") {
+            return Err(ApiError::invalid(param, format!("{param} must be a non-empty string")));
+        }
+    }
+    if cache_salt.is_none() && extra_key.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(json!([cache_salt, extra_key]).to_string()))
+}
+
+/// What both OpenAI routes decide the same way.
+struct Common {
+    n: usize,
+    routing: Option<RoutingRequest>,
+    /// `Some(include_usage)` for a streamed answer.
+    stream: Option<bool>,
+    cache_salt: Option<String>,
+}
+
+/// The checks and defaults both OpenAI routes share.
+fn common_job(
+    state: &AppState,
+    c: &CommonFields,
+    prompt_lens: &[usize],
+) -> Result<Common, ApiError> {
+    refuse_unsupported(c)?;
+    let n = c.n.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return Err(ApiError::invalid("n", format!("n must be between 1 and {MAX_N}, got {n}")));
+    }
+    let cache_salt = cache_namespace(c.cache_salt.as_deref(), c.extra_key.as_deref())?;
+    let stream = c.stream.unwrap_or(false);
+    if c.stream_options.is_some() && !stream {
+        return Err(ApiError::invalid("stream_options", "stream_options needs stream: true"));
+    }
+    let include_usage = c.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+    let routing = routing_wire::resolve(
+        state.info(),
+        &RoutingFields {
+            return_routed_experts: c.return_routed_experts,
+            start_len: c.routed_experts_start_len,
+            prompt_start: c.routed_experts_prompt_start,
+            format: c.routed_experts_format.clone(),
+            layers: c.routed_experts_layers.clone(),
+        },
+        prompt_lens,
+    )?;
+    Ok(Common { n: n as usize, routing, stream: stream.then_some(include_usage), cache_salt })
+}
+
+fn sampling_fields(c: &CommonFields) -> SamplingFields {
+    SamplingFields {
+        temperature: c.temperature,
+        top_p: c.top_p,
+        top_k: c.top_k,
+        seed: c.seed,
+        min_tokens: c.min_tokens,
+        ignore_eos: c.ignore_eos,
+        stop: c.stop.clone(),
+        stop_token_ids: c.stop_token_ids.clone(),
+        prefix: "",
+        min_tokens_name: "min_tokens",
+    }
+}
+
+/// One engine request per prompt, each sampling `n` continuations.
+pub(crate) fn requests(
+    prompts: Vec<Vec<TokenId>>,
+    sampling: &SamplingParams,
+    n: usize,
+    routing: Option<RoutingRequest>,
+    cache_salt: Option<String>,
+) -> Vec<GenerateRequest> {
+    prompts
+        .into_iter()
+        .map(|prompt| GenerateRequest {
+            prompt_token_ids: prompt,
+            sampling: sampling.clone(),
+            n,
+            return_routing: routing.is_some(),
+            routing_start: routing.map_or(0, |r| r.start),
+            cache_salt: cache_salt.clone(),
+        })
+        .collect()
+}
+
+/// Validates a `/v1/completions` body.
+pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiError> {
+    let c: CommonFields = parse(body)?;
+    let f: CompletionFields = parse(body)?;
+    check_model(state.info(), c.model.as_deref())?;
+    if f.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::unsupported("suffix", "suffix is not supported"));
+    }
+    let prompts = completion_prompts(state, &f.prompt)?;
+    let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let common = common_job(state, &c, &lens)?;
+    let max_tokens = f.max_tokens.unwrap_or(16);
+    if max_tokens == 0 {
+        return Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1"));
+    }
+    for &len in &lens {
+        check_length(state.info(), len, max_tokens, "prompt", "max_tokens")?;
+    }
+    let sampling = sampling(sampling_fields(&c), max_tokens, f.logprobs, state.default_seed())?;
+    let Common { n, routing, stream, cache_salt } = common;
+    Ok(Job {
+        stop: sampling.stop.clone(),
+        requests: requests(prompts, &sampling, n, routing, cache_salt),
+        n,
+        routing,
+        stream,
+        return_token_ids: c.return_token_ids.unwrap_or(false),
+        logprobs: f.logprobs,
+    })
+}
+
+/// Validates a `/v1/chat/completions` body.
+pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
+    let c: CommonFields = parse(body)?;
+    let f: ChatFields = parse(body)?;
+    check_model(state.info(), c.model.as_deref())?;
+    if f.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::unsupported("tools", "tools are not supported"));
+    }
+    if let Some(format) = &f.response_format
+        && format.get("type").and_then(Value::as_str) != Some("text")
+    {
+        return Err(ApiError::unsupported(
+            "response_format",
+            "only the text response_format is supported",
+        ));
+    }
+    let top_logprobs = f.top_logprobs.unwrap_or(0);
+    if top_logprobs > MAX_LOGPROBS {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            format!("top_logprobs must be at most {MAX_LOGPROBS}"),
+        ));
+    }
+    let logprobs = f.logprobs.unwrap_or(false);
+    if top_logprobs > 0 && !logprobs {
+        return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs: true"));
+    }
+    let prompt = render_chat(state, &f)?;
+    let len = prompt.len();
+    let common = common_job(state, &c, &[len])?;
+    let (max_param, max_tokens) = match (f.max_completion_tokens, f.max_tokens) {
+        (Some(m), _) => ("max_completion_tokens", m),
+        (None, Some(m)) => ("max_tokens", m),
+        (None, None) => (
+            "max_tokens",
+            state.info().max_model_len.saturating_sub(len).min(u32::MAX as usize) as u32,
+        ),
+    };
+    check_length(state.info(), len, max_tokens, "messages", max_param)?;
+    if max_tokens == 0 {
+        return Err(ApiError::invalid(max_param, format!("{max_param} must be at least 1")));
+    }
+    let logprobs = logprobs.then_some(top_logprobs);
+    let sampling = sampling(sampling_fields(&c), max_tokens, logprobs, state.default_seed())?;
+    let Common { n, routing, stream, cache_salt } = common;
+    Ok(Job {
+        stop: sampling.stop.clone(),
+        requests: requests(vec![prompt], &sampling, n, routing, cache_salt),
+        n,
+        routing,
+        stream,
+        return_token_ids: c.return_token_ids.unwrap_or(false),
+        logprobs,
+    })
+}

@@ -1,0 +1,166 @@
+//! `/generate` in SGLang's shapes, over real HTTP against the real engine: logprob triples and
+//! top alternatives, the layer axis of `meta_info.routed_experts`, and `cache_salt` / `extra_key`
+//! as cache namespaces.
+
+mod common;
+
+use common::{TestServer, decode_raw_b64, prompt_ids, routing_of, server, test_config};
+use serde_json::{Value, json};
+
+const MODEL: &str = "tiny_hybrid_default";
+
+fn generate(s: &TestServer, body: Value) -> Value {
+    s.ok("/generate", &body)
+}
+
+/// The text of one token, as the checkpoint's tokenizer decodes it.
+fn token_text(id: u64) -> String {
+    let tokenizer = routed_model::Tokenizer::from_dir(&common::checkpoint(MODEL)).unwrap();
+    tokenizer.decode(&[id as u32]).unwrap()
+}
+
+#[test]
+fn logprobs_are_sglang_triples_with_top_alternatives() {
+    let s = server(MODEL);
+    let ids = prompt_ids(12, 21);
+    let body = generate(
+        &s,
+        json!({"input_ids": ids, "return_logprob": true, "top_logprobs_num": 3,
+               "return_text_in_logprobs": true, "return_routed_experts": false,
+               "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": true}}),
+    );
+    let meta = &body["meta_info"];
+    let output_ids: Vec<u64> =
+        body["output_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let triples = meta["output_token_logprobs"].as_array().expect("output_token_logprobs");
+    let tops = meta["output_top_logprobs"].as_array().expect("output_top_logprobs");
+    assert_eq!((triples.len(), tops.len()), (5, 5), "{meta}");
+    // The same request on /v1/completions gives the same logprobs.
+    let openai = s.ok(
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": 5, "temperature": 0, "ignore_eos": true,
+                "logprobs": 3, "return_routed_experts": false}),
+    );
+    let lps = &openai["choices"][0]["logprobs"]["token_logprobs"];
+    for (i, (t, top)) in triples.iter().zip(tops).enumerate() {
+        let [lp, id, text] = t.as_array().unwrap().as_slice() else { panic!("{t}") };
+        assert_eq!(id.as_u64(), Some(output_ids[i]));
+        assert_eq!(lp.as_f64(), lps[i].as_f64(), "token {i}");
+        // Text: the decoded token, as SGLang's detokenizer gives it.
+        assert_eq!(text.as_str(), Some(token_text(output_ids[i]).as_str()), "{t}");
+        let top = top.as_array().unwrap();
+        assert_eq!(top.len(), 3, "{top:?}");
+        let values: Vec<f64> = top.iter().map(|e| e[0].as_f64().unwrap()).collect();
+        assert!(values.windows(2).all(|w| w[0] >= w[1]), "descending: {values:?}");
+        // Greedy: the best alternative is the sampled token.
+        assert_eq!(top[0][1], *id, "token {i}");
+        assert_eq!(top[0][0], *lp, "token {i}");
+        assert!(top.iter().all(|e| e[2].is_string()));
+    }
+    // Without return_text_in_logprobs the third element is null; without top_logprobs_num there
+    // is no output_top_logprobs.
+    let plain = generate(
+        &s,
+        json!({"input_ids": ids, "return_logprob": true,
+               "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": true}}),
+    );
+    let plain = &plain["meta_info"];
+    assert!(plain["output_token_logprobs"].as_array().unwrap().iter().all(|t| t[2].is_null()));
+    assert!(plain.get("output_top_logprobs").is_none(), "{plain}");
+}
+
+#[test]
+fn input_logprobs_are_refused_until_the_engine_computes_them() {
+    let s = server(MODEL);
+    let base = json!({"input_ids": prompt_ids(6, 22), "sampling_params": {"max_new_tokens": 2}});
+    let with = |extra: Value| {
+        let mut b = base.clone();
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let error = s
+        .post("/generate", &with(json!({"return_logprob": true, "logprob_start_len": 0})))
+        .error(400, "invalid_request_error");
+    assert_eq!(error["param"], "logprob_start_len");
+    // SGLang's default (-1) asks for output logprobs only; without return_logprob it is unused.
+    generate(&s, with(json!({"return_logprob": true, "logprob_start_len": -1})));
+    generate(&s, with(json!({"logprob_start_len": 3})));
+}
+
+#[test]
+fn routed_experts_follow_the_requested_layer_axis() {
+    let s = server(MODEL);
+    let ids = prompt_ids(9, 23);
+    let ask = |layers: Option<&str>| {
+        let mut body = json!({"input_ids": ids, "return_routed_experts": true,
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": true}});
+        if let Some(l) = layers {
+            body["routed_experts_layers"] = json!(l);
+        }
+        generate(&s, body)
+    };
+    let all = ask(None);
+    assert_eq!(all["meta_info"]["routed_experts_shape"], json!([12, 6, 2]));
+    let all_rows = decode_raw_b64(all["meta_info"]["routed_experts"].as_str().unwrap(), 6, 2);
+    assert_eq!(ask(Some("all"))["meta_info"]["routed_experts"], all["meta_info"]["routed_experts"]);
+    let moe = ask(Some("moe"));
+    assert_eq!(moe["meta_info"]["routed_experts_shape"], json!([12, 3, 2]));
+    let moe_rows = decode_raw_b64(moe["meta_info"]["routed_experts"].as_str().unwrap(), 3, 2);
+    for r in 0..12 {
+        let row = all_rows.row(r);
+        for (j, layer) in [1usize, 3, 5].into_iter().enumerate() {
+            assert_eq!(&moe_rows.row(r)[j * 2..j * 2 + 2], &row[layer * 2..layer * 2 + 2]);
+        }
+        for layer in [0usize, 2, 4] {
+            assert_eq!(&row[layer * 2..layer * 2 + 2], &[0, 0], "row {r} layer {layer}");
+        }
+    }
+    let error = s
+        .post("/generate", &json!({"input_ids": ids, "routed_experts_layers": "dense"}))
+        .error(400, "invalid_request_error");
+    assert_eq!(error["param"], "routed_experts_layers");
+}
+
+#[test]
+fn cache_salt_and_extra_key_are_cache_namespaces() {
+    let s = TestServer::shared("salts", || test_config(MODEL));
+    let ids = prompt_ids(64, 24);
+    let cached = |extra: Value| {
+        let mut body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        generate(&s, body)["meta_info"]["cached_tokens"].as_u64().unwrap()
+    };
+    // Unsalted: the second request hits the first one's blocks.
+    assert_eq!(cached(json!({})), 0);
+    assert!(cached(json!({})) >= 48);
+    // A salt is a namespace of its own: no hit on the unsalted blocks, then hits on its own.
+    assert_eq!(cached(json!({"cache_salt": "a"})), 0);
+    assert!(cached(json!({"cache_salt": "a"})) >= 48);
+    // extra_key is a second namespace: both must match to share blocks.
+    assert_eq!(cached(json!({"cache_salt": "a", "extra_key": "k"})), 0);
+    assert!(cached(json!({"cache_salt": "a", "extra_key": "k"})) >= 48);
+    assert_eq!(cached(json!({"extra_key": "k"})), 0);
+    assert_eq!(cached(json!({"cache_salt": "k"})), 0, "a salt is not an extra key");
+    assert_eq!(cached(json!({"cache_salt": "b", "extra_key": "k"})), 0);
+    // The OpenAI routes use the same namespaces.
+    let openai = s.ok(
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": 1, "cache_salt": "a", "extra_key": "k"}),
+    );
+    assert!(openai["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() >= Some(48));
+    for (body, param) in [
+        (json!({"input_ids": ids, "cache_salt": ""}), "cache_salt"),
+        (json!({"input_ids": ids, "extra_key": ""}), "extra_key"),
+        (json!({"input_ids": ids, "extra_key": 7}), "extra_key"),
+    ] {
+        let error = s.post("/generate", &body).error(400, "invalid_request_error");
+        assert_eq!(error["param"], param, "{body}");
+    }
+    // The rows of a salted request are those of the unsalted one (the same computation).
+    let salted = s.ok(
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": 2, "temperature": 0, "cache_salt": "c"}),
+    );
+    let plain = s.ok("/v1/completions", &json!({"prompt": ids, "max_tokens": 2, "temperature": 0}));
+    assert_eq!(routing_of(&salted["choices"][0]), routing_of(&plain["choices"][0]));
+}
