@@ -254,6 +254,9 @@ impl DeviceArena {
                 self.name
             )));
         }
+        if data.is_empty() {
+            return Ok(());
+        }
         let mut dst = self.buf.slice_mut(span.offset..span.offset + std::mem::size_of_val(data));
         self.stream
             .memcpy_htod(as_bytes(data), &mut dst)
