@@ -7,7 +7,7 @@
 //! path (`LD_LIBRARY_PATH`, the loader cache). `ROUTED_NVRTC_LIB` may name the library file
 //! instead (for example the one the `nvidia-cuda-nvrtc` Python wheel ships): it is loaded first and
 //! kept loaded, and the loader then resolves cudarc's lookup of `libnvrtc.so.13` to it by its
-//! soname.
+//! soname. (cudarc tries the unversioned `libnvrtc.so` first: one on the loader's path still wins.)
 
 use crate::BackendError;
 use cudarc::{cublas, cublaslt, driver, nvrtc};
