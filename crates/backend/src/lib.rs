@@ -44,4 +44,21 @@ pub enum BackendError {
     /// A device string could not be parsed.
     #[error("unknown device {0:?}: expected `cpu` or `cuda:N`")]
     BadDeviceSpec(String),
+    /// The driver is older than the CUDA version the bindings were built for.
+    #[error(
+        "CUDA driver version {found} is older than the required {required}; update the NVIDIA driver"
+    )]
+    DriverTooOld { found: i32, required: i32 },
+    /// A CUDA library the device needs could not be loaded.
+    #[error("the CUDA library {name} could not be loaded: {hint}")]
+    MissingLibrary { name: &'static str, hint: String },
+    /// NVRTC rejected a kernel source (the log says why) or failed to run.
+    #[error("NVRTC could not compile {unit} for {arch}: {log}")]
+    Compile { unit: &'static str, arch: String, log: String },
+    /// A kernel launch was asked for with arguments that do not fit the kernel.
+    #[error("bad launch of {kernel}: {reason}")]
+    BadLaunch { kernel: &'static str, reason: String },
+    /// A device buffer access outside its pool, or a copy whose lengths differ.
+    #[error("device memory: {0}")]
+    Memory(String),
 }

@@ -1,0 +1,330 @@
+//! Device memory in arenas: each pool is one allocation made at start-up, carved into typed spans
+//! by a layout computed on the host, so no step allocates and every buffer keeps a fixed device
+//! address (what CUDA graphs and the routing buffer need).
+//!
+//! The arithmetic ([`ArenaLayout`], [`Span`]) is plain host code; [`DeviceArena`] is the
+//! allocation, and [`DevSlice`] a span resolved to a device address for a kernel launch.
+
+use crate::BackendError;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use std::{
+    marker::PhantomData,
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+};
+
+/// Every span starts at a multiple of this many bytes: enough for any vector load and for the
+/// 256-byte alignment `cuMemAlloc` itself guarantees.
+pub const SPAN_ALIGN: usize = 256;
+
+/// Element types that may live in a pool and cross to the host as bytes.
+///
+/// # Safety
+/// The type is plain data: no padding, no pointers, and every bit pattern is a valid value.
+pub unsafe trait DeviceElem: Copy + Default + Send + Sync + 'static {}
+
+// SAFETY: primitive numbers; bf16 is a u16 underneath.
+unsafe impl DeviceElem for f32 {}
+// SAFETY: as above.
+unsafe impl DeviceElem for i32 {}
+// SAFETY: as above.
+unsafe impl DeviceElem for u32 {}
+// SAFETY: as above.
+unsafe impl DeviceElem for i16 {}
+// SAFETY: as above.
+unsafe impl DeviceElem for u16 {}
+// SAFETY: as above.
+unsafe impl DeviceElem for u8 {}
+// SAFETY: as above.
+unsafe impl DeviceElem for u64 {}
+// SAFETY: as above.
+unsafe impl DeviceElem for half::bf16 {}
+
+/// Which layout a span belongs to, so a span is never resolved against another arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArenaId(u32);
+
+impl ArenaId {
+    fn fresh() -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// `len` elements of `T` at a byte offset of one arena.
+#[derive(Debug)]
+pub struct Span<T> {
+    arena: ArenaId,
+    offset: usize,
+    len: usize,
+    _elem: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for Span<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Span<T> {}
+
+impl<T> PartialEq for Span<T> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.arena, self.offset, self.len) == (other.arena, other.offset, other.len)
+    }
+}
+
+impl<T: DeviceElem> Span<T> {
+    /// Elements in the span.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the span is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Byte offset from the start of the arena.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Bytes covered.
+    pub fn num_bytes(&self) -> usize {
+        self.len * size_of::<T>()
+    }
+
+    /// Elements `start..start + len` of this span, or `None` past its end.
+    pub fn sub(&self, start: usize, len: usize) -> Option<Self> {
+        let end = start.checked_add(len)?;
+        (end <= self.len).then(|| Self {
+            offset: self.offset + start * size_of::<T>(),
+            len,
+            ..*self
+        })
+    }
+
+    /// The span split into `count` equal consecutive parts (per-layer planes of one buffer).
+    pub fn split(&self, count: usize) -> Option<Vec<Self>> {
+        if count == 0 || !self.len.is_multiple_of(count) {
+            return None;
+        }
+        let part = self.len / count;
+        (0..count).map(|i| self.sub(i * part, part)).collect()
+    }
+}
+
+/// The plan of one arena: spans pushed one after another, each aligned to [`SPAN_ALIGN`].
+#[derive(Debug)]
+pub struct ArenaLayout {
+    id: ArenaId,
+    name: &'static str,
+    num_bytes: usize,
+}
+
+impl ArenaLayout {
+    /// An empty layout; `name` labels errors.
+    pub fn new(name: &'static str) -> Self {
+        Self { id: ArenaId::fresh(), name, num_bytes: 0 }
+    }
+
+    /// Reserves `len` elements of `T`.
+    pub fn push<T: DeviceElem>(&mut self, len: usize) -> Span<T> {
+        let offset = self.num_bytes.next_multiple_of(SPAN_ALIGN);
+        let bytes = len.checked_mul(size_of::<T>()).expect("a span's size overflows usize");
+        self.num_bytes = offset.checked_add(bytes).expect("an arena's size overflows usize");
+        Span { arena: self.id, offset, len, _elem: PhantomData }
+    }
+
+    /// Bytes the arena needs.
+    pub fn num_bytes(&self) -> usize {
+        self.num_bytes
+    }
+
+    /// Which arena its spans belong to.
+    pub fn id(&self) -> ArenaId {
+        self.id
+    }
+
+    /// The label given at creation.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+/// A span resolved to its device address, valid while the arena is borrowed. Kernel launch
+/// wrappers take these.
+#[derive(Debug)]
+pub struct DevSlice<'a, T> {
+    addr: u64,
+    len: usize,
+    _arena: PhantomData<&'a T>,
+}
+
+impl<T> Clone for DevSlice<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for DevSlice<'_, T> {}
+
+impl<'a, T> DevSlice<'a, T> {
+    /// The device address of the first element.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Elements `start..start + len`, or `None` past the end.
+    pub fn sub(&self, start: usize, len: usize) -> Option<DevSlice<'a, T>> {
+        let end = start.checked_add(len)?;
+        (end <= self.len).then(|| DevSlice {
+            addr: self.addr + (start * size_of::<T>()) as u64,
+            len,
+            _arena: PhantomData,
+        })
+    }
+}
+
+/// One pool's device allocation, made once, zeroed.
+#[derive(Debug)]
+pub struct DeviceArena {
+    id: ArenaId,
+    name: &'static str,
+    buf: CudaSlice<u8>,
+    base: u64,
+    stream: Arc<CudaStream>,
+}
+
+impl DeviceArena {
+    /// Allocates the arena of `layout` on `stream` (its allocations and frees are ordered there).
+    pub fn new(stream: &Arc<CudaStream>, layout: &ArenaLayout) -> Result<Self, BackendError> {
+        let bytes = layout.num_bytes().max(1);
+        let buf = stream.alloc_zeros::<u8>(bytes).map_err(|e| {
+            BackendError::Memory(format!("allocating {bytes} bytes for {}: {e}", layout.name))
+        })?;
+        let (base, _) = buf.device_ptr(stream);
+        Ok(Self { id: layout.id, name: layout.name, buf, base, stream: stream.clone() })
+    }
+
+    /// Bytes allocated.
+    pub fn num_bytes(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn check<T: DeviceElem>(&self, span: &Span<T>) -> Result<(), BackendError> {
+        if span.arena != self.id || span.offset + span.num_bytes() > self.buf.len() {
+            return Err(BackendError::Memory(format!(
+                "a span of {} bytes at {} does not belong to arena {}",
+                span.num_bytes(),
+                span.offset,
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// The span's device address for a launch.
+    pub fn get<T: DeviceElem>(&self, span: Span<T>) -> Result<DevSlice<'_, T>, BackendError> {
+        self.check(&span)?;
+        Ok(DevSlice { addr: self.base + span.offset as u64, len: span.len, _arena: PhantomData })
+    }
+
+    /// Copies `data` into the start of `span` (synchronously: the host slice is pageable).
+    pub fn upload<T: DeviceElem>(&mut self, span: Span<T>, data: &[T]) -> Result<(), BackendError> {
+        self.check(&span)?;
+        if data.len() > span.len {
+            return Err(BackendError::Memory(format!(
+                "{} elements do not fit a span of {} in {}",
+                data.len(),
+                span.len,
+                self.name
+            )));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut dst = self.buf.slice_mut(span.offset..span.offset + std::mem::size_of_val(data));
+        self.stream
+            .memcpy_htod(as_bytes(data), &mut dst)
+            .map_err(|e| BackendError::Memory(format!("upload to {}: {e}", self.name)))
+    }
+
+    /// Copies the whole span to the host, after the work queued on the arena's stream.
+    pub fn download<T: DeviceElem>(&self, span: Span<T>) -> Result<Vec<T>, BackendError> {
+        self.check(&span)?;
+        let mut out = vec![T::default(); span.len];
+        let src = self.buf.slice(span.offset..span.offset + span.num_bytes());
+        self.stream
+            .memcpy_dtoh(&src, as_bytes_mut(&mut out))
+            .and_then(|()| self.stream.synchronize())
+            .map_err(|e| BackendError::Memory(format!("download from {}: {e}", self.name)))?;
+        Ok(out)
+    }
+}
+
+fn as_bytes<T: DeviceElem>(data: &[T]) -> &[u8] {
+    // SAFETY: `DeviceElem` types are plain data without padding; u8 has no alignment needs.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), std::mem::size_of_val(data)) }
+}
+
+fn as_bytes_mut<T: DeviceElem>(data: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in `as_bytes`; every bit pattern is a valid `T`, so any bytes written are fine.
+    unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr().cast(), std::mem::size_of_val(data)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_are_aligned_packed_and_sized() {
+        let mut layout = ArenaLayout::new("test");
+        let a = layout.push::<f32>(3);
+        let b = layout.push::<u16>(1000);
+        let c = layout.push::<i32>(0);
+        let d = layout.push::<u64>(2);
+        assert_eq!((a.offset(), a.num_bytes()), (0, 12));
+        assert_eq!((b.offset(), b.num_bytes()), (256, 2000));
+        assert_eq!(c.offset(), 2304);
+        assert_eq!(d.offset(), 2304);
+        assert_eq!(layout.num_bytes(), 2304 + 16);
+        for off in [a.offset(), b.offset(), c.offset(), d.offset()] {
+            assert_eq!(off % SPAN_ALIGN, 0);
+        }
+    }
+
+    #[test]
+    fn sub_spans_stay_inside_and_split_evenly() {
+        let mut layout = ArenaLayout::new("test");
+        layout.push::<u8>(1);
+        let s = layout.push::<f32>(12);
+        let part = s.sub(4, 8).unwrap();
+        assert_eq!((part.offset(), part.len()), (256 + 16, 8));
+        assert!(s.sub(5, 8).is_none());
+        assert!(s.sub(usize::MAX, 2).is_none());
+        let planes = s.split(3).unwrap();
+        assert_eq!(planes.iter().map(|p| p.offset()).collect::<Vec<_>>(), [256, 272, 288]);
+        assert!(s.split(5).is_none() && s.split(0).is_none());
+    }
+
+    #[test]
+    fn spans_of_different_layouts_never_compare_equal() {
+        let (mut x, mut y) = (ArenaLayout::new("x"), ArenaLayout::new("y"));
+        assert_ne!(x.id(), y.id());
+        assert_ne!(x.push::<f32>(4), y.push::<f32>(4));
+    }
+}

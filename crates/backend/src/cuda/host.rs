@@ -1,0 +1,134 @@
+//! Host-side pieces the kernels depend on: pinned buffers for device-to-host copies, the rotary
+//! table, the sampling parameters' memory layout.
+
+use super::{arena::DevSlice, arena::DeviceElem, device::driver_err};
+use crate::BackendError;
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, PinnedHostSlice, result};
+use std::sync::Arc;
+
+/// A page-locked host buffer that the CPU reads after a copy from the device.
+///
+/// Allocated with flags 0, not cudarc's `alloc_pinned` (write-combined memory, which the CPU reads
+/// slowly). With event tracking off, cudarc does not order reads of the buffer after the copy, so
+/// the buffer records its own event after each copy and [`PinnedBuffer::wait`] blocks on it.
+pub struct PinnedBuffer<T: DeviceElem> {
+    host: PinnedHostSlice<T>,
+    copied: CudaEvent,
+}
+
+impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> PinnedBuffer<T> {
+    /// Allocates `len` elements.
+    pub fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, BackendError> {
+        // cudarc asserts on an overflowing size; refuse it here instead.
+        len.checked_mul(size_of::<T>())
+            .filter(|&b| b < isize::MAX as usize)
+            .ok_or_else(|| BackendError::Memory(format!("a pinned buffer of {len} elements")))?;
+        // SAFETY: flags 0 is plain page-locked memory; the contents are set before they are read
+        // (`wait` is the only reader and follows a copy), and every bit pattern is a valid `T`.
+        let host = unsafe { ctx.alloc_pinned_with_flags::<T>(len, 0) }.map_err(driver_err)?;
+        let copied = ctx
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+            .map_err(driver_err)?;
+        Ok(Self { host, copied })
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.host.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.host.is_empty()
+    }
+
+    /// Queues a copy of `src` into the start of the buffer on `stream` and records the buffer's
+    /// event after it. The device memory must stay untouched until the copy is done.
+    pub fn copy_from(
+        &mut self,
+        src: DevSlice<'_, T>,
+        stream: &CudaStream,
+    ) -> Result<(), BackendError> {
+        if src.len() > self.host.len() {
+            return Err(BackendError::Memory(format!(
+                "{} elements do not fit a pinned buffer of {}",
+                src.len(),
+                self.host.len()
+            )));
+        }
+        let dst = self.host.as_mut_ptr().map_err(driver_err)?;
+        stream.context().bind_to_thread().map_err(driver_err)?;
+        // SAFETY: `dst` is page-locked memory of at least `src.len()` elements that stays
+        // allocated as long as `self`; `src` is a device range of that many elements.
+        let dst = unsafe { std::slice::from_raw_parts_mut(dst, src.len()) };
+        // SAFETY: as above; the copy is ordered on `stream`.
+        unsafe { result::memcpy_dtoh_async(dst, src.addr(), stream.cu_stream()) }
+            .map_err(driver_err)?;
+        self.copied.record(stream).map_err(driver_err)
+    }
+
+    /// Blocks until the last copy has landed, then reads the buffer.
+    pub fn wait(&self) -> Result<&[T], BackendError> {
+        self.copied.synchronize().map_err(driver_err)?;
+        self.host.as_slice().map_err(driver_err)
+    }
+}
+
+/// The rotary table `[max_positions, rot_dim / 2, (cos, sin)]` the rope kernel reads, with the
+/// CPU's formula: frequency `1 / theta^(2i / rot_dim)`, angle `position * frequency` in f32.
+pub fn rope_table(theta: f32, rot_dim: usize, max_positions: usize) -> Vec<f32> {
+    let half = rot_dim / 2;
+    let inv_freq: Vec<f32> =
+        (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / rot_dim as f32)).collect();
+    let mut table = Vec::with_capacity(max_positions * half * 2);
+    for pos in 0..max_positions {
+        for &f in &inv_freq {
+            let (sin, cos) = (pos as f32 * f).sin_cos();
+            table.extend([cos, sin]);
+        }
+    }
+    table
+}
+
+/// One row's sampling parameters, laid out as the kernel's `SampleParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SampleParams {
+    /// The request's seed.
+    pub seed: u64,
+    /// The token's index in the request's output: selects the random number.
+    pub index: u64,
+    /// Temperature, greater than 0 (greedy rows use the argmax kernel).
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1]; 1 keeps every candidate.
+    pub top_p: f32,
+    /// Candidates kept by rank; 0 keeps all.
+    pub top_k: u32,
+    /// Keeps the layout 32 bytes, as on the device.
+    pub pad: u32,
+}
+
+// SAFETY: `repr(C)` of two u64 then four 4-byte fields: 32 bytes, no padding, any bits valid.
+unsafe impl DeviceElem for SampleParams {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_params_have_the_device_layout() {
+        assert_eq!(size_of::<SampleParams>(), 32);
+        assert_eq!(std::mem::offset_of!(SampleParams, temperature), 16);
+        assert_eq!(std::mem::offset_of!(SampleParams, top_k), 24);
+    }
+
+    #[test]
+    fn rope_table_is_the_cpu_angles() {
+        let t = rope_table(10_000.0, 8, 3);
+        assert_eq!(t.len(), 3 * 4 * 2);
+        assert_eq!(&t[..8], &[1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]);
+        let f1 = 1.0 / 10_000f32.powf(2.0 / 8.0);
+        let (s, c) = (2.0 * f1).sin_cos();
+        assert_eq!((t[2 * 8 + 2], t[2 * 8 + 3]), (c, s));
+    }
+}

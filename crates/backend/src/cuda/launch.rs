@@ -1,0 +1,277 @@
+//! Launch configurations: grids, blocks and shared memory of every kernel, as plain host
+//! arithmetic. The constants mirror the `#define`s of the kernel sources; a test reads the sources
+//! and checks that they agree.
+
+/// Input rows per half-warp tile of the matrix products (`GEMM_RM`).
+pub const GEMM_RM: usize = 4;
+/// Output columns per half-warp tile (`GEMM_RN`).
+pub const GEMM_RN: usize = 4;
+/// Half-warps per block of the matrix products (`GEMM_HALF_WARPS`).
+pub const GEMM_HALF_WARPS: usize = 8;
+/// Rows per block of the row norms (`NORM_ROWS_PER_BLOCK`).
+pub const NORM_ROWS_PER_BLOCK: usize = 8;
+/// Keys per attention tile, aligned at absolute position 0 (`ATTN_TILE`).
+pub const ATTN_TILE: usize = 32;
+/// Query rows per attention block (`ATTN_ROWS`).
+pub const ATTN_ROWS: usize = 16;
+/// Threads per attention block (`ATTN_THREADS`).
+pub const ATTN_THREADS: usize = 128;
+/// Largest head width the attention kernel takes (`ATTN_MAX_HEAD_DIM`).
+pub const ATTN_MAX_HEAD_DIM: usize = 128;
+/// Tokens (warps) per router block (`ROUTER_WARPS`).
+pub const ROUTER_WARPS: usize = 4;
+/// Most expert groups the grouped router takes (`ROUTER_MAX_GROUPS`).
+pub const ROUTER_MAX_GROUPS: usize = 64;
+/// Most experts per token (`ROUTER_MAX_TOP_K`).
+pub const ROUTER_MAX_TOP_K: usize = 32;
+/// Rows per tile of the grouped expert products; experts are padded to it (`MOE_TILE_ROWS`).
+pub const MOE_TILE_ROWS: usize = 4;
+/// Threads of the single block of the expert sort (`MOE_SORT_THREADS`).
+pub const MOE_SORT_THREADS: usize = 1024;
+/// Widest conv1d kernel (`CONV_MAX_KERNEL`).
+pub const CONV_MAX_KERNEL: usize = 8;
+/// Threads per row of the sampling kernels (`SAMPLE_THREADS`).
+pub const SAMPLE_THREADS: usize = 512;
+/// Threads per block of the element-wise kernels.
+pub const ELEMENTWISE_THREADS: usize = 256;
+
+/// Static shared memory a block may use without opting in to more.
+pub const DEFAULT_SMEM_LIMIT: usize = 48 << 10;
+
+/// A kernel's launch shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// Blocks in x, y, z.
+    pub grid: (u32, u32, u32),
+    /// Threads in x, y, z.
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory in bytes.
+    pub smem: u32,
+}
+
+impl Shape {
+    fn new(grid: (usize, usize), block: usize, smem: usize) -> Option<Self> {
+        let g = (u32::try_from(grid.0).ok()?, u32::try_from(grid.1).ok()?);
+        // The driver's limits: 2^31 - 1 blocks in x, 65535 in y.
+        if g.0 == 0 || g.1 == 0 || g.0 > i32::MAX as u32 || g.1 > 65_535 {
+            return None;
+        }
+        Some(Self { grid: (g.0, g.1, 1), block: (block as u32, 1, 1), smem: smem as u32 })
+    }
+
+    /// Whether the block needs more dynamic shared memory than the default limit.
+    pub fn needs_smem_opt_in(&self) -> bool {
+        self.smem as usize > DEFAULT_SMEM_LIMIT
+    }
+}
+
+/// The matrix product of `m` rows by `n` columns: half-warp tiles of `GEMM_RM x GEMM_RN`.
+pub fn gemm(m: usize, n: usize) -> Option<Shape> {
+    let cols_per_block = GEMM_HALF_WARPS * GEMM_RN;
+    Shape::new((n.div_ceil(cols_per_block), m.div_ceil(GEMM_RM)), GEMM_HALF_WARPS * 16, 0)
+}
+
+/// A row norm over `rows` rows (also the gated norm, with one row per token and group).
+pub fn norm(rows: usize) -> Option<Shape> {
+    Shape::new((rows.div_ceil(NORM_ROWS_PER_BLOCK), 1), NORM_ROWS_PER_BLOCK * 16, 0)
+}
+
+/// One thread per element of `width`, one block row per token.
+pub fn per_token(width: usize, num_tokens: usize) -> Option<Shape> {
+    Shape::new((width.div_ceil(ELEMENTWISE_THREADS), num_tokens), ELEMENTWISE_THREADS, 0)
+}
+
+/// One thread per element of a flat buffer.
+pub fn elementwise(n: usize) -> Option<Shape> {
+    Shape::new((n.div_ceil(ELEMENTWISE_THREADS), 1), ELEMENTWISE_THREADS, 0)
+}
+
+/// Rotary embedding: a block per (token, head), a thread per rotated pair.
+pub fn rope(num_tokens: usize, num_heads: usize, rot_dim: usize) -> Option<Shape> {
+    let threads = (rot_dim / 2).div_ceil(32) * 32;
+    (threads <= 1024).then_some(())?;
+    Shape::new((num_tokens, num_heads), threads, 0)
+}
+
+/// Dynamic shared memory of the attention kernel for `head_dim`: the query rows, a key tile
+/// (rows padded by one float against bank conflicts), a value tile and the tile's probabilities.
+pub fn attention_smem_bytes(head_dim: usize) -> usize {
+    4 * (ATTN_ROWS * head_dim
+        + ATTN_TILE * (head_dim + 1)
+        + ATTN_TILE * head_dim
+        + ATTN_ROWS * ATTN_TILE)
+}
+
+/// Attention work items `(sequence, first row)`: sequence `s` has `seq_lens[s] * group` rows
+/// (query token major, then the query heads of a KV head), `ATTN_ROWS` per item.
+pub fn attention_items(seq_lens: &[usize], group: usize) -> Vec<[i32; 2]> {
+    let mut items = Vec::new();
+    for (s, &len) in seq_lens.iter().enumerate() {
+        for row in (0..len * group).step_by(ATTN_ROWS) {
+            items.push([s as i32, row as i32]);
+        }
+    }
+    items
+}
+
+/// Attention over `num_items` work items and `num_kv_heads` heads.
+pub fn attention(num_items: usize, num_kv_heads: usize, head_dim: usize) -> Option<Shape> {
+    (head_dim <= ATTN_MAX_HEAD_DIM).then_some(())?;
+    Shape::new((num_items, num_kv_heads), ATTN_THREADS, attention_smem_bytes(head_dim))
+}
+
+/// Floats of router scratch per warp: scores, choices, taken flags (bytes), group scores, ids.
+pub fn router_warp_floats(num_experts: usize) -> usize {
+    2 * num_experts + num_experts.div_ceil(4) + ROUTER_MAX_GROUPS + ROUTER_MAX_TOP_K
+}
+
+/// The router over `num_tokens` tokens: a warp each.
+pub fn router(num_tokens: usize, num_experts: usize) -> Option<Shape> {
+    let smem = 4 * ROUTER_WARPS * router_warp_floats(num_experts);
+    Shape::new((num_tokens.div_ceil(ROUTER_WARPS), 1), ROUTER_WARPS * 32, smem)
+}
+
+/// Rows of the sorted expert layout in the worst case: every pair, plus each expert's padding to a
+/// whole tile. Buffers and the expert grids are sized by this, never by the actual routing.
+pub fn moe_max_sorted_rows(num_pairs: usize, num_experts: usize) -> usize {
+    (num_pairs + num_experts * (MOE_TILE_ROWS - 1)).next_multiple_of(MOE_TILE_ROWS)
+}
+
+/// Tiles of the sorted layout in the worst case.
+pub fn moe_max_tiles(num_pairs: usize, num_experts: usize) -> usize {
+    moe_max_sorted_rows(num_pairs, num_experts) / MOE_TILE_ROWS
+}
+
+/// The expert sort: one block.
+pub fn moe_sort() -> Shape {
+    Shape { grid: (1, 1, 1), block: (MOE_SORT_THREADS as u32, 1, 1), smem: 0 }
+}
+
+/// A grouped expert product with `cols` outputs per row, over the worst-case tiles.
+pub fn moe_expert(cols: usize, num_pairs: usize, num_experts: usize) -> Option<Shape> {
+    let cols_per_block = GEMM_HALF_WARPS * GEMM_RN;
+    let tiles = moe_max_tiles(num_pairs, num_experts);
+    Shape::new((cols.div_ceil(cols_per_block), tiles), GEMM_HALF_WARPS * 16, 0)
+}
+
+/// The conv1d: a thread per channel, a block row per sequence.
+pub fn conv1d(conv_dim: usize, num_seqs: usize) -> Option<Shape> {
+    Shape::new((conv_dim.div_ceil(128), num_seqs), 128, 0)
+}
+
+/// The scan: a block per (head, sequence), a thread per head channel, the head's state in shared
+/// memory.
+pub fn scan(
+    num_heads: usize,
+    num_seqs: usize,
+    head_dim: usize,
+    state_size: usize,
+) -> Option<Shape> {
+    let threads = head_dim.div_ceil(32) * 32;
+    (threads <= 1024).then_some(())?;
+    Shape::new((num_heads, num_seqs), threads, 4 * (state_size * head_dim + 2 * state_size))
+}
+
+/// A sampling kernel over `rows` rows: a block each.
+pub fn sample(rows: usize) -> Option<Shape> {
+    Shape::new((rows, 1), SAMPLE_THREADS, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of `#define NAME value` in the kernel sources.
+    fn define(name: &str) -> usize {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels");
+        let mut found = Vec::new();
+        let mut dirs = vec![root];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                for line in std::fs::read_to_string(&path).unwrap().lines() {
+                    let mut words = line.split_whitespace();
+                    if words.next() == Some("#define") && words.next() == Some(name) {
+                        found.push(words.next().unwrap().parse::<usize>().unwrap());
+                    }
+                }
+            }
+        }
+        assert!(!found.is_empty(), "{name} is not defined in kernels/");
+        assert!(found.windows(2).all(|w| w[0] == w[1]), "{name} has different values");
+        found[0]
+    }
+
+    #[test]
+    fn constants_match_the_kernel_sources() {
+        let pairs = [
+            ("GEMM_RM", GEMM_RM),
+            ("GEMM_RN", GEMM_RN),
+            ("GEMM_HALF_WARPS", GEMM_HALF_WARPS),
+            ("NORM_ROWS_PER_BLOCK", NORM_ROWS_PER_BLOCK),
+            ("ATTN_TILE", ATTN_TILE),
+            ("ATTN_ROWS", ATTN_ROWS),
+            ("ATTN_THREADS", ATTN_THREADS),
+            ("ATTN_MAX_HEAD_DIM", ATTN_MAX_HEAD_DIM),
+            ("ROUTER_WARPS", ROUTER_WARPS),
+            ("ROUTER_MAX_GROUPS", ROUTER_MAX_GROUPS),
+            ("ROUTER_MAX_TOP_K", ROUTER_MAX_TOP_K),
+            ("MOE_TILE_ROWS", MOE_TILE_ROWS),
+            ("MOE_SORT_THREADS", MOE_SORT_THREADS),
+            ("CONV_MAX_KERNEL", CONV_MAX_KERNEL),
+            ("SAMPLE_THREADS", SAMPLE_THREADS),
+        ];
+        for (name, value) in pairs {
+            assert_eq!(define(name), value, "{name}");
+        }
+    }
+
+    #[test]
+    fn gemm_grids_cover_every_output_once() {
+        let s = gemm(1, 4096).unwrap();
+        assert_eq!((s.grid, s.block), ((128, 1, 1), (128, 1, 1)));
+        let s = gemm(513, 33).unwrap();
+        assert_eq!(s.grid, (2, 129, 1));
+        assert!(gemm(0, 8).is_none() && gemm(8, 0).is_none());
+        assert!(gemm(65_536 * GEMM_RM, 8).is_none(), "grid y over the driver's limit");
+    }
+
+    #[test]
+    fn attention_items_cover_each_sequence_in_row_blocks() {
+        // Group 4: a decode token is 4 rows; a 5-token chunk is 20 rows, two items.
+        assert_eq!(attention_items(&[1, 5, 1], 4), vec![[0, 0], [1, 0], [1, 16], [2, 0]]);
+        assert_eq!(attention_items(&[3], 16), vec![[0, 0], [0, 16], [0, 32]]);
+        assert!(attention_items(&[], 4).is_empty());
+        let s = attention(4, 2, 128).unwrap();
+        assert_eq!((s.grid, s.block.0), ((4, 2, 1), 128));
+        assert!(!s.needs_smem_opt_in(), "head_dim 128 fits the default shared memory");
+        assert!(attention(4, 2, 256).is_none());
+    }
+
+    #[test]
+    fn moe_worst_case_holds_any_routing() {
+        // Every expert with one pair pads to a whole tile; the bound covers that and more.
+        let (pairs, experts) = (16, 64);
+        let worst_real: usize = (0..experts).map(|e| usize::from(e < pairs) * MOE_TILE_ROWS).sum();
+        assert!(moe_max_sorted_rows(pairs, experts) >= worst_real);
+        assert_eq!(moe_max_sorted_rows(8, 2), 16);
+        assert_eq!(moe_max_tiles(8, 2), 4);
+        assert_eq!(moe_expert(2048, 8, 2).unwrap().grid, (64, 4, 1));
+    }
+
+    #[test]
+    fn router_and_scan_shared_memory() {
+        assert_eq!(router_warp_floats(128), 256 + 32 + 64 + 32);
+        let r = router(9, 128).unwrap();
+        assert_eq!((r.grid.0, r.smem), (3, 4 * 4 * 384));
+        let s = scan(64, 3, 64, 128).unwrap();
+        assert_eq!((s.grid, s.block.0, s.smem), ((64, 3, 1), 64, 4 * (128 * 64 + 256)));
+        assert!(scan(8, 1, 128, 128).unwrap().needs_smem_opt_in());
+        assert_eq!(rope(5, 12, 128).unwrap().block.0, 64);
+        assert_eq!(rope(5, 12, 24).unwrap().block.0, 32);
+    }
+}

@@ -1,0 +1,31 @@
+//! The CUDA device, through cudarc with dynamic loading: the binary builds and starts on machines
+//! without CUDA, and only opening a device needs the driver and NVRTC.
+//!
+//! * [`device`]: opening a device (probes first, then context, streams, kernels).
+//! * [`libs`]: finding the driver, NVRTC and cuBLAS without letting cudarc panic.
+//! * [`source`] and [`compile`]: the embedded `kernels/` sources, the [`KernelId`] table, NVRTC to
+//!   CUBIN with an on-disk cache.
+//! * [`arena`] and [`pools`]: device memory allocated once per pool, carved into typed spans.
+//! * [`launch`]: launch shapes as plain arithmetic.
+//! * [`ops`]: a typed launch wrapper per kernel, as methods of [`CudaDevice`].
+//! * [`host`]: pinned host buffers and host-side tables the kernels read.
+//!
+//! Determinism: every kernel reduces in one fixed order whatever the batch (no split-K, attention
+//! tiles aligned at absolute position 0, one sequential scan for prefill and decode), and where the
+//! CPU reference only multiplies, adds, divides and takes square roots, the GPU performs the same
+//! operations in the same order, so its results are the CPU's bit for bit. `docs/gpu.md` lists the
+//! rule and the tolerance of every op.
+
+pub mod arena;
+pub mod compile;
+mod device;
+pub mod host;
+pub mod launch;
+pub mod libs;
+pub mod ops;
+pub mod pools;
+pub mod source;
+
+pub use arena::{ArenaLayout, DevSlice, DeviceArena, DeviceElem, Span};
+pub use device::CudaDevice;
+pub use source::KernelId;

@@ -1,0 +1,165 @@
+//! The paged KV write, attention over the paged cache, and state slot copies.
+
+use super::{bad, fits, int, launch, shape};
+use crate::{
+    BackendError,
+    cuda::{CudaDevice, DevSlice, KernelId, launch as cfg},
+};
+use half::bf16;
+
+/// The shape of one attention layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionParams {
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads; `num_heads` is a multiple of it.
+    pub num_kv_heads: usize,
+    /// Width of a head, at most [`cfg::ATTN_MAX_HEAD_DIM`].
+    pub head_dim: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Entries per row of the block tables.
+    pub max_blocks_per_seq: usize,
+    /// A query sees at most this many most recent keys (itself included); `None`: all.
+    pub sliding_window: Option<usize>,
+    /// Multiplier of `q . k`.
+    pub scale: f32,
+}
+
+/// The buffers of one attention launch.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionBuffers<'a> {
+    /// Queries after RoPE, `[num_tokens, num_heads, head_dim]`.
+    pub q: DevSlice<'a, f32>,
+    /// This layer's keys, `[num_slots, num_kv_heads, head_dim]`.
+    pub k_cache: DevSlice<'a, bf16>,
+    /// This layer's values, same layout.
+    pub v_cache: DevSlice<'a, bf16>,
+    /// `[num_seqs, max_blocks_per_seq]`.
+    pub block_tables: DevSlice<'a, i32>,
+    /// `[num_tokens]`.
+    pub positions: DevSlice<'a, i32>,
+    /// Token offset of each sequence, `[num_seqs + 1]`.
+    pub seq_starts: DevSlice<'a, i32>,
+    /// Work items from [`cfg::attention_items`], `[num_items, 2]`.
+    pub items: DevSlice<'a, i32>,
+    /// `[num_tokens, num_heads, head_dim]`.
+    pub out: DevSlice<'a, f32>,
+}
+
+impl CudaDevice {
+    /// Writes `num_tokens` keys and values (`[num_tokens, width]`) to their slots of one layer's
+    /// cache, rounded to bf16; a negative slot writes nothing (`kv_write_bf16`).
+    #[allow(clippy::too_many_arguments)] // the kernel's own parameters
+    pub fn kv_write(
+        &self,
+        k: DevSlice<'_, f32>,
+        v: DevSlice<'_, f32>,
+        slots: DevSlice<'_, i32>,
+        k_cache: DevSlice<'_, bf16>,
+        v_cache: DevSlice<'_, bf16>,
+        num_tokens: usize,
+        width: usize,
+    ) -> Result<(), BackendError> {
+        let id = KernelId::KvWrite;
+        fits(id, "k", &k, num_tokens * width)?;
+        fits(id, "v", &v, num_tokens * width)?;
+        fits(id, "slots", &slots, num_tokens)?;
+        if k_cache.len() != v_cache.len() || !k_cache.len().is_multiple_of(width) {
+            return Err(bad(id, "the key and value caches must be whole slots of the same size"));
+        }
+        let sh = shape(id, cfg::per_token(width, num_tokens))?;
+        let (k, v, slots, kc, vc) =
+            (k.addr(), v.addr(), slots.addr(), k_cache.addr(), v_cache.addr());
+        let width = int(id, "width", width)?;
+        launch!(self, id, sh, [k, v, slots, kc, vc, width])
+    }
+
+    /// Attention of the step's queries over the paged cache (`paged_attention_bf16kv`). The
+    /// step's keys and values must already be written ([`CudaDevice::kv_write`]).
+    pub fn paged_attention(
+        &self,
+        p: &AttentionParams,
+        b: &AttentionBuffers<'_>,
+        num_tokens: usize,
+        num_seqs: usize,
+        num_items: usize,
+    ) -> Result<(), BackendError> {
+        let id = KernelId::PagedAttention;
+        if p.num_kv_heads == 0 || !p.num_heads.is_multiple_of(p.num_kv_heads) {
+            return Err(bad(id, "num_heads must be a multiple of num_kv_heads"));
+        }
+        if p.head_dim > cfg::ATTN_MAX_HEAD_DIM {
+            return Err(bad(
+                id,
+                format!("head_dim {} over {}", p.head_dim, cfg::ATTN_MAX_HEAD_DIM),
+            ));
+        }
+        fits(id, "q", &b.q, num_tokens * p.num_heads * p.head_dim)?;
+        fits(id, "out", &b.out, num_tokens * p.num_heads * p.head_dim)?;
+        fits(id, "positions", &b.positions, num_tokens)?;
+        fits(id, "seq_starts", &b.seq_starts, num_seqs + 1)?;
+        fits(id, "block_tables", &b.block_tables, num_seqs * p.max_blocks_per_seq)?;
+        fits(id, "items", &b.items, 2 * num_items)?;
+        let slot_width = p.num_kv_heads * p.head_dim;
+        if b.k_cache.len() != b.v_cache.len()
+            || !b.k_cache.len().is_multiple_of(slot_width * p.block_size)
+        {
+            return Err(bad(id, "the caches must be whole blocks of the same size"));
+        }
+        let sh = shape(id, cfg::attention(num_items, p.num_kv_heads, p.head_dim))?;
+        let (q, kc, vc, tables, pos, starts, items, out) = (
+            b.q.addr(),
+            b.k_cache.addr(),
+            b.v_cache.addr(),
+            b.block_tables.addr(),
+            b.positions.addr(),
+            b.seq_starts.addr(),
+            b.items.addr(),
+            b.out.addr(),
+        );
+        let heads = int(id, "num_heads", p.num_heads)?;
+        let kv_heads = int(id, "num_kv_heads", p.num_kv_heads)?;
+        let head_dim = int(id, "head_dim", p.head_dim)?;
+        let block_size = int(id, "block_size", p.block_size)?;
+        let max_blocks = int(id, "max_blocks_per_seq", p.max_blocks_per_seq)?;
+        let window = match p.sliding_window {
+            Some(w) => int(id, "sliding_window", w)?,
+            None => 0,
+        };
+        let scale = p.scale;
+        launch!(
+            self,
+            id,
+            sh,
+            [
+                q, kc, vc, tables, pos, starts, items, out, heads, kv_heads, head_dim, block_size,
+                max_blocks, window, scale,
+            ]
+        )
+    }
+
+    /// Copies whole state slots: for each of `num_pairs` pairs `(src, dst)`, slot `dst` of `dst`
+    /// becomes slot `src` of `src`, or zeros for a negative `src` (`state_copy_f32`). Restoring a
+    /// snapshot and taking one are the same call with the pools swapped.
+    pub fn state_copy(
+        &self,
+        src: DevSlice<'_, f32>,
+        dst: DevSlice<'_, f32>,
+        pairs: DevSlice<'_, i32>,
+        num_pairs: usize,
+        slot_len: usize,
+    ) -> Result<(), BackendError> {
+        let id = KernelId::StateCopy;
+        fits(id, "pairs", &pairs, 2 * num_pairs)?;
+        if !src.len().is_multiple_of(slot_len.max(1)) || !dst.len().is_multiple_of(slot_len.max(1))
+        {
+            return Err(bad(id, "the pools must be whole slots"));
+        }
+        let blocks = slot_len.div_ceil(cfg::ELEMENTWISE_THREADS).min(1024);
+        let sh = shape(id, cfg::per_token(blocks * cfg::ELEMENTWISE_THREADS, num_pairs))?;
+        let (src, dst, pairs) = (src.addr(), dst.addr(), pairs.addr());
+        let slot_len = int(id, "slot_len", slot_len)?;
+        launch!(self, id, sh, [src, dst, pairs, slot_len])
+    }
+}

@@ -1,0 +1,290 @@
+//! The MoE router, the expert sort, the grouped expert products and the combine.
+
+use super::{addr_or_null, bad, fits, int, launch, shape};
+use crate::{
+    BackendError,
+    cuda::{CudaDevice, DevSlice, KernelId, launch as cfg},
+};
+use half::bf16;
+
+/// The routing function (the model crate's `RouterKind`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RouterKind {
+    /// Softmax over all experts, top-k, optionally renormalised (Qwen3-MoE, Mixtral).
+    SoftmaxTopK {
+        /// Divide the k weights by their sum.
+        renormalize: bool,
+    },
+    /// Top-k of the logits, then softmax over the k (Granite).
+    TopKSoftmax,
+    /// Sigmoid scores, selection-only bias, group-limited top-k, optional renormalisation, times a
+    /// scaling factor (Nemotron-H).
+    SigmoidGrouped {
+        /// Expert groups.
+        num_groups: usize,
+        /// Groups kept.
+        topk_groups: usize,
+        /// Divide the k weights by their sum (plus 1e-20).
+        renormalize: bool,
+        /// The routed scaling factor.
+        scaling: f32,
+    },
+}
+
+/// A router launch's shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RouterParams {
+    /// The routing function.
+    pub kind: RouterKind,
+    /// Routed experts.
+    pub num_experts: usize,
+    /// Experts per token, at most [`cfg::ROUTER_MAX_TOP_K`].
+    pub top_k: usize,
+}
+
+/// The activation between a grouped product's up and down projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertActivation {
+    /// `silu(x . gate) * (x . up)` (`MOE_ACT_SWIGLU`).
+    SwiGlu = 0,
+    /// `relu(x . up)^2` (`MOE_ACT_RELU2`).
+    Relu2 = 1,
+}
+
+/// The outputs of the expert sort (sized by [`cfg::moe_max_sorted_rows`] and
+/// [`cfg::moe_max_tiles`]) that the expert products and the combine read.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeSortBuffers<'a> {
+    /// The pair of each sorted row, or -1 for padding, `[max_sorted_rows]`.
+    pub sorted_pairs: DevSlice<'a, i32>,
+    /// The sorted row of each pair, `[num_pairs]`.
+    pub pair_rows: DevSlice<'a, i32>,
+    /// The expert of each tile, `[max_tiles]`.
+    pub tile_experts: DevSlice<'a, i32>,
+    /// Tiles in use, `[1]`.
+    pub num_tiles: DevSlice<'a, i32>,
+    /// Scratch, `[num_experts]`.
+    pub expert_counts: DevSlice<'a, i32>,
+    /// Padded row offset of each expert, `[num_experts + 1]`.
+    pub expert_starts: DevSlice<'a, i32>,
+}
+
+impl CudaDevice {
+    /// Routes `num_tokens` tokens from their router logits `[num_tokens, num_experts]`: expert ids
+    /// in canonical order into `ids` (int32) and, when given, into this layer's plane of the
+    /// routing buffer (int16), weights in the same order into `weights` (`moe_router_topk`).
+    #[allow(clippy::too_many_arguments)] // the kernel's own buffers
+    pub fn moe_router(
+        &self,
+        p: &RouterParams,
+        logits: DevSlice<'_, f32>,
+        bias: Option<DevSlice<'_, f32>>,
+        ids: DevSlice<'_, i32>,
+        weights: DevSlice<'_, f32>,
+        routing: Option<DevSlice<'_, i16>>,
+        num_tokens: usize,
+    ) -> Result<(), BackendError> {
+        let id = KernelId::MoeRouter;
+        let (e, k) = (p.num_experts, p.top_k);
+        if k == 0 || k > cfg::ROUTER_MAX_TOP_K || k > e {
+            return Err(bad(id, format!("top_k {k} with {e} experts")));
+        }
+        fits(id, "logits", &logits, num_tokens * e)?;
+        fits(id, "ids", &ids, num_tokens * k)?;
+        fits(id, "weights", &weights, num_tokens * k)?;
+        if let Some(b) = &bias {
+            fits(id, "bias", b, e)?;
+        }
+        if let Some(r) = &routing {
+            fits(id, "routing", r, num_tokens * k)?;
+        }
+        let (kind, renorm, groups, topk_groups, scaling) = match p.kind {
+            RouterKind::SoftmaxTopK { renormalize } => (0i32, renormalize, 1, 1, 1.0f32),
+            RouterKind::TopKSoftmax => (1, false, 1, 1, 1.0),
+            RouterKind::SigmoidGrouped { num_groups, topk_groups, renormalize, scaling } => {
+                let ok = num_groups > 0
+                    && num_groups <= cfg::ROUTER_MAX_GROUPS
+                    && e % num_groups == 0
+                    && (1..=num_groups).contains(&topk_groups);
+                if !ok {
+                    return Err(bad(
+                        id,
+                        format!("{num_groups} groups, keep {topk_groups}, {e} experts"),
+                    ));
+                }
+                (2, renormalize, num_groups, topk_groups, scaling)
+            }
+        };
+        let sh = shape(id, cfg::router(num_tokens, e))?;
+        let (logits, bias, ids, weights, routing) =
+            (logits.addr(), addr_or_null(bias), ids.addr(), weights.addr(), addr_or_null(routing));
+        let (n, e, k) = (int(id, "tokens", num_tokens)?, int(id, "experts", e)?, k as i32);
+        let (renorm, groups, topk_groups) = (renorm as i32, groups as i32, topk_groups as i32);
+        launch!(
+            self,
+            id,
+            sh,
+            [
+                logits,
+                bias,
+                ids,
+                weights,
+                routing,
+                n,
+                e,
+                k,
+                kind,
+                renorm,
+                groups,
+                topk_groups,
+                scaling,
+            ]
+        )
+    }
+
+    /// Sorts the `num_pairs` (token, rank) pairs of `ids` by expert (`moe_sort_pairs`).
+    pub fn moe_sort(
+        &self,
+        ids: DevSlice<'_, i32>,
+        s: &MoeSortBuffers<'_>,
+        num_pairs: usize,
+        num_experts: usize,
+    ) -> Result<(), BackendError> {
+        let id = KernelId::MoeSortPairs;
+        let rows = cfg::moe_max_sorted_rows(num_pairs, num_experts);
+        fits(id, "ids", &ids, num_pairs)?;
+        fits(id, "sorted_pairs", &s.sorted_pairs, rows)?;
+        fits(id, "pair_rows", &s.pair_rows, num_pairs)?;
+        fits(id, "tile_experts", &s.tile_experts, cfg::moe_max_tiles(num_pairs, num_experts))?;
+        fits(id, "num_tiles", &s.num_tiles, 1)?;
+        fits(id, "expert_counts", &s.expert_counts, num_experts)?;
+        fits(id, "expert_starts", &s.expert_starts, num_experts + 1)?;
+        let (ids, sorted, pair_rows, tiles, num_tiles, counts, starts) = (
+            ids.addr(),
+            s.sorted_pairs.addr(),
+            s.pair_rows.addr(),
+            s.tile_experts.addr(),
+            s.num_tiles.addr(),
+            s.expert_counts.addr(),
+            s.expert_starts.addr(),
+        );
+        let (pairs, experts, rows) = (
+            int(id, "pairs", num_pairs)?,
+            int(id, "experts", num_experts)?,
+            int(id, "rows", rows)?,
+        );
+        launch!(
+            self,
+            id,
+            cfg::moe_sort(),
+            [ids, sorted, pair_rows, tiles, num_tiles, counts, starts, pairs, experts, rows,]
+        )
+    }
+
+    /// The up (and gate) projections of every sorted row with its expert's weights
+    /// `[num_experts, inter, hidden]`, activated, into `act` `[max_sorted_rows, inter]`
+    /// (`moe_expert_up`). `gate` is required for SwiGLU and ignored for relu^2.
+    #[allow(clippy::too_many_arguments)] // the kernel's own buffers and sizes
+    pub fn moe_expert_up(
+        &self,
+        x: DevSlice<'_, f32>,
+        up: DevSlice<'_, bf16>,
+        gate: Option<DevSlice<'_, bf16>>,
+        s: &MoeSortBuffers<'_>,
+        act: DevSlice<'_, f32>,
+        activation: ExpertActivation,
+        (num_tokens, top_k, num_experts): (usize, usize, usize),
+        (hidden, inter): (usize, usize),
+    ) -> Result<(), BackendError> {
+        let id = KernelId::MoeExpertUp;
+        let pairs = num_tokens * top_k;
+        fits(id, "x", &x, num_tokens * hidden)?;
+        fits(id, "up", &up, num_experts * inter * hidden)?;
+        let gate = match (activation, gate) {
+            (ExpertActivation::SwiGlu, Some(g)) => {
+                fits(id, "gate", &g, num_experts * inter * hidden)?;
+                g.addr()
+            }
+            (ExpertActivation::SwiGlu, None) => return Err(bad(id, "SwiGLU needs gate weights")),
+            (ExpertActivation::Relu2, _) => 0,
+        };
+        fits(id, "act", &act, cfg::moe_max_sorted_rows(pairs, num_experts) * inter)?;
+        let sh = shape(id, cfg::moe_expert(inter, pairs, num_experts))?;
+        let (x, up, sorted, tiles, num_tiles, act) = (
+            x.addr(),
+            up.addr(),
+            s.sorted_pairs.addr(),
+            s.tile_experts.addr(),
+            s.num_tiles.addr(),
+            act.addr(),
+        );
+        let (top_k, hidden, inter) =
+            (int(id, "top_k", top_k)?, int(id, "hidden", hidden)?, int(id, "inter", inter)?);
+        let activation = activation as i32;
+        launch!(
+            self,
+            id,
+            sh,
+            [x, up, gate, sorted, tiles, num_tiles, act, top_k, hidden, inter, activation]
+        )
+    }
+
+    /// The down projections of every sorted row with its expert's weights
+    /// `[num_experts, hidden, inter]` into `out` `[max_sorted_rows, hidden]` (`moe_expert_down`).
+    pub fn moe_expert_down(
+        &self,
+        act: DevSlice<'_, f32>,
+        down: DevSlice<'_, bf16>,
+        s: &MoeSortBuffers<'_>,
+        out: DevSlice<'_, f32>,
+        (num_pairs, num_experts): (usize, usize),
+        (hidden, inter): (usize, usize),
+    ) -> Result<(), BackendError> {
+        let id = KernelId::MoeExpertDown;
+        let rows = cfg::moe_max_sorted_rows(num_pairs, num_experts);
+        fits(id, "act", &act, rows * inter)?;
+        fits(id, "down", &down, num_experts * hidden * inter)?;
+        fits(id, "out", &out, rows * hidden)?;
+        let sh = shape(id, cfg::moe_expert(hidden, num_pairs, num_experts))?;
+        let (act, down, sorted, tiles, num_tiles, out) = (
+            act.addr(),
+            down.addr(),
+            s.sorted_pairs.addr(),
+            s.tile_experts.addr(),
+            s.num_tiles.addr(),
+            out.addr(),
+        );
+        let (hidden, inter) = (int(id, "hidden", hidden)?, int(id, "inter", inter)?);
+        launch!(self, id, sh, [act, down, sorted, tiles, num_tiles, out, hidden, inter])
+    }
+
+    /// Each token's output: its experts' rows weighted in rank order, plus the shared expert's
+    /// output when given (`moe_combine`).
+    #[allow(clippy::too_many_arguments)] // the kernel's own buffers and sizes
+    pub fn moe_combine(
+        &self,
+        expert_out: DevSlice<'_, f32>,
+        pair_rows: DevSlice<'_, i32>,
+        weights: DevSlice<'_, f32>,
+        shared: Option<DevSlice<'_, f32>>,
+        out: DevSlice<'_, f32>,
+        (num_tokens, top_k): (usize, usize),
+        hidden: usize,
+    ) -> Result<(), BackendError> {
+        let id = KernelId::MoeCombine;
+        fits(id, "pair_rows", &pair_rows, num_tokens * top_k)?;
+        fits(id, "weights", &weights, num_tokens * top_k)?;
+        fits(id, "out", &out, num_tokens * hidden)?;
+        if let Some(s) = &shared {
+            fits(id, "shared", s, num_tokens * hidden)?;
+        }
+        if !expert_out.len().is_multiple_of(hidden.max(1)) {
+            return Err(bad(id, "expert_out is not whole rows"));
+        }
+        let sh = shape(id, cfg::per_token(hidden, num_tokens))?;
+        let (eo, rows, w, sh_addr, out) =
+            (expert_out.addr(), pair_rows.addr(), weights.addr(), addr_or_null(shared), out.addr());
+        let (top_k, hidden) = (int(id, "top_k", top_k)?, int(id, "hidden", hidden)?);
+        launch!(self, id, sh, [eo, rows, w, sh_addr, out, top_k, hidden])
+    }
+}

@@ -1,0 +1,67 @@
+//! Argmax, log-softmax and seeded sampling.
+
+use super::{addr_or_null, fits, int, launch, shape};
+use crate::{
+    BackendError,
+    cuda::{CudaDevice, DevSlice, KernelId, host::SampleParams, launch as cfg},
+};
+
+impl CudaDevice {
+    /// The first maximum of each of `num_rows` rows (`argmax_f32`).
+    pub fn argmax(
+        &self,
+        logits: DevSlice<'_, f32>,
+        out: DevSlice<'_, u32>,
+        num_rows: usize,
+        vocab: usize,
+    ) -> Result<(), BackendError> {
+        let id = KernelId::Argmax;
+        fits(id, "logits", &logits, num_rows * vocab)?;
+        fits(id, "out", &out, num_rows)?;
+        let sh = shape(id, cfg::sample(num_rows))?;
+        let (logits, out, vocab) = (logits.addr(), out.addr(), int(id, "vocab", vocab)?);
+        launch!(self, id, sh, [logits, out, vocab])
+    }
+
+    /// Each row's normaliser `log_z = log(sum(exp(x)))` and, when `out` is given, the row's
+    /// log-probabilities `x - log_z` (`log_softmax_f32`).
+    pub fn log_softmax(
+        &self,
+        logits: DevSlice<'_, f32>,
+        out: Option<DevSlice<'_, f32>>,
+        log_z: DevSlice<'_, f32>,
+        num_rows: usize,
+        vocab: usize,
+    ) -> Result<(), BackendError> {
+        let id = KernelId::LogSoftmax;
+        fits(id, "logits", &logits, num_rows * vocab)?;
+        fits(id, "log_z", &log_z, num_rows)?;
+        if let Some(o) = &out {
+            fits(id, "out", o, num_rows * vocab)?;
+        }
+        let sh = shape(id, cfg::sample(num_rows))?;
+        let (logits, out, log_z) = (logits.addr(), addr_or_null(out), log_z.addr());
+        let vocab = int(id, "vocab", vocab)?;
+        launch!(self, id, sh, [logits, out, log_z, vocab])
+    }
+
+    /// One seeded sample per row with that row's temperature, top-k and top-p (`sample_f32`).
+    /// Rows with temperature 0 belong to [`CudaDevice::argmax`].
+    pub fn sample(
+        &self,
+        logits: DevSlice<'_, f32>,
+        params: DevSlice<'_, SampleParams>,
+        out: DevSlice<'_, u32>,
+        num_rows: usize,
+        vocab: usize,
+    ) -> Result<(), BackendError> {
+        let id = KernelId::Sample;
+        fits(id, "logits", &logits, num_rows * vocab)?;
+        fits(id, "params", &params, num_rows)?;
+        fits(id, "out", &out, num_rows)?;
+        let sh = shape(id, cfg::sample(num_rows))?;
+        let (logits, params, out, vocab) =
+            (logits.addr(), params.addr(), out.addr(), int(id, "vocab", vocab)?);
+        launch!(self, id, sh, [logits, params, out, vocab])
+    }
+}

@@ -1,0 +1,282 @@
+//! Embedding, norms, rotary, the matrix products, activations, cache writes and copies, argmax
+//! and log-softmax.
+
+use super::support::*;
+use half::bf16;
+use routed_backend::{
+    cpu::{self, Matrix, MatrixData},
+    cuda::host::rope_table,
+};
+
+const ROWS: usize = 512;
+
+#[test]
+fn embedding_gathers_rows_exactly() {
+    let Some(dev) = gpu_or_skip("embedding_gathers_rows_exactly") else { return };
+    let (vocab, hidden, n) = (300, 96, 40);
+    let mut rng = Rng::new(1);
+    let table = rng.bf16_vec(vocab * hidden, -2.0, 2.0);
+    let ids: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
+    let mut p = Plan::new(dev);
+    let (t, i, o) = (p.input(&table), p.input(&ids), p.output::<f32>(n * hidden));
+    let m = p.alloc();
+    dev.embed_gather(m.get(t), m.get(i), m.get(o), n, hidden, 0.5).unwrap();
+    let matrix = Matrix::new(vocab, hidden, MatrixData::Bf16(table));
+    let mut want = vec![0.0; n * hidden];
+    for (row, &id) in want.chunks_exact_mut(hidden).zip(&ids) {
+        matrix.row_into(id as usize, row);
+    }
+    cpu::scale_inplace(&mut want, 0.5);
+    assert_bits("embedding", &m.read(o), &want);
+}
+
+/// Runs `launch(rows, offset)` for the first `b` rows of every batch size and for single rows at
+/// several offsets; `read` returns the outputs of rows `offset..offset + rows`. Every result must
+/// equal the same rows of the full batch bit for bit.
+fn check_row_invariance(
+    what: &str,
+    width: usize,
+    full: &[f32],
+    mut run: impl FnMut(usize, usize) -> Vec<f32>,
+) {
+    for b in BATCHES {
+        assert_bits(&format!("{what}: first {b} rows"), &run(b, 0), &full[..b * width]);
+    }
+    for i in [1, 77, 300, ROWS - 1] {
+        assert_bits(
+            &format!("{what}: row {i} alone"),
+            &run(1, i),
+            &full[i * width..(i + 1) * width],
+        );
+    }
+}
+
+#[test]
+fn rms_norms_equal_the_cpu_and_do_not_depend_on_the_batch() {
+    let Some(dev) = gpu_or_skip("rms_norms_equal_the_cpu_and_do_not_depend_on_the_batch") else {
+        return;
+    };
+    let width = 1000;
+    let mut rng = Rng::new(2);
+    let (x, branch, w) = (
+        rng.vec(ROWS * width, -3.0, 3.0),
+        rng.vec(ROWS * width, -1.0, 1.0),
+        rng.vec(width, 0.5, 1.5),
+    );
+    let mut p = Plan::new(dev);
+    let (xs, bs, ws) = (p.input(&x), p.input(&branch), p.input(&w));
+    let (out, normed) = (p.output::<f32>(ROWS * width), p.output::<f32>(ROWS * width));
+    let mut m = p.alloc();
+    dev.rms_norm(m.get(xs), m.get(ws), m.get(out), ROWS, width, width, 1e-6).unwrap();
+    let full = m.read(out);
+    let mut want = vec![0.0; ROWS * width];
+    cpu::rms_norm(&x, &w, 1e-6, &mut want);
+    assert_bits("rms_norm vs cpu", &full, &want);
+    check_row_invariance("rms_norm", width, &full, |rows, at| {
+        let (xv, ov) = (
+            m.get(xs).sub(at * width, rows * width).unwrap(),
+            m.get(out).sub(at * width, rows * width).unwrap(),
+        );
+        dev.rms_norm(xv, m.get(ws), ov, rows, width, width, 1e-6).unwrap();
+        m.read(out)[at * width..(at + rows) * width].to_vec()
+    });
+
+    // Residual add then norm, with Granite's residual multiplier.
+    dev.add_rms_norm(m.get(xs), m.get(bs), m.get(ws), m.get(normed), ROWS, width, 0.22, 1e-5)
+        .unwrap();
+    let (new_x, full) = (m.read(xs), m.read(normed));
+    let mut want_x = x.clone();
+    want_x.iter_mut().zip(&branch).for_each(|(a, b)| *a += 0.22 * b);
+    let mut want = vec![0.0; ROWS * width];
+    cpu::rms_norm(&want_x, &w, 1e-5, &mut want);
+    assert_bits("add_rms_norm residual", &new_x, &want_x);
+    assert_bits("add_rms_norm vs cpu", &full, &want);
+    check_row_invariance("add_rms_norm", width, &full, |rows, at| {
+        m.write(xs, &x);
+        let r = at * width..(at + rows) * width;
+        let sub = |s| m.get(s).sub(r.start, r.len()).unwrap();
+        dev.add_rms_norm(sub(xs), sub(bs), m.get(ws), sub(normed), rows, width, 0.22, 1e-5)
+            .unwrap();
+        m.read(normed)[r].to_vec()
+    });
+}
+
+#[test]
+fn per_head_norm_and_rotary_equal_the_cpu() {
+    let Some(dev) = gpu_or_skip("per_head_norm_and_rotary_equal_the_cpu") else { return };
+    let (n, nq, nk, hd) = (19, 4, 2, 64);
+    let mut rng = Rng::new(3);
+    let (q, k) = (rng.vec(n * nq * hd, -2.0, 2.0), rng.vec(n * nk * hd, -2.0, 2.0));
+    let qn = rng.vec(hd, 0.5, 1.5);
+    let positions: Vec<i32> = (0..n as i32).map(|i| i * 37 % 500).collect();
+    let table = rope_table(1e6, hd, 512);
+    let mut p = Plan::new(dev);
+    let (qs, ks, ts, ps, ws) =
+        (p.input(&q), p.input(&k), p.input(&table), p.input(&positions), p.input(&qn));
+    let m = p.alloc();
+    dev.rms_norm(m.get(qs), m.get(ws), m.get(qs), n * nq, hd, hd, 1e-6).unwrap();
+    dev.rope_neox(m.get(qs), m.get(ks), m.get(ts), m.get(ps), n, (nq, nk), hd, hd).unwrap();
+    let (mut want_q, mut want_k) = (q.clone(), k.clone());
+    cpu::rms_norm_inplace(&mut want_q, &qn, 1e-6);
+    // The CPU attention layer's rotation, written out: pairs (i, i + d/2), angles per position.
+    let half = hd / 2;
+    for (t, &pos) in positions.iter().enumerate() {
+        let inv: Vec<f32> =
+            (0..half).map(|i| 1.0 / 1e6f32.powf((2 * i) as f32 / hd as f32)).collect();
+        for head in want_q[t * nq * hd..(t + 1) * nq * hd]
+            .chunks_exact_mut(hd)
+            .chain(want_k[t * nk * hd..(t + 1) * nk * hd].chunks_exact_mut(hd))
+        {
+            for (i, &f) in inv.iter().enumerate() {
+                let (sin, cos) = (pos as f32 * f).sin_cos();
+                let (x0, x1) = (head[i], head[i + half]);
+                head[i] = x0 * cos - x1 * sin;
+                head[i + half] = x1 * cos + x0 * sin;
+            }
+        }
+    }
+    assert_bits("q after norm and rope", &m.read(qs), &want_q);
+    assert_bits("k after rope", &m.read(ks), &want_k);
+}
+
+#[test]
+fn matrix_products_equal_cpu_linear_and_do_not_depend_on_the_batch() {
+    let Some(dev) = gpu_or_skip("matrix_products_equal_cpu_linear_and_do_not_depend_on_the_batch")
+    else {
+        return;
+    };
+    // k not a multiple of 16 (the lanes' tail) and n not a multiple of the block's 32 columns.
+    let (n, k) = (200, 333);
+    let mut rng = Rng::new(4);
+    let x = rng.vec(ROWS * k, -1.0, 1.0);
+    let w16 = rng.bf16_vec(n * k, -0.5, 0.5);
+    let w32 = rng.vec(n * k, -0.5, 0.5);
+    let mut p = Plan::new(dev);
+    let (xs, w16s, w32s, out) =
+        (p.input(&x), p.input(&w16), p.input(&w32), p.output::<f32>(ROWS * n));
+    let m = p.alloc();
+    for bf in [true, false] {
+        let run = |rows: usize, at: usize| {
+            let xv = m.get(xs).sub(at * k, rows * k).unwrap();
+            let ov = m.get(out).sub(at * n, rows * n).unwrap();
+            match bf {
+                true => dev.gemm_bf16(xv, m.get(w16s), ov, rows, n, k).unwrap(),
+                false => dev.gemm_f32(xv, m.get(w32s), ov, rows, n, k).unwrap(),
+            }
+            m.read(out)[at * n..(at + rows) * n].to_vec()
+        };
+        let full = run(ROWS, 0);
+        let matrix = match bf {
+            true => Matrix::new(n, k, MatrixData::Bf16(w16.clone())),
+            false => Matrix::from_f32(n, k, w32.clone()),
+        };
+        let mut want = vec![0.0; ROWS * n];
+        cpu::linear(&x, &matrix, &mut want);
+        assert_bits(&format!("gemm (bf16 weights: {bf}) vs cpu::linear"), &full, &want);
+        check_row_invariance("gemm", n, &full, run);
+    }
+}
+
+#[test]
+fn activations_equal_the_cpu() {
+    let Some(dev) = gpu_or_skip("activations_equal_the_cpu") else { return };
+    let n = 5000;
+    let mut rng = Rng::new(5);
+    let (a, g) = (rng.vec(n, -30.0, 30.0), rng.vec(n, -100.0, 100.0));
+    let mut p = Plan::new(dev);
+    let (a1, a2, gs) = (p.input(&a), p.input(&a), p.input(&g));
+    let m = p.alloc();
+    dev.silu_mul(m.get(a1), m.get(gs), n).unwrap();
+    dev.relu2(m.get(a2), n).unwrap();
+    let (mut want1, mut want2) = (a.clone(), a.clone());
+    cpu::mul_silu_inplace(&mut want1, &g);
+    cpu::relu2_inplace(&mut want2);
+    assert_bits("silu_mul", &m.read(a1), &want1);
+    assert_bits("relu2", &m.read(a2), &want2);
+}
+
+#[test]
+fn kv_write_rounds_to_bf16_at_the_mapped_slots_and_state_copy_moves_slots() {
+    let Some(dev) =
+        gpu_or_skip("kv_write_rounds_to_bf16_at_the_mapped_slots_and_state_copy_moves_slots")
+    else {
+        return;
+    };
+    let (n, width, slots) = (10, 96, 64);
+    let mut rng = Rng::new(6);
+    let (k, v) = (rng.vec(n * width, -5.0, 5.0), rng.vec(n * width, -5.0, 5.0));
+    let map: Vec<i32> = vec![3, 60, 17, -1, 0, 63, 18, 19, -1, 5];
+    let mut p = Plan::new(dev);
+    let (ks, vs, ms) = (p.input(&k), p.input(&v), p.input(&map));
+    let (kc, vc) = (p.output::<bf16>(slots * width), p.output::<bf16>(slots * width));
+    let slot_len = 1000;
+    let live = rng.vec(4 * slot_len, -1.0, 1.0);
+    let snaps = rng.vec(3 * slot_len, -1.0, 1.0);
+    let (ls, ss) = (p.input(&live), p.input(&snaps));
+    let pairs = p.input(&[2i32, 0, -1, 3]);
+    let m = p.alloc();
+    dev.kv_write(m.get(ks), m.get(vs), m.get(ms), m.get(kc), m.get(vc), n, width).unwrap();
+    let (got_k, got_v) = (m.read(kc), m.read(vc));
+    let mut want_k = vec![bf16::ZERO; slots * width];
+    let mut want_v = want_k.clone();
+    for (t, &s) in map.iter().enumerate().filter(|(_, s)| **s >= 0) {
+        for i in 0..width {
+            want_k[s as usize * width + i] = bf16::from_f32(k[t * width + i]);
+            want_v[s as usize * width + i] = bf16::from_f32(v[t * width + i]);
+        }
+    }
+    assert!(got_k.iter().zip(&want_k).all(|(a, b)| a.to_bits() == b.to_bits()), "keys");
+    assert!(got_v.iter().zip(&want_v).all(|(a, b)| a.to_bits() == b.to_bits()), "values");
+
+    // Restore snapshot 2 into live slot 0, clear live slot 3.
+    dev.state_copy(m.get(ss), m.get(ls), m.get(pairs), 2, slot_len).unwrap();
+    let mut want = live.clone();
+    want[..slot_len].copy_from_slice(&snaps[2 * slot_len..3 * slot_len]);
+    want[3 * slot_len..].fill(0.0);
+    assert_bits("state copy", &m.read(ls), &want);
+}
+
+#[test]
+fn argmax_and_log_softmax_agree_with_the_cpu_and_the_batch() {
+    let Some(dev) = gpu_or_skip("argmax_and_log_softmax_agree_with_the_cpu_and_the_batch") else {
+        return;
+    };
+    let (rows, vocab) = (64, 32_000);
+    let mut rng = Rng::new(7);
+    let mut logits = rng.vec(rows * vocab, -12.0, 12.0);
+    // Ties: row 0's maximum twice (the lower index wins), row 1 all equal.
+    logits[5] = 40.0;
+    logits[900] = 40.0;
+    logits[vocab..2 * vocab].fill(1.5);
+    let mut p = Plan::new(dev);
+    let (ls, am, lp, lz) = (
+        p.input(&logits),
+        p.output::<u32>(rows),
+        p.output::<f32>(rows * vocab),
+        p.output::<f32>(rows),
+    );
+    let m = p.alloc();
+    dev.argmax(m.get(ls), m.get(am), rows, vocab).unwrap();
+    dev.log_softmax(m.get(ls), Some(m.get(lp)), m.get(lz), rows, vocab).unwrap();
+    let (ids, log_z, lps) = (m.read(am), m.read(lz), m.read(lp));
+    for r in 0..rows {
+        let row = &logits[r * vocab..(r + 1) * vocab];
+        assert_eq!(ids[r] as usize, cpu::argmax(row), "argmax of row {r}");
+        let want = cpu::log_sum_exp(row);
+        assert!((log_z[r] - want).abs() <= tol::LOG_Z, "log_z of row {r}: {} vs {want}", log_z[r]);
+        assert_eq!(lps[r * vocab + 3], row[3] - log_z[r], "log-probability = logit - log_z");
+    }
+    assert_eq!((ids[0], ids[1]), (5, 0));
+    // Any subset of rows gives the same bits.
+    for (at, b) in [(0, 1), (17, 1), (0, 7), (3, 61)] {
+        dev.log_softmax(
+            m.get(ls).sub(at * vocab, b * vocab).unwrap(),
+            None,
+            m.get(lz).sub(at, b).unwrap(),
+            b,
+            vocab,
+        )
+        .unwrap();
+        assert_bits("log_z rows", &m.read(lz)[at..at + b], &log_z[at..at + b]);
+    }
+}

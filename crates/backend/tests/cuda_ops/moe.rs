@@ -1,0 +1,370 @@
+//! The router, the expert sort, the grouped expert products and the combine: against the CPU MoE
+//! block's math, and bitwise the same for a token whatever else is routed with it.
+
+use super::support::*;
+use half::bf16;
+use routed_backend::{
+    cpu::{self, Matrix, MatrixData},
+    cuda::{
+        ArenaLayout, CudaDevice, DeviceArena,
+        host::PinnedBuffer,
+        launch::{moe_max_sorted_rows, moe_max_tiles},
+        ops::{ExpertActivation, MoeSortBuffers, RouterKind, RouterParams},
+        pools::RoutingBuffer,
+    },
+};
+
+/// The model crate's router (`layers/router.rs`) over one token, with backend primitives.
+fn route(
+    kind: RouterKind,
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    k: usize,
+) -> (Vec<usize>, Vec<f32>) {
+    let top_k = |scores: &[f32], k: usize| {
+        let mut ids = Vec::with_capacity(k);
+        for _ in 0..k {
+            let mut best = usize::MAX;
+            for (e, &s) in scores.iter().enumerate() {
+                if !ids.contains(&e) && (best == usize::MAX || s > scores[best]) {
+                    best = e;
+                }
+            }
+            ids.push(best);
+        }
+        ids
+    };
+    let normalize = |w: &mut Vec<f32>, eps: f32| {
+        let sum: f32 = w.iter().sum::<f32>() + eps;
+        w.iter_mut().for_each(|x| *x /= sum);
+    };
+    let mut scores = logits.to_vec();
+    match kind {
+        RouterKind::SoftmaxTopK { renormalize } => {
+            cpu::softmax_inplace(&mut scores);
+            let ids = top_k(&scores, k);
+            let mut w: Vec<f32> = ids.iter().map(|&e| scores[e]).collect();
+            if renormalize {
+                normalize(&mut w, 0.0);
+            }
+            (ids, w)
+        }
+        RouterKind::TopKSoftmax => {
+            let ids = top_k(&scores, k);
+            let mut w: Vec<f32> = ids.iter().map(|&e| scores[e]).collect();
+            cpu::softmax_inplace(&mut w);
+            (ids, w)
+        }
+        RouterKind::SigmoidGrouped { num_groups, topk_groups, renormalize, scaling } => {
+            scores.iter_mut().for_each(|s| *s = 1.0 / (1.0 + (-*s).exp()));
+            let mut choice: Vec<f32> =
+                scores.iter().enumerate().map(|(e, s)| s + bias.map_or(0.0, |b| b[e])).collect();
+            if num_groups > 1 && topk_groups < num_groups {
+                let per = choice.len() / num_groups;
+                let group_scores: Vec<f32> = choice
+                    .chunks_exact(per)
+                    .map(|g| top_k(g, 2.min(per)).iter().map(|&i| g[i]).sum())
+                    .collect();
+                let keep = top_k(&group_scores, topk_groups);
+                for g in (0..num_groups).filter(|g| !keep.contains(g)) {
+                    choice[g * per..(g + 1) * per].fill(f32::NEG_INFINITY);
+                }
+            }
+            let ids = top_k(&choice, k);
+            let mut w: Vec<f32> = ids.iter().map(|&e| scores[e]).collect();
+            if renormalize {
+                normalize(&mut w, 1e-20);
+            }
+            w.iter_mut().for_each(|x| *x *= scaling);
+            (ids, w)
+        }
+    }
+}
+
+/// Logits on a grid of distinct values 0.05 apart, shuffled per token: every score margin is
+/// clear.
+fn clear_logits(rng: &mut Rng, n: usize, experts: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n * experts);
+    for _ in 0..n {
+        let mut row: Vec<f32> = (0..experts).map(|e| e as f32 * 0.05 - 1.5).collect();
+        rng.shuffle(&mut row);
+        out.extend(row);
+    }
+    out
+}
+
+#[test]
+fn router_ids_and_weights_equal_the_cpu_router() {
+    let Some(dev) = gpu_or_skip("router_ids_and_weights_equal_the_cpu_router") else { return };
+    let (n, e, k) = (300, 64, 8);
+    let mut rng = Rng::new(21);
+    let mut logits = clear_logits(&mut rng, n, e);
+    // Exact ties: the lower id first, on both sides.
+    logits[..e].fill(0.5);
+    let bias = rng.vec(e, -0.05, 0.05);
+    let kinds = [
+        RouterKind::SoftmaxTopK { renormalize: true },
+        RouterKind::SoftmaxTopK { renormalize: false },
+        RouterKind::TopKSoftmax,
+        RouterKind::SigmoidGrouped {
+            num_groups: 8,
+            topk_groups: 4,
+            renormalize: true,
+            scaling: 2.5,
+        },
+        RouterKind::SigmoidGrouped {
+            num_groups: 1,
+            topk_groups: 1,
+            renormalize: false,
+            scaling: 1.0,
+        },
+    ];
+    for kind in kinds {
+        let mut p = Plan::new(dev);
+        let (ls, bs, ids, ws) =
+            (p.input(&logits), p.input(&bias), p.output::<i32>(n * k), p.output::<f32>(n * k));
+        let mut layout = ArenaLayout::new("routing");
+        let routing = RoutingBuffer::reserve(&mut layout, 3, 512, k);
+        let arena = DeviceArena::new(dev.compute_stream(), &layout).unwrap();
+        let m = p.alloc();
+        let params = RouterParams { kind, num_experts: e, top_k: k };
+        let plane = arena.get(routing.plane(1).unwrap()).unwrap();
+        let sigmoid = matches!(kind, RouterKind::SigmoidGrouped { .. });
+        let bias_arg = sigmoid.then(|| m.get(bs));
+        dev.moe_router(&params, m.get(ls), bias_arg, m.get(ids), m.get(ws), Some(plane), n)
+            .unwrap();
+        let (got_ids, got_w) = (m.read(ids), m.read(ws));
+        let planes = arena.download(routing.ids).unwrap();
+        for t in 0..n {
+            let (want_ids, want_w) =
+                route(kind, &logits[t * e..(t + 1) * e], sigmoid.then_some(&bias[..]), k);
+            let got: Vec<usize> = got_ids[t * k..(t + 1) * k].iter().map(|&i| i as usize).collect();
+            assert_eq!(got, want_ids, "{kind:?}: ids of token {t}");
+            let in_plane: Vec<usize> =
+                planes[512 * k + t * k..][..k].iter().map(|&i| i as usize).collect();
+            assert_eq!(in_plane, want_ids, "{kind:?}: routing buffer plane 1, token {t}");
+            let scale = max_abs(&want_w);
+            assert_close(
+                &format!("{kind:?}: weights of token {t}"),
+                &got_w[t * k..(t + 1) * k],
+                &want_w,
+                tol::ROUTER_WEIGHT,
+                scale,
+            );
+        }
+        assert!(planes[..512 * k].iter().all(|&i| i == 0), "{kind:?}: plane 0 untouched");
+        // The routing rows reach the host through a flags-0 pinned buffer on the copy stream.
+        let mut pinned = PinnedBuffer::<i16>::new(dev.context(), n * k).unwrap();
+        let done = dev.compute_stream().record_event(None).unwrap();
+        dev.copy_stream().wait(&done).unwrap();
+        pinned.copy_from(plane.sub(0, n * k).unwrap(), dev.copy_stream()).unwrap();
+        assert_eq!(pinned.wait().unwrap(), &planes[512 * k..512 * k + n * k]);
+    }
+}
+
+/// The MoE block's weights: experts `[E, I, H]` (gate, up) and `[E, H, I]` (down).
+struct Experts {
+    gate: Vec<bf16>,
+    up: Vec<bf16>,
+    down: Vec<bf16>,
+    e: usize,
+    h: usize,
+    i: usize,
+}
+
+impl Experts {
+    fn matrix(&self, w: &[bf16], expert: usize, rows: usize, cols: usize) -> Matrix {
+        Matrix::new(
+            rows,
+            cols,
+            MatrixData::Bf16(w[expert * rows * cols..(expert + 1) * rows * cols].to_vec()),
+        )
+    }
+
+    /// The CPU block's output for one token given its ids and weights (ranks in order).
+    fn reference(&self, x: &[f32], ids: &[i32], w: &[f32], act: ExpertActivation) -> Vec<f32> {
+        let mut out = vec![0.0f32; self.h];
+        for (&e, &wt) in ids.iter().zip(w) {
+            let e = e as usize;
+            let mut up = vec![0.0; self.i];
+            cpu::linear(x, &self.matrix(&self.up, e, self.i, self.h), &mut up);
+            match act {
+                ExpertActivation::SwiGlu => {
+                    let mut gate = vec![0.0; self.i];
+                    cpu::linear(x, &self.matrix(&self.gate, e, self.i, self.h), &mut gate);
+                    cpu::mul_silu_inplace(&mut up, &gate);
+                }
+                ExpertActivation::Relu2 => cpu::relu2_inplace(&mut up),
+            }
+            let mut y = vec![0.0; self.h];
+            cpu::linear(&up, &self.matrix(&self.down, e, self.h, self.i), &mut y);
+            out.iter_mut().zip(&y).for_each(|(a, b)| *a += wt * b);
+        }
+        out
+    }
+}
+
+/// Router, sort, experts and combine for the first `n` tokens; returns (outputs, ids, weights).
+fn moe_forward(
+    dev: &'static CudaDevice,
+    ex: &Experts,
+    x: &[f32],
+    logits: &[f32],
+    n: usize,
+    k: usize,
+    act: ExpertActivation,
+) -> (Vec<f32>, Vec<i32>, Vec<f32>) {
+    let (e, h, i) = (ex.e, ex.h, ex.i);
+    let (pairs, rows, tiles) = (n * k, moe_max_sorted_rows(n * k, e), moe_max_tiles(n * k, e));
+    let mut p = Plan::new(dev);
+    let (xs, ls, gs, us, ds) = (
+        p.input(&x[..n * h]),
+        p.input(&logits[..n * e]),
+        p.input(&ex.gate),
+        p.input(&ex.up),
+        p.input(&ex.down),
+    );
+    let (ids, ws) = (p.output::<i32>(pairs), p.output::<f32>(pairs));
+    let sorted = p.output::<i32>(rows);
+    let (pair_rows, tile_experts, num_tiles) =
+        (p.output::<i32>(pairs), p.output::<i32>(tiles), p.output::<i32>(1));
+    let (counts, starts) = (p.output::<i32>(e), p.output::<i32>(e + 1));
+    let (acts, eout, out) =
+        (p.output::<f32>(rows * i), p.output::<f32>(rows * h), p.output::<f32>(n * h));
+    let m = p.alloc();
+    let params = RouterParams {
+        kind: RouterKind::SoftmaxTopK { renormalize: true },
+        num_experts: e,
+        top_k: k,
+    };
+    dev.moe_router(&params, m.get(ls), None, m.get(ids), m.get(ws), None, n).unwrap();
+    let sort = MoeSortBuffers {
+        sorted_pairs: m.get(sorted),
+        pair_rows: m.get(pair_rows),
+        tile_experts: m.get(tile_experts),
+        num_tiles: m.get(num_tiles),
+        expert_counts: m.get(counts),
+        expert_starts: m.get(starts),
+    };
+    dev.moe_sort(m.get(ids), &sort, pairs, e).unwrap();
+    let gate = (act == ExpertActivation::SwiGlu).then(|| m.get(gs));
+    dev.moe_expert_up(m.get(xs), m.get(us), gate, &sort, m.get(acts), act, (n, k, e), (h, i))
+        .unwrap();
+    dev.moe_expert_down(m.get(acts), m.get(ds), &sort, m.get(eout), (pairs, e), (h, i)).unwrap();
+    dev.moe_combine(m.get(eout), m.get(pair_rows), m.get(ws), None, m.get(out), (n, k), h).unwrap();
+    let (got_ids, sorted_pairs, rows_of) = (m.read(ids), m.read(sorted), m.read(pair_rows));
+    check_sort(&got_ids, &sorted_pairs, &rows_of, &m.read(tile_experts), m.read(num_tiles)[0], e);
+    (m.read(out), got_ids, m.read(ws))
+}
+
+/// The sort's invariants: experts ascending, pairs ascending within an expert, every pair once,
+/// tiles owned by one expert, padding marked -1.
+fn check_sort(
+    ids: &[i32],
+    sorted: &[i32],
+    rows_of: &[i32],
+    tile_experts: &[i32],
+    num_tiles: i32,
+    e: usize,
+) {
+    let used = num_tiles as usize * 4;
+    let mut last: Option<(i32, i32)> = None;
+    for (row, &pair) in sorted[..used].iter().enumerate() {
+        let tile_expert = tile_experts[row / 4];
+        if pair < 0 {
+            continue;
+        }
+        let expert = ids[pair as usize];
+        assert_eq!(expert, tile_expert, "row {row} in a tile of expert {tile_expert}");
+        assert_eq!(rows_of[pair as usize], row as i32, "pair {pair}'s row");
+        if let Some(prev) = last {
+            assert!(
+                prev < (expert, pair),
+                "sorted by (expert, pair): {prev:?} then {:?}",
+                (expert, pair)
+            );
+        }
+        last = Some((expert, pair));
+    }
+    assert_eq!(sorted[..used].iter().filter(|&&p| p >= 0).count(), ids.len(), "every pair once");
+    assert!(sorted[used..].iter().all(|&p| p == -1));
+    assert!(tile_experts[..num_tiles as usize].iter().all(|&t| (t as usize) < e));
+}
+
+fn moe_case(name: &str, act: ExpertActivation, seed: u64) {
+    let Some(dev) = gpu_or_skip(name) else { return };
+    let (n, e, k, h, i) = (512, 16, 4, 96, 40);
+    let mut rng = Rng::new(seed);
+    let ex = Experts {
+        gate: rng.bf16_vec(e * i * h, -0.3, 0.3),
+        up: rng.bf16_vec(e * i * h, -0.3, 0.3),
+        down: rng.bf16_vec(e * h * i, -0.3, 0.3),
+        e,
+        h,
+        i,
+    };
+    let x = rng.vec(n * h, -1.0, 1.0);
+    let logits = clear_logits(&mut rng, n, e);
+    let (full, ids, w) = moe_forward(dev, &ex, &x, &logits, n, k, act);
+    for t in 0..n {
+        let want = ex.reference(
+            &x[t * h..(t + 1) * h],
+            &ids[t * k..(t + 1) * k],
+            &w[t * k..(t + 1) * k],
+            act,
+        );
+        assert_bits(&format!("{name}: token {t}"), &full[t * h..(t + 1) * h], &want);
+    }
+    for b in BATCHES {
+        let (got, _, _) = moe_forward(dev, &ex, &x, &logits, b, k, act);
+        assert_bits(&format!("{name}: first {b} tokens"), &got, &full[..b * h]);
+    }
+    // A token alone, from the middle of the batch.
+    for t in [3, 200, 511] {
+        let (got, _, _) = moe_forward(dev, &ex, &x[t * h..], &logits[t * e..], 1, k, act);
+        assert_bits(&format!("{name}: token {t} alone"), &got, &full[t * h..(t + 1) * h]);
+    }
+}
+
+#[test]
+fn swiglu_experts_equal_the_cpu_block_whatever_the_batch() {
+    moe_case("swiglu_experts_equal_the_cpu_block_whatever_the_batch", ExpertActivation::SwiGlu, 22);
+}
+
+#[test]
+fn relu2_experts_equal_the_cpu_block_whatever_the_batch() {
+    moe_case("relu2_experts_equal_the_cpu_block_whatever_the_batch", ExpertActivation::Relu2, 23);
+}
+
+#[test]
+fn combine_adds_the_shared_expert_after_the_routed_ones() {
+    let Some(dev) = gpu_or_skip("combine_adds_the_shared_expert_after_the_routed_ones") else {
+        return;
+    };
+    let (n, k, h, rows) = (7, 2, 50, 20);
+    let mut rng = Rng::new(24);
+    let expert_out = rng.vec(rows * h, -1.0, 1.0);
+    let pair_rows: Vec<i32> = (0..n * k).map(|_| rng.below(rows) as i32).collect();
+    let (w, shared) = (rng.vec(n * k, 0.0, 1.0), rng.vec(n * h, -1.0, 1.0));
+    let mut p = Plan::new(dev);
+    let (eo, pr, ws, ss, out) = (
+        p.input(&expert_out),
+        p.input(&pair_rows),
+        p.input(&w),
+        p.input(&shared),
+        p.output::<f32>(n * h),
+    );
+    let m = p.alloc();
+    dev.moe_combine(m.get(eo), m.get(pr), m.get(ws), Some(m.get(ss)), m.get(out), (n, k), h)
+        .unwrap();
+    let mut want = vec![0.0f32; n * h];
+    for t in 0..n {
+        let o = &mut want[t * h..(t + 1) * h];
+        for j in 0..k {
+            let at = pair_rows[t * k + j] as usize * h;
+            o.iter_mut().zip(&expert_out[at..at + h]).for_each(|(a, b)| *a += w[t * k + j] * b);
+        }
+        cpu::add_assign(o, &shared[t * h..(t + 1) * h]);
+    }
+    assert_bits("combine with shared expert", &m.read(out), &want);
+}

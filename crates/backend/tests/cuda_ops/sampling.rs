@@ -1,0 +1,107 @@
+//! Seeded sampling against the CPU sampler's definition (the model crate's `Sampler`): the same
+//! token wherever the draw is not within rounding of a boundary of the CDF or of the top-p cut.
+
+use super::support::*;
+use routed_backend::cuda::host::SampleParams;
+
+/// SplitMix64's finaliser over (seed, index), as the CPU sampler draws.
+fn uniform(seed: u64, index: u64) -> f64 {
+    let mut z = seed.wrapping_add(index.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The CPU sampler's token, and whether every cut it made was clear of rounding (margins of
+/// at least 1e-4 of the mass).
+fn reference(logits: &[f32], p: &SampleParams) -> (u32, bool) {
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+    let keep = if p.top_k == 0 { logits.len() } else { (p.top_k as usize).min(logits.len()) };
+    order.truncate(keep);
+    let max = logits[order[0] as usize];
+    let inv_t = 1.0 / p.temperature;
+    let mut probs: Vec<f32> =
+        order.iter().map(|&i| ((logits[i as usize] - max) * inv_t).exp()).collect();
+    let total: f32 = probs.iter().sum();
+    let mut clear = true;
+    if p.top_p < 1.0 {
+        let mut mass = 0.0f32;
+        let mut cut = probs.len();
+        for (i, q) in probs.iter().enumerate() {
+            let before = mass;
+            mass += q / total;
+            if mass >= p.top_p {
+                cut = i + 1;
+                clear &= p.top_p - before > 1e-4 && mass - p.top_p > 1e-4;
+                break;
+            }
+        }
+        probs.truncate(cut);
+        order.truncate(cut);
+    }
+    let total: f64 = probs.iter().map(|&q| q as f64).sum();
+    let mut target = uniform(p.seed, p.index) * total;
+    for (i, &q) in probs.iter().enumerate() {
+        let before = target;
+        target -= q as f64;
+        if target < 0.0 {
+            clear &= before > 1e-4 * total && -target > 1e-4 * total;
+            return (order[i], clear);
+        }
+    }
+    (*order.last().unwrap(), false)
+}
+
+#[test]
+fn seeded_samples_equal_the_cpu_sampler_and_do_not_depend_on_the_batch() {
+    let Some(dev) =
+        gpu_or_skip("seeded_samples_equal_the_cpu_sampler_and_do_not_depend_on_the_batch")
+    else {
+        return;
+    };
+    let (rows, vocab) = (96, 3000);
+    let mut rng = Rng::new(41);
+    let logits = rng.vec(rows * vocab, -6.0, 6.0);
+    let params: Vec<SampleParams> = (0..rows)
+        .map(|r| SampleParams {
+            seed: rng.next_u64(),
+            index: r as u64,
+            temperature: [0.5, 1.0, 1.7][r % 3],
+            top_p: [1.0, 0.9, 0.3, 1.0][r % 4],
+            top_k: [0, 1, 20, 0, 500][r % 5],
+            pad: 0,
+        })
+        .collect();
+    let mut p = Plan::new(dev);
+    let (ls, ps, out) = (p.input(&logits), p.input(&params), p.output::<u32>(rows));
+    let m = p.alloc();
+    dev.sample(m.get(ls), m.get(ps), m.get(out), rows, vocab).unwrap();
+    let got = m.read(out);
+    let mut num_clear = 0;
+    for r in 0..rows {
+        let (want, clear) = reference(&logits[r * vocab..(r + 1) * vocab], &params[r]);
+        if clear {
+            assert_eq!(got[r], want, "row {r} ({:?})", params[r]);
+            num_clear += 1;
+        }
+    }
+    assert!(
+        num_clear >= rows * 9 / 10,
+        "only {num_clear} of {rows} draws were clear of a boundary"
+    );
+    // Rows alone and in other batches draw the same tokens.
+    for (at, b) in [(0, 1), (50, 1), (5, 17), (0, 95)] {
+        let sub = |s, w| m.get(s).sub(at * w, b * w).unwrap();
+        dev.sample(
+            sub(ls, vocab),
+            m.get(ps).sub(at, b).unwrap(),
+            m.get(out).sub(at, b).unwrap(),
+            b,
+            vocab,
+        )
+        .unwrap();
+        assert_eq!(m.read(out)[at..at + b], got[at..at + b], "rows {at}..{}", at + b);
+    }
+}

@@ -1,0 +1,97 @@
+// Shared definitions, concatenated by the Rust side in front of every kernel source before NVRTC
+// compiles it. No toolkit header is included anywhere under kernels/: NVRTC then needs no include
+// path, and the built-in device functions (__fmul_rn, __shfl_down_sync, expf, ...) are all that
+// the sources use.
+//
+// Arithmetic rule: where a CPU reference kernel (crates/backend/src/cpu) multiplies and then
+// adds, the GPU does the same with the explicitly rounded intrinsics below, never a fused
+// multiply-add. NVRTC also gets --fmad=false, so plain `a * b + c` is never contracted either.
+// With the same operands in the same order the results are then bit for bit those of the CPU.
+
+typedef unsigned short bf16_t;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+// Lanes of the reduction every dot product uses: element i accumulates in lane i % 16, lanes fold
+// by the pairwise tree (lane i plus lane i + w, for w = 8, 4, 2, 1), as cpu::dot does.
+#define DOT_LANES 16
+#define FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ float dvd(float a, float b) { return __fdiv_rn(a, b); }
+
+// bf16 is the top half of an f32: widening is exact.
+__device__ __forceinline__ float bf16_to_f32(bf16_t v) { return __uint_as_float(((u32)v) << 16); }
+__device__ __forceinline__ float load_weight(const bf16_t* p) { return bf16_to_f32(*p); }
+__device__ __forceinline__ float load_weight(const float* p) { return *p; }
+
+// Round to nearest even; a NaN stays a quiet NaN with its sign and top payload bits (as the `half`
+// crate's conversion does, so host and device agree bit for bit).
+__device__ __forceinline__ bf16_t f32_to_bf16(float f) {
+    u32 x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((x >> 16) | 0x0040u);
+    u32 rounding = 0x7fffu + ((x >> 16) & 1u);
+    return (bf16_t)((x + rounding) >> 16);
+}
+
+// Folds the 16 lane sums of a dot product held by lanes 0..15 of a half-warp (lane = thread % 16)
+// with the CPU's tree; the result is in lane 0 of the half-warp. Every thread of the warp must
+// call it.
+__device__ __forceinline__ float fold16(float v) {
+    for (int width = 8; width > 0; width >>= 1) {
+        v = add(v, __shfl_down_sync(FULL_MASK, v, width, DOT_LANES));
+    }
+    return v;
+}
+
+// exp(x) for x <= 0 (no NaN), the polynomial of the CPU's exp_nonpositive step for step:
+// 2^n * e^r with x = n ln2 + r, ln2 split in two, Cephes' degree-5 minimax polynomial.
+__device__ __forceinline__ float exp_nonpositive(float x) {
+    bool flush = x < -87.0f;
+    x = fmaxf(x, -87.0f);
+    const float shifter = 12582912.0f;
+    float n = sub(add(mul(x, 1.44269504088896341f), shifter), shifter);
+    float r = sub(sub(x, mul(n, 0.693359375f)), mul(n, -2.12194440e-4f));
+    float p = 1.9875691e-4f;
+    p = add(mul(p, r), 1.3981999e-3f);
+    p = add(mul(p, r), 8.333452e-3f);
+    p = add(mul(p, r), 4.1665796e-2f);
+    p = add(mul(p, r), 0.16666665f);
+    p = add(mul(p, r), 0.5f);
+    float e_r = add(add(mul(p, mul(r, r)), r), 1.0f);
+    float scale = __uint_as_float((u32)(((int)n + 127) << 23));
+    return flush ? 0.0f : mul(e_r, scale);
+}
+
+// x * sigmoid(x) as cpu::silu computes it.
+__device__ __forceinline__ float silu(float x) {
+    float e = exp_nonpositive(-fabsf(x));
+    float numerator = x >= 0.0f ? x : mul(x, e);
+    return dvd(numerator, add(1.0f, e));
+}
+
+// log(1 + exp(x)), linear above 20 (cpu::softplus). The device expf/log1pf are within 2 ulp of
+// the host's libm, not bitwise equal to it.
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// Sum over a warp with the xor butterfly: a fixed tree, the same on every call.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = add(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// Order-preserving key of a float under total ordering (the order of f32::total_cmp).
+__device__ __forceinline__ u32 total_order_key(float f) {
+    u32 b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}

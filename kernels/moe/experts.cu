@@ -1,0 +1,100 @@
+// Grouped expert products over the sorted (token, rank) rows of moe_sort_pairs: a tile of
+// MOE_TILE_ROWS rows belongs to one expert, whose weight rows every row of the tile shares. Each
+// output is a half-warp's dot product in the CPU's order (gemm/dot_tile.cuh), so an expert row is
+// bit for bit what cpu::linear_rows gives for that token and expert, whatever else is routed.
+//
+// Launched for the worst case (grid.y = max tiles, known on the host without reading the device);
+// tiles at or past num_tiles[0] return at once, which keeps the launch graph-capturable.
+// Block: 128 threads. Grid: (ceil(cols / (GEMM_HALF_WARPS * GEMM_RN)), max_tiles).
+
+#define MOE_TILE_ROWS 4
+#define MOE_ACT_SWIGLU 0
+#define MOE_ACT_RELU2 1
+
+// The tile's input rows: row r of the sorted layout reads input row row_of(r); padding is null.
+template <typename RowOf>
+__device__ __forceinline__ bool tile_rows(
+    const float* in, int width, const int* sorted_pairs, int tile, RowOf row_of,
+    const float* (&xs)[GEMM_RM]) {
+    bool any = false;
+    for (int m = 0; m < GEMM_RM; ++m) {
+        int pair = sorted_pairs[tile * MOE_TILE_ROWS + m];
+        xs[m] = pair >= 0 ? in + (u64)row_of(tile * MOE_TILE_ROWS + m, pair) * width : nullptr;
+        any |= pair >= 0;
+    }
+    return any;
+}
+
+// act[row, i] = silu(x . gate[e, i]) * (x . up[e, i]) (SwiGLU) or relu(x . up[e, i])^2, for the
+// token of each sorted row; the CPU's mul_silu_inplace and relu2_inplace.
+extern "C" __global__ void __launch_bounds__(128) moe_expert_up(
+    const float* __restrict__ x,             // device [num_tokens, hidden]
+    const bf16_t* __restrict__ w_up,         // device [num_experts, inter, hidden]
+    const bf16_t* __restrict__ w_gate,       // device [num_experts, inter, hidden] (SwiGLU) or null
+    const int* __restrict__ sorted_pairs,    // device [max_sorted_rows]
+    const int* __restrict__ tile_experts,    // device [max_tiles]
+    const int* __restrict__ num_tiles,       // device [1]
+    float* __restrict__ act,                 // device [max_sorted_rows, inter]
+    int top_k,
+    int hidden,
+    int inter,
+    int activation) {
+    const int tile = blockIdx.y;
+    if (tile >= num_tiles[0]) return;
+    const int lane = threadIdx.x % DOT_LANES;
+    const int n0 = (blockIdx.x * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
+    const u64 expert = tile_experts[tile];
+    const float* xs[GEMM_RM];
+    tile_rows(x, hidden, sorted_pairs, tile, [=](int, int pair) { return pair / top_k; }, xs);
+    const bf16_t* ups[GEMM_RN];
+    const bf16_t* gates[GEMM_RN];
+    for (int n = 0; n < GEMM_RN; ++n) {
+        bool in = n0 + n < inter;
+        u64 at = (expert * inter + n0 + n) * hidden;
+        ups[n] = in ? w_up + at : nullptr;
+        gates[n] = in && w_gate ? w_gate + at : nullptr;
+    }
+    float up[GEMM_RM][GEMM_RN], gate[GEMM_RM][GEMM_RN];
+    dot_tile(xs, ups, hidden, lane, up);
+    if (activation == MOE_ACT_SWIGLU) dot_tile(xs, gates, hidden, lane, gate);
+    for (int m = 0; m < GEMM_RM; ++m) {
+        for (int n = 0; n < GEMM_RN; ++n) {
+            float u = fold16(up[m][n]);
+            float g = activation == MOE_ACT_SWIGLU ? fold16(gate[m][n]) : 0.0f;
+            if (lane != 0 || !xs[m] || !ups[n]) continue;
+            float r = fmaxf(u, 0.0f);
+            float a = activation == MOE_ACT_SWIGLU ? mul(u, silu(g)) : mul(r, r);
+            act[(u64)(tile * MOE_TILE_ROWS + m) * inter + n0 + n] = a;
+        }
+    }
+}
+
+// out[row, h] = act[row, :] . down[e, h, :] for every sorted row.
+extern "C" __global__ void __launch_bounds__(128) moe_expert_down(
+    const float* __restrict__ act,           // device [max_sorted_rows, inter]
+    const bf16_t* __restrict__ w_down,       // device [num_experts, hidden, inter]
+    const int* __restrict__ sorted_pairs,    // device [max_sorted_rows]
+    const int* __restrict__ tile_experts,    // device [max_tiles]
+    const int* __restrict__ num_tiles,       // device [1]
+    float* __restrict__ out,                 // device [max_sorted_rows, hidden]
+    int hidden,
+    int inter) {
+    const int tile = blockIdx.y;
+    if (tile >= num_tiles[0]) return;
+    const int lane = threadIdx.x % DOT_LANES;
+    const int n0 = (blockIdx.x * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
+    const u64 expert = tile_experts[tile];
+    const float* xs[GEMM_RM];
+    tile_rows(act, inter, sorted_pairs, tile, [=](int row, int) { return row; }, xs);
+    const bf16_t* ws[GEMM_RN];
+    for (int n = 0; n < GEMM_RN; ++n)
+        ws[n] = n0 + n < hidden ? w_down + (expert * hidden + n0 + n) * inter : nullptr;
+    float acc[GEMM_RM][GEMM_RN];
+    dot_tile(xs, ws, inter, lane, acc);
+    for (int m = 0; m < GEMM_RM; ++m) {
+        for (int n = 0; n < GEMM_RN; ++n) {
+            float v = fold16(acc[m][n]);
+            if (lane == 0 && xs[m] && ws[n]) out[(u64)(tile * MOE_TILE_ROWS + m) * hidden + n0 + n] = v;
+        }
+    }
+}

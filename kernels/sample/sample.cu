@@ -1,0 +1,176 @@
+// Token selection from a row of logits: greedy argmax, log-softmax, and seeded sampling with
+// temperature, top-k and top-p. One block of SAMPLE_THREADS threads per row; every reduction is a
+// fixed tree (thread stripes, then warp butterflies, then the warps' partials), so a row's result
+// never depends on the other rows.
+
+#define SAMPLE_THREADS 512
+#define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+
+template <typename T>
+__device__ __forceinline__ T warp_reduce_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+// Sum over the block in a fixed tree; every thread gets the total. `scratch` holds a value per
+// warp plus one.
+template <typename T>
+__device__ T block_sum(T v, T* scratch) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    v = warp_reduce_sum(v);
+    __syncthreads();  // scratch is free again
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        T w = lane < SAMPLE_WARPS ? scratch[lane] : (T)0;
+        w = warp_reduce_sum(w);
+        if (lane == 0) scratch[SAMPLE_WARPS] = w;
+    }
+    __syncthreads();
+    return scratch[SAMPLE_WARPS];
+}
+
+__device__ float block_max(float v, float* scratch) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float w = warp_max(lane < SAMPLE_WARPS ? scratch[lane] : neg_inf());
+        if (lane == 0) scratch[SAMPLE_WARPS] = w;
+    }
+    __syncthreads();
+    return scratch[SAMPLE_WARPS];
+}
+
+// Index of the first maximum (ties to the lower index), cpu::argmax.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) argmax_f32(
+    const float* __restrict__ logits,  // device [num_rows, vocab]
+    u32* __restrict__ out,             // device [num_rows]
+    int vocab) {
+    __shared__ float best_v[SAMPLE_THREADS];
+    __shared__ int best_i[SAMPLE_THREADS];
+    const float* row = logits + (u64)blockIdx.x * vocab;
+    float bv = neg_inf();
+    int bi = -1;
+    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
+        if (bi < 0 || row[i] > bv) { bv = row[i]; bi = i; }
+    }
+    best_v[threadIdx.x] = bv;
+    best_i[threadIdx.x] = bi;
+    for (int width = SAMPLE_THREADS / 2; width > 0; width >>= 1) {
+        __syncthreads();
+        if (threadIdx.x < width) {
+            float ov = best_v[threadIdx.x + width];
+            int oi = best_i[threadIdx.x + width];
+            bool better = oi >= 0 && (best_i[threadIdx.x] < 0 || ov > best_v[threadIdx.x] ||
+                                      (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x]));
+            if (better) { best_v[threadIdx.x] = ov; best_i[threadIdx.x] = oi; }
+        }
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = (u32)best_i[0];
+}
+
+// log_z = max + log(sum(exp(x - max))) (the exponentials by the CPU's polynomial), and, when `out`
+// is not null, out[i] = x[i] - log_z (cpu::log_softmax).
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) log_softmax_f32(
+    const float* __restrict__ logits,  // device [num_rows, vocab]
+    float* __restrict__ out,           // device [num_rows, vocab] or null
+    float* __restrict__ log_z,         // device [num_rows]
+    int vocab) {
+    __shared__ float scratch[SAMPLE_WARPS + 1];
+    const float* row = logits + (u64)blockIdx.x * vocab;
+    float mx = neg_inf();
+    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) mx = fmaxf(mx, row[i]);
+    mx = block_max(mx, scratch);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) sum = add(sum, exp_nonpositive(sub(row[i], mx)));
+    sum = block_sum(sum, scratch);
+    const float lz = add(mx, logf(sum));
+    if (threadIdx.x == 0) log_z[blockIdx.x] = lz;
+    if (!out) return;
+    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) out[(u64)blockIdx.x * vocab + i] = sub(row[i], lz);
+}
+
+// Per-row sampling parameters; the Rust side mirrors this layout.
+struct SampleParams {
+    u64 seed;
+    u64 index;          // the token's index in the request's output: selects the random number
+    float temperature;  // > 0
+    float top_p;        // (0, 1]
+    u32 top_k;          // 0: no limit
+    u32 pad;
+};
+
+// A uniform number in [0, 1) from (seed, index): SplitMix64's finaliser, as the CPU sampler.
+__device__ __forceinline__ double uniform(u64 seed, u64 index) {
+    u64 z = seed + (index + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / (double)(1ull << 53);
+}
+
+// Rank key of token i: larger sorts first; logits in total order, ties to the lower id, the
+// order the CPU sampler sorts its candidates in.
+__device__ __forceinline__ u64 rank_key(float logit, int i) {
+    return ((u64)total_order_key(logit) << 32) | (u64)(0xffffffffu - (u32)i);
+}
+
+// The largest key v such that pred(v) holds, for a predicate that holds at 0 and, once false,
+// stays false for larger keys: settled one bit at a time from the top.
+template <typename Pred>
+__device__ u64 largest_key(Pred pred) {
+    u64 prefix = 0;
+    for (int bit = 63; bit >= 0; --bit) {
+        u64 cand = prefix | (1ull << bit);
+        if (pred(cand)) prefix = cand;
+    }
+    return prefix;
+}
+
+// Seeded sampling as the CPU sampler defines it: candidates in rank order, the first top_k of
+// them, probabilities exp((logit - max) / temperature), the shortest head whose mass reaches top_p
+// of the total, then the first candidate whose cumulative mass exceeds u * (kept mass). Instead of
+// sorting, each cut is found by bisection over rank keys with block-wide sums (masses in f64):
+// the token equals the CPU's except when u lands within rounding of a boundary of the CDF or the
+// top-p cut.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
+    const float* __restrict__ logits,          // device [num_rows, vocab]
+    const SampleParams* __restrict__ params,   // device [num_rows]
+    u32* __restrict__ out,                     // device [num_rows]
+    int vocab) {
+    __shared__ float fscratch[SAMPLE_WARPS + 1];
+    __shared__ u64 uscratch[SAMPLE_WARPS + 1];
+    __shared__ double dscratch[SAMPLE_WARPS + 1];
+    const float* row = logits + (u64)blockIdx.x * vocab;
+    const SampleParams pr = params[blockIdx.x];
+    float mx = neg_inf();
+    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) mx = fmaxf(mx, row[i]);
+    mx = block_max(mx, fscratch);
+    const float inv_t = dvd(1.0f, pr.temperature);
+    auto count_from = [&](u64 v) {
+        u64 n = 0;
+        for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) n += rank_key(row[i], i) >= v;
+        return block_sum(n, uscratch);
+    };
+    // Mass of the candidates with key >= max(v, floor).
+    auto mass_from = [&](u64 v, u64 floor) {
+        u64 lo = v > floor ? v : floor;
+        double m = 0.0;
+        for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS)
+            if (rank_key(row[i], i) >= lo) m += (double)expf(mul(sub(row[i], mx), inv_t));
+        return block_sum(m, dscratch);
+    };
+    u64 floor = 0;
+    if (pr.top_k > 0 && pr.top_k < (u32)vocab)
+        floor = largest_key([&](u64 v) { return count_from(v) >= pr.top_k; });
+    if (pr.top_p < 1.0f) {
+        const double threshold = (double)pr.top_p * mass_from(0, floor);
+        floor = largest_key([&](u64 v) { return mass_from(v, floor) >= threshold; });
+    }
+    const double target = uniform(pr.seed, pr.index) * mass_from(0, floor);
+    const u64 chosen = largest_key([&](u64 v) { return mass_from(v, floor) > target; });
+    if (threadIdx.x == 0) out[blockIdx.x] = 0xffffffffu - (u32)(chosen & 0xffffffffull);
+}
