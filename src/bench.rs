@@ -58,6 +58,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     engine_args.heartbeat_ms = 0;
     let engine = engine_args.start()?;
     let model = engine.model_info().served_model_name.clone();
+    let num_ranks = engine.model_info().expert_parallel_size;
     let all = args.scenario == Scenario::All;
     let mut records = Vec::new();
     if all || args.scenario == Scenario::Throughput {
@@ -87,6 +88,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         r["engine"] = json!("routed");
         r["dtype"] = json!("f32");
         r["model"] = json!(model);
+        r["expert_parallel_size"] = json!(num_ranks);
     }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&records)?)

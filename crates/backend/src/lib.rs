@@ -37,7 +37,12 @@ pub enum BackendError {
     NoCudaDriver,
     /// The driver loaded but the requested device does not exist.
     #[error("CUDA device {ordinal} requested but {count} device(s) are present")]
-    NoSuchDevice { ordinal: usize, count: usize },
+    NoSuchDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// Devices present.
+        count: usize,
+    },
     /// A CUDA driver call failed.
     #[error("CUDA driver error: {0}")]
     Driver(String),
@@ -48,16 +53,38 @@ pub enum BackendError {
     #[error(
         "CUDA driver version {found} is older than the required {required}; update the NVIDIA driver"
     )]
-    DriverTooOld { found: i32, required: i32 },
+    DriverTooOld {
+        /// The driver's CUDA version (e.g. 12040).
+        found: i32,
+        /// The oldest version the bindings work with.
+        required: i32,
+    },
     /// A CUDA library the device needs could not be loaded.
     #[error("the CUDA library {name} could not be loaded: {hint}")]
-    MissingLibrary { name: &'static str, hint: String },
+    MissingLibrary {
+        /// The library (e.g. `libnvrtc.so.13`).
+        name: &'static str,
+        /// How to make it available.
+        hint: String,
+    },
     /// NVRTC rejected a kernel source (the log says why) or failed to run.
     #[error("NVRTC could not compile {unit} for {arch}: {log}")]
-    Compile { unit: &'static str, arch: String, log: String },
+    Compile {
+        /// The compilation unit (a file under `kernels/`).
+        unit: &'static str,
+        /// The target architecture (e.g. `sm_90`).
+        arch: String,
+        /// NVRTC's log.
+        log: String,
+    },
     /// A kernel launch was asked for with arguments that do not fit the kernel.
     #[error("bad launch of {kernel}: {reason}")]
-    BadLaunch { kernel: &'static str, reason: String },
+    BadLaunch {
+        /// The kernel.
+        kernel: &'static str,
+        /// What does not fit.
+        reason: String,
+    },
     /// A device buffer access outside its pool, or a copy whose lengths differ.
     #[error("device memory: {0}")]
     Memory(String),

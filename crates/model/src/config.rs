@@ -45,12 +45,24 @@ impl Architecture {
 #[derive(Clone, Debug, PartialEq)]
 pub enum RouterKind {
     /// Softmax over all experts, top-k, optionally renormalise the k weights (Qwen3-MoE, Mixtral).
-    SoftmaxTopK { renormalize: bool },
+    SoftmaxTopK {
+        /// Rescale the k weights to sum to 1 (`norm_topk_prob`).
+        renormalize: bool,
+    },
     /// Top-k of the raw logits, then softmax over the k (Granite).
     TopKSoftmax,
     /// Sigmoid scores; a correction bias used only for choosing; group-limited top-k; weights from
     /// the unbiased scores, optionally renormalised, times a scaling factor (Nemotron-H).
-    SigmoidGrouped { num_groups: usize, topk_groups: usize, renormalize: bool, scaling: f32 },
+    SigmoidGrouped {
+        /// Expert groups (`n_group`).
+        num_groups: usize,
+        /// Groups a token may choose from (`topk_group`).
+        topk_groups: usize,
+        /// Rescale the k weights to sum to 1.
+        renormalize: bool,
+        /// The routed scaling factor applied to the weights.
+        scaling: f32,
+    },
 }
 
 /// The activation of a feed-forward block.
@@ -155,8 +167,11 @@ pub enum MixerKind {
 pub enum FfnKind {
     /// None (a Nemotron-H mixer-only block).
     None,
-    /// A dense MLP of the given width.
-    Dense { intermediate: usize },
+    /// A dense MLP.
+    Dense {
+        /// Its intermediate width.
+        intermediate: usize,
+    },
     /// A mixture-of-experts block (see [`MoeConfig`]).
     Moe,
 }

@@ -7,28 +7,76 @@ use std::path::PathBuf;
 pub enum ModelError {
     /// A file of the checkpoint could not be read.
     #[error("cannot read {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// A JSON file is not valid JSON.
     #[error("{path} is not valid JSON: {source}")]
-    Json { path: PathBuf, source: serde_json::Error },
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// Where and why parsing failed.
+        source: serde_json::Error,
+    },
     /// `config.json` lacks a key the architecture needs, or it has the wrong type.
     #[error("{path}: {message}")]
-    Config { path: PathBuf, message: String },
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// The key at fault and what is wrong with it.
+        message: String,
+    },
     /// The checkpoint's `architectures` names a family this engine does not implement.
     #[error("{path}: unknown architecture {name:?}; supported: {supported}")]
-    UnknownArchitecture { path: PathBuf, name: String, supported: String },
+    UnknownArchitecture {
+        /// The file.
+        path: PathBuf,
+        /// The architecture the file names.
+        name: String,
+        /// The architectures this engine implements.
+        supported: String,
+    },
     /// A safetensors file is malformed.
     #[error("{path}: invalid safetensors file: {message}")]
-    Safetensors { path: PathBuf, message: String },
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// What is malformed.
+        message: String,
+    },
     /// A tensor the model needs is absent from every shard.
     #[error("tensor {name:?} is missing from the checkpoint in {dir}")]
-    MissingTensor { name: String, dir: PathBuf },
+    MissingTensor {
+        /// The tensor.
+        name: String,
+        /// The checkpoint directory.
+        dir: PathBuf,
+    },
     /// A tensor has a shape other than the config implies.
     #[error("tensor {name:?} in {path} has shape {found:?}, expected {expected:?}")]
-    ShapeMismatch { name: String, path: PathBuf, expected: Vec<usize>, found: Vec<usize> },
+    ShapeMismatch {
+        /// The tensor.
+        name: String,
+        /// The file.
+        path: PathBuf,
+        /// The shape the config implies.
+        expected: Vec<usize>,
+        /// The shape stored.
+        found: Vec<usize>,
+    },
     /// A tensor is stored in a dtype the CPU loader cannot convert.
     #[error("tensor {name:?} in {path} has unsupported dtype {dtype}; expected BF16, F16 or F32")]
-    UnsupportedDtype { name: String, path: PathBuf, dtype: String },
+    UnsupportedDtype {
+        /// The tensor.
+        name: String,
+        /// The file.
+        path: PathBuf,
+        /// The stored dtype.
+        dtype: String,
+    },
     /// The tokenizer could not be loaded or failed on an input.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
@@ -37,10 +85,18 @@ pub enum ModelError {
     ChatTemplate(String),
     /// A model feature the checkpoint uses is not implemented.
     #[error("{path}: unsupported configuration: {message}")]
-    Unsupported { path: PathBuf, message: String },
+    Unsupported {
+        /// The file.
+        path: PathBuf,
+        /// The feature and its setting.
+        message: String,
+    },
     /// The model cannot be split as asked over an expert-parallel group.
     #[error("expert parallelism: {message}")]
-    ExpertParallel { message: String },
+    ExpertParallel {
+        /// What does not fit.
+        message: String,
+    },
     /// The ranks of an expert-parallel group failed to exchange expert outputs.
     #[error(transparent)]
     Collective(#[from] routed_backend::collective::CollectiveError),

@@ -179,7 +179,12 @@ pub enum EngineError {
     Overloaded(usize),
     /// The request is malformed; `param` names the field.
     #[error("invalid request: {message}")]
-    InvalidRequest { param: &'static str, message: String },
+    InvalidRequest {
+        /// The offending field, as the API names it.
+        param: &'static str,
+        /// What is wrong with it.
+        message: String,
+    },
     /// The engine is shutting down or its actors are gone.
     #[error("the engine is shut down")]
     ShutDown,

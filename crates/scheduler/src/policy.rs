@@ -64,9 +64,21 @@ pub struct GrantedStep {
 #[derive(Clone, Debug, PartialEq)]
 pub enum SeqEvent {
     /// A token was sampled.
-    Token { id: SeqId, sampled: SampledToken },
+    Token {
+        /// The sequence.
+        id: SeqId,
+        /// The token and its logprobs.
+        sampled: SampledToken,
+    },
     /// The sequence stopped; its routing must be read before [`Scheduler::release`].
-    Finished { id: SeqId, reason: FinishReason, text_len: Option<usize> },
+    Finished {
+        /// The sequence.
+        id: SeqId,
+        /// Why it stopped.
+        reason: FinishReason,
+        /// Where a matched stop string cuts the decoded text, in bytes.
+        text_len: Option<usize>,
+    },
 }
 
 /// The request lifecycle and the step policy.

@@ -62,7 +62,10 @@ impl SamplingParams {
 pub enum FinishReason {
     /// EOS, a stop token or a stop string; `matched` says which stop token or string, and is
     /// `None` for EOS.
-    Stop { matched: Option<StopMatch> },
+    Stop {
+        /// The stop token or string that matched; `None` for EOS.
+        matched: Option<StopMatch>,
+    },
     /// `max_tokens` reached (or the model length).
     Length,
     /// The client or the engine aborted the request.

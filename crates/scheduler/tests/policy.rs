@@ -1,0 +1,254 @@
+//! The scheduling policy driven directly: each test fabricates the cache manager's grants and the
+//! runner's outputs, calls `build_plan` / `apply_output`, and checks the plan, the events and
+//! what the next step tells the cache manager. No actors, no cache manager, no model.
+
+use routed_cache::{DeferReason, Deferral, GrantId, SlotGrant, StepAllocation};
+use routed_scheduler::{
+    GrantedStep, NewSeq, Scheduler, SchedulerConfig, SchedulerError, SeqEvent, SeqStatus,
+};
+use routed_types::{
+    BlockGeneration, BlockId, BlockRef, FinishReason, RequestId, SampledToken, SamplingParams,
+    SeqId, StepOutput, TokenId,
+};
+use std::sync::Arc;
+
+const EOS: TokenId = 2;
+
+fn scheduler(max_num_seqs: usize, hybrid: bool) -> Scheduler {
+    Scheduler::new(SchedulerConfig {
+        max_num_batched_tokens: 64,
+        max_num_seqs,
+        max_waiting_requests: 4,
+        max_model_len: 100,
+        hybrid,
+        eos_token_ids: vec![EOS],
+        capture_routing: true,
+    })
+}
+
+fn seq(request: u64) -> SeqId {
+    SeqId::new(RequestId(request), 0)
+}
+
+fn new_seq(id: SeqId, prompt_len: usize, max_tokens: u32) -> NewSeq {
+    NewSeq {
+        id,
+        prompt: Arc::new((10..10 + prompt_len as TokenId).collect()),
+        params: Arc::new(SamplingParams::greedy(max_tokens)),
+        cache_salt: None,
+    }
+}
+
+fn blocks(ids: &[u32]) -> Vec<BlockRef> {
+    ids.iter().map(|&b| BlockRef::new(BlockId(b), BlockGeneration(b + 1))).collect()
+}
+
+/// A grant computing `new` tokens from `computed` on, with `table` (the whole table for an
+/// admission, the appended blocks otherwise).
+fn grant(id: SeqId, admission: bool, computed: usize, new: usize) -> SlotGrant {
+    SlotGrant {
+        seq_id: id,
+        grant_id: GrantId(id.0 * 1000 + computed as u64),
+        is_admission: admission,
+        num_computed_tokens: computed,
+        num_new_tokens: new,
+        num_cached_tokens: if admission { computed } else { 0 },
+        new_blocks: Vec::new(),
+        restore_from: None,
+        snapshots: Vec::new(),
+    }
+}
+
+fn granted(grants: Vec<(SlotGrant, Vec<BlockRef>)>, preempted: Vec<SeqId>) -> GrantedStep {
+    let num_scheduled_tokens = grants.iter().map(|g| g.0.num_new_tokens).sum();
+    let (grants, tables) = grants.into_iter().unzip();
+    GrantedStep {
+        allocation: StepAllocation {
+            grants,
+            deferred: Vec::new(),
+            preempted,
+            num_scheduled_tokens,
+        },
+        tables,
+        ..GrantedStep::default()
+    }
+}
+
+fn sampled(tokens: &[Option<TokenId>]) -> StepOutput {
+    let one = |t: TokenId| SampledToken { token: t, logprob: -1.0, top_logprobs: Vec::new() };
+    StepOutput { sampled: tokens.iter().map(|t| t.map(one)).collect(), ..StepOutput::default() }
+}
+
+fn no_text(_: &[TokenId]) -> String {
+    String::new()
+}
+
+#[test]
+fn candidates_are_running_sequences_first_then_waiting_ones_within_max_num_seqs() {
+    let mut s = scheduler(2, false);
+    for r in 1..=3 {
+        s.add(vec![new_seq(seq(r), 5, 4)]).unwrap();
+    }
+    let step = s.begin_step();
+    assert_eq!(step.add.len(), 3, "the cache manager hears of every new sequence");
+    let ids: Vec<_> = step.candidates.iter().map(|c| c.seq_id).collect();
+    assert_eq!(ids, [seq(1), seq(2)], "two seats");
+    // Admit the second one only.
+    s.build_plan(granted(vec![(grant(seq(2), true, 0, 5), blocks(&[4, 5]))], vec![]));
+    let ids: Vec<_> = s.begin_step().candidates.iter().map(|c| c.seq_id).collect();
+    assert_eq!(ids, [seq(2), seq(1)], "the running one first, then one waiting for the free seat");
+}
+
+#[test]
+fn an_admission_plans_its_chunk_over_the_whole_block_table() {
+    let mut s = scheduler(4, false);
+    s.add(vec![new_seq(seq(1), 10, 4)]).unwrap();
+    s.begin_step();
+    // 4 tokens hit the prefix cache; the grant computes the other 6.
+    let plan = s.build_plan(granted(vec![(grant(seq(1), true, 4, 6), blocks(&[7, 8, 9]))], vec![]));
+    assert_eq!(plan.seqs.len(), 1);
+    let p = &plan.seqs[0];
+    assert_eq!(p.seq_id, seq(1));
+    assert_eq!(p.token_ids, (14..20).collect::<Vec<_>>());
+    assert_eq!((p.num_computed_tokens, p.num_prompt_tokens), (4, 10));
+    assert_eq!(p.block_table, blocks(&[7, 8, 9]));
+    assert_eq!(p.sample.as_ref().map(|s| s.1), Some(0), "the prompt's end samples token 0");
+    assert_eq!(s.seq(seq(1)).unwrap().num_cached_tokens, 4);
+    assert_eq!(s.seq(seq(1)).unwrap().status, SeqStatus::Running);
+}
+
+#[test]
+fn an_intermediate_chunk_samples_nothing_and_its_commit_rides_on_the_next_step() {
+    let mut s = scheduler(4, false);
+    s.add(vec![new_seq(seq(1), 10, 4)]).unwrap();
+    s.begin_step();
+    let plan = s.build_plan(granted(vec![(grant(seq(1), true, 0, 3), blocks(&[1]))], vec![]));
+    assert!(plan.seqs[0].sample.is_none());
+    let events = s.apply_output(&[seq(1)], &sampled(&[None]), &mut no_text);
+    assert!(events.is_empty());
+    let next = s.begin_step();
+    assert_eq!(next.commit.len(), 1, "publish after compute: the commit comes with the next step");
+    assert_eq!(next.commit[0].grant_id, GrantId(1000 * seq(1).0));
+    assert!(next.append.is_empty());
+}
+
+#[test]
+fn sampled_tokens_are_streamed_then_fed_back_until_max_tokens() {
+    let mut s = scheduler(4, false);
+    s.add(vec![new_seq(seq(1), 5, 2)]).unwrap();
+    s.begin_step();
+    s.build_plan(granted(vec![(grant(seq(1), true, 0, 5), blocks(&[1, 2]))], vec![]));
+    let events = s.apply_output(&[seq(1)], &sampled(&[Some(7)]), &mut no_text);
+    assert!(
+        matches!(&events[..], [SeqEvent::Token { id, sampled }] if *id == seq(1) && sampled.token == 7)
+    );
+    let step = s.begin_step();
+    assert_eq!(step.append, [(seq(1), 7)], "the sampled token is appended before it is fed back");
+    // Decode: position 5, a new block appended.
+    let plan = s.build_plan(granted(vec![(grant(seq(1), false, 5, 1), blocks(&[3]))], vec![]));
+    assert_eq!(plan.seqs[0].token_ids, [7]);
+    assert_eq!(plan.seqs[0].block_table, blocks(&[1, 2, 3]));
+    assert_eq!(plan.seqs[0].sample.as_ref().map(|s| s.1), Some(1));
+    let events = s.apply_output(&[seq(1)], &sampled(&[Some(8)]), &mut no_text);
+    assert!(matches!(
+        &events[..],
+        [SeqEvent::Token { .. }, SeqEvent::Finished { reason: FinishReason::Length, .. }]
+    ));
+    assert_eq!(s.seq(seq(1)).unwrap().output, [7, 8]);
+    assert_eq!(s.num_running(), 0);
+    assert!(s.begin_step().append.is_empty(), "a finished sequence's last token is not fed back");
+}
+
+#[test]
+fn eos_stops_a_sequence() {
+    let mut s = scheduler(4, false);
+    s.add(vec![new_seq(seq(1), 3, 10)]).unwrap();
+    s.begin_step();
+    s.build_plan(granted(vec![(grant(seq(1), true, 0, 3), blocks(&[1]))], vec![]));
+    let events = s.apply_output(&[seq(1)], &sampled(&[Some(EOS)]), &mut no_text);
+    assert!(matches!(
+        events.last(),
+        Some(SeqEvent::Finished { reason: FinishReason::Stop { .. }, .. })
+    ));
+}
+
+#[test]
+fn a_finished_sequence_keeps_its_blocks_until_its_rows_are_read() {
+    let mut s = scheduler(4, false);
+    s.add(vec![new_seq(seq(1), 3, 1)]).unwrap();
+    s.begin_step();
+    s.build_plan(granted(vec![(grant(seq(1), true, 0, 3), blocks(&[1]))], vec![]));
+    s.apply_output(&[seq(1)], &sampled(&[Some(5)]), &mut no_text);
+    assert_eq!(s.seq(seq(1)).unwrap().status, SeqStatus::Finishing);
+    assert!(s.begin_step().free.is_empty(), "rows not read yet: blocks kept");
+    s.release(seq(1));
+    assert_eq!(s.begin_step().free, [seq(1)]);
+    assert!(s.seq(seq(1)).is_none());
+}
+
+#[test]
+fn preempted_sequences_lose_their_blocks_and_go_back_to_the_head_of_the_queue() {
+    let mut s = scheduler(4, true);
+    for r in 1..=3 {
+        s.add(vec![new_seq(seq(r), 4, 4)]).unwrap();
+    }
+    s.begin_step();
+    s.build_plan(granted(
+        vec![(grant(seq(1), true, 0, 4), blocks(&[1])), (grant(seq(2), true, 0, 4), blocks(&[2]))],
+        vec![],
+    ));
+    assert_eq!(s.num_live_states_held(), 2, "a hybrid sequence holds a live state while running");
+    s.apply_output(&[seq(1), seq(2)], &sampled(&[Some(5), Some(6)]), &mut no_text);
+    s.begin_step();
+    // The cache manager preempts sequence 2 to let sequence 1 decode.
+    let plan = s.build_plan(granted(vec![(grant(seq(1), false, 4, 1), vec![])], vec![seq(2)]));
+    assert_eq!(plan.seqs.len(), 1);
+    let two = s.seq(seq(2)).unwrap();
+    assert_eq!(two.status, SeqStatus::Waiting);
+    assert!(two.blocks.is_empty() && two.num_computed_tokens == 0 && two.live_state.is_none());
+    assert_eq!(two.output, [6], "generated tokens are kept and recomputed");
+    assert_eq!(s.num_live_states_held(), 1);
+    s.apply_output(&[seq(1)], &sampled(&[Some(9)]), &mut no_text);
+    let ids: Vec<_> = s.begin_step().candidates.iter().map(|c| c.seq_id).collect();
+    assert_eq!(ids, [seq(1), seq(2), seq(3)], "the preempted one is first among the waiting");
+}
+
+#[test]
+fn aborting_a_sequence_the_cache_never_heard_of_frees_nothing_there() {
+    let mut s = scheduler(4, false);
+    s.add(vec![new_seq(seq(1), 3, 4)]).unwrap();
+    assert!(s.abort(seq(1)).is_some());
+    let step = s.begin_step();
+    assert!(step.add.is_empty() && step.free.is_empty() && step.candidates.is_empty());
+    // Once the cache knows it, an abort frees its blocks there.
+    s.add(vec![new_seq(seq(2), 3, 4)]).unwrap();
+    s.begin_step();
+    s.abort(seq(2));
+    assert_eq!(s.begin_step().free, [seq(2)]);
+    assert!(s.is_idle());
+}
+
+#[test]
+fn a_full_waiting_queue_refuses_whole_requests() {
+    let mut s = scheduler(4, false);
+    let request = |r: u64, n: usize| {
+        (0..n).map(|i| new_seq(SeqId::new(RequestId(r), i), 3, 4)).collect::<Vec<_>>()
+    };
+    s.add(request(1, 3)).unwrap();
+    assert_eq!(s.add(request(2, 2)), Err(SchedulerError::Overloaded(3)));
+    assert_eq!(s.num_waiting(), 3, "none of the refused request's sequences were queued");
+    s.add(request(3, 1)).unwrap();
+}
+
+#[test]
+fn deferred_candidates_stay_where_they_are() {
+    let mut s = scheduler(4, false);
+    s.add(vec![new_seq(seq(1), 3, 4)]).unwrap();
+    s.begin_step();
+    let mut nothing = granted(vec![], vec![]);
+    nothing.allocation.deferred =
+        vec![Deferral { seq_id: seq(1), reason: DeferReason::NoFreeBlocks }];
+    let plan = s.build_plan(nothing);
+    assert!(plan.seqs.is_empty());
+    assert_eq!((s.num_waiting(), s.num_running()), (1, 0));
+}
