@@ -1,36 +1,110 @@
-//! Token sampling: greedy, temperature, top-k and top-p, with logprobs of the raw distribution.
+//! Token sampling: logit bias and penalties, then greedy, or temperature with min-p, top-k and
+//! top-p; logprobs of the raw distribution.
 //!
 //! A request's random numbers come from its own seed and the index of the token being sampled,
-//! never from a shared generator, so its samples do not depend on which requests share its batch
-//! or on preemption.
+//! never from a shared generator, and every step of the choice reads only the request's own row
+//! and history, so its samples do not depend on which requests share its batch or on preemption.
 
 use routed_backend::cpu;
-use routed_types::{SampledToken, SamplingParams, TokenId};
+use routed_types::{SampledToken, SamplingParams, SeqContext, TokenId};
 
 /// Sampling scratch reused across tokens so the hot path does not allocate per token.
 #[derive(Default)]
 pub struct Sampler {
     order: Vec<u32>,
     probs: Vec<f32>,
+    /// The logits after bias and penalties, when a request asks for either.
+    processed: Vec<f32>,
+    /// Sorted history tokens, for counting.
+    seen: Vec<TokenId>,
 }
 
 impl Sampler {
     /// Samples from one row of logits. `index` is the position of the token in the request's
-    /// output (0 for the first generated token); it selects the random number.
-    pub fn sample(&mut self, logits: &[f32], params: &SamplingParams, index: u64) -> SampledToken {
+    /// output (0 for the first generated token); it selects the random number. `history` holds the
+    /// tokens before this one when the parameters need them (penalties); without it penalties
+    /// see no history.
+    pub fn sample(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        index: u64,
+        history: Option<&SeqContext>,
+    ) -> SampledToken {
         // Logprobs are logits shifted by one normaliser: computed for the few tokens reported,
-        // never for the whole vocabulary.
+        // never for the whole vocabulary. They are the raw model's, whatever changes the choice.
         let log_z = cpu::log_sum_exp(logits);
-        let token = if params.is_greedy() {
-            cpu::argmax(logits) as TokenId
+        let mut processed = std::mem::take(&mut self.processed);
+        let choose_from = if params.processes_logits() {
+            self.process(logits, params, history, &mut processed);
+            &processed[..]
         } else {
-            self.sample_random(logits, params, uniform(params.seed, index))
+            logits
         };
+        let token = if params.is_greedy() {
+            cpu::argmax(choose_from) as TokenId
+        } else {
+            self.sample_random(choose_from, params, uniform(params.seed, index))
+        };
+        self.processed = processed;
         let top_logprobs = match params.logprobs {
             Some(n) if n > 0 => self.top_logprobs(logits, log_z, n as usize),
             _ => Vec::new(),
         };
         SampledToken { token, logprob: logits[token as usize] - log_z, top_logprobs }
+    }
+
+    /// The logprob of `token` in one row of logits, with the `n` most likely alternatives (prompt
+    /// logprobs).
+    pub fn score(&mut self, logits: &[f32], token: TokenId, n: u32) -> SampledToken {
+        let log_z = cpu::log_sum_exp(logits);
+        let top_logprobs =
+            if n > 0 { self.top_logprobs(logits, log_z, n as usize) } else { Vec::new() };
+        SampledToken { token, logprob: logits[token as usize] - log_z, top_logprobs }
+    }
+
+    /// Logit bias, then the repetition, frequency and presence penalties (vLLM's order) into
+    /// `out`.
+    fn process(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        history: Option<&SeqContext>,
+        out: &mut Vec<f32>,
+    ) {
+        out.clear();
+        out.extend_from_slice(logits);
+        for &(token, bias) in &params.logit_bias {
+            if let Some(l) = out.get_mut(token as usize) {
+                *l += bias;
+            }
+        }
+        let Some(history) = history.filter(|_| params.needs_history()) else { return };
+        let rp = params.repetition_penalty;
+        if rp != 1.0 {
+            self.seen.clear();
+            self.seen.extend_from_slice(&history.prompt);
+            self.seen.extend_from_slice(&history.output);
+            self.seen.sort_unstable();
+            self.seen.dedup();
+            for &t in &self.seen {
+                if let Some(l) = out.get_mut(t as usize) {
+                    *l = if *l > 0.0 { *l / rp } else { *l * rp };
+                }
+            }
+        }
+        let (presence, frequency) = (params.presence_penalty, params.frequency_penalty);
+        if presence != 0.0 || frequency != 0.0 {
+            self.seen.clear();
+            self.seen.extend_from_slice(&history.output);
+            self.seen.sort_unstable();
+            for run in self.seen.chunk_by(|a, b| a == b) {
+                if let Some(l) = out.get_mut(run[0] as usize) {
+                    *l -= frequency * run.len() as f32;
+                    *l -= presence;
+                }
+            }
+        }
     }
 
     fn sample_random(&mut self, logits: &[f32], params: &SamplingParams, u: f64) -> TokenId {
@@ -45,6 +119,13 @@ impl Sampler {
         let max = logits[self.order[0] as usize];
         self.probs.clear();
         self.probs.extend(self.order.iter().map(|&i| ((logits[i as usize] - max) * inv_t).exp()));
+        if params.min_p > 0.0 {
+            // Probabilities relative to the most likely token's, which is 1: candidates are sorted,
+            // so the cut keeps a prefix.
+            let cut = self.probs.iter().position(|&p| p < params.min_p).unwrap_or(self.probs.len());
+            self.probs.truncate(cut.max(1));
+            self.order.truncate(cut.max(1));
+        }
         let total: f32 = self.probs.iter().sum();
         if params.top_p < 1.0 {
             let mut mass = 0.0;
@@ -103,7 +184,7 @@ mod tests {
     fn greedy_takes_argmax_and_reports_logprobs() {
         let mut s = Sampler::default();
         let params = SamplingParams { logprobs: Some(2), ..SamplingParams::greedy(1) };
-        let out = s.sample(&[0.0, 2.0, 1.0], &params, 0);
+        let out = s.sample(&[0.0, 2.0, 1.0], &params, 0, None);
         assert_eq!(out.token, 1);
         assert_eq!(out.top_logprobs.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
         assert!((out.logprob - out.top_logprobs[0].1).abs() < 1e-7);
@@ -114,9 +195,9 @@ mod tests {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
         let params = SamplingParams { temperature: 1.0, seed: 7, ..Default::default() };
         let a: Vec<_> =
-            (0..20).map(|i| Sampler::default().sample(&logits, &params, i).token).collect();
+            (0..20).map(|i| Sampler::default().sample(&logits, &params, i, None).token).collect();
         let mut shared = Sampler::default();
-        let b: Vec<_> = (0..20).map(|i| shared.sample(&logits, &params, i).token).collect();
+        let b: Vec<_> = (0..20).map(|i| shared.sample(&logits, &params, i, None).token).collect();
         assert_eq!(a, b);
         assert!(a.iter().any(|&t| t != a[0]), "samples should vary across indices");
     }
@@ -127,8 +208,52 @@ mod tests {
         let k1 = SamplingParams { temperature: 1.0, top_k: Some(1), ..Default::default() };
         let p = SamplingParams { temperature: 1.0, top_p: 0.5, ..Default::default() };
         for i in 0..20 {
-            assert_eq!(Sampler::default().sample(&logits, &k1, i).token, 1);
-            assert_eq!(Sampler::default().sample(&logits, &p, i).token, 1);
+            assert_eq!(Sampler::default().sample(&logits, &k1, i, None).token, 1);
+            assert_eq!(Sampler::default().sample(&logits, &p, i, None).token, 1);
         }
+    }
+
+    fn history(prompt: &[TokenId], output: &[TokenId]) -> SeqContext {
+        SeqContext { prompt: std::sync::Arc::new(prompt.to_vec()), output: output.to_vec() }
+    }
+
+    #[test]
+    fn penalties_follow_the_openai_and_vllm_definitions() {
+        let logits = [2.0, -1.0, 0.5, 3.0];
+        let mut s = Sampler::default();
+        let mut out = Vec::new();
+        // Token 3 twice and token 0 once in the output; token 1 in the prompt.
+        let h = history(&[1], &[3, 0, 3]);
+        let p =
+            SamplingParams { presence_penalty: 0.5, frequency_penalty: 0.25, ..Default::default() };
+        s.process(&logits, &p, Some(&h), &mut out);
+        assert_eq!(out, [2.0 - 0.25 - 0.5, -1.0, 0.5, 3.0 - 0.5 - 0.5]);
+        let p = SamplingParams { repetition_penalty: 2.0, ..Default::default() };
+        s.process(&logits, &p, Some(&h), &mut out);
+        assert_eq!(out, [1.0, -2.0, 0.5, 1.5], "divides positive, multiplies negative");
+        let p = SamplingParams { logit_bias: vec![(2, 10.0), (99, 1.0)], ..Default::default() };
+        s.process(&logits, &p, None, &mut out);
+        assert_eq!(out, [2.0, -1.0, 10.5, 3.0], "an id outside the vocabulary is ignored");
+    }
+
+    #[test]
+    fn a_logit_bias_can_force_the_greedy_choice_and_logprobs_stay_raw() {
+        let logits = [0.0, 5.0, 1.0];
+        let p = SamplingParams { logit_bias: vec![(2, 100.0)], ..SamplingParams::greedy(1) };
+        let out = Sampler::default().sample(&logits, &p, 0, None);
+        assert_eq!(out.token, 2);
+        let raw = Sampler::default().score(&logits, 2, 0);
+        assert_eq!(out.logprob, raw.logprob, "the logprob is the raw model's");
+    }
+
+    #[test]
+    fn min_p_keeps_only_tokens_near_the_most_likely() {
+        let logits = [0.0, 5.0, 1.0, 4.5];
+        let p = SamplingParams { temperature: 1.0, min_p: 0.5, ..Default::default() };
+        // exp(4.5 - 5) = 0.61 >= 0.5 keeps token 3; exp(1 - 5) and exp(0 - 5) are cut.
+        let picks: Vec<_> =
+            (0..40).map(|i| Sampler::default().sample(&logits, &p, i, None).token).collect();
+        assert!(picks.iter().all(|&t| t == 1 || t == 3));
+        assert!(picks.contains(&1) && picks.contains(&3));
     }
 }

@@ -154,9 +154,13 @@ pub struct FinalOutput {
     pub num_prompt_tokens: usize,
     /// Prompt tokens skipped thanks to the prefix cache (OpenAI `cached_tokens`).
     pub num_cached_tokens: usize,
-    /// Routing rows `[start, prompt + generated - 1)`, when requested and captured; `None` for
-    /// a continuation aborted before any forward.
+    /// Routing rows `[start, prompt + generated - 1)`, when requested and captured. An aborted
+    /// continuation returns the rows of the tokens it computed, `[start, computed)`; `None` when
+    /// it holds none (aborted before any forward, or while preempted).
     pub routing: Option<RoutingRows>,
+    /// When the request asked for prompt logprobs: entry `i` is prompt token `i + 1`'s logprob
+    /// given the tokens before it, with the top alternatives asked for.
+    pub prompt_logprobs: Option<Vec<routed_types::SampledToken>>,
 }
 
 /// What a request's stream yields: tokens as they are sampled, then one final output per

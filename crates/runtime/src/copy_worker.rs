@@ -42,6 +42,8 @@ pub struct CopyRouting {
     pub slot_mapping: Vec<usize>,
     /// Every block the step wrote to, with its generation.
     pub blocks: Vec<BlockRef>,
+    /// Whether each token sat at a prompt position (for the expert-load counts).
+    pub is_prompt: Vec<bool>,
 }
 
 /// The routing buffers rank 0's runner leases, one per step.
@@ -171,6 +173,7 @@ impl CopyWorker {
             ids,
             slot_mapping: msg.slot_mapping,
             blocks: msg.blocks,
+            is_prompt: msg.is_prompt,
         });
     }
 }
@@ -219,6 +222,7 @@ mod tests {
             buffer: RoutingBuffer::new(1, 1, 4),
             slot_mapping: vec![0],
             blocks: Vec::new(),
+            is_prompt: vec![true],
         };
         let back = copy.copy(msg).expect_err("nobody receives");
         assert_eq!(back.step_id, StepId(3));

@@ -6,9 +6,12 @@ use crate::{
     copy_worker::{BufferPool, CopyWorkerHandle},
     executor::ExecutorActor,
     heartbeat::HeartbeatActor,
-    routing_cache::RoutingCacheActor,
+    routing_cache::{ExpertLoads, ResetExpertLoad, RoutingCacheActor},
     runner::{RoutingSink, RunnerActor},
-    scheduler::{Abort, GetStats, Health, Peers, ResetCache, SchedulerActor, Shutdown, Submit},
+    scheduler::{
+        Abort, ExpertLoadStats, GetStats, Health, Peers, ResetCache, SchedulerActor, Shutdown,
+        Submit,
+    },
     timings::Timings,
     worker::{CacheShape, CpuWorker, Worker},
 };
@@ -305,6 +308,18 @@ impl EngineHandle {
     /// Drops every cached block no running request holds, with its snapshots and routing rows.
     pub async fn reset_prefix_cache(&self) -> Result<bool, EngineError> {
         self.scheduler.send(ResetCache).await.map_err(|_| EngineError::ShutDown)
+    }
+
+    /// Tokens each expert of each MoE layer received, prefill and decode apart, since the engine
+    /// started and since the last [`EngineHandle::reset_expert_load`]; `None` for a model without
+    /// MoE layers.
+    pub async fn expert_load(&self) -> Result<Option<ExpertLoads>, EngineError> {
+        self.scheduler.send(ExpertLoadStats).await.map_err(|_| EngineError::ShutDown)
+    }
+
+    /// Starts the since-reset expert load counts from zero.
+    pub fn reset_expert_load(&self) {
+        self.scheduler.do_send(ResetExpertLoad);
     }
 
     /// Whether the engine can serve.

@@ -36,4 +36,5 @@ pub use api::{
     RequestEvent, TokenEvent,
 };
 pub use engine::{Engine, EngineHandle, RequestStream};
+pub use routing_cache::ExpertLoads;
 pub use validate::{MAX_N, validate};

@@ -3,6 +3,7 @@
 //! (the server renders Prometheus text); without one these calls cost next to nothing.
 
 use crate::EngineStats;
+use routed_routing::{ExpertLoad, Phase};
 
 /// Prompt tokens run through the model.
 pub const PREFILL_TOKENS_COMPUTED: &str = "routed_prefill_tokens_computed_total";
@@ -34,6 +35,16 @@ pub const STEP_DURATION: &str = "routed_step_duration_seconds";
 pub const REQUESTS_RUNNING: &str = "routed_requests_running";
 /// Requests waiting.
 pub const REQUESTS_WAITING: &str = "routed_requests_waiting";
+/// Tokens each expert received, labelled `layer` (decoder layer id), `expert` and `phase`
+/// (`prefill` / `decode`).
+pub const EXPERT_TOKENS: &str = "routed_expert_tokens_total";
+/// Busiest expert's tokens over the mean, per `layer` and `phase` (1 is even).
+pub const EXPERT_LOAD_IMBALANCE: &str = "routed_expert_load_imbalance";
+
+/// Most `routed_expert_tokens_total` series published: a model with more MoE layers x experts x
+/// 2 phases publishes only the per-layer imbalance (the full counts stay in
+/// `GET /v1/routing/stats`), so a large model cannot flood a Prometheus server.
+pub const MAX_EXPERT_SERIES: usize = 4096;
 
 /// Publishes a stats snapshot: counters as absolute values, gauges as they are.
 pub fn publish(stats: &EngineStats) {
@@ -51,4 +62,28 @@ pub fn publish(stats: &EngineStats) {
     metrics::gauge!(ROUTING_BYTES_HELD).set(stats.routing_bytes_held as f64);
     metrics::gauge!(REQUESTS_RUNNING).set(stats.num_running as f64);
     metrics::gauge!(REQUESTS_WAITING).set(stats.num_waiting as f64);
+}
+
+/// Publishes the expert load since start: per-layer imbalance always, per-expert counts while
+/// they stay within [`MAX_EXPERT_SERIES`]. `layer_ids[l]` is MoE layer `l`'s decoder layer id.
+pub fn publish_expert_load(load: &ExpertLoad, layer_ids: &[u32]) {
+    let per_expert = load.num_layers() * load.num_experts() * 2 <= MAX_EXPERT_SERIES;
+    for (l, &layer) in layer_ids.iter().enumerate().take(load.num_layers()) {
+        for phase in Phase::ALL {
+            let imbalance = load.imbalance(l, phase).unwrap_or(0.0);
+            let labels = [("layer", layer.to_string()), ("phase", phase.name().to_owned())];
+            metrics::gauge!(EXPERT_LOAD_IMBALANCE, &labels).set(imbalance);
+            if !per_expert {
+                continue;
+            }
+            for (e, &count) in load.counts(l, phase).iter().enumerate() {
+                let labels = [
+                    ("layer", layer.to_string()),
+                    ("expert", e.to_string()),
+                    ("phase", phase.name().to_owned()),
+                ];
+                metrics::counter!(EXPERT_TOKENS, &labels).absolute(count);
+            }
+        }
+    }
 }

@@ -7,7 +7,7 @@ use crate::{
     timings::Timings,
 };
 use actix::{Actor, Addr, Context, Handler, Message, ResponseFuture};
-use routed_routing::{RoutingError, RoutingStore};
+use routed_routing::{ExpertLoad, RoutingError, RoutingStore};
 use routed_types::{BlockRef, RoutingRows, StepId};
 use std::{sync::Arc, time::Instant};
 use tokio::sync::oneshot;
@@ -25,6 +25,8 @@ pub struct StoreStep {
     pub slot_mapping: Vec<usize>,
     /// Blocks written, with their generations.
     pub blocks: Vec<BlockRef>,
+    /// Whether each token sat at a prompt position.
+    pub is_prompt: Vec<bool>,
 }
 
 /// Scheduler -> routing host-cache: a finished sequence's rows `[start, num_rows)` from its block
@@ -55,6 +57,26 @@ pub struct FreeBlocks(pub Vec<BlockRef>);
 #[rtype(result = "usize")]
 pub struct GetRoutingBytes;
 
+/// Scheduler -> routing host-cache: tokens per expert per MoE layer, since the engine started
+/// and since the last [`ResetExpertLoad`]. Reply: both.
+#[derive(Message)]
+#[rtype(result = "ExpertLoads")]
+pub struct GetExpertLoad;
+
+/// Scheduler -> routing host-cache: start the since-reset counts from zero. No reply.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ResetExpertLoad;
+
+/// Expert load counts over two windows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpertLoads {
+    /// Since the engine started (Prometheus counters).
+    pub since_start: ExpertLoad,
+    /// Since the last reset (`GET /v1/routing/stats`).
+    pub since_reset: ExpertLoad,
+}
+
 /// Why a [`Reconstruct`] has no rows.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconstructError {
@@ -74,6 +96,7 @@ pub struct RoutingCacheActor {
     /// Last step stored; `None` before the first.
     watermark: Option<StepId>,
     pending: Vec<Pending>,
+    load: ExpertLoads,
     cache: Addr<CacheManagerActor>,
     timings: Arc<Timings>,
 }
@@ -81,7 +104,9 @@ pub struct RoutingCacheActor {
 impl RoutingCacheActor {
     /// An actor around `store`, reporting lost rows to `cache`.
     pub fn new(store: RoutingStore, cache: Addr<CacheManagerActor>, timings: Arc<Timings>) -> Self {
-        Self { store, watermark: None, pending: Vec::new(), cache, timings }
+        let load = ExpertLoad::new(store.num_moe_layers(), store.num_experts() as usize);
+        let load = ExpertLoads { since_start: load.clone(), since_reset: load };
+        Self { store, watermark: None, pending: Vec::new(), load, cache, timings }
     }
 
     fn reconstruct(&self, r: &Reconstruct) -> Result<RoutingRows, ReconstructError> {
@@ -102,8 +127,12 @@ impl Handler<StoreStep> for RoutingCacheActor {
 
     fn handle(&mut self, msg: StoreStep, _: &mut Context<Self>) {
         let started = Instant::now();
-        if let Err(e) = self.store.store_step(&msg.ids, &msg.slot_mapping, &msg.blocks) {
-            tracing::error!(step = msg.step_id.0, "routing rows not stored: {e}");
+        match self.store.store_step(&msg.ids, &msg.slot_mapping, &msg.blocks) {
+            Ok(_) => {
+                self.load.since_start.record(&msg.ids, &msg.is_prompt);
+                self.load.since_reset.record(&msg.ids, &msg.is_prompt);
+            }
+            Err(e) => tracing::error!(step = msg.step_id.0, "routing rows not stored: {e}"),
         }
         Timings::add(&self.timings.store_ns, started.elapsed());
         self.watermark = Some(msg.step_id);
@@ -150,5 +179,21 @@ impl Handler<GetRoutingBytes> for RoutingCacheActor {
 
     fn handle(&mut self, _: GetRoutingBytes, _: &mut Context<Self>) -> usize {
         self.store.bytes_held()
+    }
+}
+
+impl Handler<GetExpertLoad> for RoutingCacheActor {
+    type Result = actix::MessageResult<GetExpertLoad>;
+
+    fn handle(&mut self, _: GetExpertLoad, _: &mut Context<Self>) -> Self::Result {
+        actix::MessageResult(self.load.clone())
+    }
+}
+
+impl Handler<ResetExpertLoad> for RoutingCacheActor {
+    type Result = ();
+
+    fn handle(&mut self, _: ResetExpertLoad, _: &mut Context<Self>) {
+        self.load.since_reset.reset();
     }
 }

@@ -96,6 +96,7 @@ impl RunnerActor {
                 buffer: lease.take(),
                 slot_mapping: step.slot_mapping,
                 blocks: step.blocks,
+                is_prompt: prompt_positions(plan),
             };
             if let Err(back) = copy.copy(msg) {
                 let _ = pool.returns().send(back.buffer);
@@ -105,6 +106,16 @@ impl RunnerActor {
         }
         Ok(step.output)
     }
+}
+
+/// Whether each token of the step sits at a prompt position, in batch order.
+fn prompt_positions(plan: &StepPlan) -> Vec<bool> {
+    let mut is_prompt = Vec::with_capacity(plan.num_tokens());
+    for s in &plan.seqs {
+        let positions = s.num_computed_tokens..s.num_computed_tokens + s.token_ids.len();
+        is_prompt.extend(positions.map(|p| p < s.num_prompt_tokens));
+    }
+    is_prompt
 }
 
 /// Runs `f`, turning a panic into [`WorkerError::Panicked`].

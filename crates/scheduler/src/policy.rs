@@ -4,8 +4,8 @@
 use crate::{NewSeq, SchedulerError, Seq, SeqStatus, check_stop};
 use routed_cache::{CacheRequest, CacheStats, CommitEntry, SlotRequest, StepAllocation};
 use routed_types::{
-    BlockRef, FinishReason, SampledToken, ScheduledSeq, SeqId, StepId, StepOutput, StepPlan,
-    TokenId,
+    BlockRef, FinishReason, SampledToken, ScheduledSeq, SeqContext, SeqId, StepId, StepOutput,
+    StepPlan, TokenId,
 };
 use std::collections::{HashMap, VecDeque};
 
@@ -158,7 +158,8 @@ impl Scheduler {
                 seq_id: s.id,
                 prompt_token_ids: s.prompt.to_vec(),
                 cache_salt: s.cache_salt,
-                skip_reading_prefix_cache: false,
+                // Prompt logprobs need every prompt position computed.
+                skip_reading_prefix_cache: s.params.prompt_logprobs.is_some(),
             });
             self.waiting.push_back(s.id);
             let seq = Seq {
@@ -172,6 +173,7 @@ impl Scheduler {
                 num_cached_tokens: 0,
                 live_state: None,
                 ever_computed: false,
+                prompt_logprobs: Vec::new(),
             };
             self.seqs.insert(s.id, seq);
         }
@@ -195,6 +197,25 @@ impl Scheduler {
             self.outbox.free.push(id);
         }
         Some(seq)
+    }
+
+    /// Stops a running sequence where it is (an abort) but keeps its blocks, so the routing rows
+    /// of the tokens it computed can still be read: it becomes `Finishing` until
+    /// [`Scheduler::release`]. Returns `false`, changing nothing, for a sequence that holds no
+    /// blocks (waiting, never admitted or preempted) or is not tracked.
+    pub fn stop_keeping_blocks(&mut self, id: SeqId) -> bool {
+        let Some(seq) = self.seqs.get_mut(&id) else { return false };
+        if seq.status != SeqStatus::Running || seq.blocks.is_empty() {
+            return false;
+        }
+        seq.status = SeqStatus::Finishing;
+        if let Some(slot) = seq.live_state.take() {
+            self.free_live_states.push(slot);
+        }
+        self.running.retain(|&r| r != id);
+        // Its sampled token, if any, is never fed back.
+        self.outbox.append.retain(|a| a.0 != id);
+        true
     }
 
     /// Frees a finished sequence's blocks once its routing rows have been read.
@@ -237,6 +258,13 @@ impl Scheduler {
             seq.ever_computed = true;
             let sample = (grant.end() == seq.num_tokens())
                 .then(|| (seq.params.clone(), seq.output.len() as u64));
+            // A chunk predicts prompt tokens while it has a position before the prompt's last.
+            let prompt_logprobs = seq
+                .params
+                .prompt_logprobs
+                .filter(|_| grant.num_computed_tokens + 1 < seq.prompt.len());
+            let context = (seq.params.needs_history() || prompt_logprobs.is_some())
+                .then(|| SeqContext { prompt: seq.prompt.clone(), output: seq.output.clone() });
             plan.seqs.push(ScheduledSeq {
                 seq_id: seq.id,
                 token_ids: (grant.num_computed_tokens..grant.end()).map(|p| seq.token(p)).collect(),
@@ -247,6 +275,8 @@ impl Scheduler {
                 restore_from: grant.restore_from,
                 snapshots: grant.snapshots.iter().map(|s| (s.position, s.slot)).collect(),
                 sample,
+                context,
+                prompt_logprobs,
             });
             self.in_flight.push(grant.commit_entry());
         }
@@ -288,6 +318,16 @@ impl Scheduler {
         text: &mut dyn FnMut(&[TokenId]) -> String,
     ) -> Vec<SeqEvent> {
         let mut events = Vec::new();
+        for chunk in &output.prompt_logprobs {
+            let Some(seq) = ids.get(chunk.seq_index).and_then(|id| self.seqs.get_mut(id)) else {
+                continue;
+            };
+            // A chunk recomputed after preemption repeats positions already recorded.
+            let skip = (seq.prompt_logprobs.len() + 1).saturating_sub(chunk.first_position);
+            if chunk.first_position <= seq.prompt_logprobs.len() + 1 {
+                seq.prompt_logprobs.extend(chunk.entries.iter().skip(skip).cloned());
+            }
+        }
         let in_flight = std::mem::take(&mut self.in_flight);
         for ((&id, sampled), commit) in ids.iter().zip(&output.sampled).zip(in_flight) {
             let Some(seq) = self.seqs.get_mut(&id) else { continue };

@@ -1,6 +1,6 @@
 //! One sequence (one sampled continuation) as the scheduler tracks it.
 
-use routed_types::{BlockRef, SamplingParams, SeqId, TokenId};
+use routed_types::{BlockRef, SampledToken, SamplingParams, SeqId, TokenId};
 use std::sync::Arc;
 
 /// Where a sequence is in its life.
@@ -50,6 +50,8 @@ pub struct Seq {
     pub live_state: Option<u32>,
     /// Whether any forward has computed part of it (else an abort returns no routing).
     pub ever_computed: bool,
+    /// When the request asked for prompt logprobs: entry `i` is prompt token `i + 1`'s.
+    pub prompt_logprobs: Vec<SampledToken>,
 }
 
 impl Seq {

@@ -14,4 +14,6 @@ pub use ids::{
 };
 pub use routing::{ExpertId, RoutingMeta, RoutingRows};
 pub use sampling::{FinishReason, SamplingParams, StopMatch};
-pub use step::{SampledToken, ScheduledSeq, StepId, StepOutput, StepPlan};
+pub use step::{
+    PromptLogprobs, SampledToken, ScheduledSeq, SeqContext, StepId, StepOutput, StepPlan,
+};

@@ -26,6 +26,24 @@ pub struct SamplingParams {
     /// How many top alternatives to report beside the sampled token's logprob (`None`: no
     /// logprobs at all).
     pub logprobs: Option<u32>,
+    /// Logprobs of the prompt's tokens (each given the tokens before it), with this many top
+    /// alternatives; `None`: none. A request asking for them computes its whole prompt (it never
+    /// reads the prefix cache).
+    pub prompt_logprobs: Option<u32>,
+    /// Subtracted once from the logit of every token the output already contains (OpenAI's
+    /// `presence_penalty`, -2..=2).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time the output already contains it (OpenAI's
+    /// `frequency_penalty`, -2..=2).
+    pub frequency_penalty: f32,
+    /// Divides positive and multiplies negative logits of every token in the prompt or the output
+    /// (vLLM's `repetition_penalty`, > 0; 1 is off).
+    pub repetition_penalty: f32,
+    /// Drops tokens whose probability (after temperature) is below `min_p` times the most likely
+    /// token's (0 is off).
+    pub min_p: f32,
+    /// Added to the logits of these tokens before anything else, sorted by token id.
+    pub logit_bias: Vec<(TokenId, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -41,6 +59,12 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             stop: Vec::new(),
             logprobs: None,
+            prompt_logprobs: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            min_p: 0.0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -54,6 +78,19 @@ impl SamplingParams {
     /// Whether sampling is deterministic argmax.
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0 || self.top_k == Some(1)
+    }
+
+    /// Whether choosing a token needs the tokens generated so far (and, for the repetition
+    /// penalty, the prompt's).
+    pub fn needs_history(&self) -> bool {
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
+    }
+
+    /// Whether the logits are changed before a token is chosen (penalties, bias, `min_p`).
+    pub fn processes_logits(&self) -> bool {
+        self.needs_history() || !self.logit_bias.is_empty() || self.min_p > 0.0
     }
 }
 

@@ -31,6 +31,22 @@ pub struct ScheduledSeq {
     /// Sample the next token from the last position, with these parameters, as the
     /// `sample_index`-th generated token. `None` for an intermediate prefill chunk.
     pub sample: Option<(Arc<SamplingParams>, u64)>,
+    /// The tokens before this step, for sequences whose sampling or prompt logprobs need them
+    /// (penalties, prompt logprobs); `None` otherwise, so most steps carry nothing extra.
+    pub context: Option<SeqContext>,
+    /// Return the logprobs of the prompt tokens this chunk predicts, with this many top
+    /// alternatives (the request asked for prompt logprobs and the chunk covers prompt
+    /// positions).
+    pub prompt_logprobs: Option<u32>,
+}
+
+/// A sequence's tokens beyond the step's own, for the samplers and prompt logprobs that need them.
+#[derive(Clone, Debug, Default)]
+pub struct SeqContext {
+    /// The whole prompt.
+    pub prompt: Arc<Vec<TokenId>>,
+    /// Tokens generated before this step.
+    pub output: Vec<TokenId>,
 }
 
 /// Everything a runner needs to execute one engine step.
@@ -69,4 +85,18 @@ pub struct StepOutput {
     pub step_id: StepId,
     /// Per scheduled sequence, in plan order: the sampled token when the plan asked for one.
     pub sampled: Vec<Option<SampledToken>>,
+    /// Prompt logprobs, for the scheduled sequences that asked for them (none: empty).
+    pub prompt_logprobs: Vec<PromptLogprobs>,
+}
+
+/// The prompt logprobs one chunk computed: for prompt positions `first_position..`, each prompt
+/// token's logprob given the tokens before it (`token` is the prompt token).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptLogprobs {
+    /// The sequence's index in the plan.
+    pub seq_index: usize,
+    /// The prompt position of `entries[0]` (at least 1: the first token has no logprob).
+    pub first_position: usize,
+    /// One per predicted prompt token, in order.
+    pub entries: Vec<SampledToken>,
 }

@@ -6,7 +6,7 @@ use crate::{
     cache_manager::{GetCacheStats, ResetPrefixCache},
     heartbeat::DummyForwardDone,
     metrics as names,
-    routing_cache::{FreeBlocks, GetRoutingBytes},
+    routing_cache::{ExpertLoads, FreeBlocks, GetExpertLoad, GetRoutingBytes, ResetExpertLoad},
     timings::Timings,
 };
 use actix::{Context, Handler, Message, ResponseActFuture, ResponseFuture, WrapFuture};
@@ -33,6 +33,13 @@ pub struct Abort(pub RequestId);
 #[derive(Message)]
 #[rtype(result = "EngineStats")]
 pub struct GetStats;
+
+/// Handle -> scheduler: tokens per expert per MoE layer (forwarded to the routing host-cache,
+/// which counts them). Reply: the counts, `None` for a model without MoE layers or when the
+/// host-cache is gone.
+#[derive(Message)]
+#[rtype(result = "Option<ExpertLoads>")]
+pub struct ExpertLoadStats;
 
 /// Handle -> scheduler: reset the prefix cache (between steps). Reply: whether it ran.
 #[derive(Message)]
@@ -110,14 +117,37 @@ impl Handler<GetStats> for SchedulerActor {
         stats.routing_copy_seconds = Timings::seconds(&t.copy_ns);
         stats.routing_store_seconds = Timings::seconds(&t.store_ns);
         let (cache, routing) = (self.peers.cache.clone(), self.peers.routing.clone());
+        let meta = self.info.routing.clone();
         Box::pin(async move {
             if let Ok(c) = cache.send(GetCacheStats).await {
                 stats.apply_cache(&c);
             }
             stats.routing_bytes_held = routing.send(GetRoutingBytes).await.unwrap_or(0);
             names::publish(&stats);
+            if let (Some(meta), Ok(load)) = (&meta, routing.send(GetExpertLoad).await) {
+                names::publish_expert_load(&load.since_start, &meta.moe_layer_ids);
+            }
             stats
         })
+    }
+}
+
+impl Handler<ExpertLoadStats> for SchedulerActor {
+    type Result = ResponseFuture<Option<ExpertLoads>>;
+
+    fn handle(&mut self, _: ExpertLoadStats, _: &mut Context<Self>) -> Self::Result {
+        let routing = self.peers.routing.clone();
+        let moe = self.info.routing.is_some();
+        Box::pin(async move { if moe { routing.send(GetExpertLoad).await.ok() } else { None } })
+    }
+}
+
+/// Forwarded to the routing host-cache, which owns the counts.
+impl Handler<ResetExpertLoad> for SchedulerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ResetExpertLoad, _: &mut Context<Self>) {
+        self.peers.routing.do_send(msg);
     }
 }
 

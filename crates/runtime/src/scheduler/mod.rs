@@ -10,7 +10,7 @@
 mod handlers;
 mod requests;
 
-pub use handlers::{Abort, GetStats, Health, ResetCache, Shutdown, Submit};
+pub use handlers::{Abort, ExpertLoadStats, GetStats, Health, ResetCache, Shutdown, Submit};
 
 use crate::{
     EngineStats, ModelInfo, RequestEvent,
@@ -37,6 +37,8 @@ struct Group {
     routing_start: usize,
     /// Sequences not finished yet.
     num_open: usize,
+    /// Aborted: its remaining sequences end with `abort` and stream no more tokens.
+    aborted: bool,
 }
 
 /// The peers the scheduler talks to.
@@ -64,6 +66,10 @@ pub struct SchedulerActor {
     /// The last step that computed each sequence (its routing watermark).
     last_step: HashMap<SeqId, StepId>,
     step_in_flight: bool,
+    /// The sequences of the step in flight.
+    in_flight: Vec<SeqId>,
+    /// Requests whose abort waits for the step in flight.
+    pending_aborts: Vec<RequestId>,
     idle: Option<bool>,
     stats: EngineStats,
     unhealthy: Option<String>,
@@ -88,6 +94,8 @@ impl SchedulerActor {
             next_request: 1,
             last_step: HashMap::new(),
             step_in_flight: false,
+            in_flight: Vec::new(),
+            pending_aborts: Vec::new(),
             idle: None,
             stats: EngineStats::default(),
             unhealthy: None,
@@ -140,11 +148,16 @@ impl SchedulerActor {
             }
             return;
         }
-        let ids: Vec<SeqId> = plan.seqs.iter().map(|s| s.seq_id).collect();
+        self.in_flight.clear();
+        self.in_flight.extend(plan.seqs.iter().map(|s| s.seq_id));
         let step_id = plan.step_id;
         let run = self.peers.executor.send(ExecuteStep(plan)).into_actor(self).map(
             move |res, act, ctx| {
+                let ids = std::mem::take(&mut act.in_flight);
                 act.on_output(res, &ids, step_id, ctx);
+                act.in_flight = ids;
+                act.in_flight.clear();
+                act.run_pending_aborts(ctx);
                 let elapsed = started.elapsed().as_secs_f64();
                 act.stats.step_seconds += elapsed;
                 metrics::histogram!(names::STEP_DURATION).record(elapsed);

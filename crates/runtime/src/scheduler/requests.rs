@@ -10,7 +10,7 @@ use crate::{
     validate::validate,
 };
 use actix::{ActorFutureExt, AsyncContext, Context, WrapFuture};
-use routed_scheduler::{NewSeq, SchedulerError, SeqEvent};
+use routed_scheduler::{NewSeq, SchedulerError, SeqEvent, SeqStatus};
 use routed_types::{FinishReason, RequestId, SamplingParams, SeqId, StepOutput};
 use std::sync::Arc;
 
@@ -47,6 +47,7 @@ impl SchedulerActor {
             other => EngineError::Internal(other.to_string()),
         })?;
         let entry = Group {
+            aborted: false,
             events: msg.events,
             return_routing: r.return_routing,
             routing_start: r.routing_start,
@@ -71,7 +72,9 @@ impl SchedulerActor {
         for event in self.policy.apply_output(ids, output, &mut decode) {
             match event {
                 SeqEvent::Token { id, sampled } => {
-                    let Some(g) = self.groups.get(&id.request()) else { continue };
+                    let Some(g) = self.groups.get(&id.request()).filter(|g| !g.aborted) else {
+                        continue;
+                    };
                     let token = TokenEvent {
                         index: id.index_in_request(),
                         token: sampled.token,
@@ -85,7 +88,9 @@ impl SchedulerActor {
                     }
                 }
                 SeqEvent::Finished { id, reason, text_len } => {
-                    self.finish(id, reason, text_len, ctx)
+                    // Every token but the last sampled one was fed to the model.
+                    let num_rows = self.policy.seq(id).map_or(0, |s| s.num_tokens() - 1);
+                    self.finish(id, reason, text_len, num_rows, ctx)
                 }
             }
         }
@@ -94,12 +99,14 @@ impl SchedulerActor {
         }
     }
 
-    /// Builds a finished sequence's final output, reading its routing first when asked.
+    /// Builds a finished sequence's final output, reading its first `num_rows` routing rows first
+    /// when asked; the sequence keeps its blocks until then.
     fn finish(
         &mut self,
         id: SeqId,
         reason: FinishReason,
         text_len: Option<usize>,
+        num_rows: usize,
         ctx: &mut Context<Self>,
     ) {
         let Some(seq) = self.policy.seq(id) else { return };
@@ -115,6 +122,7 @@ impl SchedulerActor {
             num_prompt_tokens: seq.prompt.len(),
             num_cached_tokens: seq.num_cached_tokens,
             routing: None,
+            prompt_logprobs: seq.params.prompt_logprobs.map(|_| seq.prompt_logprobs.clone()),
         };
         let group = self.groups.get(&id.request());
         let Some(g) = group.filter(|g| g.return_routing && self.info.routing.is_some()) else {
@@ -122,8 +130,8 @@ impl SchedulerActor {
         };
         let read = Reconstruct {
             table: seq.blocks.clone(),
-            num_rows: seq.num_tokens() - 1,
-            start: g.routing_start,
+            num_rows,
+            start: g.routing_start.min(num_rows),
             after_step: self.last_step.get(&id).copied().unwrap_or_default(),
         };
         let fut = self.peers.routing.send(read).into_actor(self).map(move |res, act, ctx| {
@@ -194,12 +202,33 @@ impl SchedulerActor {
         self.check_drained();
     }
 
-    /// Ends every sequence of `request` with `finish_reason: abort`.
+    /// Ends every open sequence of `request` with `finish_reason: abort`. A sequence in the step
+    /// now in flight is aborted once that step's output is applied (the abort waits in
+    /// `pending_aborts`), so its rows are all stored; a sequence that computed tokens returns their
+    /// routing rows.
     pub(super) fn abort(&mut self, request: RequestId, ctx: &mut Context<Self>) {
-        let Some(g) = self.groups.remove(&request) else { return };
-        for i in 0..g.n {
+        let Some(g) = self.groups.get_mut(&request) else { return };
+        // No more token events, whatever happens next.
+        g.aborted = true;
+        let n = g.n;
+        if self.in_flight.iter().any(|id| id.request() == request) {
+            if !self.pending_aborts.contains(&request) {
+                self.pending_aborts.push(request);
+            }
+            return;
+        }
+        for i in 0..n {
             let id = SeqId::new(request, i);
-            if let Some(seq) = self.policy.abort(id) {
+            let Some(seq) = self.policy.seq(id) else { continue };
+            if seq.status == SeqStatus::Finishing {
+                // Finished already; its final output is on its way.
+                continue;
+            }
+            // Rows exist for every position in the sequence's blocks: computed or hit.
+            let num_rows = seq.num_computed_tokens;
+            if self.policy.stop_keeping_blocks(id) {
+                self.finish(id, FinishReason::Abort, None, num_rows, ctx);
+            } else if let Some(seq) = self.policy.abort(id) {
                 self.last_step.remove(&id);
                 let output = FinalOutput {
                     index: i,
@@ -209,10 +238,18 @@ impl SchedulerActor {
                     num_prompt_tokens: seq.prompt.len(),
                     num_cached_tokens: seq.num_cached_tokens,
                     routing: None,
+                    prompt_logprobs: None,
                 };
-                let _ = g.events.send(RequestEvent::Finished(Box::new(output)));
+                self.deliver(id, output);
             }
         }
         self.schedule(ctx);
+    }
+
+    /// Aborts that waited for the step that was in flight.
+    pub(super) fn run_pending_aborts(&mut self, ctx: &mut Context<Self>) {
+        for request in std::mem::take(&mut self.pending_aborts) {
+            self.abort(request, ctx);
+        }
     }
 }

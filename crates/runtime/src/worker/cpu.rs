@@ -8,8 +8,8 @@ use routed_model::{
     StateCache, StateIo,
 };
 use routed_types::{
-    BlockGeneration, BlockId, BlockRef, RoutingMeta, SampledToken, ScheduledSeq, StepOutput,
-    StepPlan,
+    BlockGeneration, BlockId, BlockRef, PromptLogprobs, RoutingMeta, SampledToken, ScheduledSeq,
+    StepOutput, StepPlan,
 };
 use std::{ops::Range, sync::Arc};
 
@@ -151,12 +151,14 @@ impl Worker for CpuWorker {
                 super::faults::inside_step(plan);
                 let out = model.forward(&inputs, kv, states, routing)?;
                 let sampled = sample(plan, &out.logits, &out.logits_rows, model, sampler);
-                Ok::<_, WorkerError>((out, sampled))
+                let prompt = prompt_logprobs(plan, &out.logits, &out.logits_rows, model);
+                Ok::<_, WorkerError>((out, (sampled, prompt)))
             })
         })?;
+        let (sampled, prompt_logprobs) = sampled;
         guard.disarm();
         Ok(ExecutedStep {
-            output: StepOutput { step_id: plan.step_id, sampled },
+            output: StepOutput { step_id: plan.step_id, sampled, prompt_logprobs },
             slot_mapping: out.slot_mapping,
             blocks: written_blocks(plan, caches.block_size),
         })
@@ -203,9 +205,11 @@ fn seq_input(s: &ScheduledSeq, hybrid: bool, wants_logits: bool) -> SeqInput<'_>
         num_computed_tokens: s.num_computed_tokens,
         num_prompt_tokens: s.num_prompt_tokens,
         block_table: &s.block_table,
-        logits: match s.sample.is_some() && wants_logits {
-            true => LogitsWanted::Last,
-            false => LogitsWanted::None,
+        logits: match (wants_logits, s.prompt_logprobs.is_some(), s.sample.is_some()) {
+            (false, ..) => LogitsWanted::None,
+            (true, true, _) => LogitsWanted::All,
+            (true, false, true) => LogitsWanted::Last,
+            (true, false, false) => LogitsWanted::None,
         },
         state: hybrid.then(|| StateIo {
             live: LiveStateId(s.live_state.unwrap_or(0)),
@@ -215,7 +219,8 @@ fn seq_input(s: &ScheduledSeq, hybrid: bool, wants_logits: bool) -> SeqInput<'_>
     }
 }
 
-/// Samples every sequence that asked for a token and whose logits were computed.
+/// Samples every sequence that asked for a token and whose logits were computed, from its last
+/// row.
 fn sample(
     plan: &StepPlan,
     logits: &[f32],
@@ -226,8 +231,9 @@ fn sample(
     let vocab = model.config().vocab_size;
     let one = |sampler: &mut Sampler, (s, rows): (&ScheduledSeq, &Range<usize>)| {
         let (params, index) = s.sample.as_ref()?;
-        (!rows.is_empty())
-            .then(|| sampler.sample(&logits[rows.start * vocab..rows.end * vocab], params, *index))
+        let last = rows.end.checked_sub(1).filter(|_| !rows.is_empty())?;
+        let row = &logits[last * vocab..rows.end * vocab];
+        Some(sampler.sample(row, params, *index, s.context.as_ref()))
     };
     // A row's sample depends on its own logits, seed and index only: any thread will do.
     if logits_rows.iter().filter(|r| !r.is_empty()).count() > 1 {
@@ -235,4 +241,31 @@ fn sample(
     } else {
         plan.seqs.iter().zip(logits_rows).map(|x| one(sampler, x)).collect()
     }
+}
+
+/// The prompt logprobs of every chunk that asked for them: row `r` of a chunk starting at position
+/// `p0` predicts prompt token `p0 + r + 1`. Rows are scored in parallel, each on its own.
+fn prompt_logprobs(
+    plan: &StepPlan,
+    logits: &[f32],
+    logits_rows: &[Range<usize>],
+    model: &Model,
+) -> Vec<PromptLogprobs> {
+    let vocab = model.config().vocab_size;
+    let mut chunks = Vec::new();
+    for (seq_index, (s, rows)) in plan.seqs.iter().zip(logits_rows).enumerate() {
+        let (Some(n), Some(context)) = (s.prompt_logprobs, &s.context) else { continue };
+        let prompt = &context.prompt;
+        let first_position = s.num_computed_tokens + 1;
+        let num_targets = rows.len().min(prompt.len().saturating_sub(first_position));
+        let entries = (0..num_targets)
+            .into_par_iter()
+            .map_init(Sampler::default, |sampler, r| {
+                let row = &logits[(rows.start + r) * vocab..(rows.start + r + 1) * vocab];
+                sampler.score(row, prompt[first_position + r], n)
+            })
+            .collect();
+        chunks.push(PromptLogprobs { seq_index, first_position, entries });
+    }
+    chunks
 }

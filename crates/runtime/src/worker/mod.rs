@@ -168,6 +168,8 @@ mod tests {
             restore_from: None,
             snapshots: Vec::new(),
             sample: None,
+            context: None,
+            prompt_logprobs: None,
         }
     }
 

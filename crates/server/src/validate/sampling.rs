@@ -79,5 +79,6 @@ pub(crate) fn sampling(
         stop_token_ids: f.stop_token_ids.unwrap_or_default(),
         stop,
         logprobs,
+        ..SamplingParams::default()
     })
 }

@@ -1,0 +1,199 @@
+//! The sampling and scoring features RL and evaluation clients use (penalties, `min_p`, logit
+//! bias, prompt logprobs), aborted requests' routing, and the expert-load counts, through the
+//! engine: each feature does what it says, deterministically under its seed, and a request's
+//! results are bitwise the same alone as batched with others in chunked steps.
+
+mod common;
+
+use common::{Outcome, collect, engine, greedy, request, run};
+use futures_util::{StreamExt, future::join_all};
+use routed::runtime::{FinalOutput, TokenEvent};
+use routed::types::{SamplingParams, TokenId};
+use routed::{EngineHandle, GenerateRequest, RequestEvent};
+use routed_test_support::Golden;
+
+/// Each feature on its own, sampled (temperature 1) so its effect on the draw shows.
+fn features() -> Vec<(&'static str, SamplingParams)> {
+    let sampled = SamplingParams { temperature: 1.0, seed: 11, logprobs: Some(2), ..greedy(10) };
+    vec![
+        ("presence_penalty", SamplingParams { presence_penalty: 1.5, ..sampled.clone() }),
+        ("frequency_penalty", SamplingParams { frequency_penalty: 0.7, ..sampled.clone() }),
+        ("repetition_penalty", SamplingParams { repetition_penalty: 1.8, ..sampled.clone() }),
+        ("min_p", SamplingParams { min_p: 0.3, ..sampled.clone() }),
+        (
+            "logit_bias",
+            SamplingParams { logit_bias: vec![(3, 4.0), (40, -50.0)], ..sampled.clone() },
+        ),
+        ("prompt_logprobs", SamplingParams { prompt_logprobs: Some(3), ..sampled }),
+    ]
+}
+
+/// Per continuation: its token events (token, logprob, top alternatives).
+fn streams(o: &Outcome) -> Vec<Vec<TokenEvent>> {
+    (0..o.finals.len())
+        .map(|i| o.tokens.iter().filter(|t| t.index == i).cloned().collect())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_feature_is_batch_invariant_and_deterministic() {
+    for arch in ["qwen3_moe", "nemotron_h"] {
+        let g = Golden::open(arch);
+        let prompt = g.prompt("main");
+        let solo = engine(arch, |c| c.enable_prefix_caching = false);
+        let busy = engine(arch, |c| c.max_num_batched_tokens = 9);
+        for (name, params) in features() {
+            let req = GenerateRequest::new(prompt.clone(), params.clone());
+            let alone = run(&solo, req.clone()).await;
+            let again = run(&solo, req.clone()).await;
+            assert!(alone.error.is_none(), "{arch} {name}: {:?}", alone.error);
+            assert_eq!(streams(&alone), streams(&again), "{arch} {name}: same seed, same bits");
+            // Batched with others, in 9-token steps.
+            let others = (0..3).map(|i| request(&g.prompt("long")[i..], 6 + i as u32));
+            let mut batch: Vec<_> = others.collect();
+            batch.insert(1, req);
+            let outs = join_all(batch.into_iter().map(|r| run(&busy, r))).await;
+            let batched = &outs[1];
+            assert_eq!(streams(batched), streams(&alone), "{arch} {name}: batched = alone");
+            // The busy engine keeps its prefix cache, so later features hit it: everything but the
+            // hit count must match.
+            let uncached = |o: &Outcome| -> Vec<_> {
+                o.finals.iter().map(|f| FinalOutput { num_cached_tokens: 0, ..f.clone() }).collect()
+            };
+            assert_eq!(uncached(batched), uncached(&alone), "{arch} {name}: outputs, routing");
+        }
+        solo.shutdown().await;
+        busy.shutdown().await;
+    }
+}
+
+/// How often `token` appears in a greedy continuation of `prompt` under `params`.
+async fn count_of(
+    handle: &EngineHandle,
+    prompt: &[TokenId],
+    params: SamplingParams,
+    token: u32,
+) -> usize {
+    let out = run(handle, GenerateRequest::new(prompt.to_vec(), params)).await;
+    out.finals[0].token_ids.iter().filter(|&&t| t == token).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bias_forces_a_token_and_penalties_see_the_history() {
+    let g = Golden::open("qwen3_moe");
+    let handle = engine("qwen3_moe", |_| {});
+    let prompt = g.prompt("short3");
+    let favoured = 77;
+    // A strong bias makes a greedy continuation repeat one token...
+    let biased = SamplingParams { logit_bias: vec![(favoured, 30.0)], ..greedy(12) };
+    assert_eq!(count_of(&handle, &prompt, biased.clone(), favoured).await, 12);
+    // ...until each repetition costs more than the bias: the penalties read the tokens generated
+    // in earlier steps.
+    let frequency = SamplingParams {
+        frequency_penalty: 2.0,
+        logit_bias: vec![(favoured, 5.0)],
+        ..biased.clone()
+    };
+    let with_frequency = count_of(&handle, &prompt, frequency, favoured).await;
+    assert!((1..12).contains(&with_frequency), "frequency penalty: {with_frequency} of 12");
+    let repetition =
+        SamplingParams { repetition_penalty: 100.0, logit_bias: vec![(favoured, 2.0)], ..biased };
+    let with_repetition = count_of(&handle, &prompt, repetition, favoured).await;
+    assert!(with_repetition < 12, "repetition penalty: {with_repetition} of 12");
+    handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_logprobs_match_transformers_and_skip_the_prefix_cache() {
+    for arch in ["qwen3_moe", "granitemoehybrid"] {
+        let g = Golden::open(arch);
+        let prompt = g.prompt("main");
+        let (logits, shape) = g.f32("main.logits");
+        let vocab = shape[1];
+        let handle = engine(arch, |c| c.max_num_batched_tokens = 7);
+        // Warm the prefix cache with the same prompt: the scoring request must not use it.
+        run(&handle, request(&prompt, 2)).await;
+        let params = SamplingParams { prompt_logprobs: Some(2), ..greedy(2) };
+        let out = run(&handle, GenerateRequest::new(prompt.clone(), params)).await;
+        let f = &out.finals[0];
+        assert_eq!(f.num_cached_tokens, 0, "{arch}: prompt logprobs compute the whole prompt");
+        let got = f.prompt_logprobs.as_ref().expect("asked for");
+        assert_eq!(got.len(), prompt.len() - 1, "{arch}: one per prompt token but the first");
+        for (i, entry) in got.iter().enumerate() {
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            let max = row.iter().copied().fold(f32::MIN, f32::max);
+            let log_z = max + row.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
+            let want = row[prompt[i + 1] as usize] - log_z;
+            assert_eq!(entry.token, prompt[i + 1]);
+            assert!(
+                (entry.logprob - want).abs() < 2e-4,
+                "{arch} position {}: {} vs {want}",
+                i + 1,
+                entry.logprob
+            );
+            assert_eq!(entry.top_logprobs.len(), 2);
+        }
+        handle.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_request_returns_the_routing_of_what_it_computed() {
+    for arch in ["nemotron_h", "mixtral"] {
+        let g = Golden::open(arch);
+        let prompt = g.prompt("long");
+        let handle = engine(arch, |_| {});
+        let full = run(&handle, request(&prompt, 40)).await;
+        let full_rows = full.finals[0].routing.clone().expect("routing");
+        let mut stream = handle.submit(request(&prompt, 40)).await.unwrap();
+        let mut seen = 0;
+        while seen < 5 {
+            if let Some(RequestEvent::Token(_)) = stream.next().await {
+                seen += 1;
+            }
+        }
+        handle.abort(stream.id());
+        let out = collect(stream).await;
+        let f = &out.finals[0];
+        assert_eq!(f.finish_reason, routed::types::FinishReason::Abort, "{arch}");
+        let rows = f.routing.as_ref().expect("an aborted request keeps its routing");
+        // One row per token fed to the model: the prompt and every generated token but the last.
+        assert_eq!(rows.num_rows, prompt.len() + f.token_ids.len() - 1, "{arch}");
+        assert!(f.token_ids.len() >= 5 && f.token_ids.len() < 40, "{arch}");
+        let n = rows.ids.len();
+        assert_eq!(rows.ids[..], full_rows.ids[..n], "{arch}: the same rows as the full run");
+        // Aborted before any forward: no routing.
+        let big = engine(arch, |c| c.max_num_seqs = 1);
+        let blocker = big.submit(request(&prompt, 30)).await.unwrap();
+        let waiting = big.submit(request(&prompt, 4)).await.unwrap();
+        big.abort(waiting.id());
+        let out = collect(waiting).await;
+        assert_eq!(out.finals[0].routing, None, "{arch}: aborted while waiting");
+        drop(blocker);
+        big.shutdown().await;
+        handle.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expert_load_counts_every_routed_token_by_phase() {
+    let g = Golden::open("qwen3_moe");
+    let handle = engine("qwen3_moe", |c| c.enable_prefix_caching = false);
+    let prompt = g.prompt("main");
+    run(&handle, request(&prompt, 5)).await;
+    let load = handle.expert_load().await.unwrap().expect("an MoE model");
+    let (prefill, decode) = (routed::routing::Phase::Prefill, routed::routing::Phase::Decode);
+    for l in 0..load.since_start.num_layers() {
+        let sum = |phase| load.since_start.counts(l, phase).iter().sum::<u64>();
+        // top-2: every prompt token and every fed-back generated token picks two experts.
+        assert_eq!(sum(prefill), 2 * prompt.len() as u64, "layer {l}");
+        assert_eq!(sum(decode), 2 * 4, "layer {l}");
+        assert!(load.since_start.imbalance(l, prefill).unwrap() >= 1.0);
+    }
+    assert_eq!(load.since_reset, load.since_start);
+    handle.reset_expert_load();
+    let after = handle.expert_load().await.unwrap().unwrap();
+    assert_eq!(after.since_reset.imbalance(0, prefill), None, "reset");
+    assert_eq!(after.since_start, load.since_start, "the since-start counts keep going");
+    handle.shutdown().await;
+}
