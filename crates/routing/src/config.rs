@@ -42,6 +42,12 @@ impl RoutingStoreConfig {
         self.max_bytes = Some(max_bytes);
         self
     }
+
+    /// Bytes of one block's rows: `block_size * L * K` ids of the store's width.
+    pub fn block_bytes(&self) -> usize {
+        let width = crate::width::IdWidth::for_num_experts(self.num_experts);
+        self.block_size * self.num_moe_layers * self.top_k * width.bytes()
+    }
 }
 
 /// What one [`RoutingStore::store_step`] call did.

@@ -284,6 +284,8 @@ pub struct ModelInfo {
     pub routing_capture: bool,
     /// KV blocks in the pool.
     pub num_kv_blocks: usize,
+    /// The pool was cut down to the blocks whose routing rows `--routing-cache-max-bytes` holds.
+    pub kv_pool_sized_by_routing_cap: bool,
     /// Tokens per KV block.
     pub block_size: usize,
     /// Snapshot slots (hybrid models).

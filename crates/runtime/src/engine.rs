@@ -119,6 +119,69 @@ fn load_cpu_workers(
         .collect()
 }
 
+/// How many KV blocks the engine uses, and why.
+struct PoolSize {
+    /// Blocks a sequence can hold (the scratch block excluded).
+    num_usable: usize,
+    /// The routing cap holds fewer blocks' rows than the KV memory would allow.
+    sized_by_routing_cap: bool,
+}
+
+impl PoolSize {
+    /// The configured (or memory-budgeted) pool, cut down to what `--routing-cache-max-bytes`
+    /// holds rows for when routing is captured: a block without rows can never give a prefix hit
+    /// and a running request's rows must all be kept, so blocks past the cap would only turn
+    /// into refused rows. Cached blocks' rows then go when the cache manager evicts the blocks,
+    /// least recently used first, and matching stops in the same step.
+    fn choose(
+        config: &EngineConfig,
+        worker: &dyn Worker,
+        meta: &routed_types::RoutingMeta,
+        is_moe: bool,
+    ) -> Result<Self, EngineError> {
+        let block_size = config.block_size.max(1);
+        let num_usable = config.num_kv_blocks.unwrap_or_else(|| {
+            let per_block = worker.kv_block_bytes(block_size).max(1);
+            ((config.kv_cache_memory_gb * 1e9) as usize / per_block).clamp(16, MAX_AUTO_BLOCKS)
+        });
+        let cap =
+            config.routing_cache_max_bytes.filter(|_| config.enable_routing_capture && is_moe);
+        let Some(max_bytes) = cap else {
+            return Ok(Self { num_usable, sized_by_routing_cap: false });
+        };
+        let per_block = RoutingStoreConfig::new(meta, 1, block_size).block_bytes();
+        let fits = max_bytes / per_block.max(1);
+        if fits == 0 {
+            return Err(EngineError::Load(format!(
+                "--routing-cache-max-bytes {max_bytes} holds no block's routing rows: one block of \
+                 {block_size} tokens needs {per_block} bytes"
+            )));
+        }
+        if fits >= num_usable {
+            return Ok(Self { num_usable, sized_by_routing_cap: false });
+        }
+        tracing::warn!(
+            "--routing-cache-max-bytes {max_bytes} holds the routing rows of {fits} KV blocks \
+             ({per_block} bytes each): the KV pool uses {fits} of its {num_usable} blocks"
+        );
+        Ok(Self { num_usable: fits, sized_by_routing_cap: true })
+    }
+
+    /// The longest prompt + output: as configured (else the model's), but never more than the
+    /// pool holds, or every request that leaves `max_tokens` to fill the context would be refused.
+    fn max_model_len(&self, config: &EngineConfig, model_max: usize, block_size: usize) -> usize {
+        let wanted = config.max_model_len.unwrap_or(model_max);
+        let capacity = self.num_usable * block_size;
+        if wanted > capacity {
+            tracing::warn!(
+                "max_model_len {wanted} is more than the KV pool's {capacity} token slots: using \
+                 {capacity}"
+            );
+        }
+        wanted.min(capacity)
+    }
+}
+
 /// Everything the actors are built from, prepared outside the actor system so errors return
 /// synchronously from `start`.
 struct Parts {
@@ -141,10 +204,15 @@ impl Parts {
         let first = &workers[0];
         let mc = first.config().clone();
         let block_size = config.block_size.max(1);
-        let num_usable = config.num_kv_blocks.unwrap_or_else(|| {
-            let per_block = first.kv_block_bytes(block_size).max(1);
-            ((config.kv_cache_memory_gb * 1e9) as usize / per_block).clamp(16, MAX_AUTO_BLOCKS)
+        let meta = first.routing_meta();
+        let routing_meta = meta.clone().unwrap_or(routed_types::RoutingMeta {
+            num_layers: 1,
+            moe_layer_ids: vec![0],
+            num_experts: 1,
+            top_k: 1,
         });
+        let pool = PoolSize::choose(config, first.as_ref(), &routing_meta, meta.is_some())?;
+        let num_usable = pool.num_usable;
         // One extra block is the scratch block that dummy forwards write to.
         let num_blocks = num_usable + 1;
         let hybrid = mc.is_hybrid();
@@ -159,19 +227,12 @@ impl Parts {
             mamba: hybrid.then_some(MambaCacheConfig { num_snapshot_slots: snapshot_slots }),
         };
         let cache = KvCacheManager::new(cache_config).map_err(|e| load(e.to_string()))?;
-        let meta = first.routing_meta();
-        let routing_meta = meta.clone().unwrap_or(routed_types::RoutingMeta {
-            num_layers: 1,
-            moe_layer_ids: vec![0],
-            num_experts: 1,
-            top_k: 1,
-        });
         let mut store_config = RoutingStoreConfig::new(&routing_meta, num_blocks, block_size);
         if let Some(max) = config.routing_cache_max_bytes {
             store_config = store_config.with_max_bytes(max);
         }
         let routing = RoutingStore::new(store_config).map_err(|e| load(e.to_string()))?;
-        let max_model_len = config.max_model_len.unwrap_or(mc.max_position_embeddings);
+        let max_model_len = pool.max_model_len(config, mc.max_position_embeddings, block_size);
         let info = Arc::new(ModelInfo {
             served_model_name: config.served_model_name.clone(),
             max_model_len,
@@ -179,6 +240,7 @@ impl Parts {
             routing: meta,
             routing_capture: config.enable_routing_capture,
             num_kv_blocks: num_usable,
+            kv_pool_sized_by_routing_cap: pool.sized_by_routing_cap,
             block_size,
             num_snapshot_slots: snapshot_slots,
             device: first.device(),

@@ -17,6 +17,12 @@ pub fn validate(request: &GenerateRequest, info: &ModelInfo) -> Result<(), Engin
     let p = request.prompt_token_ids.len();
     let max_tokens = request.sampling.max_tokens as usize;
     let limit = info.max_model_len;
+    let capacity = info.num_kv_blocks * info.block_size;
+    // When the routing cap sized the pool, a limit it set says so.
+    let why = |bound: usize| match info.kv_pool_sized_by_routing_cap && bound >= capacity {
+        true => " (the KV pool holds what --routing-cache-max-bytes holds routing rows for)",
+        false => "",
+    };
     if p == 0 {
         return bad("prompt", "the prompt must have at least one token".into());
     }
@@ -26,7 +32,8 @@ pub fn validate(request: &GenerateRequest, info: &ModelInfo) -> Result<(), Engin
     }
     if p >= limit {
         let message = format!(
-            "this model's maximum context length is {limit} tokens, and the prompt has {p}"
+            "this model's maximum context length is {limit} tokens{}, and the prompt has {p}",
+            why(limit)
         );
         return bad("prompt", message);
     }
@@ -35,17 +42,18 @@ pub fn validate(request: &GenerateRequest, info: &ModelInfo) -> Result<(), Engin
     }
     if p + max_tokens > limit {
         let message = format!(
-            "this model's maximum context length is {limit} tokens; the prompt ({p}) plus \
-             max_tokens ({max_tokens}) exceeds it"
+            "this model's maximum context length is {limit} tokens{}; the prompt ({p}) plus \
+             max_tokens ({max_tokens}) exceeds it",
+            why(limit)
         );
         return bad("max_tokens", message);
     }
-    let capacity = info.num_kv_blocks * info.block_size;
     if p + max_tokens > capacity {
         // Such a request could never hold all its blocks at once: it would be preempted forever.
         let message = format!(
             "the prompt ({p}) plus max_tokens ({max_tokens}) needs more than the KV cache's \
-             {capacity} token slots"
+             {capacity} token slots{}",
+            why(capacity)
         );
         return bad("max_tokens", message);
     }
@@ -80,6 +88,7 @@ mod tests {
             routing: None,
             routing_capture: true,
             num_kv_blocks: 8,
+            kv_pool_sized_by_routing_cap: false,
             block_size: 4,
             num_snapshot_slots: 0,
             device: "cpu".into(),

@@ -331,6 +331,7 @@ mod tests {
             }),
             routing_capture: capture,
             num_kv_blocks: 8,
+            kv_pool_sized_by_routing_cap: false,
             block_size: 16,
             num_snapshot_slots: 0,
             device: "cpu".into(),
