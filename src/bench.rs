@@ -176,6 +176,7 @@ async fn throughput(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value
     let mut records = Vec::new();
     for &b in &args.batch_sizes {
         let (mut walls, mut decodes) = (Vec::new(), Vec::new());
+        let before = engine.stats().await?;
         for _ in 0..args.repeats.max(1) {
             // Seeds 1..=b, as the baselines use; the cache reset keeps earlier runs from hitting.
             engine.reset_prefix_cache().await?;
@@ -185,13 +186,20 @@ async fn throughput(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value
             let steps = args.output_len.saturating_sub(1) as f64;
             decodes.push(b as f64 * steps / (t.wall - t.first_tokens).as_secs_f64().max(1e-9));
         }
+        let after = engine.stats().await?;
+        // Where expert parallelism's time goes, as shares of the steps' wall time (summed over
+        // ranks, so with N ranks the shares of one rank are these over N).
+        let steps = (after.step_seconds - before.step_seconds).max(1e-9);
+        let wait = (after.collective_wait_seconds - before.collective_wait_seconds) / steps;
+        let exchange =
+            (after.collective_exchange_seconds - before.collective_exchange_seconds) / steps;
         let wall = median(&mut walls);
         let decode = median(&mut decodes);
         let out = (b * args.output_len as usize) as f64 / wall;
         let total = (b * (args.prompt_len + args.output_len as usize)) as f64 / wall;
         println!("{b:>6} {wall:>10.3} {out:>14.1} {total:>14.1} {decode:>14.1}");
         records.push(json!({"scenario": format!("throughput_b{b}"), "tokens_per_s": out, "total_tokens_per_s": total, "wall_s": wall, "batch": b, "prompt_len": args.prompt_len, "output_len": args.output_len}));
-        records.push(json!({"scenario": format!("tg_b{b}"), "tokens_per_s": decode, "runs": decodes, "batch": b, "prompt_tokens": args.prompt_len, "new_tokens": args.output_len.saturating_sub(1)}));
+        records.push(json!({"scenario": format!("tg_b{b}"), "tokens_per_s": decode, "runs": decodes, "batch": b, "prompt_tokens": args.prompt_len, "new_tokens": args.output_len.saturating_sub(1), "collective_wait_share": wait, "collective_exchange_share": exchange}));
     }
     Ok(records)
 }

@@ -15,6 +15,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// Why a collective did not complete.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -77,6 +78,31 @@ pub trait Collective: Send + Sync + fmt::Debug {
     /// reach one later, get [`CollectiveError::Aborted`]. A rank whose part of a unit fails calls
     /// this before it returns, so no other rank waits for it forever.
     fn abort(&self, epoch: u64);
+
+    /// Time this rank has spent in collectives since it was made.
+    fn time_spent(&self) -> CollectiveTime {
+        CollectiveTime::default()
+    }
+}
+
+/// Where a rank's time in collectives went.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CollectiveTime {
+    /// Waiting at barriers for the other ranks (their longer work, and the hand-over itself).
+    pub waiting: Duration,
+    /// Copying expert outputs to and from the shared staging buffers.
+    pub exchanging: Duration,
+}
+
+impl std::ops::Add for CollectiveTime {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            waiting: self.waiting + other.waiting,
+            exchanging: self.exchanging + other.exchanging,
+        }
+    }
 }
 
 /// The group of one rank: every collective is immediate.
@@ -179,8 +205,13 @@ impl InProcessGroup {
         });
         (0..world_size)
             .map(|rank| {
-                Arc::new(InProcessRank { group: group.clone(), rank, parity: AtomicU64::new(0) })
-                    as Arc<dyn Collective>
+                Arc::new(InProcessRank {
+                    group: group.clone(),
+                    rank,
+                    parity: AtomicU64::new(0),
+                    waiting_ns: AtomicU64::new(0),
+                    exchanging_ns: AtomicU64::new(0),
+                }) as Arc<dyn Collective>
             })
             .collect()
     }
@@ -233,6 +264,21 @@ struct InProcessRank {
     rank: usize,
     /// Which staging set this rank's next gather uses.
     parity: AtomicU64,
+    waiting_ns: AtomicU64,
+    exchanging_ns: AtomicU64,
+}
+
+impl InProcessRank {
+    fn timed<T>(&self, counter: &AtomicU64, f: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let out = f();
+        counter.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        out
+    }
+
+    fn barrier_timed(&self) -> Result<(), CollectiveError> {
+        self.timed(&self.waiting_ns, || self.group.barrier())
+    }
 }
 
 impl Collective for InProcessRank {
@@ -266,7 +312,7 @@ impl Collective for InProcessRank {
             g.wake.notify_all();
         }
         drop(state);
-        g.barrier()
+        self.barrier_timed()
     }
 
     fn all_gather(
@@ -281,22 +327,29 @@ impl Collective for InProcessRank {
         }
         let parity = self.parity.fetch_xor(1, Ordering::Relaxed) as usize;
         let staging = &g.staging[parity];
-        {
+        self.timed(&self.exchanging_ns, || {
             let mine = &data[segments[self.rank].clone()];
             let mut slot = staging[self.rank].lock().unwrap_or_else(|e| e.into_inner());
             slot.clear();
             slot.extend_from_slice(mine);
-        }
-        g.barrier()?;
-        for (rank, range) in segments.iter().enumerate().filter(|&(r, _)| r != self.rank) {
-            let slot = staging[rank].lock().unwrap_or_else(|e| e.into_inner());
-            data[range.clone()].copy_from_slice(&slot[..range.len()]);
-        }
+        });
+        self.barrier_timed()?;
+        self.timed(&self.exchanging_ns, || {
+            for (rank, range) in segments.iter().enumerate().filter(|&(r, _)| r != self.rank) {
+                let slot = staging[rank].lock().unwrap_or_else(|e| e.into_inner());
+                data[range.clone()].copy_from_slice(&slot[..range.len()]);
+            }
+        });
         Ok(())
     }
 
     fn barrier(&self) -> Result<(), CollectiveError> {
-        self.group.barrier()
+        self.barrier_timed()
+    }
+
+    fn time_spent(&self) -> CollectiveTime {
+        let read = |c: &AtomicU64| Duration::from_nanos(c.load(Ordering::Relaxed));
+        CollectiveTime { waiting: read(&self.waiting_ns), exchanging: read(&self.exchanging_ns) }
     }
 
     fn abort(&self, epoch: u64) {

@@ -250,6 +250,12 @@ pub struct EngineStats {
     pub routing_copy_seconds: f64,
     /// Time the routing host-cache spent storing rows.
     pub routing_store_seconds: f64,
+    /// Expert parallelism: time the ranks spent waiting for each other at barriers, summed over
+    /// ranks.
+    pub collective_wait_seconds: f64,
+    /// Expert parallelism: time the ranks spent copying expert outputs to and from each other,
+    /// summed over ranks.
+    pub collective_exchange_seconds: f64,
 }
 
 impl EngineStats {

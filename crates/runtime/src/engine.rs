@@ -17,7 +17,10 @@ use crate::{
 };
 use actix::{Actor, Addr, AsyncContext, SyncArbiter};
 use futures_util::Stream;
-use routed_backend::{Device, collective::InProcessGroup};
+use routed_backend::{
+    Device,
+    collective::{Collective, InProcessGroup},
+};
 use routed_cache::{CacheConfig, KvCacheManager, MambaCacheConfig};
 use routed_model::{Model, Tokenizer};
 use routed_routing::{RoutingStore, RoutingStoreConfig};
@@ -57,11 +60,11 @@ impl Engine {
                 "{device} opened, but models run on the CPU backend only for now"
             )));
         }
-        let workers = load_cpu_workers(&config, progress)?;
+        let Ranks { workers, collectives: ranks } = load_cpu_workers(&config, progress)?;
         let dir = config.model.dir().to_owned();
         let tokenizer =
             Arc::new(Tokenizer::from_dir(&dir).map_err(|e| EngineError::Load(e.to_string()))?);
-        let parts = Parts::new(&config, workers, tokenizer)?;
+        let parts = Parts::new(&config, workers, ranks, tokenizer)?;
         let info = parts.info.clone();
         let tokenizer = parts.tokenizer.clone();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -82,12 +85,19 @@ impl Engine {
     }
 }
 
+/// The ranks of an expert-parallel group: their workers and their collective handles (kept for
+/// the timings).
+struct Ranks {
+    workers: Vec<Box<dyn Worker>>,
+    collectives: Vec<Arc<dyn Collective>>,
+}
+
 /// One CPU worker per rank of the expert-parallel group, each on its share of the threads. The
 /// ranks load side by side; rank 0 reports progress.
 fn load_cpu_workers(
     config: &EngineConfig,
     progress: &mut dyn FnMut(usize, usize),
-) -> Result<Vec<Box<dyn Worker>>, EngineError> {
+) -> Result<Ranks, EngineError> {
     let num_ranks = config.expert_parallel_size;
     if num_ranks == 0 {
         return Err(EngineError::Load("the expert parallel size must be at least 1".into()));
@@ -108,7 +118,7 @@ fn load_cpu_workers(
             .chain(others.into_iter().map(|h| h.join().expect("a loading thread panicked")))
             .collect()
     });
-    models
+    let workers = models
         .into_iter()
         .map(|model| {
             let model = model.map_err(|e| EngineError::Load(e.to_string()))?;
@@ -116,7 +126,8 @@ fn load_cpu_workers(
                 .map_err(|e| EngineError::Load(e.to_string()))?;
             Ok(Box::new(worker) as Box<dyn Worker>)
         })
-        .collect()
+        .collect::<Result<_, EngineError>>()?;
+    Ok(Ranks { workers, collectives: ranks })
 }
 
 /// How many KV blocks the engine uses, and why.
@@ -187,6 +198,7 @@ impl PoolSize {
 struct Parts {
     config: EngineConfig,
     workers: Vec<Box<dyn Worker>>,
+    ranks: Vec<Arc<dyn Collective>>,
     tokenizer: Arc<Tokenizer>,
     info: Arc<ModelInfo>,
     cache: KvCacheManager,
@@ -198,6 +210,7 @@ impl Parts {
     fn new(
         config: &EngineConfig,
         mut workers: Vec<Box<dyn Worker>>,
+        ranks: Vec<Arc<dyn Collective>>,
         tokenizer: Arc<Tokenizer>,
     ) -> Result<Self, EngineError> {
         let load = |e: String| EngineError::Load(e);
@@ -270,6 +283,7 @@ impl Parts {
             },
             config: config.clone(),
             workers,
+            ranks,
             tokenizer,
             info,
             cache,
@@ -314,12 +328,13 @@ impl Parts {
         let executor = ExecutorActor::new(ranks).start();
         let (policy, tokenizer, info) = (Scheduler::new(self.scheduler), self.tokenizer, self.info);
         let heartbeat_ms = self.config.heartbeat_ms;
+        let ranks = self.ranks;
         Ok(SchedulerActor::create(move |ctx| {
             let heartbeat = (heartbeat_ms > 0).then(|| {
                 let period = Duration::from_millis(heartbeat_ms);
                 HeartbeatActor::new(period, executor.clone(), ctx.address().recipient()).start()
             });
-            let peers = Peers { cache, executor, routing, heartbeat, timings };
+            let peers = Peers { cache, executor, routing, heartbeat, timings, ranks };
             SchedulerActor::new(policy, tokenizer, info, peers)
         }))
     }

@@ -116,6 +116,14 @@ impl Handler<GetStats> for SchedulerActor {
         stats.routing_capture_seconds = Timings::seconds(&t.capture_ns);
         stats.routing_copy_seconds = Timings::seconds(&t.copy_ns);
         stats.routing_store_seconds = Timings::seconds(&t.store_ns);
+        let collective = self
+            .peers
+            .ranks
+            .iter()
+            .map(|r| r.time_spent())
+            .fold(routed_backend::collective::CollectiveTime::default(), |a, b| a + b);
+        stats.collective_wait_seconds = collective.waiting.as_secs_f64();
+        stats.collective_exchange_seconds = collective.exchanging.as_secs_f64();
         let (cache, routing) = (self.peers.cache.clone(), self.peers.routing.clone());
         let meta = self.info.routing.clone();
         Box::pin(async move {

@@ -53,6 +53,8 @@ pub struct Peers {
     pub heartbeat: Option<Addr<HeartbeatActor>>,
     /// Pipeline timings the other actors write.
     pub timings: Arc<Timings>,
+    /// The ranks' collectives, for their timings.
+    pub ranks: Vec<Arc<dyn routed_backend::collective::Collective>>,
 }
 
 /// Drives engine steps and owns every request's stream.
