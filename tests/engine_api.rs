@@ -109,10 +109,16 @@ async fn invalid_requests_name_the_field() {
     assert_eq!(param(handle.submit(request(&[512], 4)).await), "prompt");
     assert_eq!(param(handle.submit(request(&g.prompt("long"), 30)).await), "max_tokens");
     let tiny = engine("nemotron_h", |c| c.num_kv_blocks = Some(8));
+    // 8 blocks of 4 clamp max_model_len to 32 tokens.
     assert_eq!(
         param(tiny.submit(request(&g.prompt("long"), 1)).await),
+        "prompt",
+        "40 prompt tokens > 8 blocks of 4"
+    );
+    assert_eq!(
+        param(tiny.submit(request(&g.prompt("main"), 16)).await),
         "max_tokens",
-        "40 tokens > 8 blocks of 4"
+        "24 prompt + 16 new tokens > 8 blocks of 4"
     );
     tiny.shutdown().await;
     let r = GenerateRequest { n: 0, ..request(&g.prompt("short1"), 4) };
@@ -135,12 +141,23 @@ async fn a_full_waiting_queue_is_an_overload_error() {
         c.max_num_seqs = 1;
         c.max_waiting_requests = 1;
     });
-    let mut results = Vec::new();
-    for _ in 0..3 {
-        results.push(handle.submit(request(&g.prompt("long"), 16)).await);
+    // One running and one waiting fill the engine; a third is refused unless
+    // the engine finished a whole request between two submissions, so keep
+    // submitting (streams held) until the refusal comes.
+    let mut streams = Vec::new();
+    let mut refused = false;
+    for _ in 0..32 {
+        match handle.submit(request(&g.prompt("long"), 32)).await {
+            Ok(stream) => streams.push(stream),
+            Err(EngineError::Overloaded(_)) => {
+                refused = true;
+                break;
+            }
+            Err(e) => panic!("unexpected error: {e}"),
+        }
     }
-    assert!(results.iter().any(|r| matches!(r, Err(EngineError::Overloaded(_)))));
-    drop(results);
+    assert!(refused, "{} requests admitted with room for two", streams.len());
+    drop(streams);
     handle.shutdown().await;
 }
 
