@@ -11,6 +11,7 @@
 
 mod batch;
 mod config;
+mod config_checks;
 mod error;
 mod families;
 mod kv;
