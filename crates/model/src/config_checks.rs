@@ -42,7 +42,7 @@ pub(crate) fn check(raw: &RawConfig, config: &ModelConfig) -> Result<()> {
     let vocab = config.vocab_size;
     eos_ids(raw.path(), raw.get(&["eos_token_id"]), vocab)?;
     let generation = raw.path().with_file_name("generation_config.json");
-    if let Some(value) = read_optional(&generation)? {
+    if let Some(value) = crate::tokenizer::read_optional_json(&generation)? {
         eos_ids(&generation, value.get("eos_token_id").filter(|v| !v.is_null()), vocab)?;
     }
     Ok(())
@@ -111,17 +111,6 @@ fn eos_ids(path: &Path, value: Option<&Value>, vocab_size: usize) -> Result<()> 
         }
     }
     Ok(())
-}
-
-/// The JSON in `path`, or `None` when there is no such file.
-fn read_optional(path: &Path) -> Result<Option<Value>> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => serde_json::from_str(&text)
-            .map(Some)
-            .map_err(|source| ModelError::Json { path: path.to_owned(), source }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(ModelError::Io { path: path.to_owned(), source }),
-    }
 }
 
 #[cfg(test)]

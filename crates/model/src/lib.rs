@@ -20,6 +20,7 @@ mod model;
 mod sampling;
 mod shard;
 mod state;
+mod token_bound;
 mod tokenizer;
 mod weights;
 mod workspace;
