@@ -178,6 +178,7 @@ impl Parts {
             num_kv_blocks: num_usable,
             block_size,
             num_snapshot_slots: snapshot_slots,
+            max_waiting_requests: config.max_waiting_requests,
             device: first.device(),
             expert_parallel_size: workers.len(),
             default_seed: config.seed,

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use crate::AppState;
 use crate::error::ApiError;
-use crate::validate::{ChatRender, check_model, render_messages, token_ids};
+use crate::validate::{ChatRender, check_model, encode, render_messages, token_ids};
 use crate::wire::{DetokenizeBody, TokenizeBody, parse};
 
 /// The token ids of a `/tokenize` body and the field they came from.
@@ -44,10 +44,7 @@ fn tokenize_ids(
             });
         }
     };
-    let ids = state
-        .tokenizer()
-        .encode_with(&text, add_special)
-        .map_err(|e| ApiError::invalid(param, format!("cannot tokenize: {e}")))?;
+    let ids = encode(state, &text, add_special, param, state.info().max_model_len)?;
     Ok((ids, param))
 }
 
@@ -110,7 +107,14 @@ pub(crate) async fn detokenize(
 ) -> Result<HttpResponse, ApiError> {
     let b: DetokenizeBody = parse(&body)?;
     check_model(state.info(), b.model.as_deref())?;
-    let ids = token_ids(&b.tokens, state.info(), "tokens")?;
+    let vocab_size = state.info().vocab_size;
+    let ids = token_ids(&b.tokens, "tokens")?;
+    if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+        return Err(ApiError::invalid(
+            "tokens",
+            format!("token ids must be in [0, {vocab_size}), got {id}"),
+        ));
+    }
     let prompt = state
         .tokenizer()
         .decode_with(&ids, false)

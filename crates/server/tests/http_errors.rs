@@ -156,19 +156,52 @@ fn an_unknown_model_or_route_is_404_and_a_wrong_method_405() {
 }
 
 #[test]
-fn a_full_waiting_queue_is_503() {
-    let s = TestServer::shared("tiny_queue", || {
+fn a_request_that_can_never_fit_the_waiting_queue_is_400_naming_the_limit() {
+    let s = TestServer::shared("small_queue", || {
         let mut config = test_config(MODEL);
-        config.max_waiting_requests = 1;
+        config.max_waiting_requests = 4;
         config
     });
-    // Two continuations never fit a waiting queue of one.
-    let error =
-        s.post("/v1/completions", &json!({"prompt": "x", "n": 2})).error(503, "overloaded_error");
+    let c = "/v1/completions";
+    for (body, param) in [
+        (json!({"prompt": "x", "n": 5}), "n"),
+        (json!({"prompt": ["a", "b", "c"], "n": 2}), "n"),
+        (json!({"prompt": ["a", "b", "c", "d", "e"]}), "prompt"),
+        (json!({"prompt": [[1], [2], [3]], "n": 2, "stream": true}), "n"),
+    ] {
+        let error = assert_400(&s, c, body, param);
+        assert!(error["message"].as_str().unwrap().contains("--max-waiting-requests 4"), "{error}");
+    }
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "n": 5});
+    assert_400(&s, "/v1/chat/completions", chat, "n");
+    // Four sequences fit an idle queue of four.
+    let out = s.ok(c, &json!({"prompt": ["a", "b"], "n": 2, "max_tokens": 2}));
+    assert_eq!(out["choices"].as_array().unwrap().len(), 4);
+}
+
+#[test]
+fn a_queue_that_is_full_now_is_503() {
+    let s = TestServer::shared("full_queue", || {
+        let mut config = test_config(MODEL);
+        // One running slot, one waiting place, and room for a request that runs for minutes.
+        config.max_num_seqs = 1;
+        config.max_waiting_requests = 1;
+        config.max_model_len = Some(65536);
+        config.num_kv_blocks = Some(4200);
+        config
+    });
+    let long = json!({"prompt": "x", "max_tokens": 60000, "ignore_eos": true, "stream": true});
+    let mut running = common::send_only(s.addr, "/v1/completions", &long);
+    common::read_until(&mut running, "data: ");
+    let waiting = common::send_only(s.addr, "/v1/completions", &json!({"prompt": "y"}));
+    common::wait_until("the second request to be queued", || s.registry.len() == 2);
+    let error = s.post("/v1/completions", &json!({"prompt": "z"})).error(503, "overloaded_error");
     assert_eq!(error["code"], "queue_full");
-    // Streamed requests are refused before the stream starts.
-    s.post("/v1/completions", &json!({"prompt": "x", "n": 2, "stream": true}))
+    s.post("/v1/completions", &json!({"prompt": "z", "stream": true}))
         .error(503, "overloaded_error");
+    // Both clients leave; their requests are aborted and the queue serves again.
+    drop((running, waiting));
+    common::wait_until("the aborted requests to leave", || s.registry.is_empty());
     s.ok("/v1/completions", &json!({"prompt": "x", "max_tokens": 2}));
 }
 

@@ -188,6 +188,28 @@ pub fn send_only(addr: SocketAddr, path: &str, body: &Value) -> TcpStream {
     stream
 }
 
+/// Polls `done` until it holds; panics, naming `what`, when the watchdog runs out first.
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WATCHDOG;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "watchdog: still waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Reads from `stream` until what was read contains `needle`, and returns it.
+pub fn read_until(stream: &mut TcpStream, needle: &str) -> String {
+    stream.set_read_timeout(Some(WATCHDOG)).expect("timeout");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains(needle) {
+        let n = stream.read(&mut buf).expect("read (watchdog)");
+        assert!(n > 0, "closed before {needle:?}: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
 fn parse_response(raw: &[u8]) -> Response {
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("header end");
     let head = String::from_utf8_lossy(&raw[..split]);
