@@ -96,8 +96,14 @@ pub(crate) async fn health(state: web::Data<AppState>) -> HttpResponse {
     }
 }
 
-/// `GET /metrics`: Prometheus text.
-pub(crate) async fn metrics() -> HttpResponse {
+/// `GET /metrics`: Prometheus text. The engine's figures are read first (which publishes every
+/// gauge, `routed_routing_bytes_held` included), so each scrape is true as of itself: on a fresh
+/// server before any step, and right after `/reset_prefix_cache`. A stopped engine leaves the
+/// last published figures.
+pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    if let Err(e) = state.handle().stats().await {
+        tracing::debug!(error = %e, "/metrics: cannot read the engine's figures");
+    }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(render_metrics())
