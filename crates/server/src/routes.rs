@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use actix_web::{HttpResponse, web};
 use routed_runtime::EngineError;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::AppState;
+use crate::body::{JsonBody, prepare};
 use crate::error::ApiError;
 use crate::metrics::render_metrics;
 use crate::response::{self, Header, Route};
@@ -43,18 +44,18 @@ async fn answer(state: &AppState, route: Route, job: Job) -> Result<HttpResponse
 /// `POST /v1/completions`.
 pub(crate) async fn completions(
     state: web::Data<AppState>,
-    body: web::Json<Value>,
+    body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
-    let job = validate::completions(&state, &body)?;
+    let job = prepare(&state, body, validate::completions).await?;
     answer(&state, Route::Completions, job).await
 }
 
 /// `POST /v1/chat/completions`.
 pub(crate) async fn chat_completions(
     state: web::Data<AppState>,
-    body: web::Json<Value>,
+    body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
-    let job = validate::chat(&state, &body)?;
+    let job = prepare(&state, body, validate::chat).await?;
     answer(&state, Route::Chat, job).await
 }
 

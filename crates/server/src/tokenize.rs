@@ -10,6 +10,7 @@ use routed_types::TokenId;
 use serde_json::{Value, json};
 
 use crate::AppState;
+use crate::body::{JsonBody, prepare};
 use crate::error::ApiError;
 use crate::validate::{ChatRender, check_model, encode, render_messages, token_ids};
 use crate::wire::{DetokenizeBody, TokenizeBody, parse};
@@ -69,15 +70,21 @@ fn refuse_chat_options(b: &TokenizeBody) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `POST /tokenize`.
+/// `POST /tokenize` (prepared off the I/O threads: encoding is the expensive part).
 pub(crate) async fn tokenize(
     state: web::Data<AppState>,
-    body: web::Json<Value>,
+    body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
-    let b: TokenizeBody = parse(&body)?;
+    let answer = prepare(&state, body, tokenize_answer).await?;
+    Ok(HttpResponse::Ok().json(answer))
+}
+
+/// The answer of `/tokenize`.
+fn tokenize_answer(state: &AppState, body: &Value) -> Result<Value, ApiError> {
+    let b: TokenizeBody = parse(body)?;
     let info = state.info();
     check_model(info, b.model.as_deref())?;
-    let (ids, param) = tokenize_ids(&state, &b)?;
+    let (ids, param) = tokenize_ids(state, &b)?;
     if ids.len() > info.max_model_len {
         return Err(ApiError::invalid(
             param,
@@ -92,20 +99,26 @@ pub(crate) async fn tokenize(
         let tokenizer = state.tokenizer();
         ids.iter().map(|&id| tokenizer.id_to_token(id).unwrap_or_default()).collect::<Vec<_>>()
     });
-    Ok(HttpResponse::Ok().json(json!({
+    Ok(json!({
         "count": ids.len(),
         "max_model_len": info.max_model_len,
         "tokens": ids,
         "token_strs": token_strs,
-    })))
+    }))
 }
 
-/// `POST /detokenize`.
+/// `POST /detokenize` (prepared off the I/O threads: decoding a large body is work too).
 pub(crate) async fn detokenize(
     state: web::Data<AppState>,
-    body: web::Json<Value>,
+    body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
-    let b: DetokenizeBody = parse(&body)?;
+    let answer = prepare(&state, body, detokenize_answer).await?;
+    Ok(HttpResponse::Ok().json(answer))
+}
+
+/// The answer of `/detokenize`.
+fn detokenize_answer(state: &AppState, body: &Value) -> Result<Value, ApiError> {
+    let b: DetokenizeBody = parse(body)?;
     check_model(state.info(), b.model.as_deref())?;
     let vocab_size = state.info().vocab_size;
     let ids = token_ids(&b.tokens, "tokens")?;
@@ -119,5 +132,5 @@ pub(crate) async fn detokenize(
         .tokenizer()
         .decode_with(&ids, false)
         .map_err(|e| ApiError::invalid("tokens", format!("cannot detokenize: {e}")))?;
-    Ok(HttpResponse::Ok().json(json!({"prompt": prompt})))
+    Ok(json!({"prompt": prompt}))
 }

@@ -254,3 +254,54 @@ fn an_engine_failure_is_a_500_or_one_error_event_then_done() {
     assert_eq!(s.get("/health").status, 200);
     s.ok("/v1/completions", &json!({"prompt": "fine", "max_tokens": 2}));
 }
+
+#[test]
+fn a_text_that_cannot_fit_is_refused_before_it_is_encoded() {
+    let s = server(MODEL);
+    // 16 MiB of text: the tokenizer's bound (13 bytes per token at most for this vocabulary)
+    // already says it cannot fit 4096 tokens, so it is refused without encoding it.
+    let text = "the quick brown fox. ".repeat(800_000);
+    let messages = json!([{"role": "user", "content": text}]);
+    for (path, body, param) in [
+        ("/v1/completions", json!({"prompt": text}), "prompt"),
+        ("/v1/completions", json!({"prompt": ["hi", text]}), "prompt"),
+        ("/v1/chat/completions", json!({"messages": messages}), "messages"),
+        ("/generate", json!({"text": text}), "text"),
+        ("/tokenize", json!({"prompt": text}), "prompt"),
+    ] {
+        let error = assert_400(&s, path, body, param);
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains("encodes to at least") && message.contains("4096"), "{message}");
+    }
+    // A text the bound lets through is encoded and checked exactly, as before.
+    let error = assert_400(&s, "/v1/completions", json!({"prompt": "a ".repeat(5000)}), "prompt");
+    assert!(error["message"].as_str().unwrap().contains("the prompt has"), "{error}");
+}
+
+#[test]
+fn a_body_that_stalls_mid_upload_is_408_and_disconnected() {
+    use std::io::{Read, Write};
+    let gateway = routed_server::ServerConfig {
+        body_read_timeout: std::time::Duration::from_secs(1),
+        ..routed_server::ServerConfig::default()
+    };
+    let s = TestServer::start_with(test_config(MODEL), gateway);
+    let body = json!({"prompt": "hello", "max_tokens": 2}).to_string();
+    let mut stream = std::net::TcpStream::connect(s.addr).unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(&body.as_bytes()[..body.len() / 2]).unwrap();
+    // The rest never comes. The watchdog on the read stops a server that never answers.
+    stream.set_read_timeout(Some(common::WATCHDOG)).unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("the server answers and closes (watchdog)");
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"body_timeout\""), "{text}");
+    // The server keeps serving whole bodies.
+    s.ok("/v1/completions", &json!({"prompt": "hello", "max_tokens": 2}));
+}

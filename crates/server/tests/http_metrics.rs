@@ -55,9 +55,7 @@ fn every_gauge_is_true_at_every_scrape() {
 
     // A finished request with routing leaves its full blocks cached, with their rows.
     s.ok("/v1/completions", &json!({"prompt": prompt_ids(40, 3), "max_tokens": 2}));
-    wait_until("the request to be released", || {
-        scrape(&s).get("routed_requests_running") == 0.0
-    });
+    wait_until("the request to be released", || scrape(&s).get("routed_requests_running") == 0.0);
     let used = scrape(&s);
     assert!(used.get("routed_kv_blocks_cached") >= 2.0, "{}", used.0);
     assert_eq!(used.get("routed_kv_blocks_evictable"), used.get("routed_kv_blocks_cached"));

@@ -52,6 +52,11 @@ impl TestServer {
     /// Starts an engine with `config` and the gateway in front of it, on its own actix system
     /// thread. The server lives until the test process exits.
     pub fn start(config: EngineConfig) -> Self {
+        Self::start_with(config, routed_server::ServerConfig::default())
+    }
+
+    /// [`TestServer::start`] with the gateway's own settings (workers, timeouts).
+    pub fn start_with(config: EngineConfig, server: routed_server::ServerConfig) -> Self {
         routed_server::install_metrics_recorder().expect("metrics recorder");
         let handle = Engine::start(config).expect("engine starts");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -59,7 +64,8 @@ impl TestServer {
         let engine = handle.clone();
         std::thread::spawn(move || {
             actix_rt::System::new().block_on(async move {
-                let bound = routed_server::bind_server(engine, listener).expect("server builds");
+                let bound = routed_server::bind_server_with(engine, listener, &server)
+                    .expect("server builds");
                 tx.send((bound.addr, Arc::clone(bound.state.registry()))).expect("send addr");
                 bound.server.await.expect("server runs");
             });
