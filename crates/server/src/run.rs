@@ -173,7 +173,9 @@ impl Stream for Tracked {
 impl Drop for Tracked {
     fn drop(&mut self) {
         self.registry.requests.remove(&self.id);
-        if self.cut {
+        // Ended by a shutdown (this stream, or a sibling of the same batch whose error ended the
+        // answer): aborted, but its client did not go away.
+        if self.cut || !self.ended && *self.registry.end.borrow() {
             self.handle.abort(self.id);
         } else if !self.ended {
             tracing::debug!(id = %self.id, "client gone: aborting request");

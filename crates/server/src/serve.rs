@@ -146,11 +146,12 @@ pub async fn serve_with(
     serve_until(handle, listener, config, signals).await
 }
 
-/// Serves the gateway on `listener` until the first item of `shutdown`, then drains: new requests
+/// Serves the gateway on `listener` until `shutdown` yields (or ends), then drains: new requests
 /// are answered 503 `shutting_down` while the listener keeps accepting, the requests in flight
 /// get `config.shutdown_grace` to finish (a second item of `shutdown` cuts it short), whatever is
 /// left is ended with a 503 (an error event then `[DONE]` on a stream), and then the server stops
-/// and the engine shuts down. Returns once all of that is done.
+/// and the engine shuts down. Returns once all of that is done. [`serve_with`] passes SIGTERM and
+/// SIGINT as `shutdown`; a program of its own can pass any stream, a channel's receiver say.
 pub async fn serve_until(
     handle: EngineHandle,
     listener: TcpListener,
