@@ -72,7 +72,9 @@ async fn read(
         return Err(too_large());
     }
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut body = BytesMut::with_capacity(declared.unwrap_or(0));
+    // Reserve no more than a MiB up front: a client that declares 64 MiB and stalls must not
+    // hold 64 MiB per connection.
+    let mut body = BytesMut::with_capacity(declared.unwrap_or(0).min(1 << 20));
     loop {
         let chunk = match tokio::time::timeout_at(deadline, payload.next()).await {
             Ok(None) => break,
