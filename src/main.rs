@@ -39,6 +39,14 @@ struct ServeArgs {
     /// Port to listen on (0 picks a free one).
     #[arg(long, default_value_t = 8000)]
     port: u16,
+    /// On SIGTERM or SIGINT, seconds the requests in flight get to finish; new requests are
+    /// answered 503 meanwhile, and what is left then ends with a 503 error.
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace_s: u64,
+    /// Seconds a request body may take to arrive once its headers have; a stalled body is
+    /// answered 408.
+    #[arg(long, default_value_t = 60)]
+    body_read_timeout_s: u64,
 }
 
 #[derive(clap::Args)]
@@ -82,13 +90,20 @@ fn main() -> Result<()> {
     }
 }
 
-/// Runs the gateway until interrupted (Ctrl-C drains in-flight requests, then exits).
+/// Runs the gateway until SIGTERM or SIGINT, then drains: new requests get 503, the ones in flight
+/// get `--shutdown-grace-s` to finish, the rest end with a 503, and the process exits 0.
 fn serve(args: ServeArgs) -> Result<()> {
     routed::server::install_metrics_recorder()
         .map_err(|e| anyhow::anyhow!("metrics recorder: {e}"))?;
     let engine = args.engine.start()?;
-    let listener =
-        routed::server::ServerConfig { host: args.host.clone(), port: args.port }.bind()?;
+    let config = routed::server::ServerConfig {
+        host: args.host.clone(),
+        port: args.port,
+        shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_s),
+        body_read_timeout: std::time::Duration::from_secs(args.body_read_timeout_s),
+        ..routed::server::ServerConfig::default()
+    };
+    let listener = config.bind()?;
     let info = engine.model_info();
     tracing::info!(
         model = %info.served_model_name,
@@ -99,7 +114,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         "serving on http://{}",
         listener.local_addr()?
     );
-    actix_rt::System::new().block_on(routed::server::serve(engine, listener))?;
+    actix_rt::System::new().block_on(routed::server::serve_with(engine, listener, &config))?;
     Ok(())
 }
 

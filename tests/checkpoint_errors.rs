@@ -70,3 +70,72 @@ fn an_unknown_architecture_and_a_missing_file_are_named() {
     let msg = Model::load(dir.path(), &mut |_, _| {}).err().unwrap().to_string();
     assert!(msg.contains("config.json"), "{msg}");
 }
+
+/// Copies the `arch` golden checkpoint into `dir` and rewrites the JSON file `file` with `edit`.
+fn edited_checkpoint(
+    arch: &str,
+    dir: &Path,
+    file: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) {
+    let src = Golden::open(arch).model_dir();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    let path = dir.join(file);
+    let mut value: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut value);
+    std::fs::write(&path, value.to_string()).unwrap();
+}
+
+/// Loads the edited checkpoint (with `config.v5.json` when that is the file edited), which must fail with one line naming `key` and `file`.
+fn load_error(arch: &str, file: &str, key: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    let dir = tempfile::tempdir().unwrap();
+    edited_checkpoint(arch, dir.path(), file, edit);
+    let loaded = match file {
+        "config.v5.json" => Model::load_with_config(dir.path(), &dir.path().join(file)),
+        _ => Model::load(dir.path(), &mut |_, _| {}),
+    };
+    let msg = loaded.err().expect("load must fail").to_string();
+    assert!(msg.contains(key) && msg.contains(file) && !msg.contains('\n'), "{key}: {msg}");
+}
+
+#[test]
+fn a_layer_pattern_of_another_length_than_num_hidden_layers_is_named() {
+    // The golden Nemotron-H has 7 layers, "ME*EM-E".
+    load_error("nemotron_h", "config.json", "hybrid_override_pattern", |c| {
+        c["hybrid_override_pattern"] = "ME*EM".into();
+    });
+    load_error("nemotron_h", "config.json", "hybrid_override_pattern", |c| {
+        c["hybrid_override_pattern"] = "ME*EM-EE".into();
+    });
+    load_error("granitemoehybrid", "config.json", "layer_types", |c| {
+        c["num_hidden_layers"] = 5.into();
+    });
+}
+
+#[test]
+fn max_position_embeddings_zero_is_named() {
+    for arch in ["qwen3_moe", "nemotron_h"] {
+        load_error(arch, "config.json", "max_position_embeddings", |c| {
+            c["max_position_embeddings"] = 0.into();
+        });
+    }
+}
+
+#[test]
+fn an_eos_token_id_outside_the_vocabulary_is_named_with_its_file() {
+    // The golden vocabularies have 512 tokens.
+    load_error("qwen3_moe", "config.json", "eos_token_id", |c| c["eos_token_id"] = 512.into());
+    load_error("qwen3_moe", "generation_config.json", "eos_token_id", |c| {
+        c["eos_token_id"] = serde_json::json!([2, 100000]);
+    });
+}
+
+#[test]
+fn an_unknown_dtype_is_named() {
+    load_error("qwen3_moe", "config.json", "torch_dtype", |c| c["torch_dtype"] = "bfloat17".into());
+    load_error("nemotron_h", "config.v5.json", "dtype", |c| c["dtype"] = "int4x".into());
+}

@@ -259,7 +259,8 @@ impl ModelConfig {
         Self::from_file(&dir.join("config.json"))
     }
 
-    /// Reads a config file and normalises it.
+    /// Reads a config file and normalises it; keys that contradict each other or the vocabulary
+    /// (also the EOS ids of a `generation_config.json` beside it) are an error naming the key.
     pub fn from_file(path: &Path) -> Result<Self> {
         let raw = RawConfig::read(path)?;
         let arch_name = raw.architecture()?;
@@ -270,7 +271,9 @@ impl ModelConfig {
                 supported: Architecture::ALL.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
             }
         })?;
-        crate::families::config_for(arch, &raw)
+        let config = crate::families::config_for(arch, &raw)?;
+        crate::config_checks::check(&raw, &config)?;
+        Ok(config)
     }
 }
 

@@ -11,6 +11,7 @@
 
 mod batch;
 mod config;
+mod config_checks;
 mod error;
 mod families;
 mod kv;
@@ -19,6 +20,7 @@ mod model;
 mod sampling;
 mod shard;
 mod state;
+mod token_bound;
 mod tokenizer;
 mod weights;
 mod workspace;

@@ -2,6 +2,7 @@
 //! end-of-sequence ids (`generation_config.json`).
 
 use crate::error::{ModelError, Result};
+use crate::token_bound::TokenBound;
 use routed_types::TokenId;
 use serde::Serialize;
 use serde_json::Value;
@@ -23,6 +24,8 @@ pub struct Tokenizer {
     bos_token: Option<String>,
     eos_token: Option<String>,
     eos_token_ids: Vec<TokenId>,
+    /// How many tokens a text needs at least, when the pipeline allows a bound.
+    bound: Option<TokenBound>,
 }
 
 impl Tokenizer {
@@ -52,6 +55,7 @@ impl Tokenizer {
             eos_token_ids.push(id);
         }
         Ok(Self {
+            bound: TokenBound::of(&inner),
             chat_template: chat_template.map(str::to_owned),
             bos_token: config.as_ref().and_then(|c| token_str(c, "bos_token")),
             eos_token,
@@ -63,6 +67,21 @@ impl Tokenizer {
     /// Encodes text without adding special tokens (prompts arrive already templated).
     pub fn encode(&self, text: &str) -> Result<Vec<TokenId>> {
         self.encode_with(text, false)
+    }
+
+    /// How many tokens `text` encodes to at least (without special tokens), computed without
+    /// encoding it: linear in the text's length, and just its length for ASCII. A caller with a
+    /// token limit refuses a text whose bound already exceeds it before paying for the encoding
+    /// (seconds and gigabytes for a text of tens of MiB). 0 for a tokenizer whose pipeline may
+    /// delete text (see `token_bound.rs` for the argument and the pipelines that qualify).
+    pub fn min_tokens(&self, text: &str) -> usize {
+        self.bound.as_ref().map_or(0, |b| b.min_tokens(text))
+    }
+
+    /// The most bytes of (normalised) text one token stands for, when [`Self::min_tokens`] has a
+    /// bound.
+    pub fn max_bytes_per_token(&self) -> Option<usize> {
+        self.bound.as_ref().map(TokenBound::max_bytes_per_token)
     }
 
     /// Decodes ids to text, skipping special tokens.
@@ -149,7 +168,8 @@ impl Tokenizer {
     }
 }
 
-fn read_optional_json(path: &Path) -> Result<Option<Value>> {
+/// The JSON in `path`, or `None` when there is no such file.
+pub(crate) fn read_optional_json(path: &Path) -> Result<Option<Value>> {
     match std::fs::read_to_string(path) {
         Ok(text) => serde_json::from_str(&text)
             .map(Some)

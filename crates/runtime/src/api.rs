@@ -296,6 +296,9 @@ pub struct ModelInfo {
     pub block_size: usize,
     /// Snapshot slots (hybrid models).
     pub num_snapshot_slots: usize,
+    /// Most sequences (a request counts its `n`) the waiting queue holds; more can never be
+    /// admitted at once.
+    pub max_waiting_requests: usize,
     /// The device, in words.
     pub device: String,
     /// Ranks in the expert-parallel group.

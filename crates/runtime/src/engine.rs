@@ -256,6 +256,7 @@ impl Parts {
             kv_pool_sized_by_routing_cap: pool.sized_by_routing_cap,
             block_size,
             num_snapshot_slots: snapshot_slots,
+            max_waiting_requests: config.max_waiting_requests,
             device: first.device(),
             expert_parallel_size: workers.len(),
             default_seed: config.seed,

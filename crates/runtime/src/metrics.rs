@@ -48,6 +48,14 @@ pub const MAX_EXPERT_SERIES: usize = 4096;
 
 /// Publishes a stats snapshot: counters as absolute values, gauges as they are.
 pub fn publish(stats: &EngineStats) {
+    publish_step(stats);
+    metrics::gauge!(ROUTING_BYTES_HELD).set(stats.routing_bytes_held as f64);
+}
+
+/// Publishes every figure but `routed_routing_bytes_held`: the scheduler's own copy of the stats
+/// after a step does not know it (the routing host-cache owns it and reports it when stats are
+/// read), and publishing that copy would reset the gauge to a stale value after every step.
+pub(crate) fn publish_step(stats: &EngineStats) {
     metrics::counter!(PREFILL_TOKENS_COMPUTED).absolute(stats.num_prefill_tokens_computed);
     metrics::counter!(PREFILL_TOKENS_SKIPPED).absolute(stats.num_prefill_tokens_skipped);
     metrics::counter!(PREFIX_CACHE_HITS).absolute(stats.num_prefix_cache_hits);
@@ -59,7 +67,6 @@ pub fn publish(stats: &EngineStats) {
     metrics::gauge!(KV_BLOCKS_EVICTABLE).set(stats.num_kv_blocks_evictable as f64);
     metrics::gauge!(SNAPSHOT_SLOTS_TOTAL).set(stats.num_snapshot_slots_total as f64);
     metrics::gauge!(SNAPSHOT_SLOTS_USED).set(stats.num_snapshot_slots_used as f64);
-    metrics::gauge!(ROUTING_BYTES_HELD).set(stats.routing_bytes_held as f64);
     metrics::gauge!(REQUESTS_RUNNING).set(stats.num_running as f64);
     metrics::gauge!(REQUESTS_WAITING).set(stats.num_waiting as f64);
 }

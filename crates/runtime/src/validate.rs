@@ -60,6 +60,14 @@ pub fn validate(request: &GenerateRequest, info: &ModelInfo) -> Result<(), Engin
     if request.n == 0 || request.n > MAX_N {
         return bad("n", format!("n must be between 1 and {MAX_N}, got {}", request.n));
     }
+    if request.n > info.max_waiting_requests {
+        // Every sequence of a request enters the waiting queue at once: it could never be admitted.
+        let message = format!(
+            "n ({}) is more than the server's waiting queue holds (--max-waiting-requests {})",
+            request.n, info.max_waiting_requests
+        );
+        return bad("n", message);
+    }
     if request.return_routing && !info.routing_capture {
         let message = "routing capture is off (start the server with \
                        --enable-return-routed-experts)";
@@ -91,6 +99,7 @@ mod tests {
             kv_pool_sized_by_routing_cap: false,
             block_size: 4,
             num_snapshot_slots: 0,
+            max_waiting_requests: 16,
             device: "cpu".into(),
             expert_parallel_size: 1,
             default_seed: 0,
@@ -124,6 +133,8 @@ mod tests {
         assert_eq!(param(req(60, 10)), Some("max_tokens")); // past max_model_len
         assert_eq!(param(GenerateRequest { n: 0, ..req(3, 4) }), Some("n"));
         assert_eq!(param(GenerateRequest { n: MAX_N + 1, ..req(3, 4) }), Some("n"));
+        assert_eq!(param(GenerateRequest { n: 16, ..req(3, 4) }), None);
+        assert_eq!(param(GenerateRequest { n: 17, ..req(3, 4) }), Some("n")); // past the queue
         let start = GenerateRequest { routing_start: 4, ..req(3, 4) };
         assert_eq!(param(start), Some("routed_experts_start_len"));
     }

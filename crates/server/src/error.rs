@@ -41,6 +41,13 @@ pub enum ApiError {
         /// The route.
         path: String,
     },
+    /// 408 `invalid_request_error`: the request body did not arrive within the body read
+    /// timeout. The connection is closed after the answer.
+    #[error("{message}")]
+    Timeout {
+        /// What did not arrive in time.
+        message: String,
+    },
     /// 503 `overloaded_error`: the waiting queue is full, or the engine is unhealthy or
     /// shutting down.
     #[error("{message}")]
@@ -77,7 +84,9 @@ impl ApiError {
     /// The OpenAI `type` string.
     pub fn kind(&self) -> &'static str {
         match self {
-            Self::InvalidRequest { .. } | Self::MethodNotAllowed { .. } => "invalid_request_error",
+            Self::InvalidRequest { .. } | Self::MethodNotAllowed { .. } | Self::Timeout { .. } => {
+                "invalid_request_error"
+            }
             Self::NotFound { .. } => "not_found_error",
             Self::Overloaded { .. } => "overloaded_error",
             Self::Internal(_) => "internal_error",
@@ -91,6 +100,7 @@ impl ApiError {
                 (param.clone(), Some(*code))
             }
             Self::MethodNotAllowed { .. } => (None, Some("method_not_allowed")),
+            Self::Timeout { .. } => (None, Some("body_timeout")),
             Self::Overloaded { code, .. } => (None, Some(*code)),
             Self::Internal(_) => (None, Some("internal_error")),
         };
@@ -132,6 +142,7 @@ impl ResponseError for ApiError {
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Timeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -141,7 +152,12 @@ impl ResponseError for ApiError {
         if let Self::Internal(message) = self {
             tracing::error!(%message, "internal error answered to a client");
         }
-        HttpResponse::build(self.status_code()).json(self.body())
+        let mut response = HttpResponse::build(self.status_code());
+        // The rest of a late body may still arrive; the connection cannot carry another request.
+        if let Self::Timeout { .. } = self {
+            response.force_close();
+        }
+        response.json(self.body())
     }
 }
 
@@ -156,9 +172,10 @@ impl From<EngineError> for ApiError {
                 param: Some(param.to_owned()),
                 code: "invalid_value",
             },
-            EngineError::ShutDown => {
-                Self::Overloaded { message: err.to_string(), code: "shutting_down" }
-            }
+            EngineError::ShutDown => Self::Overloaded {
+                message: "the server is shutting down".into(),
+                code: "shutting_down",
+            },
             EngineError::Unhealthy(_) => {
                 Self::Overloaded { message: err.to_string(), code: "unhealthy" }
             }
@@ -197,16 +214,18 @@ fn missing_field_name(err: &serde_json::Error) -> Option<String> {
     Some(rest.split('`').next()?.to_owned())
 }
 
-/// The [`web::JsonConfig`] of every JSON route: a body of any content type is parsed as JSON, up
-/// to 64 MiB, and malformed JSON is a 400 in the OpenAI shape.
+/// A [`web::JsonConfig`] for an embedding app's own JSON routes that answers as the gateway's
+/// routes do: a body of any content type is parsed as JSON, up to 64 MiB, and malformed JSON is
+/// a 400 in the OpenAI shape. (The gateway's own routes read their bodies with a read timeout
+/// and parse them off the I/O threads.)
 pub fn json_config() -> web::JsonConfig {
     web::JsonConfig::default()
-        .limit(64 << 20)
+        .limit(crate::body::BODY_LIMIT)
         .content_type_required(false)
         .error_handler(|err, _req| json_error(err).into())
 }
 
-fn json_error(err: JsonPayloadError) -> ApiError {
+pub(crate) fn json_error(err: JsonPayloadError) -> ApiError {
     let (message, code) = match &err {
         JsonPayloadError::Overflow { limit }
         | JsonPayloadError::OverflowKnownLength { limit, .. } => {

@@ -17,6 +17,7 @@ use routed_types::{FinishReason, RoutingMeta, StopMatch, TokenId};
 use serde_json::{Value, json};
 
 use crate::AppState;
+use crate::body::{JsonBody, prepare};
 use crate::detok::Detokenizer;
 use crate::error::ApiError;
 use crate::response::token_text;
@@ -105,9 +106,9 @@ fn body_json(b: Body<'_>, meta: Option<&RoutingMeta>) -> Result<Value, ApiError>
 /// `POST /generate`.
 pub(crate) async fn generate(
     state: web::Data<AppState>,
-    body: web::Json<Value>,
+    body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
-    let request = validate::generate(&state, &body)?;
+    let request = prepare(&state, body, validate::generate).await?;
     let merged = run::submit(state.handle(), state.registry(), &request.job, "/generate").await?;
     let id = state.new_id("gen");
     let meta = state.info().routing.clone();

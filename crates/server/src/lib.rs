@@ -35,7 +35,9 @@
 
 #![warn(missing_docs)]
 
+mod body;
 mod detok;
+mod drain;
 mod error;
 mod generate;
 mod metrics;
@@ -43,19 +45,17 @@ mod response;
 mod routes;
 mod routing_wire;
 mod run;
+mod serve;
 mod stream;
 mod tokenize;
 mod validate;
 mod wire;
 
 use std::hash::{BuildHasher, RandomState};
-use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use actix_web::dev::Server;
-use actix_web::{App, HttpServer, web};
 use routed_model::Tokenizer;
 use routed_runtime::{EngineHandle, ModelInfo};
 
@@ -63,26 +63,55 @@ pub use error::{ApiError, ErrorBody, ErrorDetail, json_config, not_found};
 pub use metrics::install_metrics_recorder;
 pub use routing_wire::{NON_MOE_FILL, RoutingFormat, RoutingLayers, RoutingRequest};
 pub use run::{InFlight, Registry};
+pub use serve::{
+    BoundServer, ServerConfig, bind_server, bind_server_with, configure, serve, serve_until,
+    serve_with,
+};
 
-/// What the gateway shares between its handlers: the engine handle and the in-flight registry.
+/// What the gateway shares between its handlers: the engine handle, the in-flight registry and
+/// whether it is draining for a shutdown.
 pub struct AppState {
     handle: EngineHandle,
     registry: Arc<Registry>,
     started_at: u64,
     id_salt: u64,
     next_id: AtomicU64,
+    body_read_timeout: Duration,
+    draining: AtomicBool,
 }
 
 impl AppState {
-    /// State for a gateway in front of `handle`.
+    /// State for a gateway in front of `handle`, with the default settings of [`ServerConfig`].
     pub fn new(handle: EngineHandle) -> Self {
+        Self::with_config(handle, &ServerConfig::default())
+    }
+
+    /// State for a gateway in front of `handle` with `config`'s request settings.
+    pub fn with_config(handle: EngineHandle, config: &ServerConfig) -> Self {
         Self {
             handle,
             registry: Arc::new(Registry::default()),
             started_at: unix_now(),
             id_salt: RandomState::new().hash_one(SystemTime::now()),
             next_id: AtomicU64::new(0),
+            body_read_timeout: config.body_read_timeout,
+            draining: AtomicBool::new(false),
         }
+    }
+
+    /// Whether a shutdown is draining the gateway: new requests are refused with 503.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Stops admitting new requests (see [`serve_until`]).
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// How long a request body may take to arrive.
+    pub(crate) fn body_read_timeout(&self) -> Duration {
+        self.body_read_timeout
     }
 
     /// The engine.
@@ -125,98 +154,4 @@ impl AppState {
 /// Seconds since the Unix epoch.
 pub(crate) fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// Where the gateway listens.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServerConfig {
-    /// Interface to bind (`127.0.0.1`).
-    pub host: String,
-    /// Port; 0 picks a free one.
-    pub port: u16,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        Self { host: "127.0.0.1".into(), port: 8000 }
-    }
-}
-
-impl ServerConfig {
-    /// Binds the listening socket.
-    pub fn bind(&self) -> std::io::Result<TcpListener> {
-        TcpListener::bind((self.host.as_str(), self.port))
-    }
-}
-
-/// Mounts every gateway route on `cfg`, sharing `state`. An embedding app adds its own routes
-/// beside them, and should use [`not_found`] as its default service so unknown routes answer in
-/// the OpenAI error shape.
-///
-/// For a client disconnect to abort a non-streamed request, the app's `HttpServer` must run with
-/// `h1_allow_half_closed(false)`, as [`serve`] does; streamed requests are aborted either way.
-pub fn configure(cfg: &mut web::ServiceConfig, state: web::Data<AppState>) {
-    let post = |path: &str, handler| {
-        web::resource(path)
-            .app_data(json_config())
-            .route(handler)
-            .default_service(web::to(error::method_not_allowed))
-    };
-    let get = |path: &str, route| {
-        web::resource(path).route(route).default_service(web::to(error::method_not_allowed))
-    };
-    cfg.app_data(state)
-        .service(post("/v1/completions", web::post().to(routes::completions)))
-        .service(post("/v1/chat/completions", web::post().to(routes::chat_completions)))
-        .service(post("/generate", web::post().to(generate::generate)))
-        .service(post("/tokenize", web::post().to(tokenize::tokenize)))
-        .service(post("/detokenize", web::post().to(tokenize::detokenize)))
-        .service(post("/reset_prefix_cache", web::post().to(routes::reset_prefix_cache)))
-        .service(get("/v1/models", web::get().to(routes::models)))
-        .service(get("/health", web::get().to(routes::health)))
-        .service(get("/metrics", web::get().to(routes::metrics)));
-}
-
-/// A gateway bound to its socket, not yet running: await `server` to run it.
-pub struct BoundServer {
-    /// The address it listens on (the real port when bound to port 0).
-    pub addr: SocketAddr,
-    /// The server future; `server.handle()` stops it.
-    pub server: Server,
-    /// The shared state, to inspect the in-flight registry.
-    pub state: web::Data<AppState>,
-}
-
-/// Builds the gateway on `listener` (one worker). Must be called inside an actix system (as in
-/// `#[actix_web::main]`); the server starts when `server` is awaited or spawned.
-pub fn bind_server(handle: EngineHandle, listener: TcpListener) -> std::io::Result<BoundServer> {
-    if let Err(reason) = install_metrics_recorder() {
-        tracing::warn!(%reason, "/metrics will be empty");
-    }
-    let addr = listener.local_addr()?;
-    let state = web::Data::new(AppState::new(handle));
-    let app_state = state.clone();
-    let server = HttpServer::new(move || {
-        App::new()
-            .configure(|cfg| configure(cfg, app_state.clone()))
-            .default_service(web::to(not_found))
-    })
-    .workers(1)
-    .h1_allow_half_closed(false)
-    .shutdown_timeout(5)
-    .client_request_timeout(Duration::from_secs(60))
-    .listen(listener)?
-    .run();
-    Ok(BoundServer { addr, server, state })
-}
-
-/// Serves the gateway on `listener` until the process is signalled (SIGINT/SIGTERM), then
-/// aborts what is still in flight and shuts the engine down.
-pub async fn serve(handle: EngineHandle, listener: TcpListener) -> std::io::Result<()> {
-    let bound = bind_server(handle, listener)?;
-    tracing::info!(addr = %bound.addr, "routed gateway listening");
-    let result = bound.server.await;
-    bound.state.registry().abort_all(bound.state.handle());
-    bound.state.handle().shutdown().await;
-    result
 }

@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use actix_web::{HttpResponse, web};
 use routed_runtime::EngineError;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::AppState;
+use crate::body::{JsonBody, prepare};
 use crate::error::ApiError;
 use crate::metrics::render_metrics;
 use crate::response::{self, Header, Route};
@@ -43,18 +44,18 @@ async fn answer(state: &AppState, route: Route, job: Job) -> Result<HttpResponse
 /// `POST /v1/completions`.
 pub(crate) async fn completions(
     state: web::Data<AppState>,
-    body: web::Json<Value>,
+    body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
-    let job = validate::completions(&state, &body)?;
+    let job = prepare(&state, body, validate::completions).await?;
     answer(&state, Route::Completions, job).await
 }
 
 /// `POST /v1/chat/completions`.
 pub(crate) async fn chat_completions(
     state: web::Data<AppState>,
-    body: web::Json<Value>,
+    body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
-    let job = validate::chat(&state, &body)?;
+    let job = prepare(&state, body, validate::chat).await?;
     answer(&state, Route::Chat, job).await
 }
 
@@ -96,8 +97,14 @@ pub(crate) async fn health(state: web::Data<AppState>) -> HttpResponse {
     }
 }
 
-/// `GET /metrics`: Prometheus text.
-pub(crate) async fn metrics() -> HttpResponse {
+/// `GET /metrics`: Prometheus text. The engine's figures are read first (which publishes every
+/// gauge, `routed_routing_bytes_held` included), so each scrape is true as of itself: on a fresh
+/// server before any step, and right after `/reset_prefix_cache`. A stopped engine leaves the
+/// last published figures.
+pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    if let Err(e) = state.handle().stats().await {
+        tracing::debug!(error = %e, "/metrics: cannot read the engine's figures");
+    }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(render_metrics())

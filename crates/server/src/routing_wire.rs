@@ -116,16 +116,25 @@ pub(crate) struct RoutingFields {
     pub layers: Option<String>,
 }
 
-/// Decides whether routing is returned and checks the offset, format and layer axis against every
-/// prompt. Routing is returned by default when the server captures it; asking for it explicitly on
-/// a server that does not is a 400 naming the flag.
+/// The field that carries a request's routing start: the alias when only it was given.
+pub(crate) fn start_param(fields: &RoutingFields) -> &'static str {
+    match (fields.start_len, fields.prompt_start) {
+        (None, Some(_)) => "routed_experts_prompt_start",
+        _ => "routed_experts_start_len",
+    }
+}
+
+/// Decides whether routing is returned and checks the offset's wire value, the format and the
+/// layer axis. Routing is returned by default when the server captures it; asking for it
+/// explicitly on a server that does not is a 400 naming the flag. Whether the start lies within
+/// each prompt is the engine's rule (`routed_runtime::validate`).
 pub(crate) fn resolve(
     info: &ModelInfo,
     fields: &RoutingFields,
-    prompt_lens: &[usize],
 ) -> Result<Option<RoutingRequest>, ApiError> {
     let wanted = wanted(info, fields.return_routed_experts)?;
-    let (param, start) = match (fields.start_len, fields.prompt_start) {
+    let param = start_param(fields);
+    let start = match (fields.start_len, fields.prompt_start) {
         (Some(a), Some(b)) if a != b => {
             return Err(ApiError::invalid(
                 "routed_experts_start_len",
@@ -135,9 +144,9 @@ pub(crate) fn resolve(
                 ),
             ));
         }
-        (Some(a), _) => ("routed_experts_start_len", a),
-        (None, Some(b)) => ("routed_experts_prompt_start", b),
-        (None, None) => ("routed_experts_start_len", 0),
+        (Some(a), _) => a,
+        (None, Some(b)) => b,
+        (None, None) => 0,
     };
     let format = match fields.format.as_deref() {
         None => RoutingFormat::NpyB64,
@@ -162,12 +171,8 @@ pub(crate) fn resolve(
     if !wanted {
         return Ok(None);
     }
-    let shortest = prompt_lens.iter().copied().min().unwrap_or(0);
-    let start = usize::try_from(start).ok().filter(|&s| s <= shortest).ok_or_else(|| {
-        ApiError::invalid(
-            param,
-            format!("{param} must be between 0 and the prompt length ({shortest}), got {start}"),
-        )
+    let start = usize::try_from(start).map_err(|_| {
+        ApiError::invalid(param, format!("{param} must be a non-negative integer, got {start}"))
     })?;
     let sglext = fields.return_routed_experts == Some(true);
     Ok(Some(RoutingRequest { start, format, layers, sglext }))
@@ -334,6 +339,7 @@ mod tests {
             kv_pool_sized_by_routing_cap: false,
             block_size: 16,
             num_snapshot_slots: 0,
+            max_waiting_requests: 16,
             device: "cpu".into(),
             expert_parallel_size: 1,
             default_seed: 0,
@@ -376,15 +382,15 @@ mod tests {
     #[test]
     fn routing_is_on_by_default_and_refused_when_not_captured() {
         let on = info(true);
-        let req = resolve(&on, &fields(None, None, None, None), &[5]).unwrap();
+        let req = resolve(&on, &fields(None, None, None, None)).unwrap();
         assert_eq!(req, Some(request(RoutingFormat::NpyB64, RoutingLayers::All)));
-        assert_eq!(resolve(&on, &fields(Some(false), None, None, None), &[5]).unwrap(), None);
+        assert_eq!(resolve(&on, &fields(Some(false), None, None, None)).unwrap(), None);
         // Asking explicitly (SGLang's way) also asks for `sglext`.
-        let explicit = resolve(&on, &fields(Some(true), None, None, None), &[5]).unwrap();
+        let explicit = resolve(&on, &fields(Some(true), None, None, None)).unwrap();
         assert!(explicit.unwrap().sglext);
         let off = info(false);
-        assert_eq!(resolve(&off, &fields(None, None, None, None), &[5]).unwrap(), None);
-        let err = resolve(&off, &fields(Some(true), None, None, None), &[5]).unwrap_err();
+        assert_eq!(resolve(&off, &fields(None, None, None, None)).unwrap(), None);
+        let err = resolve(&off, &fields(Some(true), None, None, None)).unwrap_err();
         assert!(err.to_string().contains("--enable-return-routed-experts"));
         assert_eq!(param(err).as_deref(), Some("return_routed_experts"));
     }
@@ -392,16 +398,14 @@ mod tests {
     #[test]
     fn start_offsets_formats_and_layers_are_checked() {
         let on = info(true);
-        let ok = |f| resolve(&on, &f, &[5, 4]).unwrap().unwrap();
+        let ok = |f| resolve(&on, &f).unwrap().unwrap();
         assert_eq!(ok(fields(None, Some(4), Some(4), None)).start, 4);
         assert_eq!(ok(fields(None, None, Some(2), Some("list"))).format, RoutingFormat::List);
         let moe = RoutingFields { layers: Some("moe".into()), ..fields(None, None, None, None) };
         assert_eq!(ok(moe).layers, RoutingLayers::Moe);
-        let bad = |f| param(resolve(&on, &f, &[5, 4]).unwrap_err());
-        assert_eq!(
-            bad(fields(None, Some(5), None, None)).as_deref(),
-            Some("routed_experts_start_len")
-        );
+        let bad = |f| param(resolve(&on, &f).unwrap_err());
+        assert_eq!(start_param(&fields(None, Some(5), Some(5), None)), "routed_experts_start_len");
+        assert_eq!(start_param(&fields(None, None, Some(5), None)), "routed_experts_prompt_start");
         assert_eq!(
             bad(fields(None, None, Some(-1), None)).as_deref(),
             Some("routed_experts_prompt_start")

@@ -3,18 +3,24 @@
 //! Every submitted engine request is registered in the [`Registry`] until its stream ends. The
 //! registration lives inside the stream the response is built from, so when a client goes away
 //! (actix drops the handler future, or the SSE body) the stream is dropped with it, the request
-//! is aborted and leaves the registry.
+//! is aborted and leaves the registry. Requests still being prepared (parsed, tokenized) are
+//! counted too, so a shutdown knows when nothing is in flight; and [`Registry::end_all`] ends
+//! every registered stream with a `shutting_down` error when a shutdown's grace period is over.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use dashmap::DashMap;
 use futures_util::stream::{self, SelectAll, Stream, StreamExt};
-use routed_runtime::{EngineHandle, FinalOutput, RequestEvent, RequestStream, TokenEvent};
+use routed_runtime::{
+    EngineError, EngineHandle, FinalOutput, RequestEvent, RequestStream, TokenEvent,
+};
 use routed_types::RequestId;
+use tokio::sync::watch;
 
 use crate::error::ApiError;
 use crate::validate::Job;
@@ -28,11 +34,35 @@ pub struct InFlight {
     pub submitted: Instant,
 }
 
-/// The engine requests this gateway has submitted and not yet seen end.
-#[derive(Debug, Default)]
+/// The engine requests this gateway has submitted and not yet seen end, and the requests it is
+/// still preparing.
+#[derive(Debug)]
 pub struct Registry {
     requests: DashMap<RequestId, InFlight>,
     num_aborted: AtomicU64,
+    num_preparing: AtomicUsize,
+    /// Set once by [`Registry::end_all`]; every tracked stream watches it.
+    end: watch::Sender<bool>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self {
+            requests: DashMap::new(),
+            num_aborted: AtomicU64::new(0),
+            num_preparing: AtomicUsize::new(0),
+            end: watch::channel(false).0,
+        }
+    }
+}
+
+/// Counts one request as preparing while it lives.
+pub(crate) struct Preparing<'a>(&'a Registry);
+
+impl Drop for Preparing<'_> {
+    fn drop(&mut self) {
+        self.0.num_preparing.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Registry {
@@ -62,6 +92,40 @@ impl Registry {
             handle.abort(id);
         }
     }
+
+    /// Requests being parsed, templated or tokenized, not submitted yet.
+    pub fn num_preparing(&self) -> usize {
+        self.num_preparing.load(Ordering::Relaxed)
+    }
+
+    /// Whether nothing is in flight: nothing submitted and nothing being prepared.
+    pub fn is_idle(&self) -> bool {
+        self.is_empty() && self.num_preparing() == 0
+    }
+
+    /// Ends every request in flight, and every one submitted from now on, with a 503
+    /// `shutting_down` error (one error event then `[DONE]` on a stream); their engine requests
+    /// are aborted. Used when a shutdown's grace period is over.
+    pub fn end_all(&self) {
+        self.end.send_replace(true);
+    }
+
+    /// Counts a request as preparing until the guard is dropped.
+    pub(crate) fn preparing(&self) -> Preparing<'_> {
+        self.num_preparing.fetch_add(1, Ordering::Relaxed);
+        Preparing(self)
+    }
+
+    /// Resolves once [`Registry::end_all`] has been called.
+    fn ended(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let mut rx = self.end.subscribe();
+        Box::pin(async move {
+            if rx.wait_for(|&end| end).await.is_err() {
+                // The registry is gone, so nobody can end this stream any more.
+                std::future::pending::<()>().await;
+            }
+        })
+    }
 }
 
 /// An engine stream registered in the [`Registry`], yielding its events tagged with the index of
@@ -73,13 +137,25 @@ pub(crate) struct Tracked {
     registry: Arc<Registry>,
     handle: EngineHandle,
     remaining: usize,
+    /// The engine ended the request (every continuation, or an error).
     ended: bool,
+    /// [`Registry::end_all`] was called.
+    end: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// The stream was ended by [`Registry::end_all`]: its error was yielded, nothing follows.
+    cut: bool,
 }
 
 impl Stream for Tracked {
     type Item = (usize, RequestEvent);
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.cut {
+            return Poll::Ready(None);
+        }
+        if !self.ended && self.end.as_mut().poll(cx).is_ready() {
+            self.cut = true;
+            return Poll::Ready(Some((self.prompt, RequestEvent::Error(EngineError::ShutDown))));
+        }
         let polled = Pin::new(&mut self.inner).poll_next(cx);
         match &polled {
             Poll::Ready(Some(RequestEvent::Finished(_))) => {
@@ -97,7 +173,11 @@ impl Stream for Tracked {
 impl Drop for Tracked {
     fn drop(&mut self) {
         self.registry.requests.remove(&self.id);
-        if !self.ended {
+        // Ended by a shutdown (this stream, or a sibling of the same batch whose error ended the
+        // answer): aborted, but its client did not go away.
+        if self.cut || !self.ended && *self.registry.end.borrow() {
+            self.handle.abort(self.id);
+        } else if !self.ended {
             tracing::debug!(id = %self.id, "client gone: aborting request");
             self.registry.num_aborted.fetch_add(1, Ordering::Relaxed);
             self.handle.abort(self.id);
@@ -129,6 +209,8 @@ pub(crate) async fn submit(
             handle: handle.clone(),
             remaining: request.n,
             ended: false,
+            end: registry.ended(),
+            cut: false,
         });
     }
     Ok(stream::select_all(tracked))

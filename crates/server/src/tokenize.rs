@@ -10,8 +10,9 @@ use routed_types::TokenId;
 use serde_json::{Value, json};
 
 use crate::AppState;
+use crate::body::{JsonBody, prepare};
 use crate::error::ApiError;
-use crate::validate::{ChatRender, check_model, render_messages, token_ids};
+use crate::validate::{ChatRender, check_model, encode, render_messages, token_ids};
 use crate::wire::{DetokenizeBody, TokenizeBody, parse};
 
 /// The token ids of a `/tokenize` body and the field they came from.
@@ -44,10 +45,7 @@ fn tokenize_ids(
             });
         }
     };
-    let ids = state
-        .tokenizer()
-        .encode_with(&text, add_special)
-        .map_err(|e| ApiError::invalid(param, format!("cannot tokenize: {e}")))?;
+    let ids = encode(state, &text, add_special, param, state.info().max_model_len)?;
     Ok((ids, param))
 }
 
@@ -72,15 +70,21 @@ fn refuse_chat_options(b: &TokenizeBody) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `POST /tokenize`.
+/// `POST /tokenize` (prepared off the I/O threads: encoding is the expensive part).
 pub(crate) async fn tokenize(
     state: web::Data<AppState>,
-    body: web::Json<Value>,
+    body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
-    let b: TokenizeBody = parse(&body)?;
+    let answer = prepare(&state, body, tokenize_answer).await?;
+    Ok(HttpResponse::Ok().json(answer))
+}
+
+/// The answer of `/tokenize`.
+fn tokenize_answer(state: &AppState, body: &Value) -> Result<Value, ApiError> {
+    let b: TokenizeBody = parse(body)?;
     let info = state.info();
     check_model(info, b.model.as_deref())?;
-    let (ids, param) = tokenize_ids(&state, &b)?;
+    let (ids, param) = tokenize_ids(state, &b)?;
     if ids.len() > info.max_model_len {
         return Err(ApiError::invalid(
             param,
@@ -95,25 +99,38 @@ pub(crate) async fn tokenize(
         let tokenizer = state.tokenizer();
         ids.iter().map(|&id| tokenizer.id_to_token(id).unwrap_or_default()).collect::<Vec<_>>()
     });
-    Ok(HttpResponse::Ok().json(json!({
+    Ok(json!({
         "count": ids.len(),
         "max_model_len": info.max_model_len,
         "tokens": ids,
         "token_strs": token_strs,
-    })))
+    }))
 }
 
-/// `POST /detokenize`.
+/// `POST /detokenize` (prepared off the I/O threads: decoding a large body is work too).
 pub(crate) async fn detokenize(
     state: web::Data<AppState>,
-    body: web::Json<Value>,
+    body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
-    let b: DetokenizeBody = parse(&body)?;
+    let answer = prepare(&state, body, detokenize_answer).await?;
+    Ok(HttpResponse::Ok().json(answer))
+}
+
+/// The answer of `/detokenize`.
+fn detokenize_answer(state: &AppState, body: &Value) -> Result<Value, ApiError> {
+    let b: DetokenizeBody = parse(body)?;
     check_model(state.info(), b.model.as_deref())?;
-    let ids = token_ids(&b.tokens, state.info(), "tokens")?;
+    let vocab_size = state.info().vocab_size;
+    let ids = token_ids(&b.tokens, "tokens")?;
+    if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+        return Err(ApiError::invalid(
+            "tokens",
+            format!("token ids must be in [0, {vocab_size}), got {id}"),
+        ));
+    }
     let prompt = state
         .tokenizer()
         .decode_with(&ids, false)
         .map_err(|e| ApiError::invalid("tokens", format!("cannot detokenize: {e}")))?;
-    Ok(HttpResponse::Ok().json(json!({"prompt": prompt})))
+    Ok(json!({"prompt": prompt}))
 }

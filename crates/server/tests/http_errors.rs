@@ -156,19 +156,52 @@ fn an_unknown_model_or_route_is_404_and_a_wrong_method_405() {
 }
 
 #[test]
-fn a_full_waiting_queue_is_503() {
-    let s = TestServer::shared("tiny_queue", || {
+fn a_request_that_can_never_fit_the_waiting_queue_is_400_naming_the_limit() {
+    let s = TestServer::shared("small_queue", || {
         let mut config = test_config(MODEL);
-        config.max_waiting_requests = 1;
+        config.max_waiting_requests = 4;
         config
     });
-    // Two continuations never fit a waiting queue of one.
-    let error =
-        s.post("/v1/completions", &json!({"prompt": "x", "n": 2})).error(503, "overloaded_error");
+    let c = "/v1/completions";
+    for (body, param) in [
+        (json!({"prompt": "x", "n": 5}), "n"),
+        (json!({"prompt": ["a", "b", "c"], "n": 2}), "n"),
+        (json!({"prompt": ["a", "b", "c", "d", "e"]}), "prompt"),
+        (json!({"prompt": [[1], [2], [3]], "n": 2, "stream": true}), "n"),
+    ] {
+        let error = assert_400(&s, c, body, param);
+        assert!(error["message"].as_str().unwrap().contains("--max-waiting-requests 4"), "{error}");
+    }
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "n": 5});
+    assert_400(&s, "/v1/chat/completions", chat, "n");
+    // Four sequences fit an idle queue of four.
+    let out = s.ok(c, &json!({"prompt": ["a", "b"], "n": 2, "max_tokens": 2}));
+    assert_eq!(out["choices"].as_array().unwrap().len(), 4);
+}
+
+#[test]
+fn a_queue_that_is_full_now_is_503() {
+    let s = TestServer::shared("full_queue", || {
+        let mut config = test_config(MODEL);
+        // One running slot, one waiting place, and room for a request that runs for minutes.
+        config.max_num_seqs = 1;
+        config.max_waiting_requests = 1;
+        config.max_model_len = Some(65536);
+        config.num_kv_blocks = Some(4200);
+        config
+    });
+    let long = json!({"prompt": "x", "max_tokens": 60000, "ignore_eos": true, "stream": true});
+    let mut running = common::send_only(s.addr, "/v1/completions", &long);
+    common::read_until(&mut running, "data: ");
+    let waiting = common::send_only(s.addr, "/v1/completions", &json!({"prompt": "y"}));
+    common::wait_until("the second request to be queued", || s.registry.len() == 2);
+    let error = s.post("/v1/completions", &json!({"prompt": "z"})).error(503, "overloaded_error");
     assert_eq!(error["code"], "queue_full");
-    // Streamed requests are refused before the stream starts.
-    s.post("/v1/completions", &json!({"prompt": "x", "n": 2, "stream": true}))
+    s.post("/v1/completions", &json!({"prompt": "z", "stream": true}))
         .error(503, "overloaded_error");
+    // Both clients leave; their requests are aborted and the queue serves again.
+    drop((running, waiting));
+    common::wait_until("the aborted requests to leave", || s.registry.is_empty());
     s.ok("/v1/completions", &json!({"prompt": "x", "max_tokens": 2}));
 }
 
@@ -220,4 +253,55 @@ fn an_engine_failure_is_a_500_or_one_error_event_then_done() {
     // The engine keeps serving.
     assert_eq!(s.get("/health").status, 200);
     s.ok("/v1/completions", &json!({"prompt": "fine", "max_tokens": 2}));
+}
+
+#[test]
+fn a_text_that_cannot_fit_is_refused_before_it_is_encoded() {
+    let s = server(MODEL);
+    // 16 MiB of text: the tokenizer's bound (13 bytes per token at most for this vocabulary)
+    // already says it cannot fit 4096 tokens, so it is refused without encoding it.
+    let text = "the quick brown fox. ".repeat(800_000);
+    let messages = json!([{"role": "user", "content": text}]);
+    for (path, body, param) in [
+        ("/v1/completions", json!({"prompt": text}), "prompt"),
+        ("/v1/completions", json!({"prompt": ["hi", text]}), "prompt"),
+        ("/v1/chat/completions", json!({"messages": messages}), "messages"),
+        ("/generate", json!({"text": text}), "text"),
+        ("/tokenize", json!({"prompt": text}), "prompt"),
+    ] {
+        let error = assert_400(&s, path, body, param);
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains("encodes to at least") && message.contains("4096"), "{message}");
+    }
+    // A text the bound lets through is encoded and checked exactly, as before.
+    let error = assert_400(&s, "/v1/completions", json!({"prompt": "a ".repeat(5000)}), "prompt");
+    assert!(error["message"].as_str().unwrap().contains("the prompt has"), "{error}");
+}
+
+#[test]
+fn a_body_that_stalls_mid_upload_is_408_and_disconnected() {
+    use std::io::{Read, Write};
+    let gateway = routed_server::ServerConfig {
+        body_read_timeout: std::time::Duration::from_secs(1),
+        ..routed_server::ServerConfig::default()
+    };
+    let s = TestServer::start_with(test_config(MODEL), gateway);
+    let body = json!({"prompt": "hello", "max_tokens": 2}).to_string();
+    let mut stream = std::net::TcpStream::connect(s.addr).unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(&body.as_bytes()[..body.len() / 2]).unwrap();
+    // The rest never comes. The watchdog on the read stops a server that never answers.
+    stream.set_read_timeout(Some(common::WATCHDOG)).unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("the server answers and closes (watchdog)");
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"body_timeout\""), "{text}");
+    // The server keeps serving whole bodies.
+    s.ok("/v1/completions", &json!({"prompt": "hello", "max_tokens": 2}));
 }

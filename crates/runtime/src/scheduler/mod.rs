@@ -205,7 +205,7 @@ impl SchedulerActor {
     fn publish_stats(&mut self) {
         self.stats.num_running = self.policy.num_running();
         self.stats.num_waiting = self.policy.num_waiting();
-        names::publish(&self.stats);
+        names::publish_step(&self.stats);
     }
 }
 

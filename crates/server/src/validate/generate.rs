@@ -3,9 +3,9 @@
 use routed_types::TokenId;
 use serde_json::Value;
 
-use super::prompt::{encode, token_ids};
+use super::prompt::{encode, most_prompt_tokens, token_ids};
 use super::sampling::{SamplingFields, sampling};
-use super::{Job, MAX_LOGPROBS, cache_namespace, check_length, requests};
+use super::{Job, MAX_LOGPROBS, WireNames, cache_namespace, check_request, request};
 use crate::AppState;
 use crate::error::ApiError;
 use crate::routing_wire::{self, RoutingFields};
@@ -22,34 +22,27 @@ pub(crate) struct GenerateJob {
     pub text_in_logprobs: bool,
 }
 
-/// The prompt of a `/generate` body: `text` or `input_ids`, one of them, not a batch.
-fn prompt(state: &AppState, b: &GenerateBody) -> Result<Vec<TokenId>, ApiError> {
-    let prompt = match (&b.text, &b.input_ids) {
+/// The prompt of a `/generate` body: `text` or `input_ids`, one of them, not a batch; and the
+/// field it came from.
+fn prompt(state: &AppState, b: &GenerateBody) -> Result<(Vec<TokenId>, &'static str), ApiError> {
+    let most = most_prompt_tokens(state.info());
+    match (&b.text, &b.input_ids) {
         (Some(_), Some(_)) => {
-            return Err(ApiError::invalid("text", "give either text or input_ids, not both"));
+            Err(ApiError::invalid("text", "give either text or input_ids, not both"))
         }
-        (Some(Value::String(s)), None) => encode(state, s, "text")?,
+        (Some(Value::String(s)), None) => Ok((encode(state, s, false, "text", most)?, "text")),
         (None, Some(Value::Array(ids))) if ids.iter().all(Value::is_number) => {
-            token_ids(ids, state.info(), "input_ids")?
+            Ok((token_ids(ids, "input_ids")?, "input_ids"))
         }
         (Some(_), None) => {
-            return Err(ApiError::invalid(
-                "text",
-                "text must be one string (batches are not supported)",
-            ));
+            Err(ApiError::invalid("text", "text must be one string (batches are not supported)"))
         }
-        (None, Some(_)) => {
-            return Err(ApiError::invalid(
-                "input_ids",
-                "input_ids must be one array of token ids (batches are not supported)",
-            ));
-        }
-        (None, None) => return Err(ApiError::invalid("text", "give text or input_ids")),
-    };
-    if prompt.is_empty() {
-        return Err(ApiError::invalid("input_ids", "the prompt must have at least one token"));
+        (None, Some(_)) => Err(ApiError::invalid(
+            "input_ids",
+            "input_ids must be one array of token ids (batches are not supported)",
+        )),
+        (None, None) => Err(ApiError::invalid("text", "give text or input_ids")),
     }
-    Ok(prompt)
 }
 
 /// The logprobs a `/generate` body asks for: `Some(top)` with `return_logprob`. Prompt logprobs
@@ -80,7 +73,6 @@ fn logprobs(b: &GenerateBody) -> Result<Option<u32>, ApiError> {
 pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, ApiError> {
     let b: GenerateBody = parse(body)?;
     let info = state.info();
-    let prompt = prompt(state, &b)?;
     let sp = b.sampling_params.clone().unwrap_or_default();
     if sp.n.is_some_and(|n| n != 1) {
         return Err(ApiError::unsupported(
@@ -89,24 +81,14 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         ));
     }
     let max_tokens = sp.max_new_tokens.unwrap_or(128);
-    if max_tokens == 0 {
-        return Err(ApiError::invalid(
-            "sampling_params.max_new_tokens",
-            "max_new_tokens must be at least 1",
-        ));
-    }
-    check_length(info, prompt.len(), max_tokens, "input_ids", "sampling_params.max_new_tokens")?;
-    let routing = routing_wire::resolve(
-        info,
-        &RoutingFields {
-            return_routed_experts: b.return_routed_experts,
-            start_len: b.routed_experts_start_len,
-            prompt_start: None,
-            format: Some("raw_b64_int32".into()),
-            layers: b.routed_experts_layers.clone(),
-        },
-        &[prompt.len()],
-    )?;
+    let routing_fields = RoutingFields {
+        return_routed_experts: b.return_routed_experts,
+        start_len: b.routed_experts_start_len,
+        prompt_start: None,
+        format: Some("raw_b64_int32".into()),
+        layers: b.routed_experts_layers.clone(),
+    };
+    let routing = routing_wire::resolve(info, &routing_fields)?;
     let salt = cache_namespace(b.cache_salt.as_deref(), b.extra_key.as_deref())?;
     let fields = SamplingFields {
         temperature: sp.temperature,
@@ -122,9 +104,17 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
     };
     let logprobs = logprobs(&b)?;
     let sampling = sampling(fields, max_tokens, logprobs, state.default_seed())?;
+    let (prompt, prompt_param) = prompt(state, &b)?;
+    let r = request(prompt, &sampling, 1, routing, salt.as_ref());
+    let names = WireNames {
+        prompt: prompt_param,
+        max_tokens: "sampling_params.max_new_tokens",
+        routing_start: routing_wire::start_param(&routing_fields),
+    };
+    check_request(info, &r, &names)?;
     let job = Job {
         stop: sampling.stop.clone(),
-        requests: requests(vec![prompt], &sampling, 1, routing, salt),
+        requests: vec![r],
         n: 1,
         routing,
         stream: b.stream.unwrap_or(false).then_some(false),

@@ -1,11 +1,18 @@
 //! From wire bodies to engine requests: defaults, ranges and the checks that make every bad
 //! input a 400 naming its field before anything reaches the engine.
+//!
+//! The rules about one engine request (token ids in the vocabulary, the prompt and `max_tokens`
+//! against `max_model_len` and the KV cache, `n`, the routing start) live in the engine,
+//! `routed_runtime::validate`; this module runs them on each request before submitting any of a
+//! batch, and names the field as the route's wire does ([`WireNames`]). What is checked here is
+//! the wire: types, shapes, field names, and what only the gateway knows (a batch's size, a
+//! text's size before it is encoded).
 
 mod generate;
 mod prompt;
 mod sampling;
 
-use routed_runtime::{GenerateRequest, ModelInfo};
+use routed_runtime::{EngineError, GenerateRequest, MAX_N, ModelInfo};
 use routed_types::{SamplingParams, TokenId};
 use serde_json::{Value, json};
 
@@ -16,11 +23,9 @@ use crate::wire::{ChatFields, CommonFields, CompletionFields, parse};
 
 pub(crate) use generate::{GenerateJob, generate};
 use prompt::completion_prompts;
-pub(crate) use prompt::{ChatRender, render_chat, render_messages, token_ids};
+pub(crate) use prompt::{ChatRender, encode, render_chat, render_messages, token_ids};
 use sampling::{SamplingFields, sampling};
 
-/// Most continuations one request may ask for.
-const MAX_N: u32 = 128;
 /// Most top alternatives per token.
 pub(crate) const MAX_LOGPROBS: u32 = 20;
 
@@ -97,33 +102,70 @@ fn refuse_unsupported(c: &CommonFields) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Checks that `prompt_len + max_tokens` fits the model; `prompt_param` names the prompt field.
-pub(crate) fn check_length(
+/// How one route names the fields the engine's checks are about.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WireNames {
+    /// The prompt (`prompt`, `messages`, `input_ids` or `text`).
+    pub prompt: &'static str,
+    /// `max_tokens` as the request named it (`max_completion_tokens`,
+    /// `sampling_params.max_new_tokens`).
+    pub max_tokens: &'static str,
+    /// The routing start as the request named it (`routed_experts_start_len` or its alias).
+    pub routing_start: &'static str,
+}
+
+impl WireNames {
+    /// The wire name of the engine's field `param`.
+    fn of(&self, param: &'static str) -> &'static str {
+        match param {
+            "prompt" => self.prompt,
+            "max_tokens" => self.max_tokens,
+            "routed_experts_start_len" => self.routing_start,
+            other => other,
+        }
+    }
+}
+
+/// Runs the engine's checks on `request` (`routed_runtime::validate`) and answers a failure as a
+/// 400 naming the field as the route's wire does. A message that names the engine's field by
+/// name names the wire's instead (`max_new_tokens must be at least 1`); the prompt is "the
+/// prompt" whatever field carried it.
+pub(crate) fn check_request(
     info: &ModelInfo,
-    prompt_len: usize,
-    max_tokens: u32,
-    prompt_param: &str,
-    max_param: &str,
+    request: &GenerateRequest,
+    names: &WireNames,
 ) -> Result<(), ApiError> {
-    let limit = info.max_model_len;
-    if prompt_len >= limit {
-        return Err(ApiError::invalid(
-            prompt_param,
-            format!(
-                "this model's maximum context length is {limit} tokens, and the prompt has {prompt_len}"
-            ),
-        ));
+    routed_runtime::validate(request, info).map_err(|err| match err {
+        EngineError::InvalidRequest { param, message } => {
+            let wire = names.of(param);
+            let short = wire.rsplit('.').next().unwrap_or(wire);
+            let message = match param {
+                "prompt" => message,
+                _ => message.replace(param, short),
+            };
+            ApiError::invalid(wire, message)
+        }
+        other => other.into(),
+    })
+}
+
+/// A batch whose sequences (prompts x `n`) outnumber the waiting queue could never be admitted
+/// at once, whatever the load: a 400 naming the limit, not a 503 that invites a retry. (One
+/// request's `n` alone is the engine's rule.) Checked before any prompt is encoded.
+fn check_batch(info: &ModelInfo, num_prompts: usize, n: usize) -> Result<(), ApiError> {
+    let total = num_prompts.saturating_mul(n);
+    if num_prompts < 2 || !(1..=MAX_N).contains(&n) || total <= info.max_waiting_requests {
+        return Ok(());
     }
-    if prompt_len + max_tokens as usize > limit {
-        return Err(ApiError::invalid(
-            max_param,
-            format!(
-                "this model's maximum context length is {limit} tokens; the prompt ({prompt_len}) \
-                 plus {max_param} ({max_tokens}) exceeds it"
-            ),
-        ));
-    }
-    Ok(())
+    let param = if n > 1 { "n" } else { "prompt" };
+    Err(ApiError::invalid(
+        param,
+        format!(
+            "{num_prompts} prompts x n={n} are {total} sequences, more than the server's waiting \
+             queue holds (--max-waiting-requests {})",
+            info.max_waiting_requests
+        ),
+    ))
 }
 
 /// One engine cache salt for a request's two namespaces, vLLM's `cache_salt` and SGLang's
@@ -148,40 +190,34 @@ pub(crate) fn cache_namespace(
 struct Common {
     n: usize,
     routing: Option<RoutingRequest>,
+    /// The routing start's field name in this request.
+    routing_start: &'static str,
     /// `Some(include_usage)` for a streamed answer.
     stream: Option<bool>,
     cache_salt: Option<String>,
 }
 
 /// The checks and defaults both OpenAI routes share.
-fn common_job(
-    state: &AppState,
-    c: &CommonFields,
-    prompt_lens: &[usize],
-) -> Result<Common, ApiError> {
+fn common_job(state: &AppState, c: &CommonFields, num_prompts: usize) -> Result<Common, ApiError> {
     refuse_unsupported(c)?;
-    let n = c.n.unwrap_or(1);
-    if !(1..=MAX_N).contains(&n) {
-        return Err(ApiError::invalid("n", format!("n must be between 1 and {MAX_N}, got {n}")));
-    }
+    let n = c.n.unwrap_or(1) as usize;
+    check_batch(state.info(), num_prompts, n)?;
     let cache_salt = cache_namespace(c.cache_salt.as_deref(), c.extra_key.as_deref())?;
     let stream = c.stream.unwrap_or(false);
     if c.stream_options.is_some() && !stream {
         return Err(ApiError::invalid("stream_options", "stream_options needs stream: true"));
     }
     let include_usage = c.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
-    let routing = routing_wire::resolve(
-        state.info(),
-        &RoutingFields {
-            return_routed_experts: c.return_routed_experts,
-            start_len: c.routed_experts_start_len,
-            prompt_start: c.routed_experts_prompt_start,
-            format: c.routed_experts_format.clone(),
-            layers: c.routed_experts_layers.clone(),
-        },
-        prompt_lens,
-    )?;
-    Ok(Common { n: n as usize, routing, stream: stream.then_some(include_usage), cache_salt })
+    let fields = RoutingFields {
+        return_routed_experts: c.return_routed_experts,
+        start_len: c.routed_experts_start_len,
+        prompt_start: c.routed_experts_prompt_start,
+        format: c.routed_experts_format.clone(),
+        layers: c.routed_experts_layers.clone(),
+    };
+    let routing = routing_wire::resolve(state.info(), &fields)?;
+    let routing_start = routing_wire::start_param(&fields);
+    Ok(Common { n, routing, routing_start, stream: stream.then_some(include_usage), cache_salt })
 }
 
 fn sampling_fields(c: &CommonFields) -> SamplingFields {
@@ -199,28 +235,26 @@ fn sampling_fields(c: &CommonFields) -> SamplingFields {
     }
 }
 
-/// One engine request per prompt, each sampling `n` continuations.
-pub(crate) fn requests(
-    prompts: Vec<Vec<TokenId>>,
+/// The engine request for one prompt, sampling `n` continuations.
+pub(crate) fn request(
+    prompt: Vec<TokenId>,
     sampling: &SamplingParams,
     n: usize,
     routing: Option<RoutingRequest>,
-    cache_salt: Option<String>,
-) -> Vec<GenerateRequest> {
-    prompts
-        .into_iter()
-        .map(|prompt| GenerateRequest {
-            prompt_token_ids: prompt,
-            sampling: sampling.clone(),
-            n,
-            return_routing: routing.is_some(),
-            routing_start: routing.map_or(0, |r| r.start),
-            cache_salt: cache_salt.clone(),
-        })
-        .collect()
+    cache_salt: Option<&String>,
+) -> GenerateRequest {
+    GenerateRequest {
+        prompt_token_ids: prompt,
+        sampling: sampling.clone(),
+        n,
+        return_routing: routing.is_some(),
+        routing_start: routing.map_or(0, |r| r.start),
+        cache_salt: cache_salt.cloned(),
+    }
 }
 
-/// Validates a `/v1/completions` body.
+/// Validates a `/v1/completions` body. Each prompt is encoded and checked in turn, so a batch
+/// stops at its first bad prompt.
 pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     let c: CommonFields = parse(body)?;
     let f: CompletionFields = parse(body)?;
@@ -228,21 +262,24 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
     if f.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::unsupported("suffix", "suffix is not supported"));
     }
-    let prompts = completion_prompts(state, &f.prompt)?;
-    let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let common = common_job(state, &c, &lens)?;
+    let prompts = completion_prompts(&f.prompt)?;
+    let Common { n, routing, routing_start, stream, cache_salt } =
+        common_job(state, &c, prompts.len())?;
     let max_tokens = f.max_tokens.unwrap_or(16);
-    if max_tokens == 0 {
-        return Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1"));
-    }
-    for &len in &lens {
-        check_length(state.info(), len, max_tokens, "prompt", "max_tokens")?;
-    }
     let sampling = sampling(sampling_fields(&c), max_tokens, f.logprobs, state.default_seed())?;
-    let Common { n, routing, stream, cache_salt } = common;
+    let names = WireNames { prompt: "prompt", max_tokens: "max_tokens", routing_start };
+    let requests = prompts
+        .into_iter()
+        .map(|prompt| {
+            let ids = prompt.tokens(state, "prompt")?;
+            let r = request(ids, &sampling, n, routing, cache_salt.as_ref());
+            check_request(state.info(), &r, &names)?;
+            Ok(r)
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
     Ok(Job {
         stop: sampling.stop.clone(),
-        requests: requests(prompts, &sampling, n, routing, cache_salt),
+        requests,
         n,
         routing,
         stream,
@@ -278,27 +315,24 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     if top_logprobs > 0 && !logprobs {
         return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs: true"));
     }
+    let Common { n, routing, routing_start, stream, cache_salt } = common_job(state, &c, 1)?;
     let prompt = render_chat(state, &f)?;
-    let len = prompt.len();
-    let common = common_job(state, &c, &[len])?;
     let (max_param, max_tokens) = match (f.max_completion_tokens, f.max_tokens) {
         (Some(m), _) => ("max_completion_tokens", m),
         (None, Some(m)) => ("max_tokens", m),
         (None, None) => (
             "max_tokens",
-            state.info().max_model_len.saturating_sub(len).min(u32::MAX as usize) as u32,
+            state.info().max_model_len.saturating_sub(prompt.len()).min(u32::MAX as usize) as u32,
         ),
     };
-    check_length(state.info(), len, max_tokens, "messages", max_param)?;
-    if max_tokens == 0 {
-        return Err(ApiError::invalid(max_param, format!("{max_param} must be at least 1")));
-    }
     let logprobs = logprobs.then_some(top_logprobs);
     let sampling = sampling(sampling_fields(&c), max_tokens, logprobs, state.default_seed())?;
-    let Common { n, routing, stream, cache_salt } = common;
+    let r = request(prompt, &sampling, n, routing, cache_salt.as_ref());
+    let names = WireNames { prompt: "messages", max_tokens: max_param, routing_start };
+    check_request(state.info(), &r, &names)?;
     Ok(Job {
         stop: sampling.stop.clone(),
-        requests: requests(vec![prompt], &sampling, n, routing, cache_salt),
+        requests: vec![r],
         n,
         routing,
         stream,

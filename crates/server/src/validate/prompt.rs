@@ -9,67 +9,100 @@ use crate::AppState;
 use crate::error::ApiError;
 use crate::wire::{ChatFields, MessageContent, WireMessage};
 
-/// Token ids from a JSON array, each below the vocabulary size.
-pub(crate) fn token_ids(
-    value: &[Value],
-    info: &ModelInfo,
-    param: &str,
-) -> Result<Vec<TokenId>, ApiError> {
+/// Token ids from a JSON array: non-negative integers that fit a token id. Whether they are in the
+/// vocabulary is the engine's rule (`routed_runtime::validate`).
+pub(crate) fn token_ids(value: &[Value], param: &str) -> Result<Vec<TokenId>, ApiError> {
     value
         .iter()
         .map(|v| {
-            v.as_u64().filter(|&id| id < info.vocab_size as u64).map(|id| id as TokenId).ok_or_else(
-                || {
-                    ApiError::invalid(
-                        param,
-                        format!("token ids must be integers in [0, {}), got {v}", info.vocab_size),
-                    )
-                },
-            )
+            v.as_u64().and_then(|id| TokenId::try_from(id).ok()).ok_or_else(|| {
+                ApiError::invalid(
+                    param,
+                    format!("token ids must be non-negative integers, got {v}"),
+                )
+            })
         })
         .collect()
 }
 
-/// Encodes a text prompt.
-pub(crate) fn encode(state: &AppState, text: &str, param: &str) -> Result<Vec<TokenId>, ApiError> {
-    state
-        .tokenizer()
-        .encode(text)
+/// Encodes a text prompt of at most `most` tokens. A text that cannot fit is refused before it is
+/// encoded, by the tokenizer's lower bound on its token count: encoding is what costs seconds and
+/// gigabytes for a body of tens of MiB, and the bound is a division (see
+/// `routed_model::Tokenizer::min_tokens`).
+pub(crate) fn encode(
+    state: &AppState,
+    text: &str,
+    add_special_tokens: bool,
+    param: &str,
+    most: usize,
+) -> Result<Vec<TokenId>, ApiError> {
+    let tokenizer = state.tokenizer();
+    let at_least = tokenizer.min_tokens(text);
+    if at_least > most {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "this model's maximum context length is {} tokens, and the {param} text ({} \
+                 bytes) encodes to at least {at_least} tokens",
+                state.info().max_model_len,
+                text.len()
+            ),
+        ));
+    }
+    tokenizer
+        .encode_with(text, add_special_tokens)
         .map_err(|e| ApiError::invalid(param, format!("cannot tokenize: {e}")))
 }
 
-/// The prompts of `/v1/completions`: a string, token ids, or a batch of either.
-pub(crate) fn completion_prompts(
-    state: &AppState,
-    prompt: &Value,
-) -> Result<Vec<Vec<TokenId>>, ApiError> {
-    let info = state.info();
+/// The most prompt tokens a generation request may have: one position stays for its output.
+pub(crate) fn most_prompt_tokens(info: &ModelInfo) -> usize {
+    info.max_model_len.saturating_sub(1)
+}
+
+/// One prompt of `/v1/completions` as it arrived: text, or token ids.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum PromptInput<'a> {
+    /// Text, encoded without special tokens.
+    Text(&'a str),
+    /// Token ids.
+    Ids(&'a [Value]),
+}
+
+impl PromptInput<'_> {
+    /// The prompt's token ids (see [`encode`] for text).
+    pub(crate) fn tokens(self, state: &AppState, param: &str) -> Result<Vec<TokenId>, ApiError> {
+        match self {
+            Self::Text(text) => encode(state, text, false, param, most_prompt_tokens(state.info())),
+            Self::Ids(ids) => token_ids(ids, param),
+        }
+    }
+}
+
+/// The prompts of `/v1/completions` (a string, token ids, or a batch of either), checked for
+/// shape only: nothing is encoded yet, so a batch can be refused by its size first.
+pub(crate) fn completion_prompts(prompt: &Value) -> Result<Vec<PromptInput<'_>>, ApiError> {
     let wrong = || {
         ApiError::invalid(
             "prompt",
             "prompt must be a string, an array of token ids, or an array of either",
         )
     };
-    let prompts = match prompt {
-        Value::String(s) => vec![encode(state, s, "prompt")?],
+    match prompt {
+        Value::String(s) => Ok(vec![PromptInput::Text(s)]),
         Value::Array(items) if items.iter().all(Value::is_number) && !items.is_empty() => {
-            vec![token_ids(items, info, "prompt")?]
+            Ok(vec![PromptInput::Ids(items)])
         }
         Value::Array(items) if !items.is_empty() => items
             .iter()
             .map(|item| match item {
-                Value::String(s) => encode(state, s, "prompt"),
-                Value::Array(ids) => token_ids(ids, info, "prompt"),
+                Value::String(s) => Ok(PromptInput::Text(s)),
+                Value::Array(ids) => Ok(PromptInput::Ids(ids)),
                 _ => Err(wrong()),
             })
-            .collect::<Result<_, _>>()?,
-        Value::Array(_) => return Err(ApiError::invalid("prompt", "prompt must not be empty")),
-        _ => return Err(wrong()),
-    };
-    if prompts.iter().any(Vec::is_empty) {
-        return Err(ApiError::invalid("prompt", "a prompt must have at least one token"));
+            .collect(),
+        Value::Array(_) => Err(ApiError::invalid("prompt", "prompt must not be empty")),
+        _ => Err(wrong()),
     }
-    Ok(prompts)
 }
 
 /// How chat messages are rendered, as transformers' `apply_chat_template` takes it.
@@ -168,9 +201,5 @@ pub(crate) fn render_messages(
 pub(crate) fn render_chat(state: &AppState, f: &ChatFields) -> Result<Vec<TokenId>, ApiError> {
     let how = ChatRender::new(f.add_generation_prompt, f.continue_final_message)?;
     let text = render_messages(state, &f.messages, how)?;
-    let ids = encode(state, &text, "messages")?;
-    if ids.is_empty() {
-        return Err(ApiError::invalid("messages", "the rendered prompt has no tokens"));
-    }
-    Ok(ids)
+    encode(state, &text, false, "messages", most_prompt_tokens(state.info()))
 }

@@ -52,6 +52,11 @@ impl TestServer {
     /// Starts an engine with `config` and the gateway in front of it, on its own actix system
     /// thread. The server lives until the test process exits.
     pub fn start(config: EngineConfig) -> Self {
+        Self::start_with(config, routed_server::ServerConfig::default())
+    }
+
+    /// [`TestServer::start`] with the gateway's own settings (workers, timeouts).
+    pub fn start_with(config: EngineConfig, server: routed_server::ServerConfig) -> Self {
         routed_server::install_metrics_recorder().expect("metrics recorder");
         let handle = Engine::start(config).expect("engine starts");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -59,7 +64,8 @@ impl TestServer {
         let engine = handle.clone();
         std::thread::spawn(move || {
             actix_rt::System::new().block_on(async move {
-                let bound = routed_server::bind_server(engine, listener).expect("server builds");
+                let bound = routed_server::bind_server_with(engine, listener, &server)
+                    .expect("server builds");
                 tx.send((bound.addr, Arc::clone(bound.state.registry()))).expect("send addr");
                 bound.server.await.expect("server runs");
             });
@@ -186,6 +192,28 @@ pub fn send_only(addr: SocketAddr, path: &str, body: &Value) -> TcpStream {
     );
     stream.write_all(head.as_bytes()).expect("write");
     stream
+}
+
+/// Polls `done` until it holds; panics, naming `what`, when the watchdog runs out first.
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WATCHDOG;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "watchdog: still waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Reads from `stream` until what was read contains `needle`, and returns it.
+pub fn read_until(stream: &mut TcpStream, needle: &str) -> String {
+    stream.set_read_timeout(Some(WATCHDOG)).expect("timeout");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains(needle) {
+        let n = stream.read(&mut buf).expect("read (watchdog)");
+        assert!(n > 0, "closed before {needle:?}: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&seen).into_owned()
 }
 
 fn parse_response(raw: &[u8]) -> Response {
