@@ -1,5 +1,8 @@
 //! The `routed` binary end to end: `generate --json` reproduces transformers' greedy tokens.
 
+mod common;
+
+use common::http::Server;
 use routed_test_support::Golden;
 use std::process::Command;
 
@@ -48,34 +51,12 @@ fn a_cuda_device_without_cuda_is_a_clear_error() {
 /// `routed serve` with no flags serves the embedded model; the startup line names the address.
 #[test]
 fn serve_runs_the_embedded_model() {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_routed"))
-        .args(["serve", "--port", "0", "--num-kv-blocks", "64"])
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start routed serve");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("routed serve printed its address").unwrap();
-        if let Some(at) = line.find("serving on http://") {
-            let rest = &line[at + "serving on http://".len()..];
-            break rest.split_whitespace().next().unwrap().to_owned();
-        }
-    };
-    assert!(!addr.is_empty());
-    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
-    stream.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    child.kill().unwrap();
-    let _ = child.wait();
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let serve = Server::start(&["--num-kv-blocks", "64"]);
+    let models = serve.get("/v1/models");
+    assert_eq!(models.status, 200, "{models:?}");
     assert!(
-        response.contains("routed-tiny-hybrid") && response.contains("moe_layer_ids"),
-        "{response}"
+        models.body.contains("routed-tiny-hybrid") && models.body.contains("moe_layer_ids"),
+        "{models:?}"
     );
 }
 

@@ -2,65 +2,11 @@
 //! embedded model answers over HTTP with the same text and routing as one rank, and `routed bench`
 //! runs with two ranks.
 
+mod common;
+
+use common::http::Server;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
-/// A `routed serve` child process on a free port, killed when dropped.
-struct Serve {
-    child: Child,
-    addr: String,
-}
-
-impl Serve {
-    fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_routed"))
-            .args(["serve", "--port", "0", "--num-kv-blocks", "64", "--threads", "2"])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start routed serve");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
-            let line = lines.next().expect("routed serve printed its address").unwrap();
-            if let Some(at) = line.find("serving on http://") {
-                let rest = &line[at + "serving on http://".len()..];
-                break rest.split_whitespace().next().unwrap().to_owned();
-            }
-        };
-        // Keep draining the child's log so it never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        Self { child, addr }
-    }
-
-    fn post(&self, path: &str, body: &Value) -> Value {
-        let body = body.to_string();
-        let mut stream = std::net::TcpStream::connect(&self.addr).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        write!(
-            stream,
-            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-        let (_, json) = response.split_once("\r\n\r\n").unwrap();
-        serde_json::from_str(json).unwrap()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use std::process::Command;
 
 #[test]
 fn serve_with_two_ranks_answers_as_one_rank() {
@@ -73,18 +19,15 @@ fn serve_with_two_ranks_answers_as_one_rank() {
                "max_tokens": 6, "temperature": 0, "routed_experts_format": "list"}),
     ];
     let answers = |ep: &str| {
-        let serve = Serve::start(&["--expert-parallel-size", ep]);
-        let models = {
-            let mut stream = std::net::TcpStream::connect(&serve.addr).unwrap();
-            stream
-                .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                .unwrap();
-            let mut r = String::new();
-            stream.read_to_string(&mut r).unwrap();
-            r
+        let serve = Server::start(&["--num-kv-blocks", "64", "--expert-parallel-size", ep]);
+        let health = serve.get("/health");
+        assert_eq!(health.status, 200, "{health:?}");
+        let post = |r| {
+            let answer = serve.post("/v1/completions", r);
+            assert_eq!(answer.status, 200, "{answer:?}");
+            answer.json()
         };
-        assert!(models.starts_with("HTTP/1.1 200"), "{models}");
-        requests.iter().map(|r| serve.post("/v1/completions", r)).collect::<Vec<_>>()
+        requests.iter().map(post).collect::<Vec<_>>()
     };
     let (one, two) = (answers("1"), answers("2"));
     for (i, (a, b)) in one.iter().zip(&two).enumerate() {

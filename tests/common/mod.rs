@@ -5,6 +5,8 @@ use futures_util::StreamExt;
 use routed::runtime::{EngineError, FinalOutput, TokenEvent};
 use routed::types::{SamplingParams, TokenId};
 use routed::{Engine, EngineConfig, EngineHandle, GenerateRequest, ModelSource, RequestEvent};
+pub mod http;
+
 use routed_test_support::golden_root;
 use std::time::Duration;
 
