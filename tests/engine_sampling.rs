@@ -132,6 +132,12 @@ async fn prompt_logprobs_match_transformers_and_skip_the_prefix_cache() {
                 entry.logprob
             );
             assert_eq!(entry.top_logprobs.len(), 2);
+            // The rank agrees with the alternatives' order where the token is one of them.
+            let rank = entry.rank.expect("prompt logprobs carry the rank");
+            match entry.top_logprobs.iter().position(|&(t, _)| t == entry.token) {
+                Some(j) => assert_eq!(rank as usize, j + 1, "{arch} position {}", i + 1),
+                None => assert!(rank > 2, "{arch} position {}: rank {rank}", i + 1),
+            }
         }
         handle.shutdown().await;
     }

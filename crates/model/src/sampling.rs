@@ -51,16 +51,18 @@ impl Sampler {
             Some(n) if n > 0 => self.top_logprobs(logits, log_z, n as usize),
             _ => Vec::new(),
         };
-        SampledToken { token, logprob: logits[token as usize] - log_z, top_logprobs }
+        let rank = params.logprobs.map(|_| rank(logits, token));
+        SampledToken { token, logprob: logits[token as usize] - log_z, top_logprobs, rank }
     }
 
-    /// The logprob of `token` in one row of logits, with the `n` most likely alternatives (prompt
-    /// logprobs).
+    /// The logprob and rank of `token` in one row of logits, with the `n` most likely
+    /// alternatives (prompt logprobs).
     pub fn score(&mut self, logits: &[f32], token: TokenId, n: u32) -> SampledToken {
         let log_z = cpu::log_sum_exp(logits);
         let top_logprobs =
             if n > 0 { self.top_logprobs(logits, log_z, n as usize) } else { Vec::new() };
-        SampledToken { token, logprob: logits[token as usize] - log_z, top_logprobs }
+        let rank = Some(rank(logits, token));
+        SampledToken { token, logprob: logits[token as usize] - log_z, top_logprobs, rank }
     }
 
     /// Logit bias, then the repetition, frequency and presence penalties (vLLM's order) into
@@ -166,6 +168,18 @@ impl Sampler {
     }
 }
 
+/// The 1-based rank of `token` among `logits` in [`Sampler::top_logprobs`]' order (descending,
+/// ties to the lower id): one pass, whatever the vocabulary size, and never a sort.
+fn rank(logits: &[f32], token: TokenId) -> u32 {
+    let x = logits[token as usize];
+    let ahead = logits
+        .iter()
+        .enumerate()
+        .filter(|&(i, l)| l.total_cmp(&x).then((token as usize).cmp(&i)).is_gt())
+        .count();
+    u32::try_from(ahead).map_or(u32::MAX, |a| a.saturating_add(1))
+}
+
 /// A uniform number in `[0, 1)` from `(seed, index)` (SplitMix64 finaliser): stateless, so a
 /// token's randomness is fixed by its request and position alone.
 fn uniform(seed: u64, index: u64) -> f64 {
@@ -188,6 +202,22 @@ mod tests {
         assert_eq!(out.token, 1);
         assert_eq!(out.top_logprobs.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
         assert!((out.logprob - out.top_logprobs[0].1).abs() < 1e-7);
+        assert_eq!(out.rank, Some(1));
+        let plain = s.sample(&[0.0, 2.0, 1.0], &SamplingParams::greedy(1), 0, None);
+        assert_eq!(plain.rank, None, "no logprobs, no rank");
+    }
+
+    #[test]
+    fn ranks_follow_the_order_of_the_alternatives() {
+        // Token 1 and 3 tie for the lead: the lower id ranks first.
+        let logits = [0.5, 2.0, -1.0, 2.0, 1.0];
+        let mut s = Sampler::default();
+        let ranks: Vec<_> = (0..5).map(|t| s.score(&logits, t, 0).rank).collect();
+        assert_eq!(ranks, [Some(4), Some(1), Some(5), Some(2), Some(3)]);
+        let top = s.score(&logits, 4, 5).top_logprobs;
+        for (position, &(id, _)) in top.iter().enumerate() {
+            assert_eq!(s.score(&logits, id, 0).rank, Some(position as u32 + 1));
+        }
     }
 
     #[test]

@@ -75,7 +75,8 @@ fn granted(grants: Vec<(SlotGrant, Vec<BlockRef>)>, preempted: Vec<SeqId>) -> Gr
 }
 
 fn sampled(tokens: &[Option<TokenId>]) -> StepOutput {
-    let one = |t: TokenId| SampledToken { token: t, logprob: -1.0, top_logprobs: Vec::new() };
+    let one =
+        |t: TokenId| SampledToken { token: t, logprob: -1.0, top_logprobs: Vec::new(), rank: None };
     StepOutput { sampled: tokens.iter().map(|t| t.map(one)).collect(), ..StepOutput::default() }
 }
 

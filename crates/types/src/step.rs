@@ -76,6 +76,11 @@ pub struct SampledToken {
     pub logprob: f32,
     /// The most likely alternatives with their logprobs, when the request asked for them.
     pub top_logprobs: Vec<(TokenId, f32)>,
+    /// The token's 1-based rank in the raw distribution, in the order of `top_logprobs`
+    /// (descending, ties to the lower id), so a token among the alternatives has its position
+    /// there. Computed whenever logprobs are (vLLM reports it with prompt logprobs); `None`
+    /// otherwise.
+    pub rank: Option<u32>,
 }
 
 /// What a runner returns for a step.
