@@ -135,6 +135,9 @@ async fn generate(args: GenerateArgs) -> Result<()> {
         ignore_eos: args.ignore_eos,
         ..SamplingParams::default()
     };
+    // The decoder-layer layout (`num_hidden_layers` on the layer axis), as `routed serve`
+    // returns routing by default and RL trainers reshape it.
+    let num_layers = engine.model_info().routing.as_ref().map(|m| m.num_layers as usize);
     let mut events = engine.submit(GenerateRequest::new(prompt, params)).await?;
     let mut result = None;
     while let Some(event) = events.next().await {
@@ -157,7 +160,9 @@ async fn generate(args: GenerateArgs) -> Result<()> {
             "text": out.text,
             "finish_reason": finish,
             "cached_tokens": out.num_cached_tokens,
-            "routed_experts_shape": out.routing.as_ref().map(|r| r.shape()),
+            "routed_experts_shape": out.routing.as_ref().zip(num_layers).map(|(r, layers)| {
+                [r.num_rows, layers, r.top_k]
+            }),
         });
         println!("{json}");
     } else {

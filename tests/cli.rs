@@ -29,7 +29,9 @@ fn generate_json_matches_transformers_greedy_tokens() {
             out["token_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
         assert_eq!(got, want, "{arch}");
         assert_eq!(out["finish_reason"], "length");
-        let layers = g.moe_layers().len();
+        // The decoder-layer layout, as `routed serve` returns it: every layer, MoE or not.
+        let layers = g.meta["num_hidden_layers"].as_u64().unwrap();
+        assert!(layers as usize > g.moe_layers().len(), "{arch}: a layer without routed experts");
         assert_eq!(out["routed_experts_shape"], serde_json::json!([24 + 15, layers, 2]), "{arch}");
     }
 }
