@@ -162,6 +162,9 @@ async fn an_aborted_request_returns_the_routing_of_what_it_computed() {
         let out = collect(stream).await;
         let f = &out.finals[0];
         assert_eq!(f.finish_reason, routed::types::FinishReason::Abort, "{arch}");
+        // The stream carried every token the final output lists, the one sampled by the step in
+        // flight when the abort arrived included.
+        assert_eq!(seen + out.tokens.len(), f.token_ids.len(), "{arch}");
         let rows = f.routing.as_ref().expect("an aborted request keeps its routing");
         // One row per token fed to the model: the prompt and every generated token but the last.
         assert_eq!(rows.num_rows, prompt.len() + f.token_ids.len() - 1, "{arch}");

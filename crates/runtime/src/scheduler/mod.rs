@@ -37,8 +37,6 @@ struct Group {
     routing_start: usize,
     /// Sequences not finished yet.
     num_open: usize,
-    /// Aborted: its remaining sequences end with `abort` and stream no more tokens.
-    aborted: bool,
 }
 
 /// The peers the scheduler talks to.

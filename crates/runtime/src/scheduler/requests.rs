@@ -47,7 +47,6 @@ impl SchedulerActor {
             other => EngineError::Internal(other.to_string()),
         })?;
         let entry = Group {
-            aborted: false,
             events: msg.events,
             return_routing: r.return_routing,
             routing_start: r.routing_start,
@@ -72,9 +71,9 @@ impl SchedulerActor {
         for event in self.policy.apply_output(ids, output, &mut decode) {
             match event {
                 SeqEvent::Token { id, sampled } => {
-                    let Some(g) = self.groups.get(&id.request()).filter(|g| !g.aborted) else {
-                        continue;
-                    };
+                    // A request whose abort waits for this step still streams what the step
+                    // sampled: its final output lists exactly the tokens its stream carried.
+                    let Some(g) = self.groups.get(&id.request()) else { continue };
                     let token = TokenEvent {
                         index: id.index_in_request(),
                         token: sampled.token,
@@ -204,12 +203,10 @@ impl SchedulerActor {
 
     /// Ends every open sequence of `request` with `finish_reason: abort`. A sequence in the step
     /// now in flight is aborted once that step's output is applied (the abort waits in
-    /// `pending_aborts`), so its rows are all stored; a sequence that computed tokens returns their
-    /// routing rows.
+    /// `pending_aborts`), so its rows are all stored and the token that step samples is streamed
+    /// like any other; a sequence that computed tokens returns their routing rows.
     pub(super) fn abort(&mut self, request: RequestId, ctx: &mut Context<Self>) {
-        let Some(g) = self.groups.get_mut(&request) else { return };
-        // No more token events, whatever happens next.
-        g.aborted = true;
+        let Some(g) = self.groups.get(&request) else { return };
         let n = g.n;
         if self.in_flight.iter().any(|id| id.request() == request) {
             if !self.pending_aborts.contains(&request) {

@@ -194,6 +194,26 @@ pub fn send_only(addr: SocketAddr, path: &str, body: &Value) -> TcpStream {
     stream
 }
 
+/// Sends a request that closes its connection when answered, without reading the answer: read
+/// part of it with [`read_until`] and the rest with [`read_rest`].
+pub fn send_closing(addr: SocketAddr, path: &str, body: &Value) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    let body = body.to_string();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).expect("write");
+    stream
+}
+
+/// Reads the rest of a response whose beginning [`read_bytes_until`] returned, to the end.
+pub fn read_rest(stream: &mut TcpStream, mut raw: Vec<u8>) -> Response {
+    stream.read_to_end(&mut raw).expect("read response (watchdog)");
+    parse_response(&raw)
+}
+
 /// Polls `done` until it holds; panics, naming `what`, when the watchdog runs out first.
 pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + WATCHDOG;
@@ -205,15 +225,20 @@ pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 
 /// Reads from `stream` until what was read contains `needle`, and returns it.
 pub fn read_until(stream: &mut TcpStream, needle: &str) -> String {
+    String::from_utf8_lossy(&read_bytes_until(stream, needle)).into_owned()
+}
+
+/// Reads from `stream` until what was read contains `needle`, and returns the bytes.
+pub fn read_bytes_until(stream: &mut TcpStream, needle: &str) -> Vec<u8> {
     stream.set_read_timeout(Some(WATCHDOG)).expect("timeout");
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&seen).contains(needle) {
+    while !seen.windows(needle.len()).any(|w| w == needle.as_bytes()) {
         let n = stream.read(&mut buf).expect("read (watchdog)");
         assert!(n > 0, "closed before {needle:?}: {}", String::from_utf8_lossy(&seen));
         seen.extend_from_slice(&buf[..n]);
     }
-    String::from_utf8_lossy(&seen).into_owned()
+    seen
 }
 
 fn parse_response(raw: &[u8]) -> Response {
