@@ -112,6 +112,40 @@ def main():
     assert deltas == c["message"]["content"]
     assert final == c["routed_experts"]
 
+    # The sampling fields the client sends natively: a logit bias forces a token, penalties are
+    # accepted, and the same seed gives the same draw.
+    forced = client.completions.create(
+        model=model, prompt=prompt, max_tokens=4, temperature=0, logit_bias={"77": 100},
+        presence_penalty=0.5, frequency_penalty=0.5, extra_body={"return_token_ids": True},
+    ).model_dump()["choices"][0]
+    assert forced["token_ids"] == [77] * 4, forced
+    draws = [
+        client.completions.create(
+            model=model, prompt=prompt, max_tokens=6, temperature=1.0, seed=3,
+            extra_body={"min_p": 0.1, "repetition_penalty": 1.3, "return_token_ids": True},
+        ).model_dump()["choices"][0]["token_ids"]
+        for _ in range(2)
+    ]
+    assert draws[0] == draws[1], draws
+
+    # Scoring a prompt as lm-eval's loglikelihood tasks do: echo with logprobs, the first token
+    # without a logprob; and vLLM's prompt_logprobs beside it.
+    text = "The experts route every token"
+    scored = client.completions.create(
+        model=model, prompt=text, max_tokens=1, temperature=0, logprobs=1, echo=True,
+        extra_body={"prompt_logprobs": 1},
+    ).choices[0]
+    assert scored.text.startswith(text), scored.text
+    values = scored.logprobs.token_logprobs
+    assert values[0] is None and all(v <= 0 for v in values[1:]), values
+    assert scored.logprobs.top_logprobs[0] is None
+    prompt_logprobs = scored.model_dump()["prompt_logprobs"]
+    assert prompt_logprobs[0] is None and len(prompt_logprobs) == len(values) - 1
+    for position, entry in enumerate(prompt_logprobs[1:], start=1):
+        best = min(entry.values(), key=lambda e: e["rank"])
+        assert best["rank"] == 1 and set(best) == {"logprob", "rank", "decoded_token"}, entry
+        assert values[position] in [e["logprob"] for e in entry.values()], (position, entry)
+
     # Errors surface as the client's typed exceptions.
     try:
         client.completions.create(model="no-such-model", prompt="x")
@@ -123,6 +157,11 @@ def main():
         raise AssertionError("bad start accepted")
     except openai.BadRequestError as err:
         assert err.param == "routed_experts_start_len", err.body
+    try:
+        client.completions.create(model=model, prompt="x", presence_penalty=3.0)
+        raise AssertionError("presence_penalty 3 accepted")
+    except openai.BadRequestError as err:
+        assert err.param == "presence_penalty", err.body
     print("openai client agrees")
 
 

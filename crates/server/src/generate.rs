@@ -71,6 +71,40 @@ fn add_logprobs(b: &Body<'_>, meta_info: &mut Value) {
         });
         meta_info["output_top_logprobs"] = Value::Array(tops.collect());
     }
+    if let (Some(start), Some(output)) = (b.request.logprob_start_len, b.output) {
+        add_input_logprobs(b, start, output, meta_info);
+    }
+}
+
+/// `input_token_logprobs` (and, with `top_logprobs_num`, `input_top_logprobs`) for the prompt
+/// tokens from `start` on, as SGLang returns them: the first entry's logprob is `null` whatever
+/// `start` is (SGLang pads it so), then each prompt token's logprob given the tokens before it.
+/// A position the engine did not score (an aborted request) has `null` too.
+fn add_input_logprobs(b: &Body<'_>, start: usize, output: &FinalOutput, meta_info: &mut Value) {
+    let with_text = b.request.text_in_logprobs;
+    let prompt = &b.request.job.requests[0].prompt_token_ids;
+    let scores = output.prompt_logprobs.as_deref().unwrap_or_default();
+    let score = |p: usize| {
+        let s = p.checked_sub(1).and_then(|i| scores.get(i)).filter(|s| s.token == prompt[p]);
+        s.filter(|_| p > start)
+    };
+    let positions = start..prompt.len();
+    let lps = positions.clone().map(|p| {
+        let text = with_text.then(|| token_text(b.tokenizer, prompt[p]));
+        json!([score(p).map(|s| s.logprob), prompt[p], text])
+    });
+    meta_info["input_token_logprobs"] = Value::Array(lps.collect());
+    if b.request.top_logprobs_num.is_some() {
+        let tops = positions.map(|p| match score(p) {
+            Some(s) => {
+                let top =
+                    s.top_logprobs.iter().map(|&(id, lp)| triple(b.tokenizer, with_text, id, lp));
+                Value::Array(top.collect())
+            }
+            None => Value::Null,
+        });
+        meta_info["input_top_logprobs"] = Value::Array(tops.collect());
+    }
 }
 
 fn body_json(b: Body<'_>, meta: Option<&RoutingMeta>) -> Result<Value, ApiError> {

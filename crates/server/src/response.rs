@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use routed_model::Tokenizer;
 use routed_runtime::{FinalOutput, TokenEvent};
-use routed_types::{FinishReason, RoutingMeta, StopMatch, TokenId};
+use routed_types::{FinishReason, RoutingMeta, SampledToken, StopMatch, TokenId};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -71,6 +71,26 @@ pub(crate) fn token_text(tokenizer: &Tokenizer, id: TokenId) -> String {
     tokenizer.decode(&[id]).unwrap_or_default()
 }
 
+/// One token of the legacy completions logprobs: its logprob (`None` for the first prompt
+/// token, which nothing predicts) and its top alternatives.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scored<'a> {
+    pub token: TokenId,
+    pub logprob: Option<f32>,
+    pub top: &'a [(TokenId, f32)],
+}
+
+impl<'a> From<&'a TokenEvent> for Scored<'a> {
+    fn from(t: &'a TokenEvent) -> Self {
+        Self { token: t.token, logprob: Some(t.logprob), top: &t.top_logprobs }
+    }
+}
+
+/// vLLM's floor for a logprob on the wire: `-inf` is not JSON.
+fn clamp_logprob(logprob: f32) -> f32 {
+    logprob.max(-9999.0)
+}
+
 /// Legacy completions logprobs over `tokens`; `offset` is the text offset of the first one and
 /// is advanced past them.
 pub(crate) fn completion_logprobs(
@@ -78,22 +98,78 @@ pub(crate) fn completion_logprobs(
     tokens: &[TokenEvent],
     offset: &mut usize,
 ) -> Value {
-    let mut texts = Vec::with_capacity(tokens.len());
-    let mut logprobs = Vec::with_capacity(tokens.len());
-    let mut tops = Vec::with_capacity(tokens.len());
-    let mut offsets = Vec::with_capacity(tokens.len());
+    legacy_logprobs(tokenizer, tokens.iter().map(Scored::from), offset)
+}
+
+/// Legacy completions logprobs: `tokens`, `token_logprobs`, `top_logprobs` (a map from token
+/// text to logprob that includes the token itself; `null` where the token has no logprob) and
+/// `text_offset`, counted from `offset`, which is advanced past them.
+pub(crate) fn legacy_logprobs<'a>(
+    tokenizer: &Tokenizer,
+    tokens: impl Iterator<Item = Scored<'a>>,
+    offset: &mut usize,
+) -> Value {
+    let (mut texts, mut logprobs, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
     for t in tokens {
         let text = token_text(tokenizer, t.token);
         offsets.push(*offset);
         *offset += text.chars().count();
-        let mut top: BTreeMap<String, f32> =
-            t.top_logprobs.iter().map(|&(id, lp)| (token_text(tokenizer, id), lp)).collect();
-        top.entry(text.clone()).or_insert(t.logprob);
+        let top = t.logprob.map(|logprob| {
+            let mut top: BTreeMap<String, f32> = t
+                .top
+                .iter()
+                .map(|&(id, lp)| (token_text(tokenizer, id), clamp_logprob(lp)))
+                .collect();
+            top.entry(text.clone()).or_insert(clamp_logprob(logprob));
+            top
+        });
         tops.push(top);
-        logprobs.push(t.logprob);
+        logprobs.push(t.logprob.map(clamp_logprob));
         texts.push(text);
     }
     json!({"tokens": texts, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// The prompt's tokens as legacy logprob entries, for `echo`: the first has no logprob; token
+/// `p` has `scores[p - 1]` (the engine's prompt logprobs) with at most `k` alternatives. A
+/// position the engine did not score (an aborted choice) has none either.
+pub(crate) fn echoed_prompt<'a>(
+    prompt: &'a [TokenId],
+    scores: Option<&'a [SampledToken]>,
+    k: u32,
+) -> impl Iterator<Item = Scored<'a>> {
+    prompt.iter().enumerate().map(move |(p, &token)| {
+        let score = p.checked_sub(1).and_then(|i| scores?.get(i)).filter(|s| s.token == token);
+        let top =
+            score.map_or(&[][..], |s| &s.top_logprobs[..s.top_logprobs.len().min(k as usize)]);
+        Scored { token, logprob: score.map(|s| s.logprob), top }
+    })
+}
+
+/// vLLM's `prompt_logprobs`: one entry per prompt token, `null` for the first (and for any
+/// position the engine did not score), else a map from token id (a string) to
+/// `{"logprob", "rank", "decoded_token"}` holding the prompt token and its `k` most likely
+/// alternatives (ranks 1..=k).
+pub(crate) fn prompt_logprobs_json(
+    tokenizer: &Tokenizer,
+    prompt: &[TokenId],
+    scores: Option<&[SampledToken]>,
+    k: u32,
+) -> Value {
+    let entry = |id: TokenId, logprob: f32, rank: Option<u32>| {
+        json!({"logprob": clamp_logprob(logprob), "rank": rank,
+               "decoded_token": token_text(tokenizer, id)})
+    };
+    let positions = prompt.iter().enumerate().map(|(p, &token)| {
+        let score = p.checked_sub(1).and_then(|i| scores?.get(i)).filter(|s| s.token == token)?;
+        let mut map = serde_json::Map::new();
+        map.insert(token.to_string(), entry(token, score.logprob, score.rank));
+        for (j, &(id, lp)) in score.top_logprobs.iter().take(k as usize).enumerate() {
+            map.insert(id.to_string(), entry(id, lp, u32::try_from(j + 1).ok()));
+        }
+        Some(Value::Object(map))
+    });
+    Value::Array(positions.map(|p| p.unwrap_or(Value::Null)).collect())
 }
 
 /// Chat logprobs entries over `tokens`.
@@ -207,11 +283,7 @@ pub(crate) fn whole(
         outputs.push(Some(output));
         let prompt = &job.requests[i / job.n.max(1)].prompt_token_ids;
         let mut choice = match route {
-            Route::Completions => json!({
-                "index": i,
-                "text": output.text,
-                "logprobs": job.logprobs.map(|_| completion_logprobs(tokenizer, &c.tokens, &mut 0)),
-            }),
+            Route::Completions => completion_choice(i, job, c, output, prompt, tokenizer),
             Route::Chat => json!({
                 "index": i,
                 "message": {"role": "assistant", "content": output.text},
@@ -240,6 +312,12 @@ pub(crate) fn whole(
     if route == Route::Chat && job.return_token_ids {
         body["prompt_token_ids"] = json!(job.requests[0].prompt_token_ids);
     }
+    // vLLM puts a chat's prompt logprobs on the response: its choices share the prompt.
+    if let (Route::Chat, Some(k), Some(first)) = (route, job.prompt_logprobs, outputs.first()) {
+        let scores = first.and_then(|o| o.prompt_logprobs.as_deref());
+        let prompt = &job.requests[0].prompt_token_ids;
+        body["prompt_logprobs"] = prompt_logprobs_json(tokenizer, prompt, scores, k);
+    }
     if let Some(m) = routing_meta(job, meta) {
         body["routed_experts_meta"] = m;
     }
@@ -247,4 +325,37 @@ pub(crate) fn whole(
         body["sglext"] = ext;
     }
     Ok(body)
+}
+
+/// A whole completions choice: its text and logprobs, the prompt's first with `echo`, and vLLM's
+/// `prompt_logprobs` when asked.
+fn completion_choice(
+    index: usize,
+    job: &Job,
+    c: &ChoiceResult,
+    output: &FinalOutput,
+    prompt: &[TokenId],
+    tokenizer: &Tokenizer,
+) -> Value {
+    let scores = output.prompt_logprobs.as_deref();
+    let echoed = job.echo.as_ref().and_then(|texts| texts.get(index / job.n.max(1)));
+    let text = match echoed {
+        Some(prompt_text) => format!("{prompt_text}{}", output.text),
+        None => output.text.clone(),
+    };
+    let logprobs = job.logprobs.map(|k| {
+        let generated = c.tokens.iter().map(Scored::from);
+        match echoed {
+            Some(_) => {
+                let all = echoed_prompt(prompt, scores, k).chain(generated);
+                legacy_logprobs(tokenizer, all, &mut 0)
+            }
+            None => legacy_logprobs(tokenizer, generated, &mut 0),
+        }
+    });
+    let mut choice = json!({"index": index, "text": text, "logprobs": logprobs});
+    if let Some(k) = job.prompt_logprobs {
+        choice["prompt_logprobs"] = prompt_logprobs_json(tokenizer, prompt, scores, k);
+    }
+    choice
 }

@@ -24,8 +24,8 @@ use serde_json::{Value, json};
 use crate::detok::Detokenizer;
 use crate::error::ApiError;
 use crate::response::{
-    Header, Route, Usage, chat_logprobs, choice_routing, completion_logprobs, finish_reason,
-    routing_meta, sglext, stop_reason,
+    Header, Route, Usage, chat_logprobs, choice_routing, completion_logprobs, echoed_prompt,
+    finish_reason, legacy_logprobs, routing_meta, sglext, stop_reason,
 };
 use crate::run::{Merged, choice_index};
 use crate::validate::Job;
@@ -50,6 +50,9 @@ struct ChoiceState {
     text_offset: usize,
     started: bool,
     output: Option<Box<FinalOutput>>,
+    /// Tokens held back until the choice's echoed prompt can be sent: with `echo` and
+    /// `logprobs`, the prompt's logprobs (which come with the final output) go out first.
+    held: Option<Vec<TokenEvent>>,
 }
 
 /// Everything the SSE body needs while it runs.
@@ -96,7 +99,37 @@ impl SseState {
                 state.pending.push_back(sse_event(&chunk));
             }
         }
+        if route == Route::Completions && state.job.echo.is_some() {
+            for i in 0..num_choices {
+                match state.job.logprobs {
+                    None => {
+                        let echo = state.echo_chunk(i, None);
+                        state.pending.push_back(echo);
+                    }
+                    Some(_) => state.choices[i].held = Some(Vec::new()),
+                }
+            }
+        }
         state
+    }
+
+    /// The chunk that echoes choice `i`'s prompt: its text, and with `logprobs` its tokens'
+    /// logprobs from `output` (the first token has none).
+    fn echo_chunk(&mut self, i: usize, output: Option<&FinalOutput>) -> Bytes {
+        let prompt_index = i / self.job.n.max(1);
+        let text = self.job.echo.as_ref().and_then(|t| t.get(prompt_index)).cloned();
+        let logprobs = self.job.logprobs.map(|k| {
+            let prompt = &self.job.requests[prompt_index].prompt_token_ids;
+            let scores = output.and_then(|o| o.prompt_logprobs.as_deref());
+            let offset = &mut self.choices[i].text_offset;
+            legacy_logprobs(&self.tokenizer, echoed_prompt(prompt, scores, k), offset)
+        });
+        let mut choice = json!({"index": i, "text": text.unwrap_or_default(),
+                                "logprobs": logprobs, "finish_reason": null});
+        if self.job.return_token_ids {
+            choice["token_ids"] = json!([]);
+        }
+        sse_event(&self.chunk(i, choice))
     }
 
     /// The SSE body.
@@ -223,6 +256,10 @@ impl SseState {
     fn on_token(&mut self, prompt: usize, t: TokenEvent) {
         let i = choice_index(prompt, t.index, self.job.n);
         let Some(state) = self.choices.get_mut(i) else { return };
+        if let Some(held) = state.held.as_mut() {
+            held.push(t);
+            return;
+        }
         let delta = state.detok.push(&self.tokenizer, t.token, &self.job.stop);
         if delta.is_empty() && self.job.logprobs.is_none() && !self.job.return_token_ids {
             return;
@@ -239,6 +276,14 @@ impl SseState {
     fn on_finished(&mut self, prompt: usize, out: Box<FinalOutput>) -> Result<(), ApiError> {
         let i = choice_index(prompt, out.index, self.job.n);
         let Some(state) = self.choices.get_mut(i) else { return Ok(()) };
+        if let Some(held) = state.held.take() {
+            let echo = self.echo_chunk(i, Some(&out));
+            self.pending.push_back(echo);
+            for t in held {
+                self.on_token(prompt, t);
+            }
+        }
+        let state = &mut self.choices[i];
         let rest = state.detok.finish(&out.text);
         let mut choice = self.choice_body(i, rest, &[]);
         choice["logprobs"] = Value::Null;

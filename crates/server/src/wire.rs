@@ -69,7 +69,12 @@ pub(crate) struct CommonFields {
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     pub repetition_penalty: Option<f32>,
+    pub min_p: Option<f32>,
+    /// OpenAI's map from token id (a string) to a bias; checked in `validate`.
     pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// vLLM's prompt logprobs: alternatives per prompt token (signed, so -1 gets a message of
+    /// its own).
+    pub prompt_logprobs: Option<i64>,
     pub return_routed_experts: Option<bool>,
     pub routed_experts_start_len: Option<i64>,
     pub routed_experts_prompt_start: Option<i64>,
@@ -138,6 +143,11 @@ pub(crate) struct SglSamplingParams {
     pub seed: Option<u64>,
     pub sampling_seed: Option<u64>,
     pub n: Option<u32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub min_p: Option<f32>,
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
 }
 
 /// The body of `/generate`.

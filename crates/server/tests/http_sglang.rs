@@ -70,21 +70,76 @@ fn logprobs_are_sglang_triples_with_top_alternatives() {
 }
 
 #[test]
-fn input_logprobs_are_refused_until_the_engine_computes_them() {
+fn input_logprobs_start_at_logprob_start_len() {
     let s = server(MODEL);
-    let base = json!({"input_ids": prompt_ids(6, 22), "sampling_params": {"max_new_tokens": 2}});
-    let with = |extra: Value| {
-        let mut b = base.clone();
-        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        b
+    let ids = prompt_ids(12, 22);
+    let ask = |extra: Value| {
+        let mut body = json!({"input_ids": ids, "return_logprob": true, "return_routed_experts": false,
+                              "sampling_params": {"max_new_tokens": 3, "temperature": 0,
+                                                  "ignore_eos": true}});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
     };
-    let error = s
-        .post("/generate", &with(json!({"return_logprob": true, "logprob_start_len": 0})))
-        .error(400, "invalid_request_error");
-    assert_eq!(error["param"], "logprob_start_len");
-    // SGLang's default (-1) asks for output logprobs only; without return_logprob it is unused.
-    generate(&s, with(json!({"return_logprob": true, "logprob_start_len": -1})));
-    generate(&s, with(json!({"logprob_start_len": 3})));
+    let body = generate(
+        &s,
+        ask(
+            json!({"logprob_start_len": 0, "top_logprobs_num": 2, "return_text_in_logprobs": true}),
+        ),
+    );
+    let meta = &body["meta_info"];
+    let input = meta["input_token_logprobs"].as_array().expect("input_token_logprobs");
+    let tops = meta["input_top_logprobs"].as_array().expect("input_top_logprobs");
+    assert_eq!((input.len(), tops.len()), (12, 12), "{meta}");
+    // SGLang's triples over the prompt; the first has no logprob, and no alternatives.
+    assert_eq!(input[0], json!([null, ids[0], token_text(ids[0] as u64)]));
+    assert_eq!(tops[0], Value::Null);
+    // The same logprobs as vLLM's prompt_logprobs on /v1/completions.
+    let openai = s.ok(
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": 1, "prompt_logprobs": 2,
+                "return_routed_experts": false}),
+    );
+    let vllm = &openai["choices"][0]["prompt_logprobs"];
+    for p in 1..12 {
+        let [lp, id, text] = input[p].as_array().unwrap().as_slice() else {
+            panic!("{}", input[p])
+        };
+        assert_eq!(id.as_u64(), Some(u64::from(ids[p])));
+        assert_eq!(text.as_str(), Some(token_text(u64::from(ids[p])).as_str()));
+        assert_eq!(lp.as_f64(), vllm[p][ids[p].to_string()]["logprob"].as_f64(), "position {p}");
+        let top = tops[p].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        assert!(top[0][0].as_f64() >= top[1][0].as_f64(), "{top:?}");
+        assert_eq!(vllm[p][top[0][1].to_string()]["rank"], 1, "position {p}");
+    }
+    // The output's logprobs are unchanged by scoring the prompt.
+    let plain = generate(&s, ask(json!({"return_text_in_logprobs": true})));
+    assert_eq!(meta["output_token_logprobs"], plain["meta_info"]["output_token_logprobs"]);
+    assert!(plain["meta_info"].get("input_token_logprobs").is_none(), "-1 (the default): none");
+    // From position 5: the entries of positions 5.., the first again without a logprob, as
+    // SGLang pads it.
+    let from5 = generate(&s, ask(json!({"logprob_start_len": 5})));
+    let tail = from5["meta_info"]["input_token_logprobs"].as_array().unwrap();
+    assert_eq!(tail.len(), 7);
+    assert_eq!(tail[0], json!([null, ids[5], null]));
+    for (j, t) in tail.iter().enumerate().skip(1) {
+        assert_eq!(t[0], input[5 + j][0], "position {}", 5 + j);
+        assert_eq!(t[2], Value::Null, "no text unless asked");
+    }
+    assert!(from5["meta_info"].get("input_top_logprobs").is_none());
+    // Streamed: the last event carries them.
+    let events =
+        s.post("/generate", &ask(json!({"logprob_start_len": 5, "stream": true}))).sse_json();
+    assert_eq!(events.last().unwrap()["meta_info"]["input_token_logprobs"], json!(tail));
+    // Out of range: past the prompt, or below -1. Without return_logprob the field is unused.
+    for start in [12, 40, -2] {
+        let error = s
+            .post("/generate", &ask(json!({"logprob_start_len": start})))
+            .error(400, "invalid_request_error");
+        assert_eq!(error["param"], "logprob_start_len", "{start}");
+    }
+    let unused = generate(&s, ask(json!({"logprob_start_len": 3, "return_logprob": false})));
+    assert!(unused["meta_info"].get("input_token_logprobs").is_none());
 }
 
 #[test]

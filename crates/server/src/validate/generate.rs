@@ -20,6 +20,8 @@ pub(crate) struct GenerateJob {
     pub top_logprobs_num: Option<u32>,
     /// Token texts in the logprob triples instead of `null`.
     pub text_in_logprobs: bool,
+    /// The first prompt position of `input_token_logprobs`, when prompt logprobs were asked for.
+    pub logprob_start_len: Option<usize>,
 }
 
 /// The prompt of a `/generate` body: `text` or `input_ids`, one of them, not a batch; and the
@@ -45,9 +47,7 @@ fn prompt(state: &AppState, b: &GenerateBody) -> Result<(Vec<TokenId>, &'static 
     }
 }
 
-/// The logprobs a `/generate` body asks for: `Some(top)` with `return_logprob`. Prompt logprobs
-/// (`logprob_start_len` other than SGLang's default -1) are refused until the engine computes
-/// them.
+/// The logprobs a `/generate` body asks for: `Some(top)` with `return_logprob`.
 fn logprobs(b: &GenerateBody) -> Result<Option<u32>, ApiError> {
     let top = b.top_logprobs_num.unwrap_or(0);
     if top > MAX_LOGPROBS {
@@ -56,17 +56,40 @@ fn logprobs(b: &GenerateBody) -> Result<Option<u32>, ApiError> {
             format!("top_logprobs_num must be between 0 and {MAX_LOGPROBS}, got {top}"),
         ));
     }
-    if !b.return_logprob.unwrap_or(false) {
-        return Ok(None);
+    Ok(b.return_logprob.unwrap_or(false).then_some(top))
+}
+
+/// Where `input_token_logprobs` start, as SGLang reads `logprob_start_len`: -1 (the default)
+/// asks for none, `0..prompt_len` for the prompt tokens from there on; without `return_logprob`
+/// the field is unused. The prompt length is checked once the prompt is known
+/// ([`check_start`]).
+fn logprob_start(b: &GenerateBody) -> Result<Option<usize>, ApiError> {
+    match b.logprob_start_len {
+        Some(start) if b.return_logprob == Some(true) && start != -1 => {
+            usize::try_from(start).map(Some).map_err(|_| {
+                ApiError::invalid(
+                    "logprob_start_len",
+                    format!(
+                        "logprob_start_len must be -1 (no prompt logprobs) or >= 0, got {start}"
+                    ),
+                )
+            })
+        }
+        _ => Ok(None),
     }
-    if b.logprob_start_len.is_some_and(|s| s != -1) {
-        return Err(ApiError::unsupported(
+}
+
+/// A start at or past the prompt's end names no prompt token (SGLang refuses it too).
+fn check_start(start: Option<usize>, prompt_len: usize) -> Result<(), ApiError> {
+    match start {
+        Some(s) if s >= prompt_len => Err(ApiError::invalid(
             "logprob_start_len",
-            "prompt logprobs (input_token_logprobs) are not available on this server yet; \
-             omit logprob_start_len or set it to -1",
-        ));
+            format!(
+                "logprob_start_len ({s}) must be below the number of prompt tokens ({prompt_len})"
+            ),
+        )),
+        _ => Ok(()),
     }
-    Ok(Some(top))
 }
 
 /// Validates a `/generate` body. Routing, when returned, is always raw int32.
@@ -99,12 +122,22 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         ignore_eos: sp.ignore_eos,
         stop: sp.stop,
         stop_token_ids: sp.stop_token_ids,
+        presence_penalty: sp.presence_penalty,
+        frequency_penalty: sp.frequency_penalty,
+        repetition_penalty: sp.repetition_penalty,
+        min_p: sp.min_p,
+        logit_bias: sp.logit_bias,
+        prompt_logprobs: None,
         prefix: "sampling_params.",
         min_tokens_name: "min_new_tokens",
     };
     let logprobs = logprobs(&b)?;
-    let sampling = sampling(fields, max_tokens, logprobs, state.default_seed())?;
+    let start = logprob_start(&b)?;
+    let prompt_logprobs = start.and(logprobs);
+    let fields = SamplingFields { prompt_logprobs, ..fields };
+    let sampling = sampling(fields, max_tokens, logprobs, state.default_seed(), info.vocab_size)?;
     let (prompt, prompt_param) = prompt(state, &b)?;
+    check_start(start, prompt.len())?;
     let r = request(prompt, &sampling, 1, routing, salt.as_ref());
     let names = WireNames {
         prompt: prompt_param,
@@ -120,10 +153,13 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         stream: b.stream.unwrap_or(false).then_some(false),
         return_token_ids: true,
         logprobs,
+        echo: None,
+        prompt_logprobs: None,
     };
     Ok(GenerateJob {
         job,
         top_logprobs_num: logprobs.filter(|&k| k > 0),
         text_in_logprobs: b.return_text_in_logprobs.unwrap_or(false),
+        logprob_start_len: start,
     })
 }

@@ -46,6 +46,12 @@ pub(crate) struct Job {
     pub logprobs: Option<u32>,
     /// Stop strings, held back while streaming.
     pub stop: Vec<String>,
+    /// `echo` (completions): each prompt's text, in prompt order, to put before its choices'
+    /// text (and, with `logprobs`, its tokens before theirs).
+    pub echo: Option<Vec<String>>,
+    /// Alternatives per prompt token in vLLM's `prompt_logprobs` response field, when it is
+    /// returned.
+    pub prompt_logprobs: Option<u32>,
 }
 
 impl Job {
@@ -72,34 +78,33 @@ pub(crate) fn check_model(info: &ModelInfo, model: Option<&str>) -> Result<(), A
 
 /// Refuses fields we parse but do not implement, unless they hold their neutral value.
 fn refuse_unsupported(c: &CommonFields) -> Result<(), ApiError> {
-    let nonzero = |v: Option<f32>| v.is_some_and(|v| v != 0.0);
-    if nonzero(c.presence_penalty) {
-        return Err(ApiError::unsupported("presence_penalty", "presence_penalty is not supported"));
-    }
-    if nonzero(c.frequency_penalty) {
-        return Err(ApiError::unsupported(
-            "frequency_penalty",
-            "frequency_penalty is not supported",
-        ));
-    }
-    if c.repetition_penalty.is_some_and(|v| v != 1.0) {
-        return Err(ApiError::unsupported(
-            "repetition_penalty",
-            "repetition_penalty is not supported",
-        ));
-    }
-    if c.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
-        return Err(ApiError::unsupported("logit_bias", "logit_bias is not supported"));
-    }
-    if c.echo == Some(true) {
-        return Err(ApiError::unsupported("echo", "echo is not supported"));
-    }
     if let Some(best_of) = c.best_of
         && best_of != c.n.unwrap_or(1)
     {
         return Err(ApiError::unsupported("best_of", "best_of different from n is not supported"));
     }
     Ok(())
+}
+
+/// vLLM's `prompt_logprobs`: 0..=20 alternatives per prompt token. A stream has nothing that
+/// would carry them, so with `stream` it is refused unless 0 (which vLLM accepts there and
+/// returns nothing for); `None` when nothing is to be computed.
+fn prompt_logprobs(value: Option<i64>, stream: bool) -> Result<Option<u32>, ApiError> {
+    let Some(k) = value else { return Ok(None) };
+    let k = u32::try_from(k).ok().filter(|&k| k <= MAX_LOGPROBS).ok_or_else(|| {
+        ApiError::invalid(
+            "prompt_logprobs",
+            format!("prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {k}"),
+        )
+    })?;
+    match (stream, k) {
+        (false, k) => Ok(Some(k)),
+        (true, 0) => Ok(None),
+        (true, _) => Err(ApiError::invalid(
+            "prompt_logprobs",
+            "prompt_logprobs are not available when stream is true",
+        )),
+    }
 }
 
 /// How one route names the fields the engine's checks are about.
@@ -220,7 +225,7 @@ fn common_job(state: &AppState, c: &CommonFields, num_prompts: usize) -> Result<
     Ok(Common { n, routing, routing_start, stream: stream.then_some(include_usage), cache_salt })
 }
 
-fn sampling_fields(c: &CommonFields) -> SamplingFields {
+fn sampling_fields(c: &CommonFields, prompt_logprobs: Option<u32>) -> SamplingFields {
     SamplingFields {
         temperature: c.temperature,
         top_p: c.top_p,
@@ -230,6 +235,12 @@ fn sampling_fields(c: &CommonFields) -> SamplingFields {
         ignore_eos: c.ignore_eos,
         stop: c.stop.clone(),
         stop_token_ids: c.stop_token_ids.clone(),
+        presence_penalty: c.presence_penalty,
+        frequency_penalty: c.frequency_penalty,
+        repetition_penalty: c.repetition_penalty,
+        min_p: c.min_p,
+        logit_bias: c.logit_bias.clone(),
+        prompt_logprobs,
         prefix: "",
         min_tokens_name: "min_tokens",
     }
@@ -265,15 +276,27 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
     let prompts = completion_prompts(&f.prompt)?;
     let Common { n, routing, routing_start, stream, cache_salt } =
         common_job(state, &c, prompts.len())?;
+    let echo = c.echo.unwrap_or(false);
+    let asked = prompt_logprobs(c.prompt_logprobs, stream.is_some())?;
+    // As vLLM: `echo` with `logprobs` scores the prompt too, and the choice shows those prompt
+    // logprobs (with `prompt_logprobs` alternatives when that is given as well).
+    let echoed = f.logprobs.filter(|_| echo);
+    let shown = asked.or(echoed).filter(|_| stream.is_none());
     let max_tokens = f.max_tokens.unwrap_or(16);
-    let sampling = sampling(sampling_fields(&c), max_tokens, f.logprobs, state.default_seed())?;
+    let fields = sampling_fields(&c, asked.max(echoed));
+    let info = state.info();
+    let sampling = sampling(fields, max_tokens, f.logprobs, state.default_seed(), info.vocab_size)?;
     let names = WireNames { prompt: "prompt", max_tokens: "max_tokens", routing_start };
+    let mut texts = Vec::new();
     let requests = prompts
         .into_iter()
         .map(|prompt| {
             let ids = prompt.tokens(state, "prompt")?;
             let r = request(ids, &sampling, n, routing, cache_salt.as_ref());
-            check_request(state.info(), &r, &names)?;
+            check_request(info, &r, &names)?;
+            if echo {
+                texts.push(prompt.text(state, &r.prompt_token_ids)?);
+            }
             Ok(r)
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
@@ -285,6 +308,8 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         stream,
         return_token_ids: c.return_token_ids.unwrap_or(false),
         logprobs: f.logprobs,
+        echo: echo.then_some(texts),
+        prompt_logprobs: shown,
     })
 }
 
@@ -304,6 +329,12 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
             "only the text response_format is supported",
         ));
     }
+    if c.echo == Some(true) {
+        return Err(ApiError::unsupported(
+            "echo",
+            "echo is supported on /v1/completions, not on chat completions",
+        ));
+    }
     let top_logprobs = f.top_logprobs.unwrap_or(0);
     if top_logprobs > MAX_LOGPROBS {
         return Err(ApiError::invalid(
@@ -316,6 +347,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs: true"));
     }
     let Common { n, routing, routing_start, stream, cache_salt } = common_job(state, &c, 1)?;
+    let asked = prompt_logprobs(c.prompt_logprobs, stream.is_some())?;
     let prompt = render_chat(state, &f)?;
     let (max_param, max_tokens) = match (f.max_completion_tokens, f.max_tokens) {
         (Some(m), _) => ("max_completion_tokens", m),
@@ -326,7 +358,9 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         ),
     };
     let logprobs = logprobs.then_some(top_logprobs);
-    let sampling = sampling(sampling_fields(&c), max_tokens, logprobs, state.default_seed())?;
+    let fields = sampling_fields(&c, asked);
+    let vocab_size = state.info().vocab_size;
+    let sampling = sampling(fields, max_tokens, logprobs, state.default_seed(), vocab_size)?;
     let r = request(prompt, &sampling, n, routing, cache_salt.as_ref());
     let names = WireNames { prompt: "messages", max_tokens: max_param, routing_start };
     check_request(state.info(), &r, &names)?;
@@ -338,5 +372,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         stream,
         return_token_ids: c.return_token_ids.unwrap_or(false),
         logprobs,
+        echo: None,
+        prompt_logprobs: asked,
     })
 }

@@ -76,6 +76,17 @@ impl PromptInput<'_> {
             Self::Ids(ids) => token_ids(ids, param),
         }
     }
+
+    /// The prompt's text for `echo`: the text as sent, or the decoded `ids` of a token prompt.
+    pub(crate) fn text(self, state: &AppState, ids: &[TokenId]) -> Result<String, ApiError> {
+        match self {
+            Self::Text(text) => Ok(text.to_owned()),
+            Self::Ids(_) => state
+                .tokenizer()
+                .decode(ids)
+                .map_err(|e| ApiError::invalid("prompt", format!("cannot decode the prompt: {e}"))),
+        }
+    }
 }
 
 /// The prompts of `/v1/completions` (a string, token ids, or a batch of either), checked for

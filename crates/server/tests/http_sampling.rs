@@ -1,0 +1,192 @@
+//! The sampling fields RL and evaluation clients send (`presence_penalty`, `frequency_penalty`,
+//! `repetition_penalty`, `min_p`, `logit_bias`) over real HTTP on every route that takes them:
+//! each is accepted, changes the tokens where it should, gives the same tokens for the same seed,
+//! means the same on `/generate` (SGLang's `sampling_params`) as on the OpenAI routes, and an
+//! out-of-range value is a 400 naming the field.
+
+mod common;
+
+use common::{TestServer, prompt_ids, server};
+use serde_json::{Value, json};
+
+const MODEL: &str = "tiny_hybrid_default";
+
+/// `body` with `extra`'s fields added.
+fn with(body: &Value, extra: Value) -> Value {
+    let mut b = body.clone();
+    b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    b
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array().expect("token ids").iter().map(|t| t.as_u64().unwrap()).collect()
+}
+
+/// The generated token ids of a completions request.
+fn completion(s: &TestServer, body: &Value) -> Vec<u64> {
+    ids(&s.ok("/v1/completions", body)["choices"][0]["token_ids"])
+}
+
+/// The base request: greedy, long enough for repeats, no routing.
+fn greedy(prompt: &[u32]) -> Value {
+    json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": true,
+           "return_token_ids": true, "return_routed_experts": false})
+}
+
+/// Tokens that occur more than once.
+fn repeats(tokens: &[u64]) -> usize {
+    let mut sorted = tokens.to_vec();
+    sorted.sort_unstable();
+    sorted.windows(2).filter(|w| w[0] == w[1]).count()
+}
+
+#[test]
+fn penalties_change_greedy_tokens_deterministically() {
+    let s = server(MODEL);
+    let prompt = prompt_ids(12, 31);
+    let base = greedy(&prompt);
+    let plain = completion(&s, &base);
+    assert!(repeats(&plain) > 0, "the greedy continuation should repeat tokens: {plain:?}");
+    for (field, value) in
+        [("presence_penalty", 2.0), ("frequency_penalty", 2.0), ("repetition_penalty", 5.0)]
+    {
+        let body = with(&base, json!({field: value}));
+        let penalised = completion(&s, &body);
+        assert_eq!(completion(&s, &body), penalised, "{field}: the same request, the same tokens");
+        assert_ne!(penalised, plain, "{field} changes the greedy tokens");
+        assert!(
+            repeats(&penalised) < repeats(&plain),
+            "{field} repeats less: {penalised:?} vs {plain:?}"
+        );
+        // The neutral value changes nothing.
+        let neutral = if field == "repetition_penalty" { 1.0 } else { 0.0 };
+        assert_eq!(completion(&s, &with(&base, json!({field: neutral}))), plain, "{field}");
+        // /generate takes SGLang's names in sampling_params and means the same.
+        let generated = s.ok(
+            "/generate",
+            &json!({"input_ids": prompt, "return_routed_experts": false,
+                    "sampling_params": {"max_new_tokens": 24, "temperature": 0,
+                                        "ignore_eos": true, field: value}}),
+        );
+        assert_eq!(ids(&generated["output_ids"]), penalised, "{field} on /generate");
+    }
+}
+
+#[test]
+fn min_p_cuts_the_tail_of_a_seeded_draw() {
+    let s = server(MODEL);
+    let prompt = prompt_ids(10, 32);
+    let greedy_tokens = completion(&s, &greedy(&prompt));
+    let sampled = with(&greedy(&prompt), json!({"temperature": 1.0, "seed": 5}));
+    let free = completion(&s, &sampled);
+    assert_ne!(free, greedy_tokens, "a draw at temperature 1 should leave the greedy path");
+    // min_p = 1 keeps only the most likely token: the draw is the greedy path.
+    let cut = with(&sampled, json!({"min_p": 1.0}));
+    assert_eq!(completion(&s, &cut), greedy_tokens);
+    // A moderate min_p is deterministic under the seed, and min_p = 0 is off.
+    let some = with(&sampled, json!({"min_p": 0.2}));
+    assert_eq!(completion(&s, &some), completion(&s, &some));
+    assert_eq!(completion(&s, &with(&sampled, json!({"min_p": 0.0}))), free);
+    let generated = s.ok(
+        "/generate",
+        &json!({"input_ids": prompt, "return_routed_experts": false,
+                "sampling_params": {"max_new_tokens": 24, "temperature": 1.0, "seed": 5,
+                                    "ignore_eos": true, "min_p": 1.0}}),
+    );
+    assert_eq!(ids(&generated["output_ids"]), greedy_tokens, "min_p on /generate");
+}
+
+#[test]
+fn logit_bias_forces_and_forbids_tokens_on_every_route() {
+    let s = server(MODEL);
+    let prompt = prompt_ids(8, 33);
+    let base = with(&greedy(&prompt), json!({"max_tokens": 6}));
+    let plain = completion(&s, &base);
+    // +100 on one token makes it the greedy choice every time.
+    let forced = completion(&s, &with(&base, json!({"logit_bias": {"77": 100}})));
+    assert_eq!(forced, vec![77; 6]);
+    // -100 on the first greedy token takes it off the table.
+    let first = plain[0].to_string();
+    let forbidden = completion(&s, &with(&base, json!({"logit_bias": {first: -100}})));
+    assert_ne!(forbidden[0], plain[0]);
+    // Logprobs stay the raw model's: the forced token's logprob is its unbiased one.
+    let scored = s.ok(
+        "/v1/completions",
+        &with(&base, json!({"logit_bias": {"77": 100}, "logprobs": 0, "max_tokens": 1})),
+    );
+    let lp = scored["choices"][0]["logprobs"]["token_logprobs"][0].as_f64().unwrap();
+    assert!(lp < -0.5, "the raw logprob of a token the model does not favour: {lp}");
+    // Chat and /generate.
+    let chat = s.ok(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "temperature": 0, "ignore_eos": true, "return_token_ids": true,
+                "logit_bias": {"88": 100}}),
+    );
+    assert_eq!(ids(&chat["choices"][0]["token_ids"]), vec![88; 4]);
+    let generated = s.ok(
+        "/generate",
+        &json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": 4,
+                "temperature": 0, "ignore_eos": true, "logit_bias": {"99": 100}}}),
+    );
+    assert_eq!(ids(&generated["output_ids"]), vec![99; 4]);
+}
+
+#[test]
+fn out_of_range_values_are_400_naming_the_field() {
+    let s = server(MODEL);
+    let vocab = s.handle.model_info().vocab_size;
+    let c = "/v1/completions";
+    let base = json!({"prompt": "x", "max_tokens": 2});
+    for (extra, param) in [
+        (json!({"presence_penalty": 2.5}), "presence_penalty"),
+        (json!({"presence_penalty": -2.01}), "presence_penalty"),
+        (json!({"presence_penalty": "high"}), "presence_penalty"),
+        (json!({"frequency_penalty": 3}), "frequency_penalty"),
+        (json!({"frequency_penalty": -7}), "frequency_penalty"),
+        (json!({"repetition_penalty": 0}), "repetition_penalty"),
+        (json!({"repetition_penalty": -1.5}), "repetition_penalty"),
+        (json!({"min_p": 1.5}), "min_p"),
+        (json!({"min_p": -0.1}), "min_p"),
+        (json!({"logit_bias": {"abc": 1}}), "logit_bias"),
+        (json!({"logit_bias": {"-1": 1}}), "logit_bias"),
+        (json!({"logit_bias": {vocab.to_string(): 1}}), "logit_bias"),
+        (json!({"logit_bias": {"5": 100.5}}), "logit_bias"),
+        (json!({"logit_bias": {"5": -101}}), "logit_bias"),
+        (json!({"logit_bias": {"5": "up"}}), "logit_bias"),
+        (json!({"logit_bias": {"5": 1, "05": 2}}), "logit_bias"),
+        (json!({"logit_bias": [5, 1]}), "logit_bias"),
+    ] {
+        let body = with(&base, extra);
+        let error = s.post(c, &body).error(400, "invalid_request_error");
+        assert_eq!(error["param"], param, "{body}: {error}");
+    }
+    // The edges are accepted.
+    for extra in [
+        json!({"presence_penalty": -2, "frequency_penalty": 2, "repetition_penalty": 0.01}),
+        json!({"min_p": 0, "logit_bias": {"0": -100, (vocab - 1).to_string(): 100}}),
+    ] {
+        s.ok(c, &with(&base, extra));
+    }
+    let hi = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    for (extra, param) in [
+        (json!({"frequency_penalty": 2.5}), "frequency_penalty"),
+        (json!({"min_p": 2}), "min_p"),
+        (json!({"logit_bias": {"x": 1}}), "logit_bias"),
+    ] {
+        let body = with(&hi, extra);
+        let error = s.post("/v1/chat/completions", &body).error(400, "invalid_request_error");
+        assert_eq!(error["param"], param, "{body}: {error}");
+    }
+    for (sampling, param) in [
+        (json!({"presence_penalty": 3}), "sampling_params.presence_penalty"),
+        (json!({"frequency_penalty": -3}), "sampling_params.frequency_penalty"),
+        (json!({"repetition_penalty": 0}), "sampling_params.repetition_penalty"),
+        (json!({"min_p": 1.01}), "sampling_params.min_p"),
+        (json!({"logit_bias": {"y": 1}}), "sampling_params.logit_bias"),
+    ] {
+        let body = json!({"input_ids": [1, 2], "sampling_params": sampling});
+        let error = s.post("/generate", &body).error(400, "invalid_request_error");
+        assert_eq!(error["param"], param, "{body}: {error}");
+    }
+}
