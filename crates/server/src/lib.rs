@@ -12,6 +12,7 @@
 //! | `GET /health` | 200, or 503 with the reason |
 //! | `GET /metrics` | Prometheus text |
 //! | `POST /reset_prefix_cache` | drop every cached block no request holds |
+//! | `GET /v1/routing/stats`, `POST /v1/routing/stats/reset` | tokens per expert per MoE layer |
 //!
 //! Both OpenAI routes return routing replay: `choices[i].routed_experts` (base64 `.npy` by
 //! default, `[rows, num_hidden_layers, top_k]` indexed by decoder layer as vLLM and SGLang return
@@ -43,6 +44,7 @@ mod generate;
 mod metrics;
 mod response;
 mod routes;
+mod routing_stats;
 mod routing_wire;
 mod run;
 mod serve;

@@ -7,6 +7,8 @@
 
 mod common;
 
+use std::collections::BTreeMap;
+
 use common::{prompt_ids, test_config, wait_until};
 use serde_json::json;
 
@@ -16,6 +18,27 @@ const MODEL: &str = "tiny_hybrid_default";
 struct Scrape(String);
 
 impl Scrape {
+    /// Every series of `name` with its labels, in label order.
+    fn series(&self, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+        let prefix = format!("{name}{{");
+        let mut series: Vec<(BTreeMap<String, String>, f64)> = self
+            .0
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .map(|rest| {
+                let (labels, value) = rest.split_once("} ").expect("labels, then the value");
+                let labels = labels
+                    .split(',')
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_owned(), v.trim_matches('"').to_owned()))
+                    .collect();
+                (labels, value.trim().parse().expect("a number"))
+            })
+            .collect();
+        series.sort_by(|a, b| a.0.cmp(&b.0));
+        series
+    }
+
     fn get(&self, name: &str) -> f64 {
         let line = self.0.lines().find(|l| l.split_whitespace().next() == Some(name));
         let value = line.and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok());
@@ -62,6 +85,25 @@ fn every_gauge_is_true_at_every_scrape() {
     assert!(used.get("routed_routing_bytes_held") > 0.0, "{}", used.0);
     assert!(used.get("routed_mamba_snapshot_slots_used") > 0.0, "{}", used.0);
     assert_eq!(used.get("routed_prefill_tokens_computed_total"), 40.0);
+
+    // The expert load since start: per MoE layer (labelled by decoder layer id), expert and
+    // phase, 3 layers x 8 experts x 2 phases series; each layer's counts sum to top_k (2) per
+    // token computed: 40 at prompt positions, 1 generated token fed back.
+    let tokens = used.series("routed_expert_tokens_total");
+    assert_eq!(tokens.len(), 3 * 8 * 2, "{}", used.0);
+    for layer in ["1", "3", "5"] {
+        for (phase, computed) in [("prefill", 40.0), ("decode", 1.0)] {
+            let of = |l: &BTreeMap<String, String>| l["layer"] == layer && l["phase"] == phase;
+            let sum: f64 = tokens.iter().filter(|(l, _)| of(l)).map(|(_, v)| v).sum();
+            assert_eq!(sum, 2.0 * computed, "layer {layer} {phase}");
+            let imbalance = used.series("routed_expert_load_imbalance");
+            let value = imbalance.iter().find(|(l, _)| of(l)).map(|(_, v)| *v);
+            assert!(value.is_some_and(|v| (1.0..=4.0).contains(&v)), "layer {layer} {phase}");
+        }
+    }
+    // /v1/routing/stats/reset restarts the route's counts, not the Prometheus counters.
+    assert_eq!(s.ok("/v1/routing/stats/reset", &json!({})), json!({"reset": true}));
+    assert_eq!(scrape(&s).series("routed_expert_tokens_total"), tokens);
 
     // Right after the reset answers, with no engine step in between.
     assert_eq!(s.ok("/reset_prefix_cache", &json!({})), json!({"reset": true}));
