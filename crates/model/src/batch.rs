@@ -103,7 +103,8 @@ impl RoutingBuffer {
         &self.ids[at..at + self.top_k]
     }
 
-    pub(crate) fn begin_step(&mut self, num_tokens: usize) -> bool {
+    /// Starts a step of `num_tokens` tokens; `false` (and nothing changes) when they do not fit.
+    pub fn begin_step(&mut self, num_tokens: usize) -> bool {
         if num_tokens > self.max_tokens() {
             return false;
         }
@@ -111,7 +112,8 @@ impl RoutingBuffer {
         true
     }
 
-    pub(crate) fn layer_mut(&mut self, l: usize) -> &mut [i16] {
+    /// MoE layer `l`'s ids of the current step, `[num_tokens, top_k]`, for writing.
+    pub fn layer_mut(&mut self, l: usize) -> &mut [i16] {
         let n = self.num_tokens * self.top_k;
         &mut self.ids[l * n..(l + 1) * n]
     }

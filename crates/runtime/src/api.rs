@@ -244,10 +244,13 @@ pub struct EngineStats {
     pub step_seconds: f64,
     /// Time in the model forward and sampling.
     pub forward_seconds: f64,
-    /// Time the runner spent handing routing off (slot mapping and message).
+    /// Time the runner spent handing routing off (queueing the copy, slot mapping, message).
     pub routing_capture_seconds: f64,
     /// Time the copy worker spent copying routing to host memory.
     pub routing_copy_seconds: f64,
+    /// Time rank 0's runner waited for a free routing slot (every slot in flight): the copy
+    /// worker falling behind the steps.
+    pub routing_slot_wait_seconds: f64,
     /// Time the routing host-cache spent storing rows.
     pub routing_store_seconds: f64,
     /// Expert parallelism: time the ranks spent waiting for each other at barriers, summed over

@@ -3,10 +3,11 @@
 use crate::{
     EngineConfig, EngineError, EngineStats, GenerateRequest, ModelInfo, RequestEvent,
     cache_manager::CacheManagerActor,
-    copy_worker::{BufferPool, CopyWorkerHandle},
+    copy_worker::CopyWorkerHandle,
     executor::ExecutorActor,
     heartbeat::HeartbeatActor,
     routing_cache::{ExpertLoads, ResetExpertLoad, RoutingCacheActor},
+    routing_ring::SlotRing,
     runner::{RoutingSink, RunnerActor},
     scheduler::{
         Abort, ExpertLoadStats, GetStats, Health, Peers, ResetCache, SchedulerActor, Shutdown,
@@ -36,8 +37,8 @@ use tokio::sync::mpsc;
 
 /// Most KV blocks a CPU engine sizes itself to from a memory budget.
 const MAX_AUTO_BLOCKS: usize = 1 << 16;
-/// Routing buffers circulating between rank 0's runner and the copy worker.
-const NUM_ROUTING_BUFFERS: usize = 3;
+/// Host slots of rank 0's routing ring: steps whose rows can be on their way to the host at once.
+const NUM_ROUTING_SLOTS: usize = 3;
 
 /// Starts engines.
 pub struct Engine;
@@ -268,6 +269,8 @@ impl Parts {
             num_live_states: config.max_num_seqs,
             num_snapshot_slots: snapshot_slots,
             scratch_block: BlockId(num_usable as u32),
+            max_tokens_per_step: config.max_num_batched_tokens.max(1),
+            num_routing_slots: NUM_ROUTING_SLOTS,
         };
         for worker in &mut workers {
             worker.initialize_cache(&shape).map_err(|e| load(e.to_string()))?;
@@ -297,19 +300,17 @@ impl Parts {
         let timings = Arc::new(Timings::default());
         let cache = CacheManagerActor::new(self.cache).start();
         let routing = RoutingCacheActor::new(self.routing, cache.clone(), timings.clone()).start();
-        let max_step = self.scheduler.max_num_batched_tokens;
-        let pool =
-            BufferPool::new(NUM_ROUTING_BUFFERS, || self.workers[0].new_routing_buffer(max_step));
-        let (copy, _thread) =
-            CopyWorkerHandle::spawn(pool.returns(), routing.clone(), timings.clone())
-                .map_err(|e| EngineError::Load(format!("cannot start the copy worker: {e}")))?;
+        let (copy, _thread) = CopyWorkerHandle::spawn(routing.clone(), timings.clone())
+            .map_err(|e| EngineError::Load(format!("cannot start the copy worker: {e}")))?;
         let ranks = self
             .workers
             .into_iter()
             .map(|worker| {
-                let sink = match worker.rank() {
-                    0 => RoutingSink::Copy { pool: pool.clone(), copy: copy.clone() },
-                    _ => RoutingSink::Discard(worker.new_routing_buffer(max_step)),
+                let sink = match (worker.rank(), worker.routing_engine()) {
+                    (0, Some(engine)) => {
+                        Some(RoutingSink { ring: SlotRing::new(engine), copy: copy.clone() })
+                    }
+                    _ => None,
                 };
                 // The factory runs once per thread, and the arbiter has one: the worker moves in.
                 let slot = Mutex::new(Some((worker, sink)));
@@ -318,9 +319,7 @@ impl Parts {
                     let taken = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
                     let (worker, sink) = match taken {
                         Some((w, sink)) => (Some(w), sink),
-                        None => {
-                            (None, RoutingSink::Discard(routed_model::RoutingBuffer::new(0, 0, 0)))
-                        }
+                        None => (None, None),
                     };
                     RunnerActor::new(worker, sink, timings.clone())
                 })

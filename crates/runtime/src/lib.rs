@@ -11,7 +11,7 @@
 //! | [`routing_cache`] | `routed_routing::RoutingStore` |
 //! | [`executor`] | the runners of every rank; sends each step and dummy forward to all in lockstep |
 //! | [`runner`] | one rank's [`Worker`](worker::Worker) (dedicated OS thread) |
-//! | [`copy_worker`] | the device-to-host copy of each step's routing (dedicated OS thread) |
+//! | [`copy_worker`] | the device-to-host copy of each step's routing (dedicated OS thread), over the slots of a [`routing_ring`] |
 //! | [`heartbeat`] | the idle timer that asks for dummy forwards |
 //!
 //! [`Engine::start`] wires them in an actix system on its own thread and returns an
@@ -25,6 +25,7 @@ pub mod executor;
 pub mod heartbeat;
 pub mod metrics;
 pub mod routing_cache;
+pub mod routing_ring;
 pub mod runner;
 pub mod scheduler;
 pub mod timings;

@@ -1,16 +1,17 @@
 //! The model runner actor: one per rank, on a dedicated OS thread (actix `SyncArbiter`), since
 //! device work blocks. It is thin on purpose: the device work is its [`Worker`]'s. The runner
-//! keeps the rank, contains panics (`catch_unwind`: actix does not catch them), and hands rank 0's
-//! routing buffer to the D2H copy worker. It executes one message at a time, so a dummy forward
-//! and a real step never overlap.
+//! keeps the rank, contains panics (`catch_unwind`: actix does not catch them), and on rank 0
+//! takes a routing slot for each step, queues the copy of the step's routing into it after the
+//! forward and hands it to the D2H copy worker. It executes one message at a time, so a dummy
+//! forward and a real step never overlap.
 
 use crate::{
-    copy_worker::{BufferPool, CopyRouting, CopyWorkerHandle},
+    copy_worker::{CopyRouting, CopyWorkerHandle},
+    routing_ring::SlotRing,
     timings::Timings,
     worker::{LockstepId, Worker, WorkerError},
 };
 use actix::{Actor, Handler, Message, SyncContext};
-use routed_model::RoutingBuffer;
 use routed_types::{StepOutput, StepPlan};
 use std::{
     panic::{AssertUnwindSafe, catch_unwind},
@@ -39,25 +40,20 @@ pub struct DummyForward {
     pub unit: LockstepId,
 }
 
-/// Where a rank's routing goes.
-pub enum RoutingSink {
-    /// Rank 0: a buffer leased from the pool per step, handed to the copy worker.
-    Copy {
-        /// Buffers circulating between this runner and the copy worker.
-        pool: BufferPool,
-        /// The copy worker.
-        copy: CopyWorkerHandle,
-    },
-    /// Other ranks: their expert ids are rank 0's (routers are replicated), so they are written
-    /// to a private buffer and never read.
-    Discard(RoutingBuffer),
+/// Where rank 0's routing goes. Other ranks have none: their expert ids are rank 0's (routers are
+/// replicated), so their routing buffers are written and never read.
+pub struct RoutingSink {
+    /// The host slots of rank 0's routing buffer.
+    pub ring: SlotRing,
+    /// The copy worker that reads the slots.
+    pub copy: CopyWorkerHandle,
 }
 
 /// Executes steps on one rank.
 pub struct RunnerActor {
     rank: usize,
     worker: Option<Box<dyn Worker>>,
-    routing: RoutingSink,
+    routing: Option<RoutingSink>,
     timings: Arc<Timings>,
 }
 
@@ -66,7 +62,7 @@ impl RunnerActor {
     /// fails with [`WorkerError::NoWorker`]).
     pub fn new(
         worker: Option<Box<dyn Worker>>,
-        routing: RoutingSink,
+        routing: Option<RoutingSink>,
         timings: Arc<Timings>,
     ) -> Self {
         let rank = worker.as_ref().map_or(0, |w| w.rank());
@@ -75,35 +71,38 @@ impl RunnerActor {
 
     fn execute(&mut self, plan: &StepPlan, unit: LockstepId) -> Result<StepOutput, WorkerError> {
         let worker = self.worker.as_deref_mut().ok_or(WorkerError::NoWorker)?;
-        let (pool, copy) = match &mut self.routing {
-            RoutingSink::Discard(buffer) => {
-                return contain(|| worker.execute(plan, unit, buffer)).map(|s| s.output);
+        let Some(RoutingSink { ring, copy }) =
+            self.routing.as_ref().filter(|_| plan.capture_routing)
+        else {
+            return contain(|| worker.execute(plan, unit)).map(|s| s.output);
+        };
+        // The slot is taken first, so a step whose routing could not be kept does not run. When
+        // every slot is in flight this waits for the copy worker to read one: backpressure,
+        // never an overwrite. Whatever happens below, an unsubmitted lease returns its slot.
+        let lease = match ring.acquire(copy.alive()) {
+            Ok((lease, waited)) => {
+                Timings::add(&self.timings.slot_wait_ns, waited);
+                lease
             }
-            RoutingSink::Copy { pool, copy } => (pool, copy),
-        };
-        // Whatever happens below, the lease returns its buffer unless it was handed off.
-        let Ok(mut lease) = pool.lease(copy) else {
-            worker.abort(unit);
-            return Err(WorkerError::CopyWorkerGone);
-        };
-        let started = Instant::now();
-        let step = contain(|| worker.execute(plan, unit, lease.buffer_mut()))?;
-        Timings::add(&self.timings.forward_ns, started.elapsed());
-        if plan.capture_routing && lease.buffer_mut().num_moe_layers() > 0 {
-            let started = Instant::now();
-            let msg = CopyRouting {
-                step_id: plan.step_id,
-                buffer: lease.take(),
-                slot_mapping: step.slot_mapping,
-                blocks: step.blocks,
-                is_prompt: prompt_positions(plan),
-            };
-            if let Err(back) = copy.copy(msg) {
-                let _ = pool.returns().send(back.buffer);
+            Err(_) => {
+                worker.abort(unit);
                 return Err(WorkerError::CopyWorkerGone);
             }
-            Timings::add(&self.timings.capture_ns, started.elapsed());
-        }
+        };
+        let started = Instant::now();
+        let step = contain(|| worker.execute(plan, unit))?;
+        Timings::add(&self.timings.forward_ns, started.elapsed());
+        let started = Instant::now();
+        let msg = CopyRouting {
+            step_id: plan.step_id,
+            routing: lease.submit(plan.num_tokens())?,
+            slot_mapping: step.slot_mapping,
+            blocks: step.blocks,
+            is_prompt: prompt_positions(plan),
+        };
+        // A message that comes back returns its slot when dropped.
+        copy.copy(msg).map_err(|_| WorkerError::CopyWorkerGone)?;
+        Timings::add(&self.timings.capture_ns, started.elapsed());
         Ok(step.output)
     }
 }

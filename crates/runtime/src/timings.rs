@@ -10,8 +10,11 @@ use std::time::Duration;
 pub struct Timings {
     /// Model forward + sampling in the runner.
     pub forward_ns: AtomicU64,
-    /// The runner's routing hand-off (slot mapping, message to the copy worker).
+    /// The runner's routing hand-off (queueing the copy, slot mapping, message to the copy
+    /// worker).
     pub capture_ns: AtomicU64,
+    /// The runner waiting for a free routing slot because every slot was in flight.
+    pub slot_wait_ns: AtomicU64,
     /// The copy worker's device-to-host copy.
     pub copy_ns: AtomicU64,
     /// The routing host-cache's scatter into per-block rows.

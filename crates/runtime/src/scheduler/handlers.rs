@@ -115,6 +115,7 @@ impl Handler<GetStats> for SchedulerActor {
         stats.forward_seconds = Timings::seconds(&t.forward_ns);
         stats.routing_capture_seconds = Timings::seconds(&t.capture_ns);
         stats.routing_copy_seconds = Timings::seconds(&t.copy_ns);
+        stats.routing_slot_wait_seconds = Timings::seconds(&t.slot_wait_ns);
         stats.routing_store_seconds = Timings::seconds(&t.store_ns);
         let collective = self
             .peers

@@ -1,6 +1,7 @@
 //! The CPU worker: one rank's model on the CPU reference backend, with its own thread pool.
 
 use super::{CacheShape, ExecutedStep, LockstepId, Worker, WorkerError, written_blocks};
+use crate::routing_ring::{CopyEngine, HostCopyEngine};
 use rayon::prelude::*;
 use routed_backend::collective::Collective;
 use routed_model::{
@@ -27,6 +28,8 @@ pub struct CpuWorker {
 struct Caches {
     kv: KvCache,
     states: StateCache,
+    /// The routing buffer every forward writes, and its host slots.
+    routing: Arc<HostCopyEngine>,
     block_size: usize,
     scratch_block: BlockId,
 }
@@ -114,22 +117,23 @@ impl Worker for CpuWorker {
         self.caches = Some(Caches {
             kv: self.model.new_kv_cache(shape.num_blocks, shape.block_size),
             states: self.model.new_state_cache(shape.num_live_states, shape.num_snapshot_slots),
+            routing: Arc::new(HostCopyEngine::new(
+                shape.num_routing_slots,
+                self.model.new_routing_buffer(shape.max_tokens_per_step),
+            )),
             block_size: shape.block_size,
             scratch_block: shape.scratch_block,
         });
         Ok(())
     }
 
-    fn new_routing_buffer(&self, max_tokens: usize) -> RoutingBuffer {
-        self.model.new_routing_buffer(max_tokens)
+    fn routing_engine(&self) -> Option<Arc<dyn CopyEngine>> {
+        let caches = self.caches.as_ref()?;
+        self.model.routing_meta()?;
+        Some(caches.routing.clone())
     }
 
-    fn execute(
-        &mut self,
-        plan: &StepPlan,
-        unit: LockstepId,
-        routing: &mut RoutingBuffer,
-    ) -> Result<ExecutedStep, WorkerError> {
+    fn execute(&mut self, plan: &StepPlan, unit: LockstepId) -> Result<ExecutedStep, WorkerError> {
         let guard = AbortOnExit::new(self.ranks(), unit);
         let rank = self.rank();
         #[cfg(feature = "fault-injection")]
@@ -141,6 +145,8 @@ impl Worker for CpuWorker {
             plan.seqs.iter().map(|s| seq_input(s, hybrid, rank == 0)).collect();
         let (model, sampler) = (&self.model, &mut self.sampler);
         let (kv, states) = (&mut caches.kv, &mut caches.states);
+        let mut routing = caches.routing.source();
+        let routing = &mut *routing;
         // The step runs on a pool thread: the kernels' parallel regions then fork and join inside
         // the pool instead of parking this thread once per region, and the other workers stay
         // awake until the step ends.

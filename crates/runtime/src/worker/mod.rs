@@ -1,10 +1,11 @@
 //! The device-neutral seam between the actors and a model.
 //!
 //! A [`Worker`] is one rank's compute: its part of the weights, its KV blocks and Mamba states,
-//! and the step loop around the model (inputs, forward, sampling). The runner actor that drives
-//! it knows nothing of the device: it hands the worker a [`StepPlan`] and a routing buffer, and
-//! gets back an [`ExecutedStep`]. [`CpuWorker`] runs the CPU reference backend; a CUDA worker
-//! implements the same trait.
+//! its routing buffer, and the step loop around the model (inputs, forward, sampling). The runner
+//! actor that drives it knows nothing of the device: it hands the worker a [`StepPlan`] and gets
+//! back an [`ExecutedStep`]; the step's routing leaves through the worker's [`CopyEngine`] (a
+//! ring of host slots, see [`crate::routing_ring`]). [`CpuWorker`] runs the CPU reference
+//! backend; a CUDA worker implements the same trait.
 //!
 //! Sizing follows vLLM's worker protocol: load the model, ask how many bytes one KV block takes
 //! ([`Worker::kv_block_bytes`]), choose the number of blocks, then [`Worker::initialize_cache`].
@@ -15,8 +16,10 @@ pub mod faults;
 
 pub use cpu::CpuWorker;
 
-use routed_model::{ModelConfig, ModelError, RoutingBuffer};
+use crate::routing_ring::{CopyEngine, CopyError};
+use routed_model::{ModelConfig, ModelError};
 use routed_types::{BlockId, BlockRef, RoutingMeta, StepOutput, StepPlan};
+use std::sync::Arc;
 
 /// Numbers the units the ranks execute in lockstep: every engine step and every dummy forward, in
 /// the order the executor sends them. Every rank of a unit gets the same id, which the ranks'
@@ -37,6 +40,10 @@ pub struct CacheShape {
     pub num_snapshot_slots: usize,
     /// The block dummy forwards write to; no sequence ever holds it.
     pub scratch_block: BlockId,
+    /// Most tokens in one step: rows of the routing buffer.
+    pub max_tokens_per_step: usize,
+    /// Host slots the routing buffer is copied into (see [`crate::routing_ring`]).
+    pub num_routing_slots: usize,
 }
 
 /// One executed step: what the scheduler gets, and what the copy worker needs to store the step's
@@ -67,6 +74,12 @@ pub enum WorkerError {
     /// The D2H copy worker is gone, so the step's routing cannot be stored.
     #[error("the D2H copy worker is gone; the step's routing cannot be stored")]
     CopyWorkerGone,
+    /// The step's routing could not be queued for its copy to the host.
+    #[error("routing copy: {0}")]
+    RoutingCopy(#[from] CopyError),
+    /// The device failed (a CUDA call, an allocation); the worker's tensors may be lost.
+    #[error("device: {0}")]
+    Device(String),
     /// The runner has no worker (it was lost to an earlier failure).
     #[error("the runner has no worker")]
     NoWorker,
@@ -108,24 +121,23 @@ pub trait Worker: Send {
     /// Bytes one KV block of `block_size` tokens takes on this worker's device.
     fn kv_block_bytes(&self, block_size: usize) -> usize;
 
-    /// Allocates the KV blocks and Mamba states; called once, before the first step.
+    /// Allocates the KV blocks, Mamba states and the routing buffer with its host slots; called
+    /// once, before the first step.
     fn initialize_cache(&mut self, shape: &CacheShape) -> Result<(), WorkerError>;
 
-    /// A routing buffer `(L, N, K)` for steps of up to `max_tokens` tokens.
-    fn new_routing_buffer(&self, max_tokens: usize) -> RoutingBuffer;
+    /// The engine that copies the routing buffer `(L, N, K)`, which every forward writes, into
+    /// host slots. `None` before [`Worker::initialize_cache`] and for a model without MoE layers.
+    fn routing_engine(&self) -> Option<Arc<dyn CopyEngine>>;
 
     /// Executes one step of lockstep unit `unit`: restores the snapshots the plan names, runs the
-    /// forward (writing every MoE layer's expert ids into `routing`), samples (rank 0), takes the
-    /// planned snapshots. A rank that fails aborts the unit for the other ranks before it returns.
-    fn execute(
-        &mut self,
-        plan: &StepPlan,
-        unit: LockstepId,
-        routing: &mut RoutingBuffer,
-    ) -> Result<ExecutedStep, WorkerError>;
+    /// forward (writing every MoE layer's expert ids into the routing buffer, where they stay
+    /// until the next forward), samples (rank 0), takes the planned snapshots. A rank that fails
+    /// aborts the unit for the other ranks before it returns.
+    fn execute(&mut self, plan: &StepPlan, unit: LockstepId) -> Result<ExecutedStep, WorkerError>;
 
     /// One forward of a single token on the scratch block and the scratch state slot, as part of
-    /// lockstep unit `unit`. Records no routing and touches no sequence's KV, state or snapshot.
+    /// lockstep unit `unit`. Records no routing (the routing buffer is left as it was) and touches
+    /// no sequence's KV, state or snapshot.
     fn dummy_forward(&mut self, unit: LockstepId) -> Result<(), WorkerError>;
 
     /// Releases the other ranks from unit `unit`, which this rank cannot take part in (it failed

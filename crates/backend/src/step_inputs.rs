@@ -1,0 +1,512 @@
+//! A step's inputs packed into one contiguous buffer of 4-byte words, for a device worker to
+//! upload in one copy from pinned memory into a buffer at a fixed device address.
+//!
+//! [`StepInputLayout`] is the offsets table: a section per input, each at a fixed word offset
+//! (aligned to [`SECTION_ALIGN_WORDS`]) sized for the worker's [`StepCapacity`], so the device
+//! views of the sections never move (what CUDA graphs need). The block tables come last and are
+//! packed with the step's own row stride (its longest table), so a step uploads only the prefix
+//! of the buffer it uses ([`PackedStep::num_words`]), however large the tables could be.
+//!
+//! [`StepPacker::pack`] fills the buffer from a [`StepPlan`] and checks every index the device
+//! cannot check (token ids, blocks, state and snapshot slots, positions), as the CPU model does
+//! before a forward. It allocates nothing per token: its scratch is reused across steps.
+//!
+//! Logits rows: the step's final hidden rows that need logits are gathered into rows of a logits
+//! buffer, greedy samples first, then seeded samples, then rows the host finishes (logprob
+//! alternatives, penalties, bias, min-p, prompt logprobs), in plan order within each group. The
+//! gather pairs `(token row, logits row)` count logits rows within chunks of
+//! [`PackGeometry::logits_chunk_rows`], the rows the logits buffer holds at once.
+
+use routed_types::{SamplingParams, StepPlan};
+
+#[path = "step_inputs_tests.rs"]
+#[cfg(test)]
+mod tests;
+
+/// Every section starts at a multiple of this many words (64 bytes): aligned for any element the
+/// sections hold (the sampling parameters have 8-byte fields) and for vector loads.
+pub const SECTION_ALIGN_WORDS: usize = 16;
+
+/// Words of one row's sampling parameters (the kernels' `SampleParams`: seed and index as u64,
+/// temperature, top-p, top-k, padding).
+pub const SAMPLE_PARAMS_WORDS: usize = 8;
+
+/// What the packed inputs are sized for; fixed for a worker's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepCapacity {
+    /// Tokens in one step.
+    pub max_tokens: usize,
+    /// Sequences in one step.
+    pub max_seqs: usize,
+    /// Block-table entries of one sequence.
+    pub max_blocks_per_seq: usize,
+    /// Snapshot taps in one step.
+    pub max_taps: usize,
+}
+
+/// How attention splits a sequence's rows into work items.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionTiling {
+    /// Query heads per KV head: a sequence has `tokens * group` rows.
+    pub group: usize,
+    /// Rows per work item (the kernel's `ATTN_ROWS`).
+    pub rows_per_item: usize,
+}
+
+impl AttentionTiling {
+    /// Most work items a step can need.
+    pub fn max_items(&self, capacity: &StepCapacity) -> usize {
+        capacity.max_seqs + capacity.max_tokens * self.group / self.rows_per_item.max(1)
+    }
+}
+
+/// A `[offset, offset + len)` range of words of the packed buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Section {
+    /// First word.
+    pub offset: usize,
+    /// Words.
+    pub len: usize,
+}
+
+impl Section {
+    /// One past the last word.
+    pub fn end(&self) -> usize {
+        self.offset + self.len
+    }
+}
+
+/// The offsets table of the packed step inputs. All indices are `i32` (token ids `u32`) as the
+/// kernels read them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepInputLayout {
+    /// What the sections are sized for.
+    pub capacity: StepCapacity,
+    /// Token ids, `[max_tokens]` u32.
+    pub token_ids: Section,
+    /// Absolute position of each token, `[max_tokens]`.
+    pub positions: Section,
+    /// KV slot of each token (the slot mapping), `[max_tokens]`.
+    pub slot_mapping: Section,
+    /// Token offset of each sequence (query starts), `[max_seqs + 1]`.
+    pub seq_starts: Section,
+    /// Prompt length of each sequence (the dt clamp), `[max_seqs]`.
+    pub num_prompt: Section,
+    /// Attention work items `(sequence, first row)`, `[max_items, 2]`.
+    pub attention_items: Section,
+    /// Live state slot of each sequence, `[max_seqs]`.
+    pub live_slots: Section,
+    /// State copies before the forward, `(snapshot slot or -1 for zeros, live slot)`,
+    /// `[max_seqs, 2]`: restores after a prefix hit, clears of sequences starting at 0.
+    pub state_copies: Section,
+    /// Offsets into `taps` per sequence, `[max_seqs + 1]`.
+    pub tap_starts: Section,
+    /// Snapshot taps `(position, snapshot slot)`, `[max_taps, 2]`.
+    pub taps: Section,
+    /// Logits gather pairs `(token row, logits row in its chunk)`, `[max_tokens + max_seqs, 2]`.
+    pub logit_rows: Section,
+    /// Sampling parameters of the seeded-sample rows, `[max_seqs]` of [`SAMPLE_PARAMS_WORDS`].
+    pub sample_params: Section,
+    /// Block tables, `[num_seqs, stride]` with the step's stride; last, so a step uploads only
+    /// what it uses.
+    pub block_tables: Section,
+}
+
+impl StepInputLayout {
+    /// The layout for `capacity`; `attention` is `None` for a model without attention layers.
+    pub fn new(capacity: StepCapacity, attention: Option<AttentionTiling>) -> Self {
+        let c = capacity;
+        let mut next = 0;
+        let mut push = |len: usize| {
+            let s = Section { offset: next, len };
+            next = (next + len).next_multiple_of(SECTION_ALIGN_WORDS);
+            s
+        };
+        Self {
+            capacity,
+            token_ids: push(c.max_tokens),
+            positions: push(c.max_tokens),
+            slot_mapping: push(c.max_tokens),
+            seq_starts: push(c.max_seqs + 1),
+            num_prompt: push(c.max_seqs),
+            attention_items: push(2 * attention.map_or(0, |a| a.max_items(&c))),
+            live_slots: push(c.max_seqs),
+            state_copies: push(2 * c.max_seqs),
+            tap_starts: push(c.max_seqs + 1),
+            taps: push(2 * c.max_taps),
+            logit_rows: push(2 * (c.max_tokens + c.max_seqs)),
+            sample_params: push(SAMPLE_PARAMS_WORDS * c.max_seqs),
+            block_tables: push(c.max_seqs * c.max_blocks_per_seq),
+        }
+    }
+
+    /// Words of the whole buffer.
+    pub fn num_words(&self) -> usize {
+        self.block_tables.end()
+    }
+}
+
+/// The model and pools a step is checked against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackGeometry {
+    /// Token ids must be below this.
+    pub vocab_size: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks in the pool (the scratch block included).
+    pub num_blocks: usize,
+    /// Positions must be below this (the rotary table's rows).
+    pub max_positions: usize,
+    /// `Some(live slots)` for a hybrid model: live slot indices up to it (it is the scratch slot).
+    pub num_live_states: Option<usize>,
+    /// Snapshot slots.
+    pub num_snapshot_slots: usize,
+    /// How attention tiles rows, for a model with attention.
+    pub attention: Option<AttentionTiling>,
+    /// Rows the logits buffer holds at once.
+    pub logits_chunk_rows: usize,
+}
+
+/// Why a step's inputs were refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum StepInputError {
+    /// More tokens, sequences, taps or table entries than the buffer holds.
+    #[error("the step needs {need} {what}, the step inputs hold {capacity}")]
+    Capacity {
+        /// What ran out.
+        what: &'static str,
+        /// What the step needs.
+        need: usize,
+        /// What fits.
+        capacity: usize,
+    },
+    /// An index the device cannot check is out of range, or the sequence is malformed.
+    #[error("sequence {seq}: {message}")]
+    Bad {
+        /// The sequence's index in the plan.
+        seq: usize,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Where a sequence's logits rows went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitUse {
+    /// It wants none (an intermediate chunk, or a rank whose samples are not used).
+    None,
+    /// Greedy on the device: row `row` of the device results.
+    Greedy {
+        /// Its row among the device rows.
+        row: usize,
+    },
+    /// Seeded sample on the device: row `row` of the device results.
+    Sampled {
+        /// Its row among the device rows.
+        row: usize,
+    },
+    /// Finished on the host from logits rows `first..first + len` (counted over every logits
+    /// row of the step); the last one is sampled when the sequence samples.
+    Host {
+        /// Its first logits row.
+        first: usize,
+        /// Rows: 1, or every position of the chunk for prompt logprobs.
+        len: usize,
+    },
+}
+
+/// The counts of one packed step: the kernels' `num_*` arguments.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PackedStep {
+    /// Tokens.
+    pub num_tokens: usize,
+    /// Sequences.
+    pub num_seqs: usize,
+    /// Attention work items.
+    pub num_attention_items: usize,
+    /// State copies before the forward.
+    pub num_state_copies: usize,
+    /// Snapshot taps.
+    pub num_taps: usize,
+    /// Greedy rows (logits rows `0..num_greedy`).
+    pub num_greedy: usize,
+    /// Seeded-sample rows (the next `num_sampled` logits rows).
+    pub num_sampled: usize,
+    /// Rows the host finishes (the rest).
+    pub num_host_rows: usize,
+    /// Entries per block-table row this step.
+    pub block_table_stride: usize,
+    /// Words to upload: everything up to the end of this step's block tables.
+    pub num_words: usize,
+}
+
+impl PackedStep {
+    /// Logits rows of the step.
+    pub fn num_logit_rows(&self) -> usize {
+        self.num_greedy + self.num_sampled + self.num_host_rows
+    }
+}
+
+/// Packs steps into a [`StepInputLayout`]; keeps its scratch between steps.
+pub struct StepPacker {
+    layout: StepInputLayout,
+    geometry: PackGeometry,
+    uses: Vec<LogitUse>,
+    /// Token row of each logits row, per group, before they are laid out.
+    rows: [Vec<usize>; 3],
+}
+
+const GREEDY: usize = 0;
+const SAMPLED: usize = 1;
+const HOST: usize = 2;
+
+impl StepPacker {
+    /// A packer for `capacity` over `geometry`.
+    pub fn new(capacity: StepCapacity, geometry: PackGeometry) -> Self {
+        Self {
+            layout: StepInputLayout::new(capacity, geometry.attention),
+            geometry,
+            uses: Vec::with_capacity(capacity.max_seqs),
+            rows: std::array::from_fn(|_| Vec::with_capacity(capacity.max_seqs)),
+        }
+    }
+
+    /// The offsets table.
+    pub fn layout(&self) -> &StepInputLayout {
+        &self.layout
+    }
+
+    /// Where each sequence of the last packed step has its logits rows, in plan order.
+    pub fn logit_uses(&self) -> &[LogitUse] {
+        &self.uses
+    }
+
+    /// Packs `plan` into `words` (at least [`StepInputLayout::num_words`] long). `wants_logits`
+    /// is false on ranks whose samples are not used: they compute no logits. Nothing is written
+    /// past [`PackedStep::num_words`]; on an error the buffer holds a partial step.
+    pub fn pack(
+        &mut self,
+        plan: &StepPlan,
+        wants_logits: bool,
+        words: &mut [u32],
+    ) -> Result<PackedStep, StepInputError> {
+        assert!(words.len() >= self.layout.num_words(), "the buffer is smaller than its layout");
+        let mut p = PackedStep { num_seqs: plan.seqs.len(), ..PackedStep::default() };
+        self.check_totals(plan)?;
+        p.block_table_stride = plan.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0);
+        p.num_words = self.layout.block_tables.offset + p.num_seqs * p.block_table_stride;
+        self.uses.clear();
+        self.rows.iter_mut().for_each(Vec::clear);
+        for (i, s) in plan.seqs.iter().enumerate() {
+            self.check_seq(i, s)?;
+            self.pack_seq(i, s, &mut p, words);
+            let rows = p.num_tokens..p.num_tokens + s.token_ids.len();
+            let want = if wants_logits { logit_kind(s) } else { None };
+            self.uses.push(match want {
+                None => LogitUse::None,
+                Some((HOST, all)) => {
+                    let group = &mut self.rows[HOST];
+                    let first = group.len();
+                    group.extend(if all { rows.clone() } else { rows.end - 1..rows.end });
+                    LogitUse::Host { first, len: group.len() - first }
+                }
+                Some((kind, _)) => {
+                    self.rows[kind].push(rows.end - 1);
+                    let row = self.rows[kind].len() - 1;
+                    if kind == GREEDY {
+                        LogitUse::Greedy { row }
+                    } else {
+                        LogitUse::Sampled { row }
+                    }
+                }
+            });
+            p.num_tokens = rows.end;
+        }
+        put(words, self.layout.seq_starts.offset + p.num_seqs, p.num_tokens);
+        put(words, self.layout.tap_starts.offset + p.num_seqs, p.num_taps);
+        self.pack_logits(plan, &mut p, words);
+        Ok(p)
+    }
+
+    /// Capacity checks that need only the plan's totals.
+    fn check_totals(&self, plan: &StepPlan) -> Result<(), StepInputError> {
+        let c = &self.layout.capacity;
+        let taps: usize = plan.seqs.iter().map(|s| s.snapshots.len()).sum();
+        let longest = plan.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0);
+        for (what, need, capacity) in [
+            ("tokens", plan.num_tokens(), c.max_tokens),
+            ("sequences", plan.seqs.len(), c.max_seqs),
+            ("snapshot taps", taps, c.max_taps),
+            ("block-table entries per sequence", longest, c.max_blocks_per_seq),
+        ] {
+            if need > capacity {
+                return Err(StepInputError::Capacity { what, need, capacity });
+            }
+        }
+        Ok(())
+    }
+
+    /// The checks the CPU model makes before a forward, for the indices the device trusts.
+    fn check_seq(&self, i: usize, s: &routed_types::ScheduledSeq) -> Result<(), StepInputError> {
+        let g = &self.geometry;
+        let bad = |message: String| Err(StepInputError::Bad { seq: i, message });
+        let end = s.num_computed_tokens + s.token_ids.len();
+        if s.token_ids.is_empty() {
+            return bad("no tokens".into());
+        }
+        if let Some(t) = s.token_ids.iter().find(|&&t| t as usize >= g.vocab_size) {
+            return bad(format!("token id {t} is outside the vocabulary of {}", g.vocab_size));
+        }
+        if end > g.max_positions {
+            return bad(format!("position {} is past the model's {}", end - 1, g.max_positions));
+        }
+        if s.block_table.len() * g.block_size < end {
+            return bad(format!("{} blocks cannot hold {end} tokens", s.block_table.len()));
+        }
+        if let Some(b) = s.block_table.iter().find(|b| b.block.index() >= g.num_blocks) {
+            return bad(format!("block {b:?} outside the pool of {}", g.num_blocks));
+        }
+        let Some(num_live) = g.num_live_states else { return Ok(()) };
+        match s.live_state {
+            Some(l) if l as usize <= num_live => {}
+            other => return bad(format!("live state slot {other:?} outside the pool")),
+        }
+        let restore = s.restore_from.map(|slot| (s.num_computed_tokens, slot));
+        for &(pos, slot) in s.snapshots.iter().chain(restore.iter()) {
+            if slot.index() >= g.num_snapshot_slots || pos < s.num_computed_tokens || pos > end {
+                return bad(format!("bad snapshot {slot:?} at position {pos}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The sequence's tokens, table, state slot, copies and taps; `p` counts what is in.
+    fn pack_seq(
+        &self,
+        i: usize,
+        s: &routed_types::ScheduledSeq,
+        p: &mut PackedStep,
+        words: &mut [u32],
+    ) {
+        let (l, g) = (&self.layout, &self.geometry);
+        let t0 = p.num_tokens;
+        let table = |pos: usize| s.block_table[pos / g.block_size].block.index();
+        for (j, &token) in s.token_ids.iter().enumerate() {
+            let pos = s.num_computed_tokens + j;
+            words[l.token_ids.offset + t0 + j] = token;
+            put(words, l.positions.offset + t0 + j, pos);
+            put(
+                words,
+                l.slot_mapping.offset + t0 + j,
+                table(pos) * g.block_size + pos % g.block_size,
+            );
+        }
+        put(words, l.seq_starts.offset + i, t0);
+        put(words, l.num_prompt.offset + i, s.num_prompt_tokens);
+        let row = l.block_tables.offset + i * p.block_table_stride;
+        for (k, b) in s.block_table.iter().enumerate() {
+            put(words, row + k, b.block.index());
+        }
+        // Entries past the table are never read (positions stop inside it); -1 makes a stray
+        // read fault instead of reading another sequence's block.
+        words[row + s.block_table.len()..row + p.block_table_stride].fill(u32::MAX);
+        if let Some(a) = g.attention {
+            let num_rows = s.token_ids.len() * a.group;
+            for first in (0..num_rows).step_by(a.rows_per_item) {
+                let at = l.attention_items.offset + 2 * p.num_attention_items;
+                put(words, at, i);
+                put(words, at + 1, first);
+                p.num_attention_items += 1;
+            }
+        }
+        put(words, l.tap_starts.offset + i, p.num_taps);
+        if g.num_live_states.is_none() {
+            return;
+        }
+        let live = s.live_state.unwrap_or(0) as usize;
+        put(words, l.live_slots.offset + i, live);
+        let copy_from = match s.restore_from {
+            Some(slot) => Some(slot.0),
+            None if s.num_computed_tokens == 0 => Some(u32::MAX),
+            None => None,
+        };
+        if let Some(src) = copy_from {
+            let at = l.state_copies.offset + 2 * p.num_state_copies;
+            words[at] = src;
+            put(words, at + 1, live);
+            p.num_state_copies += 1;
+        }
+        for &(pos, slot) in &s.snapshots {
+            let at = l.taps.offset + 2 * p.num_taps;
+            put(words, at, pos);
+            words[at + 1] = slot.0;
+            p.num_taps += 1;
+        }
+    }
+
+    /// The logits gather pairs, greedy then sampled then host rows, and the sampled rows'
+    /// parameters; host uses are shifted past the device rows.
+    fn pack_logits(&mut self, plan: &StepPlan, p: &mut PackedStep, words: &mut [u32]) {
+        let l = &self.layout;
+        let chunk = self.geometry.logits_chunk_rows.max(1);
+        [p.num_greedy, p.num_sampled, p.num_host_rows] = self.rows.each_ref().map(Vec::len);
+        let device_rows = p.num_greedy + p.num_sampled;
+        let all = self.rows.iter().flatten();
+        for (r, &token_row) in all.enumerate() {
+            put(words, l.logit_rows.offset + 2 * r, token_row);
+            put(words, l.logit_rows.offset + 2 * r + 1, r % chunk);
+        }
+        for (s, used) in plan.seqs.iter().zip(&mut self.uses) {
+            match used {
+                LogitUse::Sampled { row } => {
+                    let (params, index) = s.sample.as_ref().expect("sampled rows sample");
+                    let at = l.sample_params.offset + SAMPLE_PARAMS_WORDS * *row;
+                    sample_params(params, *index, &mut words[at..at + SAMPLE_PARAMS_WORDS]);
+                }
+                LogitUse::Host { first, .. } => *first += device_rows,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Which group a sequence's logits go to, and whether it wants every row of its chunk.
+fn logit_kind(s: &routed_types::ScheduledSeq) -> Option<(usize, bool)> {
+    if s.prompt_logprobs.is_some() {
+        return Some((HOST, true));
+    }
+    let (params, _) = s.sample.as_ref()?;
+    if !on_device(params) {
+        Some((HOST, false))
+    } else if params.is_greedy() {
+        Some((GREEDY, false))
+    } else {
+        Some((SAMPLED, false))
+    }
+}
+
+/// Whether the device kernels alone pick the token and its logprob: no alternatives to report and
+/// nothing that changes the logits first (penalties need the history, which stays on the host).
+pub fn on_device(params: &SamplingParams) -> bool {
+    !params.processes_logits() && params.logprobs.is_none_or(|n| n == 0)
+}
+
+/// The kernels' `SampleParams`: seed and index (u64, little-endian words), temperature, top-p,
+/// top-k (0 keeps all), padding.
+fn sample_params(params: &SamplingParams, index: u64, out: &mut [u32]) {
+    out[0] = params.seed as u32;
+    out[1] = (params.seed >> 32) as u32;
+    out[2] = index as u32;
+    out[3] = (index >> 32) as u32;
+    out[4] = params.temperature.to_bits();
+    out[5] = params.top_p.to_bits();
+    // The CPU sampler keeps at least one candidate; the kernel reads 0 as "keep all".
+    out[6] = params.top_k.map_or(0, |k| k.max(1));
+    out[7] = 0;
+}
+
+/// Writes a non-negative index as the kernels' `i32`.
+fn put(words: &mut [u32], at: usize, value: usize) {
+    debug_assert!(value <= i32::MAX as usize, "index {value} does not fit an i32");
+    words[at] = value as u32;
+}

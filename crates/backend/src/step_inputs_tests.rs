@@ -1,0 +1,253 @@
+//! The packed layout: sections, the contents of a mixed step, reuse, and every refusal.
+
+use super::*;
+use routed_types::{BlockGeneration, BlockId, BlockRef, ScheduledSeq, SeqId, SnapshotSlotId};
+use std::sync::Arc;
+
+const CAPACITY: StepCapacity =
+    StepCapacity { max_tokens: 64, max_seqs: 8, max_blocks_per_seq: 10, max_taps: 6 };
+
+fn geometry() -> PackGeometry {
+    PackGeometry {
+        vocab_size: 100,
+        block_size: 4,
+        num_blocks: 32,
+        max_positions: 40,
+        num_live_states: Some(8),
+        num_snapshot_slots: 5,
+        attention: Some(AttentionTiling { group: 4, rows_per_item: 16 }),
+        logits_chunk_rows: 16,
+    }
+}
+
+fn seq(computed: usize, tokens: &[u32], blocks: &[u32]) -> ScheduledSeq {
+    ScheduledSeq {
+        seq_id: SeqId(blocks[0] as u64),
+        token_ids: tokens.to_vec(),
+        num_computed_tokens: computed,
+        num_prompt_tokens: computed + tokens.len(),
+        block_table: blocks
+            .iter()
+            .map(|&b| BlockRef::new(BlockId(b), BlockGeneration(1)))
+            .collect(),
+        live_state: Some(blocks[0] % 8),
+        restore_from: None,
+        snapshots: Vec::new(),
+        sample: None,
+        context: None,
+        prompt_logprobs: None,
+    }
+}
+
+fn sampled(mut s: ScheduledSeq, params: SamplingParams, index: u64) -> ScheduledSeq {
+    s.sample = Some((Arc::new(params), index));
+    s
+}
+
+fn words_of(packer: &StepPacker) -> Vec<u32> {
+    // Garbage everywhere: the packer must write every word a step uses.
+    vec![0xDEAD_BEEF; packer.layout().num_words()]
+}
+
+fn section(words: &[u32], s: Section, len: usize) -> Vec<i32> {
+    words[s.offset..s.offset + len].iter().map(|&w| w as i32).collect()
+}
+
+#[test]
+fn sections_are_aligned_disjoint_and_sized_for_the_capacity() {
+    let tiling = AttentionTiling { group: 4, rows_per_item: 16 };
+    let l = StepInputLayout::new(CAPACITY, Some(tiling));
+    let all = [
+        (l.token_ids, 64),
+        (l.positions, 64),
+        (l.slot_mapping, 64),
+        (l.seq_starts, 9),
+        (l.num_prompt, 8),
+        (l.attention_items, 2 * (8 + 64 * 4 / 16)),
+        (l.live_slots, 8),
+        (l.state_copies, 16),
+        (l.tap_starts, 9),
+        (l.taps, 12),
+        (l.logit_rows, 2 * (64 + 8)),
+        (l.sample_params, 8 * SAMPLE_PARAMS_WORDS),
+        (l.block_tables, 80),
+    ];
+    for pair in all.windows(2) {
+        assert!(pair[0].0.end() <= pair[1].0.offset, "{:?} overlaps {:?}", pair[0], pair[1]);
+    }
+    for (s, len) in all {
+        assert_eq!(s.len, len);
+        assert_eq!(s.offset % SECTION_ALIGN_WORDS, 0);
+    }
+    assert_eq!(l.num_words(), l.block_tables.end(), "the block tables come last");
+    let no_attention = StepInputLayout::new(CAPACITY, None);
+    assert_eq!(no_attention.attention_items.len, 0);
+}
+
+#[test]
+fn a_mixed_step_is_packed_section_by_section() {
+    let mut packer = StepPacker::new(CAPACITY, geometry());
+    let mut words = words_of(&packer);
+    // A prefill chunk with prompt logprobs, restored from a snapshot, tapping two snapshots.
+    let mut chunk = sampled(seq(4, &[5, 6, 7, 8, 9], &[3, 9, 11]), SamplingParams::greedy(4), 0);
+    chunk.num_prompt_tokens = 12;
+    chunk.restore_from = Some(SnapshotSlotId(2));
+    chunk.snapshots = vec![(4, SnapshotSlotId(1)), (8, SnapshotSlotId(4))];
+    chunk.prompt_logprobs = Some(0);
+    let seeded = SamplingParams {
+        temperature: 0.7,
+        top_p: 0.9,
+        top_k: Some(20),
+        seed: 0x1_0000_0002,
+        ..SamplingParams::default()
+    };
+    let with_logprobs = SamplingParams { logprobs: Some(2), ..SamplingParams::greedy(4) };
+    let plan = StepPlan {
+        seqs: vec![
+            chunk,
+            // Decodes: greedy, seeded, host (alternatives asked for), a fresh prompt (cleared).
+            sampled(seq(6, &[1], &[4, 2]), SamplingParams::greedy(4), 3),
+            sampled(seq(2, &[2], &[5]), seeded.clone(), 9),
+            sampled(seq(3, &[3], &[6]), with_logprobs, 1),
+            seq(0, &[4, 4], &[7]),
+        ],
+        ..StepPlan::default()
+    };
+    let p = packer.pack(&plan, true, &mut words).unwrap();
+    let l = packer.layout().clone();
+    assert_eq!((p.num_tokens, p.num_seqs, p.block_table_stride), (10, 5, 3));
+    assert_eq!(p.num_words, l.block_tables.offset + 15);
+    assert_eq!(section(&words, l.token_ids, 10), [5, 6, 7, 8, 9, 1, 2, 3, 4, 4]);
+    assert_eq!(section(&words, l.positions, 10), [4, 5, 6, 7, 8, 6, 2, 3, 0, 1]);
+    // Slot = block * 4 + position % 4.
+    assert_eq!(section(&words, l.slot_mapping, 10), [36, 37, 38, 39, 44, 10, 22, 27, 28, 29]);
+    assert_eq!(section(&words, l.seq_starts, 6), [0, 5, 6, 7, 8, 10]);
+    assert_eq!(section(&words, l.num_prompt, 5), [12, 7, 3, 4, 2]);
+    assert_eq!(
+        section(&words, l.block_tables, 15),
+        [3, 9, 11, 4, 2, -1, 5, -1, -1, 6, -1, -1, 7, -1, -1]
+    );
+    // 5 tokens x 4 heads = 20 rows: items at rows 0 and 16; the others have one item each.
+    assert_eq!(p.num_attention_items, 6);
+    assert_eq!(section(&words, l.attention_items, 12), [0, 0, 0, 16, 1, 0, 2, 0, 3, 0, 4, 0]);
+    assert_eq!(section(&words, l.live_slots, 5), [3, 4, 5, 6, 7]);
+    assert_eq!(p.num_state_copies, 2, "the restore and the fresh prompt's clear");
+    assert_eq!(section(&words, l.state_copies, 4), [2, 3, -1, 7]);
+    assert_eq!((p.num_taps, section(&words, l.tap_starts, 6)), (2, vec![0, 2, 2, 2, 2, 2]));
+    assert_eq!(section(&words, l.taps, 4), [4, 1, 8, 4]);
+    // Logits rows: greedy (token 5), seeded (token 6), then host: the chunk's five rows and the
+    // decode that wants alternatives (token 7).
+    assert_eq!((p.num_greedy, p.num_sampled, p.num_host_rows), (1, 1, 6));
+    assert_eq!(section(&words, l.logit_rows, 16), [5, 0, 6, 1, 0, 2, 1, 3, 2, 4, 3, 5, 4, 6, 7, 7]);
+    assert_eq!(
+        packer.logit_uses(),
+        [
+            LogitUse::Host { first: 2, len: 5 },
+            LogitUse::Greedy { row: 0 },
+            LogitUse::Sampled { row: 0 },
+            LogitUse::Host { first: 7, len: 1 },
+            LogitUse::None,
+        ]
+    );
+    let params = &words[l.sample_params.offset..l.sample_params.offset + SAMPLE_PARAMS_WORDS];
+    assert_eq!(params, [2, 1, 9, 0, 0.7f32.to_bits(), 0.9f32.to_bits(), 20, 0]);
+}
+
+#[test]
+fn a_rank_without_logits_and_a_dummy_forward_pack_no_rows() {
+    let mut packer = StepPacker::new(CAPACITY, geometry());
+    let mut words = words_of(&packer);
+    let plan = StepPlan {
+        seqs: vec![sampled(seq(0, &[1, 2], &[1]), SamplingParams::greedy(1), 0)],
+        ..StepPlan::default()
+    };
+    let p = packer.pack(&plan, false, &mut words).unwrap();
+    assert_eq!(p.num_logit_rows(), 0);
+    assert_eq!(packer.logit_uses(), [LogitUse::None]);
+    // The dummy forward: one token on the scratch block and the scratch live slot (index 8).
+    let mut dummy = seq(0, &[0], &[31]);
+    dummy.live_state = Some(8);
+    let plan = StepPlan { seqs: vec![dummy], ..StepPlan::default() };
+    let p = packer.pack(&plan, false, &mut words).unwrap();
+    let l = packer.layout();
+    assert_eq!(section(&words, l.slot_mapping, 1), [124]);
+    assert_eq!((p.num_state_copies, section(&words, l.state_copies, 2)), (1, vec![-1, 8]));
+}
+
+#[test]
+fn logits_rows_count_within_their_chunk_and_a_smaller_step_uploads_less() {
+    let mut g = geometry();
+    g.logits_chunk_rows = 2;
+    let mut packer = StepPacker::new(CAPACITY, g);
+    let mut words = words_of(&packer);
+    let mut big = sampled(seq(0, &[1, 2, 3, 4, 5], &[1, 2]), SamplingParams::greedy(1), 0);
+    big.prompt_logprobs = Some(1);
+    let plan = StepPlan { seqs: vec![big], ..StepPlan::default() };
+    let first = packer.pack(&plan, true, &mut words).unwrap();
+    let l = packer.layout().clone();
+    assert_eq!(section(&words, l.logit_rows, 10), [0, 0, 1, 1, 2, 0, 3, 1, 4, 0]);
+    let plan = StepPlan {
+        seqs: vec![sampled(seq(1, &[7], &[1]), SamplingParams::greedy(1), 1)],
+        ..StepPlan::default()
+    };
+    let again = packer.pack(&plan, true, &mut words).unwrap();
+    assert!(again.num_words < first.num_words);
+    assert_eq!(section(&words, l.token_ids, 1), [7]);
+    assert_eq!(section(&words, l.seq_starts, 2), [0, 1]);
+    assert_eq!(packer.logit_uses(), [LogitUse::Greedy { row: 0 }]);
+    // Packing is a function of the plan: the same step gives the same words.
+    let before = words[..again.num_words].to_vec();
+    packer.pack(&plan, true, &mut words).unwrap();
+    assert_eq!(words[..again.num_words], before[..]);
+}
+
+#[test]
+fn indices_the_device_trusts_are_checked_and_capacity_is_enforced() {
+    let mut packer = StepPacker::new(CAPACITY, geometry());
+    let mut words = words_of(&packer);
+    let mut refuse = |s: ScheduledSeq| {
+        let plan = StepPlan { seqs: vec![s], ..StepPlan::default() };
+        packer.pack(&plan, true, &mut words).unwrap_err().to_string()
+    };
+    assert!(refuse(seq(0, &[100], &[1])).contains("vocabulary"));
+    assert!(refuse(seq(0, &[], &[1])).contains("no tokens"));
+    assert!(refuse(seq(0, &[1; 5], &[1])).contains("cannot hold"));
+    assert!(refuse(seq(0, &[1], &[32])).contains("outside the pool"));
+    assert!(refuse(seq(40, &[1], &[1; 10])).contains("past the model"));
+    let mut s = seq(0, &[1], &[1]);
+    s.live_state = Some(9);
+    assert!(refuse(s).contains("live state"));
+    let mut s = seq(0, &[1], &[1]);
+    s.live_state = None;
+    assert!(refuse(s).contains("live state"));
+    let mut s = seq(4, &[1], &[1, 2]);
+    s.snapshots = vec![(6, SnapshotSlotId(0))];
+    assert!(refuse(s).contains("bad snapshot"));
+    let mut s = seq(4, &[1], &[1, 2]);
+    s.restore_from = Some(SnapshotSlotId(5));
+    assert!(refuse(s).contains("bad snapshot"));
+    assert!(refuse(seq(0, &[1; 65], &[1; 10])).contains("tokens"));
+    assert!(refuse(seq(0, &[1], &[1; 11])).contains("block-table entries"));
+    let mut s = seq(0, &[1; 8], &[1, 2]);
+    s.snapshots = (0..7).map(|p| (p, SnapshotSlotId(0))).collect();
+    assert!(refuse(s).contains("snapshot taps"));
+    let plan = StepPlan { seqs: vec![seq(0, &[1], &[1]); 9], ..StepPlan::default() };
+    let e = packer.pack(&plan, true, &mut words).unwrap_err();
+    assert_eq!(e, StepInputError::Capacity { what: "sequences", need: 9, capacity: 8 });
+}
+
+#[test]
+fn attention_free_and_attention_only_models_skip_what_they_lack() {
+    let mut g = geometry();
+    g.attention = None;
+    g.num_live_states = None;
+    let mut packer = StepPacker::new(CAPACITY, g);
+    let mut words = words_of(&packer);
+    let mut s = seq(0, &[1, 2], &[1]);
+    // Without Mamba layers the state fields are not the device's business.
+    s.live_state = None;
+    s.snapshots = vec![(9, SnapshotSlotId(77))];
+    let plan = StepPlan { seqs: vec![s], ..StepPlan::default() };
+    let p = packer.pack(&plan, true, &mut words).unwrap();
+    assert_eq!((p.num_attention_items, p.num_state_copies, p.num_taps), (0, 0, 0));
+}
