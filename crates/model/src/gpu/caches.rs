@@ -140,11 +140,8 @@ fn count(config: &ModelConfig, kind: MixerKind) -> usize {
 
 fn reserve(config: &ModelConfig, weights: &GpuWeights, shape: &GpuCacheShape) -> Reserved {
     let mut l = ArenaLayout::new("caches");
-    let (n, h, v) = (shape.capacity.max_tokens, config.hidden_size, config.vocab_size);
-    let (attn_q, attn_kv) = config
-        .attention
-        .as_ref()
-        .map_or((0, 0), |a| (a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim));
+    let n = shape.capacity.max_tokens;
+    let attn_kv = config.attention.as_ref().map_or(0, |a| a.num_kv_heads * a.head_dim);
     let kv = KvPool::reserve(
         &mut l,
         count(config, MixerKind::Attention),
@@ -171,13 +168,30 @@ fn reserve(config: &ModelConfig, weights: &GpuWeights, shape: &GpuCacheShape) ->
     });
     let packer = StepPacker::new(shape.capacity, geometry(config, shape));
     let inputs = l.push::<u32>(packer.layout().num_words());
-    let rope = config.attention.as_ref().and_then(|a| a.rope_theta).map(|_| {
-        let rot = config.attention.as_ref().map_or(0, |a| a.head_dim);
-        l.push::<f32>(shape.max_positions * rot)
+    let rope = config.attention.as_ref().filter(|a| a.rope_theta.is_some()).map(|a| {
+        // `[max_positions, head_dim / 2, (cos, sin)]`.
+        l.push::<f32>(shape.max_positions * a.head_dim)
     });
+    let act = activations(&mut l, config, weights, shape);
+    Reserved { layout: l, kv, states, routing, inputs, rope, act, packer }
+}
+
+/// Every activation buffer of a step of `shape.capacity.max_tokens` tokens.
+fn activations(
+    l: &mut ArenaLayout,
+    config: &ModelConfig,
+    weights: &GpuWeights,
+    shape: &GpuCacheShape,
+) -> Activations {
+    let (n, h, v) = (shape.capacity.max_tokens, config.hidden_size, config.vocab_size);
+    let (attn_q, attn_kv) = config
+        .attention
+        .as_ref()
+        .map_or((0, 0), |a| (a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim));
     let (proj, conv_dim, d_inner) = config.mamba.as_ref().map_or((0, 0, 0), |m| {
         (m.d_inner() + m.conv_dim() + m.num_heads, m.conv_dim(), m.d_inner())
     });
+    // Dense blocks and shared experts share the MLP buffers.
     let mlp_inter = weights
         .blocks
         .iter()
@@ -188,9 +202,8 @@ fn reserve(config: &ModelConfig, weights: &GpuWeights, shape: &GpuCacheShape) ->
         })
         .max()
         .unwrap_or(0);
-    let moe = moe_scratch(&mut l, config, n);
     let chunk = shape.logits_chunk_rows;
-    let act = Activations {
+    Activations {
         x: l.push(n * h),
         normed: l.push(n * h),
         branch: l.push(n * h),
@@ -203,14 +216,13 @@ fn reserve(config: &ModelConfig, weights: &GpuWeights, shape: &GpuCacheShape) ->
         y: l.push(n * d_inner),
         up: l.push(n * mlp_inter),
         gate: l.push(n * mlp_inter),
-        moe,
+        moe: moe_scratch(l, config, n),
         selected: l.push(chunk * h),
         logits: l.push(chunk * v),
         sampled: l.push(chunk),
         log_z: l.push(chunk),
         logprobs: l.push(chunk),
-    };
-    Reserved { layout: l, kv, states, routing, inputs, rope, act, packer }
+    }
 }
 
 fn moe_scratch(l: &mut ArenaLayout, config: &ModelConfig, n: usize) -> MoeScratch {
