@@ -36,18 +36,32 @@ fn generate_json_matches_transformers_greedy_tokens() {
     }
 }
 
-#[test]
-fn a_cuda_device_without_cuda_is_a_clear_error() {
+/// `routed generate --device DEVICE` on the qwen3_moe golden checkpoint: exit status and stderr.
+fn generate_on(device: &str) -> (Option<i32>, String) {
     let g = Golden::open("qwen3_moe");
     let out = Command::new(env!("CARGO_BIN_EXE_routed"))
-        .args(["generate", "--device", "cuda:0", "--prompt", "x", "--model"])
+        .args(["generate", "--device", device, "--prompt", "x", "--model"])
         .arg(g.model_dir())
         .env("RUST_BACKTRACE", "0")
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_cuda_device_without_cuda_is_a_clear_error() {
+    // Without the `cuda` feature: "no CUDA support"; with it, on a machine without a driver or
+    // GPU: "no CUDA driver" or "no such device". Either way exit status 1, never a panic.
+    let (code, err) = generate_on("cuda:0");
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("CUDA") && !err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn an_unknown_device_is_refused_naming_the_forms_accepted() {
+    let (code, err) = generate_on("gpu:0");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--device gpu:0") && err.contains("`cpu` or `cuda:N`"), "{err}");
 }
 
 /// `routed serve` with no flags serves the embedded model; the startup line names the address.

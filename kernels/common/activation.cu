@@ -18,3 +18,10 @@ extern "C" __global__ void relu2_f32(float* __restrict__ a, u64 n) {  // device 
         a[i] = mul(r, r);
     }
 }
+
+// a[i] *= s (cpu::scale_inplace): the logits divided by a model's logits scaling, `s` being the
+// host's 1 / scaling.
+extern "C" __global__ void scale_f32(float* __restrict__ a, float s, u64 n) {  // device [n]
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) a[i] = mul(a[i], s);
+}

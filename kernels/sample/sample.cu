@@ -174,3 +174,18 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     const u64 chosen = largest_key([&](u64 v) { return mass_from(v, floor) > target; });
     if (threadIdx.x == 0) out[blockIdx.x] = 0xffffffffu - (u32)(chosen & 0xffffffffull);
 }
+
+// The logprob of each row's chosen token: logits[r][ids[r]] - log_z[r], the CPU sampler's
+// `logits[token] - log_z` with log_z from log_softmax_f32.
+//
+// Grid: ceil(num_rows / blockDim.x).
+extern "C" __global__ void gather_logprob_f32(
+    const float* __restrict__ logits,  // device [num_rows, vocab]
+    const u32* __restrict__ ids,       // device [num_rows]
+    const float* __restrict__ log_z,   // device [num_rows]
+    float* __restrict__ out,           // device [num_rows]
+    int vocab,
+    int num_rows) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < num_rows) out[r] = sub(logits[(u64)r * vocab + ids[r]], log_z[r]);
+}

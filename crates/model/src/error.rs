@@ -103,6 +103,9 @@ pub enum ModelError {
     /// A forward call was given inconsistent inputs.
     #[error("invalid forward input: {0}")]
     BadInput(String),
+    /// The compute device failed (a CUDA call, an allocation, a launch the sizes do not fit).
+    #[error("device: {0}")]
+    Device(#[from] routed_backend::BackendError),
 }
 
 /// Shorthand for results of this crate.

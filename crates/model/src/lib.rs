@@ -5,7 +5,8 @@
 //! * [`Tokenizer`] wraps `tokenizer.json`, the chat template and the EOS ids;
 //! * [`Model::forward`] runs a ragged batch (prefill chunks and decode tokens together) over the
 //!   paged [`KvCache`], writing every MoE layer's expert choices into a [`RoutingBuffer`];
-//! * [`Sampler`] picks tokens.
+//! * [`Sampler`] picks tokens;
+//! * `gpu` (feature `cuda`) runs the same model on a CUDA device.
 //!
 //! A model does not know it is driven by actors: it takes ids and block tables and returns logits.
 
@@ -14,6 +15,8 @@ mod config;
 mod config_checks;
 mod error;
 mod families;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 mod kv;
 mod layers;
 mod model;

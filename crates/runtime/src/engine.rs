@@ -14,7 +14,7 @@ use crate::{
         Submit,
     },
     timings::Timings,
-    worker::{CacheShape, CpuWorker, Worker},
+    worker::{CacheShape, CpuWorker, CudaLimits, CudaWorker, Worker},
 };
 use actix::{Actor, Addr, AsyncContext, SyncArbiter};
 use futures_util::Stream;
@@ -35,7 +35,7 @@ use std::{
 };
 use tokio::sync::mpsc;
 
-/// Most KV blocks a CPU engine sizes itself to from a memory budget.
+/// Most KV blocks an engine sizes itself to from a memory budget.
 const MAX_AUTO_BLOCKS: usize = 1 << 16;
 /// Host slots of rank 0's routing ring: steps whose rows can be on their way to the host at once.
 const NUM_ROUTING_SLOTS: usize = 3;
@@ -56,12 +56,10 @@ impl Engine {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<EngineHandle, EngineError> {
         let device = Device::open(config.device).map_err(|e| EngineError::Load(e.to_string()))?;
-        if !device.is_cpu() {
-            return Err(EngineError::Load(format!(
-                "{device} opened, but models run on the CPU backend only for now"
-            )));
-        }
-        let Ranks { workers, collectives: ranks } = load_cpu_workers(&config, progress)?;
+        let Ranks { workers, collectives: ranks } = match device {
+            Device::Cpu => load_cpu_workers(&config, progress)?,
+            Device::Cuda(dev) => load_cuda_worker(&config, dev, progress)?,
+        };
         let dir = config.model.dir().to_owned();
         let tokenizer =
             Arc::new(Tokenizer::from_dir(&dir).map_err(|e| EngineError::Load(e.to_string()))?);
@@ -131,6 +129,38 @@ fn load_cpu_workers(
     Ok(Ranks { workers, collectives: ranks })
 }
 
+/// The model on one CUDA device: loaded on the host by the checkpoint loader, uploaded, and the
+/// host copy dropped.
+fn load_cuda_worker(
+    config: &EngineConfig,
+    dev: routed_backend::cuda::CudaDevice,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Ranks, EngineError> {
+    if config.expert_parallel_size != 1 {
+        return Err(EngineError::Load(format!(
+            "--expert-parallel-size {} on CUDA: expert parallelism over GPUs is not built yet",
+            config.expert_parallel_size
+        )));
+    }
+    let load = |e: String| EngineError::Load(e);
+    let model = Model::load(config.model.dir(), progress).map_err(|e| load(e.to_string()))?;
+    let limits = CudaLimits {
+        max_tokens_per_step: config.max_num_batched_tokens.max(1),
+        max_num_seqs: config.max_num_seqs.max(1),
+        num_snapshot_slots: if model.config().is_hybrid() {
+            config.mamba_snapshot_slots
+        } else {
+            0
+        },
+        max_model_len: config.max_model_len.unwrap_or(model.config().max_position_embeddings),
+    };
+    let worker = CudaWorker::new(dev, &model, limits).map_err(|e| load(e.to_string()))?;
+    Ok(Ranks {
+        workers: vec![Box::new(worker)],
+        collectives: vec![Arc::new(routed_backend::collective::SingleRank)],
+    })
+}
+
 /// How many KV blocks the engine uses, and why.
 struct PoolSize {
     /// Blocks a sequence can hold (the scratch block excluded).
@@ -153,8 +183,11 @@ impl PoolSize {
     ) -> Result<Self, EngineError> {
         let block_size = config.block_size.max(1);
         let num_usable = config.num_kv_blocks.unwrap_or_else(|| {
+            // The budget, and on a device also what its free memory holds.
             let per_block = worker.kv_block_bytes(block_size).max(1);
-            ((config.kv_cache_memory_gb * 1e9) as usize / per_block).clamp(16, MAX_AUTO_BLOCKS)
+            let budget = (config.kv_cache_memory_gb * 1e9) as usize;
+            let bytes = worker.kv_memory_limit(block_size).map_or(budget, |free| budget.min(free));
+            (bytes / per_block).clamp(16, MAX_AUTO_BLOCKS)
         });
         let cap =
             config.routing_cache_max_bytes.filter(|_| config.enable_routing_capture && is_moe);
@@ -270,6 +303,7 @@ impl Parts {
             num_snapshot_slots: snapshot_slots,
             scratch_block: BlockId(num_usable as u32),
             max_tokens_per_step: config.max_num_batched_tokens.max(1),
+            max_model_len,
             num_routing_slots: NUM_ROUTING_SLOTS,
         };
         for worker in &mut workers {

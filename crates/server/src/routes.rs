@@ -81,15 +81,17 @@ pub(crate) async fn models(state: web::Data<AppState>) -> HttpResponse {
             "root": info.served_model_name,
             "parent": null,
             "max_model_len": info.max_model_len,
+            "device": info.device,
             "routing": routing,
         }],
     }))
 }
 
-/// `GET /health`: 200 when the engine can serve, 503 with the reason otherwise.
+/// `GET /health`: 200 (naming the device) when the engine can serve, 503 with the reason
+/// otherwise.
 pub(crate) async fn health(state: web::Data<AppState>) -> HttpResponse {
     match state.handle().health().await {
-        Ok(()) => HttpResponse::Ok().json(json!({"status": "ok"})),
+        Ok(()) => HttpResponse::Ok().json(json!({"status": "ok", "device": state.info().device})),
         Err(EngineError::Unhealthy(reason)) => HttpResponse::ServiceUnavailable()
             .json(json!({"status": "unhealthy", "reason": reason})),
         Err(other) => HttpResponse::ServiceUnavailable()

@@ -22,6 +22,7 @@ fn models_lists_the_model_with_its_length_and_routing_layout() {
     assert_eq!(model["id"], MODEL);
     assert_eq!(model["object"], "model");
     assert_eq!(model["max_model_len"], 4096);
+    assert_eq!(model["device"], "cpu");
     // `ME*EME`: six decoder layers, MoE at 1, 3 and 5; 8 experts, top 2.
     assert_eq!(
         model["routing"],
@@ -47,10 +48,10 @@ fn serve_runs_the_gateway_on_a_listener_bound_from_a_server_config() {
 }
 
 #[test]
-fn health_answers_ok() {
+fn health_answers_ok_and_names_the_device() {
     let r = server(MODEL).get("/health");
     assert_eq!(r.status, 200);
-    assert_eq!(r.json(), json!({"status": "ok"}));
+    assert_eq!(r.json(), json!({"status": "ok", "device": "cpu"}));
 }
 
 #[test]

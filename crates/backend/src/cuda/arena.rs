@@ -197,6 +197,19 @@ impl<'a, T> DevSlice<'a, T> {
             _arena: PhantomData,
         })
     }
+
+    /// The same bytes as elements of `U` (a section of the packed step inputs read as `i32`s or
+    /// sampling parameters), or `None` when the address is not aligned for `U` or the bytes are
+    /// not whole elements of it.
+    pub fn cast<U: DeviceElem>(&self) -> Option<DevSlice<'a, U>> {
+        let bytes = self.len * size_of::<T>();
+        let aligned = self.addr.is_multiple_of(align_of::<U>() as u64);
+        (aligned && bytes.is_multiple_of(size_of::<U>())).then(|| DevSlice {
+            addr: self.addr,
+            len: bytes / size_of::<U>(),
+            _arena: PhantomData,
+        })
+    }
 }
 
 /// One pool's device allocation, made once, zeroed.
@@ -319,6 +332,16 @@ mod tests {
         let planes = s.split(3).unwrap();
         assert_eq!(planes.iter().map(|p| p.offset()).collect::<Vec<_>>(), [256, 272, 288]);
         assert!(s.split(5).is_none() && s.split(0).is_none());
+    }
+
+    #[test]
+    fn casts_keep_the_bytes_and_refuse_misalignment() {
+        let words = DevSlice::<u32> { addr: 256, len: 16, _arena: PhantomData };
+        let wide = words.cast::<u64>().unwrap();
+        assert_eq!((wide.addr(), wide.len()), (256, 8));
+        assert!(words.sub(1, 4).unwrap().cast::<u64>().is_none(), "4-byte aligned only");
+        assert!(words.sub(0, 3).unwrap().cast::<u64>().is_none(), "not whole u64s");
+        assert_eq!(words.cast::<i32>().unwrap().len(), 16);
     }
 
     #[test]

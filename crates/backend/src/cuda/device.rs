@@ -111,6 +111,12 @@ impl CudaDevice {
         &self.inner.copy
     }
 
+    /// A new event without timing, for ordering work between the streams (recorded on one,
+    /// waited on by the other) or waiting for it on the host.
+    pub fn new_event(&self) -> Result<cudarc::driver::CudaEvent, BackendError> {
+        self.inner.ctx.new_event(None).map_err(driver_err)
+    }
+
     /// Waits for everything queued on the compute stream.
     pub fn synchronize(&self) -> Result<(), BackendError> {
         self.inner.compute.synchronize().map_err(driver_err)

@@ -6,7 +6,8 @@ use crate::BackendError;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, PinnedHostSlice, result};
 use std::sync::Arc;
 
-/// A page-locked host buffer that the CPU reads after a copy from the device.
+/// A page-locked host buffer that the CPU reads after a copy from the device, or writes before a
+/// copy to it (the step inputs' staging).
 ///
 /// Allocated with flags 0, not cudarc's `alloc_pinned` (write-combined memory, which the CPU reads
 /// slowly). With event tracking off, cudarc does not order reads of the buffer after the copy, so
@@ -49,28 +50,81 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
         src: DevSlice<'_, T>,
         stream: &CudaStream,
     ) -> Result<(), BackendError> {
-        if src.len() > self.host.len() {
-            return Err(BackendError::Memory(format!(
-                "{} elements do not fit a pinned buffer of {}",
+        self.queue_copy_from(0, src, stream)?;
+        self.record(stream)
+    }
+
+    /// Queues a copy of `src` into elements `at..at + src.len()` of the buffer on `stream`,
+    /// without recording the event (several copies, then one [`PinnedBuffer::record`]).
+    pub fn queue_copy_from(
+        &mut self,
+        at: usize,
+        src: DevSlice<'_, T>,
+        stream: &CudaStream,
+    ) -> Result<(), BackendError> {
+        let end = at.checked_add(src.len()).filter(|&e| e <= self.host.len()).ok_or_else(|| {
+            BackendError::Memory(format!(
+                "{} elements at {at} do not fit a pinned buffer of {}",
                 src.len(),
+                self.host.len()
+            ))
+        })?;
+        let base = self.host.as_mut_ptr().map_err(driver_err)?;
+        stream.context().bind_to_thread().map_err(driver_err)?;
+        // SAFETY: `base..base + len` is page-locked memory that stays allocated as long as
+        // `self`, and `at..end` lies inside it; `src` is a device range of `end - at` elements.
+        let dst = unsafe { std::slice::from_raw_parts_mut(base.add(at), end - at) };
+        // SAFETY: as above; the copy is ordered on `stream`.
+        unsafe { result::memcpy_dtoh_async(dst, src.addr(), stream.cu_stream()) }
+            .map_err(driver_err)
+    }
+
+    /// Queues a copy of the first `dst.len()` elements of the buffer into `dst` on `stream` and
+    /// records the buffer's event after it: the host must not write the buffer again before the
+    /// copy has read it ([`PinnedBuffer::host_mut`] waits for that).
+    pub fn copy_to(
+        &mut self,
+        dst: DevSlice<'_, T>,
+        stream: &CudaStream,
+    ) -> Result<(), BackendError> {
+        if dst.len() > self.host.len() {
+            return Err(BackendError::Memory(format!(
+                "{} elements do not come from a pinned buffer of {}",
+                dst.len(),
                 self.host.len()
             )));
         }
-        let dst = self.host.as_mut_ptr().map_err(driver_err)?;
+        let base = self.host.as_ptr().map_err(driver_err)?;
         stream.context().bind_to_thread().map_err(driver_err)?;
-        // SAFETY: `dst` is page-locked memory of at least `src.len()` elements that stays
-        // allocated as long as `self`; `src` is a device range of that many elements.
-        let dst = unsafe { std::slice::from_raw_parts_mut(dst, src.len()) };
-        // SAFETY: as above; the copy is ordered on `stream`.
-        unsafe { result::memcpy_dtoh_async(dst, src.addr(), stream.cu_stream()) }
+        // SAFETY: the first `dst.len()` elements of the page-locked buffer, alive with `self`.
+        let src = unsafe { std::slice::from_raw_parts(base, dst.len()) };
+        // SAFETY: `dst` is a device range of that many elements; the copy is ordered on `stream`.
+        unsafe { result::memcpy_htod_async(dst.addr(), src, stream.cu_stream()) }
             .map_err(driver_err)?;
+        self.record(stream)
+    }
+
+    /// Records the buffer's event on `stream`, after the copies queued there.
+    pub fn record(&self, stream: &CudaStream) -> Result<(), BackendError> {
         self.copied.record(stream).map_err(driver_err)
+    }
+
+    /// The buffer's event: another stream can wait on it (the compute stream waits for a routing
+    /// copy before the buffer it reads is written again).
+    pub fn event(&self) -> &CudaEvent {
+        &self.copied
     }
 
     /// Blocks until the last copy has landed, then reads the buffer.
     pub fn wait(&self) -> Result<&[T], BackendError> {
         self.copied.synchronize().map_err(driver_err)?;
         self.host.as_slice().map_err(driver_err)
+    }
+
+    /// Blocks until the last copy has read or written the buffer, then gives it for writing.
+    pub fn host_mut(&mut self) -> Result<&mut [T], BackendError> {
+        self.copied.synchronize().map_err(driver_err)?;
+        self.host.as_mut_slice().map_err(driver_err)
     }
 }
 

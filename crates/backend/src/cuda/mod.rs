@@ -27,5 +27,7 @@ pub mod pools;
 pub mod source;
 
 pub use arena::{ArenaLayout, DevSlice, DeviceArena, DeviceElem, Span};
+/// A CUDA event: what orders work between the compute and copy streams.
+pub use cudarc::driver::CudaEvent;
 pub use device::CudaDevice;
 pub use source::KernelId;

@@ -1,7 +1,7 @@
 //! The typed layouts of the pools a GPU runner allocates once: the paged KV cache, the Mamba state
-//! slots (live and snapshot), the routing buffer and the step inputs. Each is a set of spans of
-//! one [`ArenaLayout`] plus the index arithmetic over them, all host-side and unit-tested; the
-//! kernels receive the resolved addresses.
+//! slots (live and snapshot) and the routing buffer. Each is a set of spans of one [`ArenaLayout`]
+//! plus the index arithmetic over them, all host-side and unit-tested; the kernels receive the
+//! resolved addresses. The step inputs are one packed buffer ([`crate::step_inputs`]).
 
 use super::arena::{ArenaLayout, Span};
 use half::bf16;
@@ -137,68 +137,6 @@ impl RoutingBuffer {
     }
 }
 
-/// The capacities a step's inputs are sized for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StepCapacity {
-    /// Tokens in one step.
-    pub max_tokens: usize,
-    /// Sequences in one step.
-    pub max_seqs: usize,
-    /// Block-table entries per sequence.
-    pub max_blocks_per_seq: usize,
-    /// Snapshot taps in one step.
-    pub max_taps: usize,
-    /// Attention work items in one step (see `launch::attention_items`).
-    pub max_attention_items: usize,
-}
-
-/// The per-step inputs, uploaded once per step into fixed addresses.
-#[derive(Clone, Debug)]
-pub struct StepInputs {
-    /// What the spans are sized for.
-    pub capacity: StepCapacity,
-    /// Token ids, `[max_tokens]`.
-    pub token_ids: Span<u32>,
-    /// Absolute positions, `[max_tokens]`.
-    pub positions: Span<i32>,
-    /// KV slot of every token (-1: padding), `[max_tokens]`.
-    pub slots: Span<i32>,
-    /// Token offset of every sequence, `[max_seqs + 1]`.
-    pub seq_starts: Span<i32>,
-    /// Block tables, `[max_seqs, max_blocks_per_seq]`.
-    pub block_tables: Span<i32>,
-    /// Attention work items, `[max_attention_items, 2]`.
-    pub attention_items: Span<i32>,
-    /// Live state slot of every sequence, `[max_seqs]`.
-    pub live_slots: Span<i32>,
-    /// Prompt length of every sequence (the dt clamp), `[max_seqs]`.
-    pub num_prompt: Span<i32>,
-    /// Offsets into `taps` per sequence, `[max_seqs + 1]`.
-    pub tap_starts: Span<i32>,
-    /// Snapshot taps `(position, snapshot slot)`, `[max_taps, 2]`.
-    pub taps: Span<i32>,
-}
-
-impl StepInputs {
-    /// Reserves every input for `capacity`.
-    pub fn reserve(layout: &mut ArenaLayout, capacity: StepCapacity) -> Self {
-        let c = capacity;
-        Self {
-            capacity,
-            token_ids: layout.push(c.max_tokens),
-            positions: layout.push(c.max_tokens),
-            slots: layout.push(c.max_tokens),
-            seq_starts: layout.push(c.max_seqs + 1),
-            block_tables: layout.push(c.max_seqs * c.max_blocks_per_seq),
-            attention_items: layout.push(2 * c.max_attention_items),
-            live_slots: layout.push(c.max_seqs),
-            num_prompt: layout.push(c.max_seqs),
-            tap_starts: layout.push(c.max_seqs + 1),
-            taps: layout.push(2 * c.max_taps),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,23 +176,5 @@ mod tests {
         assert_eq!(planes[2].offset(), r.ids.offset() + 2 * 64 * 8 * 2);
         assert!(planes.iter().all(|p| p.len() == 512));
         assert!(r.plane(3).is_none());
-    }
-
-    #[test]
-    fn step_inputs_hold_their_capacity() {
-        let mut layout = ArenaLayout::new("inputs");
-        let cap = StepCapacity {
-            max_tokens: 512,
-            max_seqs: 64,
-            max_blocks_per_seq: 128,
-            max_taps: 32,
-            max_attention_items: 300,
-        };
-        let s = StepInputs::reserve(&mut layout, cap);
-        assert_eq!(s.block_tables.len(), 64 * 128);
-        assert_eq!(s.seq_starts.len(), 65);
-        assert_eq!(s.attention_items.len(), 600);
-        assert_eq!(s.taps.len(), 64);
-        assert!(layout.num_bytes() >= 4 * (3 * 512 + 2 * 65 + 64 * 128 + 600 + 2 * 64 + 64));
     }
 }

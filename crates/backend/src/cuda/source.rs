@@ -119,6 +119,7 @@ kernel_ids! {
     RopeNeox = "rope_neox_f32" in ROPE;
     SiluMul = "silu_mul_f32" in ACTIVATION;
     Relu2 = "relu2_f32" in ACTIVATION;
+    Scale = "scale_f32" in ACTIVATION;
     GemmBf16 = "gemm_bf16w_f32" in GEMM;
     GemmF32 = "gemm_f32w_f32" in GEMM;
     PagedAttention = "paged_attention_bf16kv" in ATTENTION;
@@ -135,6 +136,7 @@ kernel_ids! {
     Argmax = "argmax_f32" in SAMPLE;
     LogSoftmax = "log_softmax_f32" in SAMPLE;
     Sample = "sample_f32" in SAMPLE;
+    GatherLogprob = "gather_logprob_f32" in SAMPLE;
 }
 
 #[cfg(test)]

@@ -280,3 +280,18 @@ fn argmax_and_log_softmax_agree_with_the_cpu_and_the_batch() {
         assert_bits("log_z rows", &m.read(lz)[at..at + b], &log_z[at..at + b]);
     }
 }
+
+#[test]
+fn scaling_equals_the_cpu_scale() {
+    let Some(dev) = gpu_or_skip("scaling_equals_the_cpu_scale") else { return };
+    let mut rng = Rng::new(47);
+    let x = rng.vec(10_001, -30.0, 30.0);
+    let s = 1.0 / 7.5f32;
+    let mut p = Plan::new(dev);
+    let xs = p.input(&x);
+    let m = p.alloc();
+    dev.scale(m.get(xs), s, x.len()).unwrap();
+    let mut want = x.clone();
+    routed_backend::cpu::scale_inplace(&mut want, s);
+    assert_bits("scale", &m.read(xs), &want);
+}

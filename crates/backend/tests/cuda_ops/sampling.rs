@@ -105,3 +105,29 @@ fn seeded_samples_equal_the_cpu_sampler_and_do_not_depend_on_the_batch() {
         assert_eq!(m.read(out)[at..at + b], got[at..at + b], "rows {at}..{}", at + b);
     }
 }
+
+#[test]
+fn chosen_logprobs_are_the_logit_minus_the_normaliser() {
+    let Some(dev) = gpu_or_skip("chosen_logprobs_are_the_logit_minus_the_normaliser") else {
+        return;
+    };
+    let (rows, vocab) = (37, 5000);
+    let mut rng = Rng::new(43);
+    let logits = rng.vec(rows * vocab, -8.0, 8.0);
+    let ids: Vec<u32> = (0..rows).map(|_| rng.below(vocab) as u32).collect();
+    let mut p = Plan::new(dev);
+    let (ls, is) = (p.input(&logits), p.input(&ids));
+    let (log_z, out) = (p.output::<f32>(rows), p.output::<f32>(rows));
+    let m = p.alloc();
+    dev.log_softmax(m.get(ls), None, m.get(log_z), rows, vocab).unwrap();
+    dev.gather_logprob(m.get(ls), m.get(is), m.get(log_z), m.get(out), rows, vocab).unwrap();
+    let (z, got) = (m.read(log_z), m.read(out));
+    for r in 0..rows {
+        let row = &logits[r * vocab..(r + 1) * vocab];
+        // Exactly the logit minus the device's own normaliser...
+        assert_eq!(got[r].to_bits(), (row[ids[r] as usize] - z[r]).to_bits(), "row {r}");
+        // ...which is the CPU's within the log_z tolerance.
+        let want = row[ids[r] as usize] - routed_backend::cpu::log_sum_exp(row);
+        assert_close(&format!("row {r}"), &[got[r]], &[want], tol::LOG_Z, 1.0);
+    }
+}

@@ -1,18 +1,16 @@
 //! The CPU worker: one rank's model on the CPU reference backend, with its own thread pool.
 
-use super::{CacheShape, ExecutedStep, LockstepId, Worker, WorkerError, written_blocks};
+use super::{CacheShape, ExecutedStep, LockstepId, Worker, WorkerError, sampling, written_blocks};
 use crate::routing_ring::{CopyEngine, HostCopyEngine};
-use rayon::prelude::*;
 use routed_backend::collective::Collective;
 use routed_model::{
     KvCache, LiveStateId, LogitsWanted, Model, ModelConfig, RoutingBuffer, Sampler, SeqInput,
     StateCache, StateIo,
 };
 use routed_types::{
-    BlockGeneration, BlockId, BlockRef, PromptLogprobs, RoutingMeta, SampledToken, ScheduledSeq,
-    StepOutput, StepPlan,
+    BlockGeneration, BlockId, BlockRef, RoutingMeta, ScheduledSeq, StepOutput, StepPlan,
 };
-use std::{ops::Range, sync::Arc};
+use std::sync::Arc;
 
 /// A model rank computing on the CPU. Its kernels run on its own thread pool, so the ranks of an
 /// expert-parallel group split the cores between them.
@@ -156,8 +154,9 @@ impl Worker for CpuWorker {
                 #[cfg(feature = "fault-injection")]
                 super::faults::inside_step(plan);
                 let out = model.forward(&inputs, kv, states, routing)?;
-                let sampled = sample(plan, &out.logits, &out.logits_rows, model, sampler);
-                let prompt = prompt_logprobs(plan, &out.logits, &out.logits_rows, model);
+                let vocab = model.config().vocab_size;
+                let sampled = sampling::sample(plan, &out.logits, &out.logits_rows, vocab, sampler);
+                let prompt = sampling::prompt_logprobs(plan, &out.logits, &out.logits_rows, vocab);
                 Ok::<_, WorkerError>((out, (sampled, prompt)))
             })
         })?;
@@ -223,55 +222,4 @@ fn seq_input(s: &ScheduledSeq, hybrid: bool, wants_logits: bool) -> SeqInput<'_>
             snapshots: &s.snapshots,
         }),
     }
-}
-
-/// Samples every sequence that asked for a token and whose logits were computed, from its last
-/// row.
-fn sample(
-    plan: &StepPlan,
-    logits: &[f32],
-    logits_rows: &[Range<usize>],
-    model: &Model,
-    sampler: &mut Sampler,
-) -> Vec<Option<SampledToken>> {
-    let vocab = model.config().vocab_size;
-    let one = |sampler: &mut Sampler, (s, rows): (&ScheduledSeq, &Range<usize>)| {
-        let (params, index) = s.sample.as_ref()?;
-        let last = rows.end.checked_sub(1).filter(|_| !rows.is_empty())?;
-        let row = &logits[last * vocab..rows.end * vocab];
-        Some(sampler.sample(row, params, *index, s.context.as_ref()))
-    };
-    // A row's sample depends on its own logits, seed and index only: any thread will do.
-    if logits_rows.iter().filter(|r| !r.is_empty()).count() > 1 {
-        (plan.seqs.par_iter().zip(logits_rows)).map_init(Sampler::default, one).collect()
-    } else {
-        plan.seqs.iter().zip(logits_rows).map(|x| one(sampler, x)).collect()
-    }
-}
-
-/// The prompt logprobs of every chunk that asked for them: row `r` of a chunk starting at position
-/// `p0` predicts prompt token `p0 + r + 1`. Rows are scored in parallel, each on its own.
-fn prompt_logprobs(
-    plan: &StepPlan,
-    logits: &[f32],
-    logits_rows: &[Range<usize>],
-    model: &Model,
-) -> Vec<PromptLogprobs> {
-    let vocab = model.config().vocab_size;
-    let mut chunks = Vec::new();
-    for (seq_index, (s, rows)) in plan.seqs.iter().zip(logits_rows).enumerate() {
-        let (Some(n), Some(context)) = (s.prompt_logprobs, &s.context) else { continue };
-        let prompt = &context.prompt;
-        let first_position = s.num_computed_tokens + 1;
-        let num_targets = rows.len().min(prompt.len().saturating_sub(first_position));
-        let entries = (0..num_targets)
-            .into_par_iter()
-            .map_init(Sampler::default, |sampler, r| {
-                let row = &logits[(rows.start + r) * vocab..(rows.start + r + 1) * vocab];
-                sampler.score(row, prompt[first_position + r], n)
-            })
-            .collect();
-        chunks.push(PromptLogprobs { seq_index, first_position, entries });
-    }
-    chunks
 }

@@ -5,18 +5,27 @@
 //! actor that drives it knows nothing of the device: it hands the worker a [`StepPlan`] and gets
 //! back an [`ExecutedStep`]; the step's routing leaves through the worker's [`CopyEngine`] (a
 //! ring of host slots, see [`crate::routing_ring`]). [`CpuWorker`] runs the CPU reference
-//! backend; a CUDA worker implements the same trait.
+//! backend; [`CudaWorker`] a CUDA device (a stand-in that never opens without the `cuda`
+//! feature, so no call site needs `cfg`).
 //!
 //! Sizing follows vLLM's worker protocol: load the model, ask how many bytes one KV block takes
 //! ([`Worker::kv_block_bytes`]), choose the number of blocks, then [`Worker::initialize_cache`].
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_stub.rs"]
+mod cuda;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
+mod sampling;
 
 pub use cpu::CpuWorker;
+pub use cuda::CudaWorker;
 
 use crate::routing_ring::{CopyEngine, CopyError};
+use routed_backend::BackendError;
 use routed_model::{ModelConfig, ModelError};
 use routed_types::{BlockId, BlockRef, RoutingMeta, StepOutput, StepPlan};
 use std::sync::Arc;
@@ -42,8 +51,24 @@ pub struct CacheShape {
     pub scratch_block: BlockId,
     /// Most tokens in one step: rows of the routing buffer.
     pub max_tokens_per_step: usize,
+    /// Longest prompt + output: positions stay below it.
+    pub max_model_len: usize,
     /// Host slots the routing buffer is copied into (see [`crate::routing_ring`]).
     pub num_routing_slots: usize,
+}
+
+/// What a device worker's pools besides the KV blocks are sized for, known before the KV pool is
+/// (so the memory left for KV blocks can be computed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaLimits {
+    /// Most tokens in one step.
+    pub max_tokens_per_step: usize,
+    /// Most sequences running at once (live state slots, sequences in one step).
+    pub max_num_seqs: usize,
+    /// Mamba snapshot slots.
+    pub num_snapshot_slots: usize,
+    /// Longest prompt + output (rows of the rotary table, block-table entries).
+    pub max_model_len: usize,
 }
 
 /// One executed step: what the scheduler gets, and what the copy worker needs to store the step's
@@ -88,6 +113,12 @@ pub enum WorkerError {
     Injected,
 }
 
+impl From<BackendError> for WorkerError {
+    fn from(e: BackendError) -> Self {
+        Self::Model(ModelError::Device(e))
+    }
+}
+
 impl WorkerError {
     /// Whether this rank failed only because another rank aborted the unit: the other rank's
     /// error is the cause worth reporting.
@@ -120,6 +151,12 @@ pub trait Worker: Send {
 
     /// Bytes one KV block of `block_size` tokens takes on this worker's device.
     fn kv_block_bytes(&self, block_size: usize) -> usize;
+
+    /// Most bytes the KV blocks may take on the device: what is free once the weights and the
+    /// other pools are accounted for. `None` when the device sets no limit of its own (the CPU).
+    fn kv_memory_limit(&self, _block_size: usize) -> Option<usize> {
+        None
+    }
 
     /// Allocates the KV blocks, Mamba states and the routing buffer with its host slots; called
     /// once, before the first step.

@@ -146,4 +146,12 @@ impl CudaDevice {
         let (a, n64) = (a.addr(), n as u64);
         launch!(self, id, shape(id, cfg::elementwise(n))?, [a, n64])
     }
+
+    /// `a[i] *= s` over `n` elements (`scale_f32`).
+    pub fn scale(&self, a: DevSlice<'_, f32>, s: f32, n: usize) -> Result<(), BackendError> {
+        let id = KernelId::Scale;
+        fits(id, "a", &a, n)?;
+        let (a, n64) = (a.addr(), n as u64);
+        launch!(self, id, shape(id, cfg::elementwise(n))?, [a, s, n64])
+    }
 }

@@ -64,4 +64,27 @@ impl CudaDevice {
             (logits.addr(), params.addr(), out.addr(), int(id, "vocab", vocab)?);
         launch!(self, id, sh, [logits, params, out, vocab])
     }
+
+    /// Each row's chosen token's logprob, `logits[r][ids[r]] - log_z[r]`
+    /// (`gather_logprob_f32`).
+    pub fn gather_logprob(
+        &self,
+        logits: DevSlice<'_, f32>,
+        ids: DevSlice<'_, u32>,
+        log_z: DevSlice<'_, f32>,
+        out: DevSlice<'_, f32>,
+        num_rows: usize,
+        vocab: usize,
+    ) -> Result<(), BackendError> {
+        let id = KernelId::GatherLogprob;
+        fits(id, "logits", &logits, num_rows * vocab)?;
+        for (what, s) in [("log_z", &log_z), ("out", &out)] {
+            fits(id, what, s, num_rows)?;
+        }
+        fits(id, "ids", &ids, num_rows)?;
+        let sh = shape(id, cfg::elementwise(num_rows))?;
+        let (logits, ids, log_z, out) = (logits.addr(), ids.addr(), log_z.addr(), out.addr());
+        let (vocab, rows) = (int(id, "vocab", vocab)?, int(id, "rows", num_rows)?);
+        launch!(self, id, sh, [logits, ids, log_z, out, vocab, rows])
+    }
 }

@@ -1,0 +1,334 @@
+//! One step on the device: the packed inputs uploaded in one copy, the state copies, the
+//! embedding, every block with its residual add fused into the next block's norm, and the final
+//! norm over every row. All launches go on the compute stream; nothing here waits for the device.
+//!
+//! The order of operations is the CPU model's (`model.rs`, `layers/`), block by block, so the
+//! kernels' per-op equalities carry over to the whole forward (see `docs/gpu.md`).
+
+use super::{
+    GpuModel,
+    caches::{Activations, GpuCaches},
+    weights::{GpuAttention, GpuBlock, GpuMamba, GpuMatrix, GpuMatrixData, GpuMlp, GpuMoe},
+};
+use crate::{
+    config::FfnActivation,
+    error::{ModelError, Result},
+};
+use routed_backend::{
+    cuda::{
+        DevSlice, DeviceArena, DeviceElem, Span,
+        host::SampleParams,
+        ops::{
+            AttentionBuffers, AttentionParams, ConvParams, ExpertActivation, MambaSeqs,
+            MoeSortBuffers, RouterParams, ScanParams, ScanWeights,
+        },
+    },
+    step_inputs::{PackedStep, Section, StepInputLayout},
+};
+use routed_types::StepPlan;
+
+/// The sections of the uploaded step inputs as the kernels read them.
+pub(crate) struct StepViews<'a> {
+    pub token_ids: DevSlice<'a, u32>,
+    pub positions: DevSlice<'a, i32>,
+    pub slot_mapping: DevSlice<'a, i32>,
+    pub seq_starts: DevSlice<'a, i32>,
+    pub num_prompt: DevSlice<'a, i32>,
+    pub attention_items: DevSlice<'a, i32>,
+    pub live_slots: DevSlice<'a, i32>,
+    pub state_copies: DevSlice<'a, i32>,
+    pub tap_starts: DevSlice<'a, i32>,
+    pub taps: DevSlice<'a, i32>,
+    pub logit_rows: DevSlice<'a, i32>,
+    pub sample_params: DevSlice<'a, SampleParams>,
+    pub block_tables: DevSlice<'a, i32>,
+}
+
+fn memory(what: &str) -> ModelError {
+    ModelError::Device(routed_backend::BackendError::Memory(format!("step inputs: {what}")))
+}
+
+impl<'a> StepViews<'a> {
+    pub fn new(arena: &'a DeviceArena, inputs: Span<u32>, l: &StepInputLayout) -> Result<Self> {
+        let words = arena.get(inputs)?;
+        let view = |s: Section| -> Result<DevSlice<'a, u32>> {
+            words.sub(s.offset, s.len).ok_or_else(|| memory("a section outside the buffer"))
+        };
+        fn cast<'a, U: DeviceElem>(s: DevSlice<'a, u32>) -> Result<DevSlice<'a, U>> {
+            s.cast::<U>().ok_or_else(|| memory("a misaligned section"))
+        }
+        Ok(Self {
+            token_ids: view(l.token_ids)?,
+            positions: cast(view(l.positions)?)?,
+            slot_mapping: cast(view(l.slot_mapping)?)?,
+            seq_starts: cast(view(l.seq_starts)?)?,
+            num_prompt: cast(view(l.num_prompt)?)?,
+            attention_items: cast(view(l.attention_items)?)?,
+            live_slots: cast(view(l.live_slots)?)?,
+            state_copies: cast(view(l.state_copies)?)?,
+            tap_starts: cast(view(l.tap_starts)?)?,
+            taps: cast(view(l.taps)?)?,
+            logit_rows: cast(view(l.logit_rows)?)?,
+            sample_params: cast(view(l.sample_params)?)?,
+            block_tables: cast(view(l.block_tables)?)?,
+        })
+    }
+}
+
+/// Everything a block's launches read.
+struct Ctx<'a> {
+    model: &'a GpuModel,
+    arena: &'a DeviceArena,
+    caches: &'a GpuCaches,
+    act: &'a Activations,
+    v: StepViews<'a>,
+    step: PackedStep,
+    capture_routing: bool,
+}
+
+impl GpuModel {
+    /// Packs `plan` into the staging buffer, uploads it and queues the forward up to the final
+    /// norm of every row. Every MoE layer writes its plane of the routing buffer when
+    /// `capture_routing`; `wants_logits` is false on ranks whose samples are not used.
+    pub fn forward(
+        &self,
+        caches: &mut GpuCaches,
+        plan: &StepPlan,
+        wants_logits: bool,
+        capture_routing: bool,
+    ) -> Result<PackedStep> {
+        // Waits until the previous step's upload has read the staging buffer.
+        let words = caches.staging.host_mut()?;
+        let step = caches
+            .packer
+            .pack(plan, wants_logits, words)
+            .map_err(|e| ModelError::BadInput(e.to_string()))?;
+        let arena = caches.arena.clone();
+        let upload = arena.get(caches.inputs)?.sub(0, step.num_words).expect("packed in place");
+        caches.staging.copy_to(upload, self.dev.compute_stream())?;
+        let caches = &*caches;
+        let v = StepViews::new(&arena, caches.inputs, caches.packer.layout())?;
+        let ctx =
+            Ctx { model: self, arena: &arena, caches, act: &caches.act, v, step, capture_routing };
+        ctx.run()?;
+        Ok(step)
+    }
+}
+
+impl Ctx<'_> {
+    fn f32(&self, s: Span<f32>) -> Result<DevSlice<'_, f32>> {
+        Ok(self.arena.get(s)?)
+    }
+
+    fn weight<T: DeviceElem>(&self, s: Span<T>) -> Result<DevSlice<'_, T>> {
+        self.model.weights.get(s)
+    }
+
+    /// `out[m, rows] = x[m, cols] . w`, whatever the matrix's storage.
+    fn gemm(&self, x: DevSlice<'_, f32>, w: &GpuMatrix, out: DevSlice<'_, f32>) -> Result<()> {
+        let (dev, m) = (&self.model.dev, self.step.num_tokens);
+        match w.data {
+            GpuMatrixData::Bf16(s) => dev.gemm_bf16(x, self.weight(s)?, out, m, w.rows, w.cols)?,
+            GpuMatrixData::F32(s) => dev.gemm_f32(x, self.weight(s)?, out, m, w.rows, w.cols)?,
+        }
+        Ok(())
+    }
+
+    fn run(&self) -> Result<()> {
+        let (dev, cfg, act) = (&self.model.dev, &self.model.config, self.act);
+        let (n, h, eps) = (self.step.num_tokens, cfg.hidden_size, cfg.norm_eps);
+        // Restores after a prefix hit and clears of sequences starting at 0, before any token.
+        if let Some(pool) = self.caches.states.as_ref().filter(|_| self.step.num_state_copies > 0) {
+            let (live, snapshots) = (self.f32(pool.live)?, self.f32(pool.snapshots)?);
+            let pairs = self.v.state_copies;
+            dev.state_copy(snapshots, live, pairs, self.step.num_state_copies, pool.slot_len())?;
+        }
+        let (x, normed, branch) = (self.f32(act.x)?, self.f32(act.normed)?, self.f32(act.branch)?);
+        let w = &self.model.weights;
+        let embed = self.weight(w.embed)?;
+        dev.embed_gather(embed, self.v.token_ids, x, n, h, cfg.multipliers.embedding)?;
+        let blocks = &w.blocks;
+        let first_norm = blocks.first().map_or(w.final_norm, |(norm, _)| *norm);
+        dev.rms_norm(x, self.weight(first_norm)?, normed, n, h, h, eps)?;
+        for (i, (_, block)) in blocks.iter().enumerate() {
+            match block {
+                GpuBlock::Attention(a) => self.attention(a, normed, branch)?,
+                GpuBlock::Mamba(m) => self.mamba(m, normed, branch)?,
+                GpuBlock::Dense(m) => self.mlp(m, normed, branch)?,
+                GpuBlock::Moe(m) => self.moe(m, normed, branch)?,
+            }
+            // The residual add, fused with the next block's norm (the final norm after the last).
+            let next = blocks.get(i + 1).map_or(w.final_norm, |(norm, _)| *norm);
+            let scale = cfg.multipliers.residual;
+            dev.add_rms_norm(x, branch, self.weight(next)?, normed, n, h, scale, eps)?;
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        b: &GpuAttention,
+        normed: DevSlice<'_, f32>,
+        out: DevSlice<'_, f32>,
+    ) -> Result<()> {
+        let (dev, act, n) = (&self.model.dev, self.act, self.step.num_tokens);
+        let c = &b.cfg;
+        let (q, k, v, heads) =
+            (self.f32(act.q)?, self.f32(act.k)?, self.f32(act.v)?, self.f32(act.attn)?);
+        self.gemm(normed, &b.q, q)?;
+        self.gemm(normed, &b.k, k)?;
+        self.gemm(normed, &b.v, v)?;
+        if let (Some(qn), Some(kn)) = (b.q_norm, b.k_norm) {
+            let hd = c.head_dim;
+            dev.rms_norm(q, self.weight(qn)?, q, n * c.num_heads, hd, hd, b.eps)?;
+            dev.rms_norm(k, self.weight(kn)?, k, n * c.num_kv_heads, hd, hd, b.eps)?;
+        }
+        if let Some(rope) = self.caches.rope.filter(|_| c.rope_theta.is_some()) {
+            let heads = (c.num_heads, c.num_kv_heads);
+            let table = self.f32(rope)?;
+            dev.rope_neox(q, k, table, self.v.positions, n, heads, c.head_dim, c.head_dim)?;
+        }
+        let kv = &self.caches.kv;
+        let (kc, vc) = (self.arena.get(kv.k[b.kv_index])?, self.arena.get(kv.v[b.kv_index])?);
+        let width = c.num_kv_heads * c.head_dim;
+        dev.kv_write(k, v, self.v.slot_mapping, kc, vc, n, width)?;
+        let params = AttentionParams {
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            block_size: kv.block_size,
+            max_blocks_per_seq: self.step.block_table_stride,
+            sliding_window: c.sliding_window,
+            scale: c.scale,
+        };
+        let buffers = AttentionBuffers {
+            q,
+            k_cache: kc,
+            v_cache: vc,
+            block_tables: self.v.block_tables,
+            positions: self.v.positions,
+            seq_starts: self.v.seq_starts,
+            items: self.v.attention_items,
+            out: heads,
+        };
+        let s = &self.step;
+        dev.paged_attention(&params, &buffers, n, s.num_seqs, s.num_attention_items)?;
+        self.gemm(heads, &b.o, out)
+    }
+
+    fn mamba(&self, b: &GpuMamba, normed: DevSlice<'_, f32>, out: DevSlice<'_, f32>) -> Result<()> {
+        let (dev, act, n) = (&self.model.dev, self.act, self.step.num_tokens);
+        let pool = self.caches.states.as_ref().expect("a hybrid model has state pools");
+        let c = &b.cfg;
+        let (d_inner, conv_dim) = (c.d_inner(), c.conv_dim());
+        let proj_dim = b.in_proj.rows;
+        let (proj, xbc, y) = (self.f32(act.proj)?, self.f32(act.xbc)?, self.f32(act.y)?);
+        self.gemm(normed, &b.in_proj, proj)?;
+        let states = (self.f32(pool.live)?, self.f32(pool.snapshots)?);
+        let seqs = MambaSeqs {
+            seq_starts: self.v.seq_starts,
+            positions: self.v.positions,
+            live_slots: self.v.live_slots,
+            tap_starts: self.v.tap_starts,
+            taps: self.v.taps,
+            num_seqs: self.step.num_seqs,
+            num_tokens: n,
+        };
+        let conv = ConvParams {
+            proj_dim,
+            xbc_offset: d_inner,
+            conv_dim,
+            conv_kernel: c.conv_kernel,
+            slot_len: pool.slot_len(),
+            conv_offset: pool.conv_offset(b.index),
+        };
+        let bias = b.conv_bias.map(|s| self.weight(s)).transpose()?;
+        dev.mamba_conv1d(&conv, proj, self.weight(b.conv_weight_t)?, bias, states, &seqs, xbc)?;
+        let scan = ScanParams {
+            proj_dim: proj_dim as i32,
+            dt_offset: (d_inner + conv_dim) as i32,
+            conv_dim: conv_dim as i32,
+            num_heads: c.num_heads as i32,
+            head_dim: c.head_dim as i32,
+            num_groups: c.num_groups as i32,
+            state_size: c.state_size as i32,
+            slot_len: pool.slot_len() as i32,
+            ssm_offset: pool.ssm_offset(b.index) as i32,
+            dt_min: c.dt_min_prompt.unwrap_or(f32::NEG_INFINITY),
+            dt_max: c.dt_max_prompt.unwrap_or(f32::INFINITY),
+        };
+        let weights = ScanWeights {
+            dt_bias: self.weight(b.dt_bias)?,
+            a: self.weight(b.a)?,
+            d: self.weight(b.d)?,
+        };
+        dev.mamba_scan(&scan, &weights, (xbc, proj), self.v.num_prompt, states, &seqs, y)?;
+        let group = d_inner / c.norm_groups.max(1);
+        let norm = self.weight(b.norm)?;
+        dev.mamba_gated_norm(y, proj, norm, n, (d_inner, proj_dim), group, c.norm_eps)?;
+        self.gemm(y, &b.out_proj, out)
+    }
+
+    fn mlp(&self, b: &GpuMlp, x: DevSlice<'_, f32>, out: DevSlice<'_, f32>) -> Result<()> {
+        let (dev, act, n) = (&self.model.dev, self.act, self.step.num_tokens);
+        let up = self.f32(act.up)?;
+        self.gemm(x, &b.up, up)?;
+        match (&b.gate, b.activation) {
+            (Some(g), FfnActivation::SwiGlu) => {
+                let gate = self.f32(act.gate)?;
+                self.gemm(x, g, gate)?;
+                dev.silu_mul(up, gate, n * b.inter)?;
+            }
+            (_, FfnActivation::Relu2) => dev.relu2(up, n * b.inter)?,
+            (None, FfnActivation::SwiGlu) => unreachable!("SwiGLU blocks are built with a gate"),
+        }
+        self.gemm(up, &b.down, out)
+    }
+
+    fn moe(&self, b: &GpuMoe, normed: DevSlice<'_, f32>, out: DevSlice<'_, f32>) -> Result<()> {
+        let (dev, n) = (&self.model.dev, self.step.num_tokens);
+        let (h, e, k) = (self.model.config.hidden_size, b.num_experts, b.top_k);
+        let s = &self.act.moe;
+        let logits = self.f32(s.router_logits)?;
+        self.gemm(normed, &b.router, logits)?;
+        let (ids, weights) = (self.arena.get(s.ids)?, self.f32(s.weights)?);
+        let plane = match (&self.caches.routing, self.capture_routing) {
+            (Some(r), true) => {
+                let plane = r.plane(b.index).expect("one plane per MoE layer");
+                Some(self.arena.get(plane)?)
+            }
+            _ => None,
+        };
+        let params = RouterParams { kind: b.kind, num_experts: e, top_k: k };
+        let bias = b.router_bias.map(|s| self.weight(s)).transpose()?;
+        dev.moe_router(&params, logits, bias, ids, weights, plane, n)?;
+        let sort = MoeSortBuffers {
+            sorted_pairs: self.arena.get(s.sorted_pairs)?,
+            pair_rows: self.arena.get(s.pair_rows)?,
+            tile_experts: self.arena.get(s.tile_experts)?,
+            num_tiles: self.arena.get(s.num_tiles)?,
+            expert_counts: self.arena.get(s.expert_counts)?,
+            expert_starts: self.arena.get(s.expert_starts)?,
+        };
+        dev.moe_sort(ids, &sort, n * k, e)?;
+        let (act, expert_out) = (self.f32(s.act)?, self.f32(s.expert_out)?);
+        let activation = match b.activation {
+            FfnActivation::SwiGlu => ExpertActivation::SwiGlu,
+            FfnActivation::Relu2 => ExpertActivation::Relu2,
+        };
+        let (up, gate) = (self.weight(b.up)?, b.gate.map(|g| self.weight(g)).transpose()?);
+        dev.moe_expert_up(normed, up, gate, &sort, act, activation, (n, k, e), (h, b.inter))?;
+        let down = self.weight(b.down)?;
+        dev.moe_expert_down(act, down, &sort, expert_out, (n * k, e), (h, b.inter))?;
+        let shared = match &b.shared {
+            Some(m) => {
+                let shared_out = self.f32(s.shared_out)?;
+                self.mlp(m, normed, shared_out)?;
+                Some(shared_out)
+            }
+            None => None,
+        };
+        dev.moe_combine(expert_out, sort.pair_rows, weights, shared, out, (n, k), h)?;
+        Ok(())
+    }
+}

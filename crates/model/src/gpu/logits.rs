@@ -1,0 +1,111 @@
+//! The logits of a step: the rows that want them gathered from the final norm's output, the LM
+//! head over them in chunks of the logits buffer, the greedy and seeded samples with their
+//! logprobs on the device, and the rows the host finishes copied back.
+
+use super::{GpuModel, caches::GpuCaches, forward::StepViews, weights::GpuMatrixData};
+use crate::error::Result;
+use routed_backend::step_inputs::PackedStep;
+
+/// What the host gets back from a step's logits.
+#[derive(Debug, Default)]
+pub struct LogitsOut {
+    /// The token of each device row: greedy rows, then seeded-sample rows.
+    pub sampled: Vec<u32>,
+    /// Each device row's token's logprob under the raw distribution.
+    pub logprobs: Vec<f32>,
+    /// The rows the host finishes, `[num_host_rows, vocab]`, in logits-row order.
+    pub host_logits: Vec<f32>,
+}
+
+impl GpuModel {
+    /// Computes the logits rows of the last [`GpuModel::forward`], samples its device rows and
+    /// fetches everything the host needs. Blocks until the device has produced it.
+    pub fn finish_logits(
+        &self,
+        caches: &mut GpuCaches,
+        step: &PackedStep,
+        out: &mut LogitsOut,
+    ) -> Result<()> {
+        out.sampled.clear();
+        out.logprobs.clear();
+        out.host_logits.clear();
+        let (total, chunk) = (step.num_logit_rows(), caches.shape.logits_chunk_rows);
+        let device_rows = step.num_greedy + step.num_sampled;
+        let vocab = self.config.vocab_size;
+        for start in (0..total).step_by(chunk.max(1)) {
+            let rows = chunk.min(total - start);
+            self.logits_chunk(caches, start, rows)?;
+            if start == 0 && device_rows > 0 {
+                self.sample_on_device(caches, step, out)?;
+            }
+            let first_host = device_rows.max(start) - start;
+            if first_host < rows {
+                let logits = caches.arena.get(caches.act.logits)?;
+                let part = logits.sub(first_host * vocab, (rows - first_host) * vocab);
+                let part = part.expect("the chunk lies inside the logits buffer");
+                caches.logits_host.copy_from(part, self.dev.compute_stream())?;
+                out.host_logits.extend_from_slice(&caches.logits_host.wait()?[..part.len()]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Logits rows `start..start + rows` into the logits buffer's first `rows` rows.
+    fn logits_chunk(&self, caches: &GpuCaches, start: usize, rows: usize) -> Result<()> {
+        let (dev, a, act) = (&self.dev, &*caches.arena, &caches.act);
+        let (h, vocab) = (self.config.hidden_size, self.config.vocab_size);
+        let v = StepViews::new(a, caches.inputs, caches.packer.layout())?;
+        let pairs = v.logit_rows.sub(2 * start, 2 * rows).expect("packed with the step");
+        let (normed, selected, logits) =
+            (a.get(act.normed)?, a.get(act.selected)?, a.get(act.logits)?);
+        // A gather of whole rows is a state copy with rows as slots.
+        dev.state_copy(normed, selected, pairs, rows, h)?;
+        let head = &self.weights.lm_head;
+        match head.data {
+            GpuMatrixData::Bf16(s) => {
+                dev.gemm_bf16(selected, self.weights.get(s)?, logits, rows, head.rows, head.cols)?
+            }
+            GpuMatrixData::F32(s) => {
+                dev.gemm_f32(selected, self.weights.get(s)?, logits, rows, head.rows, head.cols)?
+            }
+        }
+        let scaling = self.config.multipliers.logits_scaling;
+        if scaling != 1.0 {
+            dev.scale(logits, 1.0 / scaling, rows * vocab)?;
+        }
+        Ok(())
+    }
+
+    /// Greedy rows by argmax, seeded rows by the sampling kernel, each token's logprob; copied to
+    /// the host.
+    fn sample_on_device(
+        &self,
+        caches: &mut GpuCaches,
+        step: &PackedStep,
+        out: &mut LogitsOut,
+    ) -> Result<()> {
+        let (dev, vocab) = (&self.dev, self.config.vocab_size);
+        let arena = caches.arena.clone();
+        let act = &caches.act;
+        let (g, s) = (step.num_greedy, step.num_sampled);
+        let (logits, sampled) = (arena.get(act.logits)?, arena.get(act.sampled)?);
+        let (log_z, logprobs) = (arena.get(act.log_z)?, arena.get(act.logprobs)?);
+        if g > 0 {
+            dev.argmax(logits, sampled, g, vocab)?;
+        }
+        if s > 0 {
+            let v = StepViews::new(&arena, caches.inputs, caches.packer.layout())?;
+            let rows = logits.sub(g * vocab, s * vocab).expect("device rows fit the first chunk");
+            let into = sampled.sub(g, s).expect("device rows fit the first chunk");
+            dev.sample(rows, v.sample_params, into, s, vocab)?;
+        }
+        dev.log_softmax(logits, None, log_z, g + s, vocab)?;
+        dev.gather_logprob(logits, sampled, log_z, logprobs, g + s, vocab)?;
+        let stream = dev.compute_stream();
+        caches.sampled_host.copy_from(sampled.sub(0, g + s).expect("sized"), stream)?;
+        caches.logprobs_host.copy_from(logprobs.sub(0, g + s).expect("sized"), stream)?;
+        out.sampled.extend_from_slice(&caches.sampled_host.wait()?[..g + s]);
+        out.logprobs.extend_from_slice(&caches.logprobs_host.wait()?[..g + s]);
+        Ok(())
+    }
+}

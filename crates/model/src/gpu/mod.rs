@@ -1,0 +1,83 @@
+//! The model on a CUDA device (feature `cuda`): the host model's weights uploaded once, the
+//! worker's pools in one arena, and the forward of a step written against the launch wrappers of
+//! `routed_backend::cuda::ops`, block by block in the CPU model's order.
+//!
+//! * [`weights`]: the upload (bf16 matrices as stored, f32 vectors; experts stacked per layer).
+//! * [`caches`]: KV blocks, Mamba live and snapshot states, the routing buffer, the step inputs,
+//!   the activations, and the page-locked host buffers of a step.
+//! * [`forward`]: the packed inputs uploaded in one copy, then every block.
+//! * [`logits`]: the LM head over the rows that want logits, device sampling, host rows.
+//!
+//! Nothing here has run on a GPU yet; `docs/gpu.md` says what is checked where.
+
+mod caches;
+mod forward;
+mod logits;
+mod weights;
+
+pub use caches::{GpuCacheShape, GpuCaches, RoutingSource};
+pub use logits::LogitsOut;
+
+use crate::{
+    config::{MixerKind, ModelConfig},
+    error::Result,
+    model::Model,
+};
+use routed_backend::cuda::CudaDevice;
+use weights::GpuWeights;
+
+/// A model's weights on a CUDA device, ready to run steps on a [`GpuCaches`].
+pub struct GpuModel {
+    dev: CudaDevice,
+    config: ModelConfig,
+    weights: GpuWeights,
+}
+
+impl GpuModel {
+    /// Uploads `model` (a whole model) to `dev`. Refuses what the device kernels do not take
+    /// (bf16 gathers and expert products: an f32 embedding table or f32 experts; several
+    /// expert-parallel ranks), naming it.
+    pub fn upload(model: &Model, dev: CudaDevice) -> Result<Self> {
+        let weights = GpuWeights::upload(model, &dev)?;
+        dev.synchronize()?;
+        Ok(Self { config: model.config.clone(), dev, weights })
+    }
+
+    /// The normalised configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The device.
+    pub fn device(&self) -> &CudaDevice {
+        &self.dev
+    }
+
+    /// Device bytes of the weights.
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.arena.num_bytes()
+    }
+
+    /// Device bytes of one KV block of `block_size` tokens (bf16 keys and values of every
+    /// attention layer).
+    pub fn kv_block_bytes(&self, block_size: usize) -> usize {
+        let layers = self.config.layers.iter().filter(|l| l.mixer == MixerKind::Attention).count();
+        let width = self.config.attention.as_ref().map_or(0, |a| a.num_kv_heads * a.head_dim);
+        layers * 2 * block_size * width * size_of::<half::bf16>()
+    }
+
+    /// Device bytes the pools of `shape` take.
+    pub fn caches_bytes(&self, shape: &GpuCacheShape) -> usize {
+        GpuCaches::device_bytes(&self.config, &self.weights, shape)
+    }
+
+    /// Allocates the pools of `shape`, zeroed.
+    pub fn new_caches(&self, shape: GpuCacheShape) -> Result<GpuCaches> {
+        GpuCaches::new(&self.dev, &self.config, &self.weights, shape)
+    }
+
+    /// Waits for everything queued on the compute stream; a device error surfaces here.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.dev.synchronize()?)
+    }
+}

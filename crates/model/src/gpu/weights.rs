@@ -1,0 +1,283 @@
+//! The model's weights on the device: one arena, laid out from the host model and filled once.
+//!
+//! Matrices keep their storage type (bf16 as the checkpoint stores them; f32 where the host model
+//! holds f32), vectors (norms, biases, the Mamba parameters) are f32 as on the CPU. A layer's
+//! experts are stacked into one `[num_experts, rows, cols]` tensor per projection, the layout the
+//! grouped expert kernels read.
+
+use crate::{
+    config::{AttentionConfig, FfnActivation, MambaConfig},
+    error::{ModelError, Result},
+    layers::{attention::Attention, mamba::Mamba, mlp::Mlp, moe::Moe},
+    model::{Ffn, Mixer, Model},
+};
+use half::bf16;
+use routed_backend::{
+    cpu::{Matrix, MatrixData},
+    cuda::{ArenaLayout, CudaDevice, DevSlice, DeviceArena, DeviceElem, Span, ops::RouterKind},
+};
+
+/// A weight matrix `[rows, cols]` on the device.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GpuMatrix {
+    pub data: GpuMatrixData,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// A matrix's storage on the device.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum GpuMatrixData {
+    Bf16(Span<bf16>),
+    F32(Span<f32>),
+}
+
+pub(crate) struct GpuAttention {
+    pub cfg: AttentionConfig,
+    pub kv_index: usize,
+    pub q: GpuMatrix,
+    pub k: GpuMatrix,
+    pub v: GpuMatrix,
+    pub o: GpuMatrix,
+    pub q_norm: Option<Span<f32>>,
+    pub k_norm: Option<Span<f32>>,
+    pub eps: f32,
+}
+
+pub(crate) struct GpuMamba {
+    pub cfg: MambaConfig,
+    /// Index among the Mamba layers: its place in a state slot.
+    pub index: usize,
+    pub in_proj: GpuMatrix,
+    pub conv_weight_t: Span<f32>,
+    pub conv_bias: Option<Span<f32>>,
+    pub dt_bias: Span<f32>,
+    pub a: Span<f32>,
+    pub d: Span<f32>,
+    pub norm: Span<f32>,
+    pub out_proj: GpuMatrix,
+}
+
+pub(crate) struct GpuMlp {
+    pub activation: FfnActivation,
+    pub gate: Option<GpuMatrix>,
+    pub up: GpuMatrix,
+    pub down: GpuMatrix,
+    pub inter: usize,
+}
+
+pub(crate) struct GpuMoe {
+    pub kind: RouterKind,
+    /// Index among the MoE layers: its plane of the routing buffer.
+    pub index: usize,
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub inter: usize,
+    pub activation: FfnActivation,
+    pub router: GpuMatrix,
+    pub router_bias: Option<Span<f32>>,
+    /// `[num_experts, inter, hidden]` each; `gate` only for SwiGLU.
+    pub up: Span<bf16>,
+    pub gate: Option<Span<bf16>>,
+    /// `[num_experts, hidden, inter]`.
+    pub down: Span<bf16>,
+    pub shared: Option<GpuMlp>,
+}
+
+/// One pre-normed block of a decoder layer: a token mixer or a feed-forward block.
+pub(crate) enum GpuBlock {
+    Attention(GpuAttention),
+    Mamba(GpuMamba),
+    Dense(GpuMlp),
+    Moe(GpuMoe),
+}
+
+/// Every weight of the model, in the order the forward runs them.
+pub(crate) struct GpuWeights {
+    pub arena: DeviceArena,
+    /// `[vocab, hidden]` bf16 (the gather kernel reads bf16 rows).
+    pub embed: Span<bf16>,
+    pub lm_head: GpuMatrix,
+    pub final_norm: Span<f32>,
+    /// Each block with its norm's weight, layer by layer, mixer before feed-forward.
+    pub blocks: Vec<(Span<f32>, GpuBlock)>,
+}
+
+/// Copies a host tensor into its span once the arena exists.
+type Fill<'m> = Box<dyn FnOnce(&mut DeviceArena) -> std::result::Result<(), String> + 'm>;
+
+/// Spans reserved for the host model's tensors, and how to fill them.
+struct Plan<'m> {
+    layout: ArenaLayout,
+    fills: Vec<Fill<'m>>,
+}
+
+impl<'m> Plan<'m> {
+    fn vector(&mut self, data: &'m [f32]) -> Span<f32> {
+        let span = self.layout.push::<f32>(data.len());
+        self.fills.push(Box::new(move |a| a.upload(span, data).map_err(|e| e.to_string())));
+        span
+    }
+
+    fn matrix(&mut self, m: &'m Matrix) -> GpuMatrix {
+        let data = match m.data() {
+            MatrixData::Bf16(v) => {
+                let span = self.layout.push::<bf16>(v.len());
+                self.fills.push(Box::new(move |a| a.upload(span, v).map_err(|e| e.to_string())));
+                GpuMatrixData::Bf16(span)
+            }
+            MatrixData::F32(v) => GpuMatrixData::F32(self.vector(v)),
+        };
+        GpuMatrix { data, rows: m.rows(), cols: m.cols() }
+    }
+
+    /// The same projection of every expert, stacked `[num_experts, rows, cols]`; bf16 only.
+    fn stacked(&mut self, what: &str, parts: Vec<&'m Matrix>) -> Result<Span<bf16>> {
+        let per = parts.first().map_or(0, |m| m.rows() * m.cols());
+        let span = self.layout.push::<bf16>(per * parts.len());
+        for (e, m) in parts.into_iter().enumerate() {
+            let MatrixData::Bf16(v) = m.data() else {
+                return Err(unsupported(format!(
+                    "expert {what} weights in f32 (the GPU expert kernels read bf16)"
+                )));
+            };
+            let part = span.sub(e * per, per).expect("every expert has the same shape");
+            self.fills.push(Box::new(move |a| a.upload(part, v).map_err(|e| e.to_string())));
+        }
+        Ok(span)
+    }
+}
+
+fn unsupported(message: String) -> ModelError {
+    ModelError::Unsupported { path: "the CUDA device".into(), message }
+}
+
+impl GpuWeights {
+    /// Uploads `model` (a whole model: expert parallelism on GPUs is not built yet) to `dev`.
+    pub fn upload(model: &Model, dev: &CudaDevice) -> Result<Self> {
+        if model.shard.num_ranks > 1 {
+            return Err(unsupported("expert parallelism over several GPUs".into()));
+        }
+        let mut plan = Plan { layout: ArenaLayout::new("weights"), fills: Vec::new() };
+        let MatrixData::Bf16(table) = model.embed.data() else {
+            return Err(unsupported("an f32 embedding table (the GPU gathers bf16 rows)".into()));
+        };
+        let embed = plan.layout.push::<bf16>(table.len());
+        plan.fills.push(Box::new(move |a| a.upload(embed, table).map_err(|e| e.to_string())));
+        let lm_head = match &model.lm_head {
+            Some(m) => plan.matrix(m),
+            None => GpuMatrix {
+                data: GpuMatrixData::Bf16(embed),
+                rows: model.embed.rows(),
+                cols: model.embed.cols(),
+            },
+        };
+        let final_norm = plan.vector(&model.final_norm);
+        let mut blocks = Vec::new();
+        let mut moe_index = 0;
+        for layer in &model.layers {
+            if let Some((norm, mixer)) = &layer.mixer {
+                let block = match mixer {
+                    Mixer::Attention(a) => GpuBlock::Attention(attention(&mut plan, a)),
+                    Mixer::Mamba(m) => GpuBlock::Mamba(mamba(&mut plan, m)),
+                };
+                blocks.push((plan.vector(norm), block));
+            }
+            if let Some((norm, ffn)) = &layer.ffn {
+                let block = match ffn {
+                    Ffn::Dense(m) => GpuBlock::Dense(mlp(&mut plan, m)),
+                    Ffn::Moe(m) => {
+                        moe_index += 1;
+                        GpuBlock::Moe(moe(&mut plan, m, moe_index - 1)?)
+                    }
+                };
+                blocks.push((plan.vector(norm), block));
+            }
+        }
+        let mut arena = DeviceArena::new(dev.compute_stream(), &plan.layout)?;
+        for fill in plan.fills {
+            fill(&mut arena).map_err(|e| unsupported(format!("uploading the weights: {e}")))?;
+        }
+        Ok(Self { arena, embed, lm_head, final_norm, blocks })
+    }
+
+    /// A span of the weights, for a launch.
+    pub fn get<T: DeviceElem>(&self, span: Span<T>) -> Result<DevSlice<'_, T>> {
+        Ok(self.arena.get(span)?)
+    }
+}
+
+fn attention<'m>(plan: &mut Plan<'m>, a: &'m Attention) -> GpuAttention {
+    GpuAttention {
+        cfg: a.cfg.clone(),
+        kv_index: a.kv_index,
+        q: plan.matrix(&a.q_proj),
+        k: plan.matrix(&a.k_proj),
+        v: plan.matrix(&a.v_proj),
+        o: plan.matrix(&a.o_proj),
+        q_norm: a.q_norm.as_deref().map(|w| plan.vector(w)),
+        k_norm: a.k_norm.as_deref().map(|w| plan.vector(w)),
+        eps: a.norm_eps,
+    }
+}
+
+fn mamba<'m>(plan: &mut Plan<'m>, m: &'m Mamba) -> GpuMamba {
+    GpuMamba {
+        cfg: m.cfg.clone(),
+        index: m.index,
+        in_proj: plan.matrix(&m.in_proj),
+        conv_weight_t: plan.vector(&m.conv_weight_t),
+        conv_bias: m.conv_bias.as_deref().map(|b| plan.vector(b)),
+        dt_bias: plan.vector(&m.dt_bias),
+        a: plan.vector(&m.a),
+        d: plan.vector(&m.d),
+        norm: plan.vector(&m.norm),
+        out_proj: plan.matrix(&m.out_proj),
+    }
+}
+
+fn mlp<'m>(plan: &mut Plan<'m>, m: &'m Mlp) -> GpuMlp {
+    GpuMlp {
+        activation: m.activation,
+        gate: m.gate.as_ref().map(|g| plan.matrix(g)),
+        up: plan.matrix(&m.up),
+        down: plan.matrix(&m.down),
+        inter: m.inter,
+    }
+}
+
+fn moe<'m>(plan: &mut Plan<'m>, m: &'m Moe, index: usize) -> Result<GpuMoe> {
+    let gated = m.cfg.activation == FfnActivation::SwiGlu;
+    let gate = if gated {
+        let gates = m.experts.iter().map(|e| e.gate.as_ref().expect("SwiGLU experts have a gate"));
+        Some(plan.stacked("gate", gates.collect())?)
+    } else {
+        None
+    };
+    Ok(GpuMoe {
+        kind: router_kind(&m.cfg.router),
+        index,
+        num_experts: m.cfg.num_experts,
+        top_k: m.cfg.top_k,
+        inter: m.cfg.expert_intermediate,
+        activation: m.cfg.activation,
+        router: plan.matrix(&m.router),
+        router_bias: m.router_bias.as_deref().map(|b| plan.vector(b)),
+        up: plan.stacked("up", m.experts.iter().map(|e| &e.up).collect())?,
+        gate,
+        down: plan.stacked("down", m.experts.iter().map(|e| &e.down).collect())?,
+        shared: m.shared.as_ref().map(|s| mlp(plan, s)),
+    })
+}
+
+/// The model's router function as the router kernel names it.
+fn router_kind(kind: &crate::config::RouterKind) -> RouterKind {
+    use crate::config::RouterKind as K;
+    match *kind {
+        K::SoftmaxTopK { renormalize } => RouterKind::SoftmaxTopK { renormalize },
+        K::TopKSoftmax => RouterKind::TopKSoftmax,
+        K::SigmoidGrouped { num_groups, topk_groups, renormalize, scaling } => {
+            RouterKind::SigmoidGrouped { num_groups, topk_groups, renormalize, scaling }
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! The CUDA worker (feature `cuda`): one rank's model on a GPU.
+//!
+//! The weights are uploaded once from the host model the loader built; the KV blocks, the Mamba
+//! live and snapshot states, the routing buffer and every activation live in pools allocated once
+//! ([`GpuCaches`]). A step is one upload of the packed step inputs from page-locked memory, the
+//! forward on the compute stream, and the sampled ids with their logprobs back; rows that need the
+//! host (logprob alternatives, penalties, bias, min-p, prompt logprobs) come back as logits and go
+//! through the CPU sampler, so their semantics are the CPU worker's. Prefix caching follows the
+//! CPU rules: snapshots at the positions the plan names (taps in the conv and scan kernels),
+//! restores by copy, and the dummy forward on the scratch block and scratch state only.
+//!
+//! Routing: every MoE layer's router writes its plane of the routing buffer `(L, N, K)` int16 at
+//! a fixed address. [`CudaCopyEngine`] copies a step's rows on the copy stream into page-locked
+//! slots: an event recorded behind the forward orders the copy, each slot's event is recorded
+//! after its copy, and the compute stream waits on that event before the next forward writes the
+//! buffer again: the copy worker waits on the slot's event on its own thread, compute never
+//! waits on the host.
+//!
+//! Nothing here has run on a GPU yet.
+
+use super::{
+    CacheShape, CudaLimits, ExecutedStep, LockstepId, Worker, WorkerError, sampling, written_blocks,
+};
+use crate::routing_ring::{CopyEngine, CopyError, SlotId};
+use routed_backend::{
+    BackendError,
+    cuda::{CudaDevice, CudaEvent, host::PinnedBuffer},
+    step_inputs::{LogitUse, StepCapacity},
+};
+use routed_model::{
+    Model, ModelConfig, Sampler,
+    gpu::{GpuCacheShape, GpuCaches, GpuModel, LogitsOut, RoutingSource},
+};
+use routed_types::{
+    BlockGeneration, BlockId, BlockRef, RoutingMeta, SampledToken, ScheduledSeq, SeqId, StepOutput,
+    StepPlan,
+};
+use std::{
+    ops::Range,
+    sync::{Arc, Mutex},
+};
+
+/// Device memory the KV cache leaves free for what is allocated later (cuBLAS handles, the
+/// driver's own), in bytes.
+const HEADROOM_BYTES: usize = 512 << 20;
+
+/// Snapshot taps one sequence may ask for in one step: the last complete prompt block, the
+/// aligned exact-repeat point, the divergence point and a chunk end.
+const TAPS_PER_SEQ: usize = 4;
+
+/// A model rank computing on a CUDA device.
+pub struct CudaWorker {
+    model: GpuModel,
+    meta: Option<RoutingMeta>,
+    weight_bytes_per_token: usize,
+    limits: CudaLimits,
+    caches: Option<Caches>,
+    sampler: Sampler,
+    logits: LogitsOut,
+}
+
+struct Caches {
+    gpu: GpuCaches,
+    routing: Option<Arc<CudaCopyEngine>>,
+    block_size: usize,
+    /// The dummy forward's plan: one token on the scratch block and the scratch state slot.
+    dummy: StepPlan,
+}
+
+fn device_err(e: impl std::fmt::Display) -> WorkerError {
+    WorkerError::Device(e.to_string())
+}
+
+/// A driver call's error (cudarc's), as the backend reports it.
+fn driver(e: impl std::fmt::Display) -> BackendError {
+    BackendError::Driver(e.to_string())
+}
+
+impl CudaWorker {
+    /// Uploads `model` (loaded on the host by the checkpoint loader; it can be dropped after) to
+    /// `dev`. `limits` bound the pools that [`Worker::initialize_cache`] allocates later, so the
+    /// memory left for KV blocks is known before.
+    pub fn new(dev: CudaDevice, model: &Model, limits: CudaLimits) -> Result<Self, WorkerError> {
+        Ok(Self {
+            meta: model.routing_meta(),
+            weight_bytes_per_token: model.weight_bytes_per_token(),
+            model: GpuModel::upload(model, dev)?,
+            limits,
+            caches: None,
+            sampler: Sampler::default(),
+            logits: LogitsOut::default(),
+        })
+    }
+
+    fn cache_shape(&self, shape: &CacheShape) -> GpuCacheShape {
+        let max_seqs = shape.num_live_states.max(1);
+        GpuCacheShape {
+            num_blocks: shape.num_blocks,
+            block_size: shape.block_size,
+            num_live_states: shape.num_live_states,
+            num_snapshot_slots: shape.num_snapshot_slots,
+            capacity: StepCapacity {
+                max_tokens: shape.max_tokens_per_step,
+                max_seqs,
+                max_blocks_per_seq: shape.max_model_len.div_ceil(shape.block_size.max(1)) + 1,
+                max_taps: TAPS_PER_SEQ * max_seqs,
+            },
+            max_positions: shape.max_model_len,
+            logits_chunk_rows: max_seqs.max(64),
+        }
+    }
+
+    /// The step's sampled tokens and prompt logprobs from the device rows and the host rows.
+    fn outputs(&mut self, plan: &StepPlan, uses: &[LogitUse]) -> StepOutput {
+        let vocab = self.model.config().vocab_size;
+        let num_greedy = uses.iter().filter(|u| matches!(u, LogitUse::Greedy { .. })).count();
+        let device_rows = self.logits.sampled.len();
+        // Host rows through the CPU worker's own sampling code, over the rows fetched.
+        let host_rows: Vec<Range<usize>> = uses
+            .iter()
+            .map(|u| match *u {
+                LogitUse::Host { first, len } => first - device_rows..first - device_rows + len,
+                _ => 0..0,
+            })
+            .collect();
+        let host = &self.logits.host_logits;
+        let mut sampled = sampling::sample(plan, host, &host_rows, vocab, &mut self.sampler);
+        let prompt_logprobs = sampling::prompt_logprobs(plan, host, &host_rows, vocab);
+        for (out, used) in sampled.iter_mut().zip(uses) {
+            let row = match *used {
+                LogitUse::Greedy { row } => row,
+                LogitUse::Sampled { row } => num_greedy + row,
+                _ => continue,
+            };
+            *out = Some(SampledToken {
+                token: self.logits.sampled[row],
+                logprob: self.logits.logprobs[row],
+                top_logprobs: Vec::new(),
+            });
+        }
+        StepOutput { step_id: plan.step_id, sampled, prompt_logprobs }
+    }
+}
+
+/// The KV slot of every token of the step, in batch order.
+fn slot_mapping(plan: &StepPlan, block_size: usize) -> Vec<usize> {
+    let mut slots = Vec::with_capacity(plan.num_tokens());
+    for s in &plan.seqs {
+        let positions = s.num_computed_tokens..s.num_computed_tokens + s.token_ids.len();
+        slots
+            .extend(positions.map(|p| {
+                s.block_table[p / block_size].block.index() * block_size + p % block_size
+            }));
+    }
+    slots
+}
+
+/// One token at position 0 on the scratch block (and the scratch state slot of a hybrid model).
+fn dummy_plan(shape: &CacheShape, hybrid: bool) -> StepPlan {
+    let seq = ScheduledSeq {
+        seq_id: SeqId(0),
+        token_ids: vec![0],
+        num_computed_tokens: 0,
+        num_prompt_tokens: 1,
+        block_table: vec![BlockRef::new(shape.scratch_block, BlockGeneration(0))],
+        live_state: hybrid.then_some(shape.num_live_states as u32),
+        restore_from: None,
+        snapshots: Vec::new(),
+        sample: None,
+        context: None,
+        prompt_logprobs: None,
+    };
+    StepPlan { seqs: vec![seq], ..StepPlan::default() }
+}
+
+impl Worker for CudaWorker {
+    fn device(&self) -> String {
+        let dev = self.model.device();
+        format!("cuda:{} ({})", dev.ordinal(), dev.name())
+    }
+
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn routing_meta(&self) -> Option<RoutingMeta> {
+        self.meta.clone()
+    }
+
+    fn weight_bytes_per_token(&self) -> usize {
+        self.weight_bytes_per_token
+    }
+
+    fn kv_block_bytes(&self, block_size: usize) -> usize {
+        self.model.kv_block_bytes(block_size)
+    }
+
+    fn kv_memory_limit(&self, block_size: usize) -> Option<usize> {
+        let (free, _total) = self.model.device().context().mem_get_info().ok()?;
+        let l = &self.limits;
+        let without_kv = CacheShape {
+            num_blocks: 0,
+            block_size,
+            num_live_states: l.max_num_seqs,
+            num_snapshot_slots: l.num_snapshot_slots,
+            scratch_block: BlockId(0),
+            max_tokens_per_step: l.max_tokens_per_step,
+            max_model_len: l.max_model_len,
+            num_routing_slots: 0,
+        };
+        let pools = self.model.caches_bytes(&self.cache_shape(&without_kv));
+        Some(free.saturating_sub(pools + HEADROOM_BYTES))
+    }
+
+    fn initialize_cache(&mut self, shape: &CacheShape) -> Result<(), WorkerError> {
+        let gpu = self.model.new_caches(self.cache_shape(shape))?;
+        let routing = match (&self.meta, gpu.routing_source()) {
+            (Some(_), Some(source)) => Some(Arc::new(CudaCopyEngine::new(
+                self.model.device().clone(),
+                source,
+                shape.num_routing_slots,
+            )?)),
+            _ => None,
+        };
+        let dummy = dummy_plan(shape, self.model.config().is_hybrid());
+        self.caches = Some(Caches { gpu, routing, block_size: shape.block_size, dummy });
+        Ok(())
+    }
+
+    fn routing_engine(&self) -> Option<Arc<dyn CopyEngine>> {
+        let engine = self.caches.as_ref()?.routing.clone()?;
+        Some(engine)
+    }
+
+    fn execute(&mut self, plan: &StepPlan, _unit: LockstepId) -> Result<ExecutedStep, WorkerError> {
+        #[cfg(feature = "fault-injection")]
+        super::faults::before_step(plan, 0, 1)?;
+        let caches = self.caches.as_mut().ok_or(WorkerError::NotInitialized)?;
+        if plan.num_tokens() == 0 {
+            // Nothing to launch (the kernels take no empty grids).
+            let sampled = vec![None; plan.seqs.len()];
+            let output = StepOutput { step_id: plan.step_id, sampled, prompt_logprobs: Vec::new() };
+            return Ok(ExecutedStep { output, slot_mapping: Vec::new(), blocks: Vec::new() });
+        }
+        let step = self.model.forward(&mut caches.gpu, plan, true, plan.capture_routing)?;
+        #[cfg(feature = "fault-injection")]
+        super::faults::inside_step(plan);
+        self.model.finish_logits(&mut caches.gpu, &step, &mut self.logits)?;
+        // Steps without logits (intermediate chunks) end here too, so a device error is this
+        // step's, not the next one's.
+        self.model.synchronize()?;
+        let block_size = caches.block_size;
+        let uses = caches.gpu.logit_uses().to_vec();
+        let output = self.outputs(plan, &uses);
+        Ok(ExecutedStep {
+            output,
+            slot_mapping: slot_mapping(plan, block_size),
+            blocks: written_blocks(plan, block_size),
+        })
+    }
+
+    fn dummy_forward(&mut self, _unit: LockstepId) -> Result<(), WorkerError> {
+        let caches = self.caches.as_mut().ok_or(WorkerError::NotInitialized)?;
+        // No logits, no routing: only the scratch block and the scratch state are written.
+        self.model.forward(&mut caches.gpu, &caches.dummy, false, false)?;
+        self.model.synchronize().map_err(WorkerError::from)
+    }
+
+    fn abort(&self, _unit: LockstepId) {
+        // A single rank: nobody waits for it.
+    }
+}
+
+/// Copies a step's routing rows from the device routing buffer into page-locked host slots on
+/// the copy stream (see the module docs for the ordering).
+struct CudaCopyEngine {
+    dev: CudaDevice,
+    source: RoutingSource,
+    slots: Vec<Mutex<PinnedBuffer<i16>>>,
+    /// Recorded on the compute stream behind each forward; the copy stream waits on it.
+    forward_done: CudaEvent,
+}
+
+impl CudaCopyEngine {
+    fn new(dev: CudaDevice, source: RoutingSource, num_slots: usize) -> Result<Self, WorkerError> {
+        let b = &source.buffer;
+        let len = b.num_layers * b.max_tokens * b.top_k;
+        let slots = (0..num_slots)
+            .map(|_| PinnedBuffer::new(dev.context(), len).map(Mutex::new))
+            .collect::<Result<_, BackendError>>()
+            .map_err(device_err)?;
+        let forward_done = dev.new_event().map_err(device_err)?;
+        Ok(Self { dev, source, slots, forward_done })
+    }
+
+    fn slot(
+        &self,
+        slot: SlotId,
+    ) -> Result<std::sync::MutexGuard<'_, PinnedBuffer<i16>>, CopyError> {
+        let s = self.slots.get(slot.0).ok_or(CopyError::NoSuchSlot(slot.0))?;
+        Ok(s.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn queue(&self, slot: SlotId, num_tokens: usize) -> Result<(), BackendError> {
+        let (compute, copy) = (self.dev.compute_stream(), self.dev.copy_stream());
+        self.forward_done.record(compute).map_err(driver)?;
+        copy.wait(&self.forward_done).map_err(driver)?;
+        let b = &self.source.buffer;
+        let mut pinned = self.slot(slot).map_err(|e| BackendError::Memory(e.to_string()))?;
+        let row = num_tokens * b.top_k;
+        for layer in 0..b.num_layers {
+            let plane = b.plane(layer).expect("a plane per layer");
+            let src = self.source.arena.get(plane)?.sub(0, row).expect("the step fits the plane");
+            pinned.queue_copy_from(layer * row, src, copy)?;
+        }
+        pinned.record(copy)?;
+        // The next forward writes the buffer only after this copy has read it.
+        compute.wait(pinned.event()).map_err(driver)
+    }
+}
+
+impl CopyEngine for CudaCopyEngine {
+    fn num_slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn submit(&self, slot: SlotId, num_tokens: usize) -> Result<(), CopyError> {
+        let max_tokens = self.source.buffer.max_tokens;
+        if num_tokens > max_tokens {
+            return Err(CopyError::TooManyTokens { num_tokens, max_tokens });
+        }
+        self.queue(slot, num_tokens).map_err(|e| CopyError::Device(e.to_string()))
+    }
+
+    fn wait(&self, slot: SlotId) -> Result<(), CopyError> {
+        let pinned = self.slot(slot)?;
+        pinned.wait().map(drop).map_err(|e| CopyError::Device(e.to_string()))
+    }
+
+    fn read(&self, slot: SlotId, num_tokens: usize, out: &mut Vec<i16>) -> Result<(), CopyError> {
+        let b = &self.source.buffer;
+        let pinned = self.slot(slot)?;
+        let ids = pinned.wait().map_err(|e| CopyError::Device(e.to_string()))?;
+        out.extend_from_slice(&ids[..b.num_layers * num_tokens * b.top_k]);
+        Ok(())
+    }
+}
