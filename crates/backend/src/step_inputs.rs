@@ -485,10 +485,11 @@ fn logit_kind(s: &routed_types::ScheduledSeq) -> Option<(usize, bool)> {
     }
 }
 
-/// Whether the device kernels alone pick the token and its logprob: no alternatives to report and
-/// nothing that changes the logits first (penalties need the history, which stays on the host).
+/// Whether the device kernels alone pick the token: no logprobs to report (their rank and
+/// alternatives are computed on the host) and nothing that changes the logits first (penalties
+/// need the history, which stays on the host).
 pub fn on_device(params: &SamplingParams) -> bool {
-    !params.processes_logits() && params.logprobs.is_none_or(|n| n == 0)
+    !params.processes_logits() && params.logprobs.is_none()
 }
 
 /// The kernels' `SampleParams`: seed and index (u64, little-endian words), temperature, top-p,

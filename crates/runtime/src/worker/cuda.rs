@@ -136,6 +136,8 @@ impl CudaWorker {
                 token: self.logits.sampled[row],
                 logprob: self.logits.logprobs[row],
                 top_logprobs: Vec::new(),
+                // Device rows asked for no logprobs (`on_device`), so no rank, as on the CPU.
+                rank: None,
             });
         }
         StepOutput { step_id: plan.step_id, sampled, prompt_logprobs }
