@@ -7,22 +7,17 @@
 
 mod common;
 
-use common::{engine, request, run};
+use common::{engine, request, run, test_config};
 use routed::runtime::EngineError;
-use routed::{Engine, EngineConfig, EngineHandle, ModelSource};
-use routed_test_support::{Golden, golden_root};
+use routed::{Engine, EngineHandle};
+use routed_test_support::Golden;
 
 const ARCHS: [&str; 4] = ["qwen3_moe", "mixtral", "nemotron_h", "granitemoehybrid"];
 
-/// An engine on `cuda:0` with `common::engine`'s settings, or `None` (with the reason printed)
+/// An engine on `cuda:0` with `common::test_config`'s settings, or `None` (with the reason printed)
 /// when no CUDA device can be opened.
 fn cuda_engine(arch: &str, test: &str) -> Option<EngineHandle> {
-    let mut config = EngineConfig::new(ModelSource::Dir(golden_root().join(arch).join("model")));
-    config.block_size = 4;
-    config.num_kv_blocks = Some(256);
-    config.max_num_batched_tokens = 256;
-    config.max_num_seqs = 32;
-    config.heartbeat_ms = 0;
+    let mut config = test_config(arch);
     config.device = "cuda:0".parse().expect("a device spec");
     match Engine::start(config) {
         Ok(handle) => Some(handle),

@@ -13,8 +13,8 @@ use std::time::Duration;
 /// A watchdog for engine tests: a hung engine fails the test instead of hanging CI.
 pub const WATCHDOG: Duration = Duration::from_secs(60);
 
-/// An engine on the golden checkpoint of `arch` with small, test-friendly defaults.
-pub fn engine(arch: &str, tweak: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
+/// Small, test-friendly settings for the golden checkpoint of `arch`.
+pub fn test_config(arch: &str) -> EngineConfig {
     let mut config = EngineConfig::new(ModelSource::Dir(golden_root().join(arch).join("model")));
     config.block_size = 4;
     config.num_kv_blocks = Some(256);
@@ -23,6 +23,12 @@ pub fn engine(arch: &str, tweak: impl FnOnce(&mut EngineConfig)) -> EngineHandle
     config.max_num_seqs = 32;
     config.heartbeat_ms = 0;
     config.threads = Some(2);
+    config
+}
+
+/// An engine on the golden checkpoint of `arch` with [`test_config`]'s settings, tweaked.
+pub fn engine(arch: &str, tweak: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
+    let mut config = test_config(arch);
     tweak(&mut config);
     Engine::start(config).expect("engine starts")
 }

@@ -34,9 +34,8 @@ fn total_json(load: &ExpertLoad, phase: Phase, top_k: u64) -> (u64, Value) {
         .map(|l| load.counts(l, phase).iter().sum::<u64>() / top_k.max(1))
         .max()
         .unwrap_or(0);
-    let worst = (0..load.num_layers())
-        .filter_map(|l| load.imbalance(l, phase))
-        .fold(None, |acc: Option<f64>, x| Some(acc.map_or(x, |a| a.max(x))));
+    let worst =
+        (0..load.num_layers()).filter_map(|l| load.imbalance(l, phase)).max_by(f64::total_cmp);
     (tokens, json!({"tokens": tokens, "max_imbalance": worst}))
 }
 
