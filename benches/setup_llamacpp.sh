@@ -3,8 +3,11 @@
 #
 #   1. download the `llama-cpp-python` source distribution from PyPI (it vendors a full llama.cpp
 #      tree, converter included) and unpack it;
-#   2. build and install it from that sdist into its own virtual environment, for this CPU
-#      (-march=native through GGML_NATIVE, OpenMP), timing the build;
+#   2. build llama.cpp's own benchmark programs, `llama-bench` and `llama-batched-bench`, from the
+#      llama.cpp tree the sdist vendors, for this CPU (-march=native through GGML_NATIVE, OpenMP),
+#      with cmake and ninja from PyPI wheels in a small venv, timing the build;
+#   2b. with LLAMACPP_BINDINGS=1, also build and install the Python bindings from the same sdist
+#      into their own venv (only benches/llamacpp_baseline.py needs them);
 #   3. convert every benchmark checkpoint to a BF16 GGUF with the `convert_hf_to_gguf.py` of the
 #      same tree, timing each conversion.
 #
@@ -18,6 +21,7 @@
 #   BENCH_PYTHON    a Python with torch + transformers, for the converter  (python3)
 #   LLAMA_CPP_PYTHON_VERSION  the PyPI release to build                    (0.3.36)
 #   JOBS            parallel compile jobs                                  (2)
+#   LLAMACPP_BINDINGS  1: also build the Python bindings                   (0)
 #   GGUF_TYPES      converter --outtype values, space separated            (bf16)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +34,8 @@ JOBS=${JOBS:-2}
 GGUF_TYPES=${GGUF_TYPES:-bf16}
 
 VENV="$BENCH_DIR/llamacpp-venv"
+TOOLS_VENV="$BENCH_DIR/llamacpp-tools-venv"
+TOOLS_BUILD="$BENCH_DIR/llamacpp-build"
 SRC_PARENT="$BENCH_DIR/llamacpp-src"
 SRC="$SRC_PARENT/llama_cpp_python-$VERSION"
 GGUF_DIR="$BENCH_DIR/gguf"
@@ -51,8 +57,27 @@ if [ ! -f "$SRC/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
 fi
 grep -m1 -o "ggml-org/llama.cpp@[0-9a-f]*" "$SRC/CHANGELOG.md" | sed 's/^/[setup_llamacpp] vendored llama.cpp: /' || true
 
-# 2. Build + install. scikit-build-core brings cmake and ninja as wheels when the system has none.
-if ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
+# 2. llama-bench and llama-batched-bench, from the vendored tree, with the same CPU options as the
+# bindings' build below (static, so the programs carry their own ggml).
+if [ ! -x "$TOOLS_BUILD/bin/llama-bench" ] || [ ! -x "$TOOLS_BUILD/bin/llama-batched-bench" ]; then
+    [ -x "$TOOLS_VENV/bin/cmake" ] || { python3 -m venv "$TOOLS_VENV" && "$TOOLS_VENV/bin/pip" install --quiet cmake ninja; }
+    say "building llama-bench and llama-batched-bench ($JOBS jobs)"
+    t0=$(date +%s)
+    if ! { PATH="$TOOLS_VENV/bin:$PATH" cmake -S "$SRC/vendor/llama.cpp" -B "$TOOLS_BUILD" -G Ninja \
+            -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_OPENMP=ON -DBUILD_SHARED_LIBS=OFF \
+            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
+            -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
+        && PATH="$TOOLS_VENV/bin:$PATH" cmake --build "$TOOLS_BUILD" -j "$JOBS" \
+            --target llama-bench llama-batched-bench; } >"$BENCH_DIR/llamacpp-tools-build.log" 2>&1; then
+        say "BUILD FAILED after $(( $(date +%s) - t0 )) s; the last lines of $BENCH_DIR/llamacpp-tools-build.log:"
+        tail -n 30 "$BENCH_DIR/llamacpp-tools-build.log"
+        exit 1
+    fi
+    say "llama-bench and llama-batched-bench built in $(( $(date +%s) - t0 )) s"
+fi
+
+# 2b. The Python bindings (optional). scikit-build-core brings cmake and ninja as wheels.
+if [ "${LLAMACPP_BINDINGS:-0}" = 1 ] && ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
     [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
     export CMAKE_ARGS="-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_OPENMP=ON -DLLAVA_BUILD=OFF \
 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
@@ -66,12 +91,12 @@ if ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
         exit 1
     fi
     say "llama-cpp-python built and installed in $(( $(date +%s) - t0 )) s"
-fi
-"$VENV/bin/python" - <<'EOF' | tee -a "$LOG"
+    "$VENV/bin/python" - <<'PY' | tee -a "$LOG"
 import llama_cpp
 print("[setup_llamacpp] llama_cpp", llama_cpp.__version__, "system info:",
       llama_cpp.llama_print_system_info().decode().strip())
-EOF
+PY
+fi
 
 # 3. Conversion. The converter imports its own gguf-py (next to it in the tree) and needs torch,
 # transformers (for the tokenizer), numpy, pyyaml and tqdm in BENCH_PYTHON.

@@ -16,8 +16,6 @@ const LANES: usize = 16;
 const NR: usize = 4;
 /// Input rows per tile.
 const MR: usize = 4;
-/// Weight rows per tile when fewer than `MR` input rows stream the weights once.
-const NS: usize = 8;
 
 /// A weight element the kernels widen to `f32` (exactly).
 trait Elem: Copy + Send + Sync {
@@ -240,16 +238,17 @@ macro_rules! block_body {
         // SAFETY (every tile call): the tiles cover outputs `(0..rows.len(), cols)`, which the
         // enclosing function's contract gives this call alone.
         if $rows.len() < MR {
-            // Decode shapes: few input rows, so the weights stream from memory once. Wider tiles
-            // keep more rows in flight, and each tile prefetches the one after it.
-            while n + NS <= $cols.end {
-                let ws: [&[W]; NS] = std::array::from_fn(|j| wrow(n + j));
-                let next =
-                    if n + 2 * NS <= $cols.end { $w[(n + NS) * $k..].as_ptr() } else { none };
+            // Decode shapes: few input rows, so the product streams its weights from memory once
+            // and is bound by how fast they arrive. One weight row at a time walks memory in
+            // order, which the hardware prefetchers follow at the full bandwidth; tiles of several
+            // rows read as many interleaved streams 2 KiB apart, which they follow poorly
+            // (0.65-0.85 of the bandwidth here, with or without software prefetch; see
+            // docs/performance.md). A row's bits do not depend on the tile.
+            while n < $cols.end {
                 for i in 0..$rows.len() {
-                    unsafe { $tile::<W, 1, NS>(&[xrow(i)], &ws, $out, (i, n), next) };
+                    unsafe { $tile::<W, 1, 1>(&[xrow(i)], &[wrow(n)], $out, (i, n), none) };
                 }
-                n += NS;
+                n += 1;
             }
         }
         while n < $cols.end {

@@ -1,7 +1,7 @@
 //! AVX-512 tiles: 16 lanes per register, one register per partial-sum vector of the portable
 //! kernel, multiply then add (no FMA, to keep the portable kernel's rounding).
 
-use super::{Elem, LANES, MR, NR, NS, OutView};
+use super::{Elem, LANES, MR, NR, OutView};
 use std::arch::x86_64::*;
 
 /// # Safety
@@ -104,7 +104,7 @@ unsafe fn tile<W: Elem, const M: usize, const N: usize>(
             unsafe { out.write(row + m, col + n, fold16(acc)) };
         }
     }
-    let _ = (MR, NR, NS);
+    let _ = (MR, NR);
 }
 
 /// [`fold`] in registers: the same pairwise tree (lane `i` plus lane `i + width`, halving the

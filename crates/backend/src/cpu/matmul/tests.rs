@@ -68,7 +68,7 @@ fn long_inputs_run_in_row_panels_with_unchanged_bits() {
 
 #[test]
 fn bf16_weights_give_the_same_bits_as_their_f32_widening() {
-    // 37 weight rows: streaming tiles of `NS`, then 4-wide tiles, then single rows.
+    // 37 weight rows: one at a time for 1 and 3 input rows, 4-wide tiles then single rows for 6.
     let (k, n) = (40, 37);
     let halfs: Vec<bf16> = seq(n * k, 5).into_iter().map(bf16::from_f32).collect();
     let wide: Vec<f32> = halfs.iter().map(|h| h.to_f32()).collect();
