@@ -84,9 +84,11 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         records.extend(http(&engine, &args).await?);
     }
     engine.shutdown().await;
+    // The arithmetic of the products, as the baselines' records name theirs.
+    let dtype = engine_args.config()?.matmul_precision.as_str();
     for r in &mut records {
         r["engine"] = json!("routed");
-        r["dtype"] = json!("f32");
+        r["dtype"] = json!(dtype);
         r["model"] = json!(model);
         r["expert_parallel_size"] = json!(num_ranks);
     }

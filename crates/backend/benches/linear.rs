@@ -1,9 +1,10 @@
-//! Throughput of the CPU `linear` kernel at decode (1 row) and prefill (64 rows) shapes, with
-//! `f32` and `bf16` weights: `cargo bench -p routed-backend --bench linear`.
+//! Throughput of the CPU `linear` kernel at decode (1 and 8 rows) and prefill (64 rows) shapes,
+//! with `f32` weights, `bf16` weights, and `bf16` weights in bf16 precision (`bf16*`):
+//! `cargo bench -p routed-backend --bench linear`.
 
 use half::bf16;
 use rayon::prelude::*;
-use routed_backend::cpu::{Matrix, MatrixData, linear, linear_rows_serial};
+use routed_backend::cpu::{MatmulPrecision, Matrix, MatrixData, linear, linear_rows_serial};
 use std::time::Instant;
 
 fn median_secs(mut f: impl FnMut(), reps: usize) -> f64 {
@@ -35,6 +36,15 @@ fn main() {
                     MatrixData::Bf16(values.iter().map(|&v| bf16::from_f32(v)).collect()),
                 ),
             ),
+            ("bf16*", {
+                let mut w = Matrix::new(
+                    n,
+                    k,
+                    MatrixData::Bf16(values.iter().map(|&v| bf16::from_f32(v)).collect()),
+                );
+                w.set_precision(MatmulPrecision::Bf16);
+                w
+            }),
         ];
         for (dtype, w) in &weights {
             for m in [1, 8, 64] {

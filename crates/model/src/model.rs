@@ -11,7 +11,7 @@ use crate::{
     workspace::{Workspace, zeroed},
 };
 use routed_backend::collective::{Collective, SingleRank};
-use routed_backend::cpu::{self, Matrix};
+use routed_backend::cpu::{self, MatmulPrecision, Matrix};
 use routed_types::RoutingMeta;
 use std::sync::{Arc, Mutex};
 
@@ -45,6 +45,9 @@ pub struct Model {
     pub(crate) lm_head: Option<Matrix>,
     /// Activation buffers of finished forwards, taken by the next ones.
     pub(crate) workspaces: Mutex<Vec<Workspace>>,
+    /// Logits buffers given back after sampling ([`Model::recycle_logits`]). A batch's logits
+    /// are tens of MB: allocated afresh each step, the kernel would map and zero them each time.
+    pub(crate) logits_buffers: Mutex<Vec<Vec<f32>>>,
     /// Which experts this rank holds.
     pub(crate) shard: ExpertShard,
     /// How the ranks exchange expert outputs.
@@ -69,6 +72,7 @@ impl Model {
             final_norm,
             lm_head,
             workspaces: Mutex::default(),
+            logits_buffers: Mutex::default(),
             shard: ExpertShard::WHOLE,
             collective: Arc::new(SingleRank),
             load_stats: LoadStats::default(),
@@ -121,6 +125,57 @@ impl Model {
             };
         }
         bytes
+    }
+
+    /// Gives a step's logits buffer back for the next forward to fill (once sampled).
+    pub fn recycle_logits(&self, logits: Vec<f32>) {
+        let mut pool = self.logits_buffers.lock().unwrap_or_else(|e| e.into_inner());
+        // One per forward in flight is all that is ever taken at once.
+        if pool.len() < 2 {
+            pool.push(logits);
+        }
+    }
+
+    /// Sets the arithmetic of every product with bf16 weights: the projections, the experts
+    /// and the LM head. Routers keep `f32` products whatever the precision, so that rounding
+    /// the inputs never moves a routing decision that sits near a tie.
+    pub fn set_matmul_precision(&mut self, precision: MatmulPrecision) {
+        let mlp = |m: &mut Mlp| {
+            for w in m.gate.iter_mut().chain([&mut m.up, &mut m.down]) {
+                w.set_precision(precision);
+            }
+        };
+        self.embed.set_precision(precision);
+        if let Some(w) = &mut self.lm_head {
+            w.set_precision(precision);
+        }
+        for layer in &mut self.layers {
+            match layer.mixer.as_mut().map(|m| &mut m.1) {
+                Some(Mixer::Attention(a)) => {
+                    for w in [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj] {
+                        w.set_precision(precision);
+                    }
+                }
+                Some(Mixer::Mamba(m)) => {
+                    m.in_proj.set_precision(precision);
+                    m.out_proj.set_precision(precision);
+                }
+                None => {}
+            }
+            match layer.ffn.as_mut().map(|f| &mut f.1) {
+                Some(Ffn::Dense(m)) => mlp(m),
+                Some(Ffn::Moe(moe)) => {
+                    moe.experts.iter_mut().chain(moe.shared.as_mut()).for_each(mlp);
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// The arithmetic of the products with bf16 weights (that of the LM head, which every
+    /// setting covers).
+    pub fn matmul_precision(&self) -> MatmulPrecision {
+        self.lm_head.as_ref().unwrap_or(&self.embed).precision()
     }
 
     /// What a routing consumer needs to read this model's rows.
@@ -256,7 +311,10 @@ impl Model {
             cpu::rms_norm(&x[r * h..(r + 1) * h], &self.final_norm, self.config.norm_eps, o);
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let mut logits = vec![0.0f32; rows.len() * self.config.vocab_size];
+        let mut logits = self.logits_buffers.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let logits = logits.get_or_insert_default();
+        zeroed(logits, rows.len() * self.config.vocab_size);
+        let mut logits = std::mem::take(logits);
         cpu::linear(&normed, head, &mut logits);
         let scaling = self.config.multipliers.logits_scaling;
         if scaling != 1.0 {

@@ -2,6 +2,7 @@
 //! events a request's stream yields.
 
 use routed_backend::DeviceSpec;
+use routed_backend::cpu::MatmulPrecision;
 use routed_types::{FinishReason, RoutingMeta, RoutingRows, SamplingParams, TokenId};
 use std::path::PathBuf;
 
@@ -63,6 +64,10 @@ pub struct EngineConfig {
     /// layer's experts. Results are bitwise identical for every size; it must divide the number
     /// of experts.
     pub expert_parallel_size: usize,
+    /// Arithmetic of the CPU products with bf16 weights: exact `f32` (the default), or inputs
+    /// rounded to bf16 for AVX-512 BF16 dot products (faster, still deterministic and batch
+    /// invariant, within bf16 rounding of the `f32` results).
+    pub matmul_precision: MatmulPrecision,
     /// Default sampling seed for requests that give none.
     pub seed: u64,
 }
@@ -90,6 +95,7 @@ impl EngineConfig {
             heartbeat_ms: 100,
             threads: None,
             expert_parallel_size: 1,
+            matmul_precision: MatmulPrecision::F32,
             seed: 0,
         }
     }

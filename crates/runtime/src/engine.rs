@@ -1,7 +1,8 @@
 //! Building the actor system ([`Engine::start`]) and talking to it ([`EngineHandle`]).
 
 use crate::{
-    EngineConfig, EngineError, EngineStats, GenerateRequest, ModelInfo, RequestEvent,
+    EngineConfig, EngineError, EngineStats, GenerateRequest, MatmulPrecision, ModelInfo,
+    RequestEvent,
     cache_manager::CacheManagerActor,
     copy_worker::CopyWorkerHandle,
     executor::ExecutorActor,
@@ -120,7 +121,8 @@ fn load_cpu_workers(
     let workers = models
         .into_iter()
         .map(|model| {
-            let model = model.map_err(|e| EngineError::Load(e.to_string()))?;
+            let mut model = model.map_err(|e| EngineError::Load(e.to_string()))?;
+            model.set_matmul_precision(config.matmul_precision);
             let worker = CpuWorker::new(Arc::new(model), per_rank)
                 .map_err(|e| EngineError::Load(e.to_string()))?;
             Ok(Box::new(worker) as Box<dyn Worker>)
@@ -140,6 +142,12 @@ fn load_cuda_worker(
         return Err(EngineError::Load(format!(
             "--expert-parallel-size {} on CUDA: expert parallelism over GPUs is not built yet",
             config.expert_parallel_size
+        )));
+    }
+    if config.matmul_precision != MatmulPrecision::F32 {
+        return Err(EngineError::Load(format!(
+            "--matmul-precision {} selects the CPU kernels' arithmetic; the CUDA runner has its own",
+            config.matmul_precision.as_str()
         )));
     }
     let load = |e: String| EngineError::Load(e);

@@ -37,5 +37,6 @@ pub use api::{
     RequestEvent, TokenEvent,
 };
 pub use engine::{Engine, EngineHandle, RequestStream};
+pub use routed_backend::cpu::MatmulPrecision;
 pub use routing_cache::ExpertLoads;
 pub use validate::{MAX_N, validate};

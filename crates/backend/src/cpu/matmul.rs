@@ -7,7 +7,7 @@
 //! reduction. So a row's result does not depend on the rest of the batch, on the tiling, on the
 //! thread count or on the instruction set the kernel was dispatched to (no FMA contraction).
 
-use super::{Matrix, MatrixData, PAR_THRESHOLD};
+use super::{MatmulPrecision, Matrix, MatrixData, PAR_THRESHOLD};
 use half::bf16;
 use rayon::prelude::*;
 
@@ -355,6 +355,7 @@ const PANEL_BYTES: usize = 512 << 10;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod bf16_dot;
 
 fn check(x: &[f32], rows: &[usize], w: &Matrix, out: &[f32]) {
     let k = w.cols();
@@ -400,9 +401,12 @@ pub fn linear_rows(x: &[f32], rows: &[usize], w: &Matrix, out: &mut [f32]) {
     if rows.is_empty() {
         return;
     }
-    match w.data() {
-        MatrixData::F32(v) => run(x, w.cols(), rows, v, w.rows(), out),
-        MatrixData::Bf16(v) => run(x, w.cols(), rows, v, w.rows(), out),
+    match (w.data(), w.precision()) {
+        (MatrixData::F32(v), _) => run(x, w.cols(), rows, v, w.rows(), out),
+        (MatrixData::Bf16(v), MatmulPrecision::F32) => run(x, w.cols(), rows, v, w.rows(), out),
+        (MatrixData::Bf16(v), MatmulPrecision::Bf16) => {
+            bf16_dot::run(x, w.cols(), rows, v, w.rows(), out, false)
+        }
     }
 }
 
@@ -417,9 +421,14 @@ pub fn linear_rows_serial(x: &[f32], rows: &[usize], w: &Matrix, out: &mut [f32]
     let view = OutView::new(out, n);
     // SAFETY: `check` made `out` exactly `rows.len()` rows of `n`, exclusively borrowed.
     unsafe {
-        match w.data() {
-            MatrixData::F32(v) => dispatch(x, w.cols(), rows, v, 0..n, view),
-            MatrixData::Bf16(v) => dispatch(x, w.cols(), rows, v, 0..n, view),
+        match (w.data(), w.precision()) {
+            (MatrixData::F32(v), _) => dispatch(x, w.cols(), rows, v, 0..n, view),
+            (MatrixData::Bf16(v), MatmulPrecision::F32) => {
+                dispatch(x, w.cols(), rows, v, 0..n, view)
+            }
+            (MatrixData::Bf16(v), MatmulPrecision::Bf16) => {
+                bf16_dot::run(x, w.cols(), rows, v, n, out, true)
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Weight matrices as the CPU kernels read them: `f32`, or `bf16` kept as stored so decode reads
-//! half the bytes. A `bf16` value widens to `f32` exactly, so both give bitwise the same results.
+//! half the bytes. A `bf16` value widens to `f32` exactly, so both give bitwise the same results,
+//! unless the matrix asks for products in bf16 precision ([`MatmulPrecision::Bf16`]).
 
 use half::bf16;
 
@@ -9,6 +10,42 @@ pub struct Matrix {
     rows: usize,
     cols: usize,
     data: MatrixData,
+    precision: MatmulPrecision,
+}
+
+/// The arithmetic of the products with a matrix's `bf16` weights. Both are deterministic and
+/// batch invariant (a row's bits never depend on the other rows); they differ in what they round.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MatmulPrecision {
+    /// Weights widened to `f32` (exactly) and multiplied with `f32` inputs: the reference.
+    #[default]
+    F32,
+    /// Inputs rounded to bf16 and multiplied with the bf16 weights by AVX-512 BF16 dot products,
+    /// accumulating in `f32`: about twice the arithmetic rate where the CPU has them, at the
+    /// cost of the inputs' low mantissa bits. Matrices stored as `f32` keep `F32`.
+    Bf16,
+}
+
+impl MatmulPrecision {
+    /// The name the command line uses (`f32`, `bf16`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::str::FromStr for MatmulPrecision {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            _ => Err(format!("unknown matmul precision {s:?} (expected f32 or bf16)")),
+        }
+    }
 }
 
 /// The element storage of a [`Matrix`].
@@ -28,7 +65,19 @@ impl Matrix {
             MatrixData::Bf16(v) => v.len(),
         };
         assert_eq!(len, rows * cols, "matrix data does not match [{rows}, {cols}]");
-        Self { rows, cols, data }
+        Self { rows, cols, data, precision: MatmulPrecision::F32 }
+    }
+
+    /// Sets the precision of products with this matrix; `f32` storage stays exact.
+    pub fn set_precision(&mut self, precision: MatmulPrecision) {
+        if matches!(self.data, MatrixData::Bf16(_)) {
+            self.precision = precision;
+        }
+    }
+
+    /// The precision of products with this matrix.
+    pub fn precision(&self) -> MatmulPrecision {
+        self.precision
     }
 
     /// An `f32` matrix.
@@ -77,6 +126,6 @@ impl Matrix {
             MatrixData::F32(v) => MatrixData::F32(v[range.start * c..range.end * c].to_vec()),
             MatrixData::Bf16(v) => MatrixData::Bf16(v[range.start * c..range.end * c].to_vec()),
         };
-        Self::new(range.len(), c, data)
+        Self { precision: self.precision, ..Self::new(range.len(), c, data) }
     }
 }

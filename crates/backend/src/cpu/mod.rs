@@ -30,7 +30,7 @@ mod ssm;
 pub use matmul::{
     dot, identity_rows, lane_weighted_sum, linear, linear_rows, linear_rows_f32, linear_rows_serial,
 };
-pub use matrix::{Matrix, MatrixData};
+pub use matrix::{MatmulPrecision, Matrix, MatrixData};
 pub use ops::{
     add_assign, argmax, log_softmax, log_sum_exp, mul_silu_inplace, relu2_inplace, rms_norm,
     rms_norm_inplace, scale_inplace, silu, silu_inplace, softmax_inplace, softmax_scaled_inplace,
@@ -42,6 +42,13 @@ pub use ssm::{conv_step, ssm_step};
 /// Below this many multiply-adds a kernel runs on the calling thread: handing tiny work to the
 /// thread pool costs more than it saves.
 pub(crate) const PAR_THRESHOLD: usize = 1 << 15;
+
+/// Whether the CPU has the AVX-512 BF16 dot product as well as what [`avx512_available`] needs.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx512_bf16_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| avx512_available() && is_x86_feature_detected!("avx512bf16"))
+}
 
 /// Whether the CPU runs the AVX-512 builds of the kernels (checked once).
 #[cfg(target_arch = "x86_64")]

@@ -157,6 +157,8 @@ impl Worker for CpuWorker {
                 let vocab = model.config().vocab_size;
                 let sampled = sampling::sample(plan, &out.logits, &out.logits_rows, vocab, sampler);
                 let prompt = sampling::prompt_logprobs(plan, &out.logits, &out.logits_rows, vocab);
+                let mut out = out;
+                model.recycle_logits(std::mem::take(&mut out.logits));
                 Ok::<_, WorkerError>((out, (sampled, prompt)))
             })
         })?;

@@ -111,7 +111,7 @@ unsafe fn tile<W: Elem, const M: usize, const N: usize>(
 /// width), one vector add per level.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-fn fold16(v: __m512) -> f32 {
+pub(super) fn fold16(v: __m512) -> f32 {
     let s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
     let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
     let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
