@@ -36,6 +36,26 @@ fn generate_json_matches_transformers_greedy_tokens() {
     }
 }
 
+/// `--matmul-precision bf16` reaches the model: the greedy tokens of the golden prompts are
+/// those of float32 (the goldens keep every pick clear of its runner-up), and a precision the
+/// engine does not have is refused by name.
+#[test]
+fn generate_with_bf16_matmul_precision() {
+    for arch in ["qwen3_moe", "nemotron_h"] {
+        let (out, g) = generate(arch, &["--matmul-precision", "bf16"]);
+        let got: Vec<i64> =
+            out["token_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+        assert_eq!(got, g.i64("main.generate.ids").0, "{arch}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_routed"))
+        .args(["generate", "--prompt", "x", "--matmul-precision", "fp8"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--matmul-precision") && err.contains("bf16"), "{err}");
+}
+
 /// `routed generate --device DEVICE` on the qwen3_moe golden checkpoint: exit status and stderr.
 fn generate_on(device: &str) -> (Option<i32>, String) {
     let g = Golden::open("qwen3_moe");

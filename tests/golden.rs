@@ -1,7 +1,7 @@
 //! Golden parity of every family against Hugging Face transformers, and the deterministic-mode
 //! guarantee (batching and chunking change nothing, bit for bit).
 
-use routed::model::{LogitsWanted, Model, SeqInput};
+use routed::model::{LogitsWanted, MatmulPrecision, Model, SeqInput};
 use routed_test_support::{Driver, Golden, max_abs_diff};
 
 const TOL: f32 = 1e-4;
@@ -128,9 +128,21 @@ fn both_config_key_styles_give_identical_logits() {
 /// gives bitwise-identical logits and routing to its solo unchunked run.
 #[test]
 fn deterministic_mode_batching_and_chunking_are_bitwise_invisible() {
+    batching_and_chunking_are_bitwise_invisible(MatmulPrecision::F32);
+}
+
+/// The same in bf16 matmul precision: rounding the inputs of the products is per element, so a
+/// row's bits still never depend on the batch or the chunking.
+#[test]
+fn bf16_precision_batching_and_chunking_are_bitwise_invisible() {
+    batching_and_chunking_are_bitwise_invisible(MatmulPrecision::Bf16);
+}
+
+fn batching_and_chunking_are_bitwise_invisible(precision: MatmulPrecision) {
     for arch in ["qwen3_moe", "mixtral", "nemotron_h", "granitemoehybrid"] {
         let g = Golden::open(arch);
-        let model = load(&g);
+        let mut model = load(&g);
+        model.set_matmul_precision(precision);
         let prompt = g.prompt("main");
         let others = [g.prompt("long"), g.prompt("short3"), g.prompt("short1")];
         let mut solo = Driver::new(&model, 256);

@@ -36,6 +36,7 @@ pub use config::{
 pub use error::{ModelError, Result};
 pub use kv::KvCache;
 pub use model::Model;
+pub use routed_backend::cpu::MatmulPrecision;
 pub use routed_types::SampledToken;
 pub use sampling::Sampler;
 pub use shard::{ExpertShard, LoadStats};

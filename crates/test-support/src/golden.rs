@@ -20,9 +20,15 @@ pub struct Golden {
 impl Golden {
     /// Opens `tests/golden/<arch>`.
     pub fn open(arch: &str) -> Self {
+        Self::open_tensors(arch, "golden.safetensors")
+    }
+
+    /// Opens `tests/golden/<arch>` with its reference tensors read from `file` (such as
+    /// `golden_bf16.safetensors`, transformers' bfloat16 run).
+    pub fn open_tensors(arch: &str, file: &str) -> Self {
         let dir = golden_root().join(arch);
-        let bytes = std::fs::read(dir.join("golden.safetensors"))
-            .unwrap_or_else(|e| panic!("reading {}/golden.safetensors: {e}", dir.display()));
+        let bytes = std::fs::read(dir.join(file))
+            .unwrap_or_else(|e| panic!("reading {}/{file}: {e}", dir.display()));
         let meta = serde_json::from_str(
             &std::fs::read_to_string(dir.join("golden.json")).expect("golden.json"),
         )
