@@ -2,7 +2,7 @@
 //! transformers' own bfloat16 run keeps from the float32 goldens, and batching and chunking still
 //! change no bit.
 
-use routed::model::{LogitsWanted, MatmulPrecision, Model, SeqInput};
+use routed::model::{MatmulPrecision, Model};
 use routed_test_support::{Driver, Golden, max_abs_diff};
 
 const FAMILIES: [&str; 4] = ["qwen3_moe", "mixtral", "nemotron_h", "granitemoehybrid"];
