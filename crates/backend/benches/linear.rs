@@ -62,38 +62,49 @@ fn main() {
     }
 }
 
-/// Decode-shaped MoE traffic: 64 cold experts (up `[384, 1024]`, down `[1024, 384]`, bf16, 100 MB
-/// in all, more than the caches), 8 picked per token, one input row each.
+/// MoE traffic: 64 cold experts (up `[384, 1024]`, down `[1024, 384]`, bf16, 100 MB in all, more
+/// than the caches), 8 picked per token with one input row each (batch-1 decode), or all 64 with
+/// 8 rows each (a batch of 64 spread evenly), in both precisions.
 fn cold_experts() {
     let (inter, hidden, num_experts, top_k) = (384, 1024, 64, 8);
-    let mk = |n: usize, k: usize, seed: usize| {
-        let v = (0..n * k).map(|i| bf16::from_f32(((i * 31 + seed) % 997) as f32 * 1e-3)).collect();
-        Matrix::new(n, k, MatrixData::Bf16(v))
-    };
-    let ups: Vec<Matrix> = (0..num_experts).map(|e| mk(inter, hidden, e)).collect();
-    let downs: Vec<Matrix> = (0..num_experts).map(|e| mk(hidden, inter, e + 99)).collect();
-    let x: Vec<f32> = (0..hidden).map(|i| (i % 13) as f32 * 0.1).collect();
-    let mut token = 0usize;
-    let bytes = (top_k * 2 * inter * hidden * 2) as f64;
-    // As the MoE layer runs them: one task per expert, each product on its task's thread.
-    let secs = median_secs(
-        || {
-            token += 1;
-            let picks: Vec<usize> =
-                (0..top_k).map(|j| (token * 7 + j * 13) % num_experts).collect();
-            picks.par_iter().for_each(|&e| {
-                let mut mid = vec![0.0; inter];
-                let mut out = vec![0.0; hidden];
-                linear_rows_serial(&x, &[0], &ups[e], &mut mid);
-                linear_rows_serial(&mid, &[0], &downs[e], &mut out);
-                std::hint::black_box(&out);
-            });
-        },
-        101,
-    );
-    println!(
-        "cold experts: {top_k} of {num_experts} per token, m=1 {:>9.3} ms  {:>6.1} GB/s of weights",
-        secs * 1e3,
-        bytes / secs / 1e9
-    );
+    for precision in [MatmulPrecision::F32, MatmulPrecision::Bf16] {
+        let mk = |n: usize, k: usize, seed: usize| {
+            let v =
+                (0..n * k).map(|i| bf16::from_f32(((i * 31 + seed) % 997) as f32 * 1e-3)).collect();
+            let mut w = Matrix::new(n, k, MatrixData::Bf16(v));
+            w.set_precision(precision);
+            w
+        };
+        let ups: Vec<Matrix> = (0..num_experts).map(|e| mk(inter, hidden, e)).collect();
+        let downs: Vec<Matrix> = (0..num_experts).map(|e| mk(hidden, inter, e + 99)).collect();
+        for (picked, rows) in [(top_k, 1), (num_experts, 8)] {
+            let x: Vec<f32> = (0..rows * hidden).map(|i| (i % 13) as f32 * 0.1).collect();
+            let ids: Vec<usize> = (0..rows).collect();
+            let mut token = 0usize;
+            let bytes = (picked * 2 * inter * hidden * 2) as f64;
+            // As the MoE layer runs them: one task per expert, each product on its task's thread.
+            let secs = median_secs(
+                || {
+                    token += 1;
+                    let picks: Vec<usize> =
+                        (0..picked).map(|j| (token * 7 + j * 13) % num_experts).collect();
+                    picks.par_iter().for_each(|&e| {
+                        let mut mid = vec![0.0; rows * inter];
+                        let mut out = vec![0.0; rows * hidden];
+                        linear_rows_serial(&x, &ids, &ups[e], &mut mid);
+                        linear_rows_serial(&mid, &ids, &downs[e], &mut out);
+                        std::hint::black_box(&out);
+                    });
+                },
+                if rows == 1 { 101 } else { 21 },
+            );
+            println!(
+                "cold experts {:>4}: {picked} of {num_experts}, m={rows} {:>9.3} ms  {:>6.1} GB/s of weights  {:>6.1} GFLOP/s",
+                precision.as_str(),
+                secs * 1e3,
+                bytes / secs / 1e9,
+                2.0 * bytes / 2.0 * rows as f64 / secs / 1e9
+            );
+        }
+    }
 }
