@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """llama.cpp (through llama-cpp-python's C bindings) on the benchmark GGUFs (see benches/README.md).
 
-Run with the venv that benches/setup_llamacpp.sh builds:
+Run with the venv that `LLAMACPP_BINDINGS=1 benches/setup_llamacpp.sh` builds:
 
     target/bench/llamacpp-venv/bin/python benches/llamacpp_baseline.py [GGUF_DIR]
         [--models qwen3_moe nemotron_h] [--dtypes bf16] [--runs 5] [--threads 2] [--json FILE]

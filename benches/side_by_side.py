@@ -2,7 +2,7 @@
 """routed, llama.cpp and (optionally) transformers on the same checkpoints, interleaved in one run.
 
     python3 benches/side_by_side.py [--rounds 5] [--hf-python $BENCH_PYTHON] [--out DIR]
-        [--routed-args "--matmul-precision bf16"]
+        [--routed-variant bf16="--matmul-precision bf16"]
 
 Each round runs every engine once over every model and scenario (one measured run each, after
 each tool's own warm-up), rotating which engine goes first, so that a change in the machine's
@@ -14,7 +14,9 @@ Scenarios (those of benches/benchlib.py): pp512 (a 512-token prompt at batch 1) 
 of 64 steps after a 16-token prompt per sequence, B sequences, the decode steps timed).
 
 - routed: `routed bench throughput` (its tg_bB records time the decode steps) and `routed bench
-  prefix-hit` (its pp512 record is the cold prefill, through the whole engine).
+  prefix-hit` (its pp512 record is the cold prefill, through the whole engine); each
+  --routed-variant NAME=FLAGS adds one more routed engine, run with those flags, named
+  `routed NAME` in the table (ratios are given for every routed engine).
 - llama.cpp: its own programs, through benches/llamacpp_tools.py: `llama-bench -p 512 -n 64`
   (pp512, and tg64 as tg_b1) and `llama-batched-bench -npp 16 -ntg 64 -npl B` (tg_bB, B > 1).
 - llama.cpp-py (with --llama-python): the same library through its Python bindings driven by
@@ -35,11 +37,10 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def routed_cmds(args, model, out):
+def routed_cmds(args, model, out, extra):
     binary = os.path.join(REPO, "target", "release", "routed")
     model_dir = os.path.join(args.models_dir, model)
-    common = ["--model", model_dir, "--num-kv-blocks", "8192", "--threads", str(args.threads),
-              *args.routed_args.split()]
+    common = ["--model", model_dir, "--num-kv-blocks", "8192", "--threads", str(args.threads), *extra]
     batches = ",".join(str(b) for b in args.batches)
     return [
         [binary, "bench", "throughput", *common, "--batch-sizes", batches, "--prompt-len",
@@ -87,7 +88,8 @@ def main():
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--decode-prompt", type=int, default=16)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
-    ap.add_argument("--routed-args", default="", help="extra flags for every `routed bench` run")
+    ap.add_argument("--routed-variant", action="append", default=[], metavar="NAME=FLAGS",
+                    help="one more routed engine, run with FLAGS (repeatable)")
     ap.add_argument("--hf-python", help="Python with torch + transformers (no transformers runs without it)")
     ap.add_argument("--hf-dtypes", nargs="+", default=["bf16"], choices=["bf16", "f32"])
     ap.add_argument("--llama-python", help="the llama-cpp-python venv's Python (no binding runs without it)")
@@ -95,18 +97,22 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
-    engines = ["routed", "llama.cpp"] + (["llama.cpp-py"] if args.llama_python else []) + \
+    variants = {"routed": []}
+    for v in args.routed_variant:
+        name, _, flags = v.partition("=")
+        variants[f"routed {name}"] = flags.split()
+    engines = [*variants, "llama.cpp"] + (["llama.cpp-py"] if args.llama_python else []) + \
         (["transformers"] if args.hf_python else [])
     # (engine, dtype, model, scenario) -> {round: tokens/s}
     runs = {}
     for r in range(args.rounds):
         order = engines[r % len(engines):] + engines[:r % len(engines)]
         for engine in order:
-            out = os.path.join(args.out, f"round{r}_{engine}")
-            if engine == "routed":
+            out = os.path.join(args.out, f"round{r}_{engine.replace(' ', '_')}")
+            if engine in variants:
                 files = []
                 for model in args.models:
-                    for cmd in routed_cmds(args, model, f"{out}_{model}"):
+                    for cmd in routed_cmds(args, model, f"{out}_{model}", variants[engine]):
                         run(cmd)
                     files += [f"{out}_{model}.tg.json", f"{out}_{model}.pp.json"]
             elif engine == "llama.cpp":
@@ -121,7 +127,7 @@ def main():
                 files = [out + ".json"]
             for path in files:
                 for rec in load(path):
-                    name = "llama.cpp-py" if engine == "llama.cpp-py" else rec["engine"]
+                    name = engine if engine in variants or engine == "llama.cpp-py" else rec["engine"]
                     key = (name, rec["dtype"], rec["model"], rec["scenario"])
                     runs.setdefault(key, {})[r] = rec["tokens_per_s"]
 
@@ -132,29 +138,29 @@ def main():
         json.dump(summary, f, indent=2)
         f.write("\n")
 
-    ours_key = next((k[:2] for k in runs if k[0] == "routed"), ("routed", "f32"))
-    baselines = sorted({(e, d) for (e, d, _, _) in runs if e != "routed"})
+    ours = sorted({(e, d) for (e, d, _, _) in runs if e in variants}, key=lambda k: list(variants).index(k[0]))
+    baselines = sorted({(e, d) for (e, d, _, _) in runs if e not in variants})
     print()
     print(f"{args.rounds} interleaved rounds; tokens/s are medians; a ratio is routed / baseline per round, "
           "then the median of the rounds' ratios")
-    print("| model | scenario | routed | " + " | ".join(f"{e} {d}" for e, d in baselines) + " | " +
-          " | ".join(f"routed / {e} {d}: median (per round)" for e, d in baselines) + " |")
-    print("|" + " --- |" * (3 + 2 * len(baselines)))
+    cols = [f"{e} {d}" for e, d in ours + baselines]
+    pairs = [(o, b) for o in ours for b in baselines]
+    print("| model | scenario | " + " | ".join(cols) + " | " +
+          " | ".join(f"{o[0]} / {b[0]}: median (per round)" for o, b in pairs) + " |")
+    print("|" + " --- |" * (2 + len(cols) + len(pairs)))
     for model in args.models:
         scenarios = sorted({s for (e, _, m, s) in runs if m == model},
                            key=lambda s: (not s.startswith("pp"), int(s.split("_b")[-1]) if "_b" in s else 0))
         for s in scenarios:
-            ours = runs.get((*ours_key, model, s), {})
-            cells = [f"{medians[e, d, model, s]:,.1f}" if (e, d, model, s) in medians else "" for e, d in baselines]
+            cells = [f"{medians[e, d, model, s]:,.1f}" if (e, d, model, s) in medians else ""
+                     for e, d in ours + baselines]
             ratios = []
-            for e, d in baselines:
-                theirs = runs.get((e, d, model, s), {})
-                per_round = [ours[r] / theirs[r] for r in sorted(ours) if r in theirs]
+            for o, b in pairs:
+                mine, theirs = runs.get((*o, model, s), {}), runs.get((*b, model, s), {})
+                per_round = [mine[r] / theirs[r] for r in sorted(mine) if r in theirs]
                 ratios.append(f"{statistics.median(per_round):.2f} ({', '.join(f'{x:.2f}' for x in per_round)})"
                               if per_round else "")
-            mine = f"{medians[(*ours_key, model, s)]:,.1f}" if ours else ""
-            print(f"| {model} | {s} | {mine} | " + " | ".join(cells + ratios) + " |")
-
+            print(f"| {model} | {s} | " + " | ".join(cells + ratios) + " |")
 
 if __name__ == "__main__":
     main()
