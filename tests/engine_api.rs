@@ -134,6 +134,36 @@ async fn invalid_requests_name_the_field() {
     off.shutdown().await;
 }
 
+/// An embedder calling `submit` directly gets the same sampling ranges as the HTTP gateway: a
+/// NaN temperature or a bias on a token past the vocabulary is refused naming the field, and
+/// the engine serves the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_sampling_parameters_are_refused_and_the_engine_keeps_serving() {
+    let g = Golden::open("qwen3_moe");
+    let prompt = g.prompt("short1");
+    let handle = engine("qwen3_moe", |_| {});
+    let vocab = handle.model_info().vocab_size as u32;
+    for (params, field) in [
+        (SamplingParams { temperature: f32::NAN, ..greedy(4) }, "temperature"),
+        (SamplingParams { logit_bias: vec![(vocab, 1.0)], ..greedy(4) }, "logit_bias"),
+    ] {
+        match handle.submit(GenerateRequest::new(prompt.clone(), params)).await {
+            Err(EngineError::InvalidRequest { param, message }) => {
+                assert_eq!(param, field, "{message}");
+                assert!(message.contains(field), "{message}");
+            }
+            Err(other) => panic!("{field}: expected an invalid request, got {other}"),
+            Ok(_) => panic!("{field}: the request was admitted"),
+        }
+    }
+    // The last id of the vocabulary is in range, and the engine still serves.
+    let params = SamplingParams { logit_bias: vec![(vocab - 1, 1.0)], ..greedy(4) };
+    let out = run(&handle, GenerateRequest::new(prompt, params)).await;
+    assert_eq!(out.error, None);
+    assert_eq!(out.finals[0].token_ids.len(), 4);
+    handle.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_waiting_queue_is_an_overload_error() {
     let g = Golden::open("qwen3_moe");

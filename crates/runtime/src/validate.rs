@@ -1,6 +1,7 @@
 //! Request validation, in one place: the engine checks every [`GenerateRequest`] against the
 //! served model before admitting it, and the HTTP gateway runs the same check to answer a batch
-//! with a 400 before submitting any of it.
+//! with a 400 before submitting any of it. The sampling parameters' ranges are
+//! [`SamplingParams::check`](routed_types::SamplingParams::check)'s, run from here.
 
 use crate::{EngineError, GenerateRequest, ModelInfo};
 use routed_types::SeqId;
@@ -56,6 +57,9 @@ pub fn validate(request: &GenerateRequest, info: &ModelInfo) -> Result<(), Engin
             why(capacity)
         );
         return bad("max_tokens", message);
+    }
+    if let Err(e) = request.sampling.check(info.vocab_size) {
+        return bad(e.param, e.message);
     }
     if request.n == 0 || request.n > MAX_N {
         return bad("n", format!("n must be between 1 and {MAX_N}, got {}", request.n));
@@ -137,5 +141,30 @@ mod tests {
         assert_eq!(param(GenerateRequest { n: 17, ..req(3, 4) }), Some("n")); // past the queue
         let start = GenerateRequest { routing_start: 4, ..req(3, 4) };
         assert_eq!(param(start), Some("routed_experts_start_len"));
+    }
+
+    #[test]
+    fn bad_sampling_parameters_are_named_as_the_engine_names_them() {
+        let sampled = |sampling: SamplingParams| GenerateRequest::new(vec![1; 3], sampling);
+        let greedy = SamplingParams::greedy(4);
+        let nan = SamplingParams { temperature: f32::NAN, ..greedy.clone() };
+        assert_eq!(param(sampled(nan)), Some("temperature"));
+        let top_p = SamplingParams { top_p: 0.0, ..greedy.clone() };
+        assert_eq!(param(sampled(top_p)), Some("top_p"));
+        // The model's vocabulary bounds the bias's ids: 100 tokens here.
+        let bias = SamplingParams { logit_bias: vec![(99, 1.0)], ..greedy.clone() };
+        assert_eq!(param(sampled(bias)), None);
+        let bias = SamplingParams { logit_bias: vec![(100, 1.0)], ..greedy.clone() };
+        assert_eq!(param(sampled(bias)), Some("logit_bias"));
+        let logprobs = SamplingParams { logprobs: Some(21), ..greedy.clone() };
+        assert_eq!(param(sampled(logprobs)), Some("logprobs"));
+        let min = SamplingParams { min_tokens: 5, ..greedy };
+        assert_eq!(param(sampled(min)), Some("min_tokens"));
+        match validate(&sampled(SamplingParams { top_k: Some(0), ..Default::default() }), &info()) {
+            Err(EngineError::InvalidRequest { param: "top_k", message }) => {
+                assert!(message.starts_with("top_k must be at least 1"), "{message}")
+            }
+            other => panic!("expected top_k to be refused, got {other:?}"),
+        }
     }
 }

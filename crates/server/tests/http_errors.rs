@@ -75,10 +75,14 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
         (json!({"prompt": "x", "max_tokens": 4096}), "max_tokens"),
         (json!({"prompt": prompt_ids(4096, 0)}), "prompt"),
         (json!({"prompt": "x", "temperature": -0.5}), "temperature"),
+        (json!({"prompt": "x", "temperature": -1}), "temperature"),
         (json!({"prompt": "x", "top_p": 0}), "top_p"),
         (json!({"prompt": "x", "top_p": 1.5}), "top_p"),
         (json!({"prompt": "x", "top_k": -2}), "top_k"),
         (json!({"prompt": "x", "logprobs": 21}), "logprobs"),
+        (json!({"prompt": "x", "logprobs": 21, "echo": true}), "logprobs"),
+        (json!({"prompt": "x", "prompt_logprobs": 21}), "prompt_logprobs"),
+        (json!({"prompt": "x", "prompt_logprobs": -1}), "prompt_logprobs"),
         (json!({"prompt": "x", "min_tokens": 20, "max_tokens": 10}), "min_tokens"),
         (json!({"prompt": "x", "stop": ["ok", ""]}), "stop"),
         (json!({"prompt": "x", "suffix": "tail"}), "suffix"),
@@ -124,11 +128,74 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
             "sampling_params.max_new_tokens",
         ),
         (json!({"input_ids": [1], "sampling_params": {"top_k": -5}}), "sampling_params.top_k"),
+        (json!({"input_ids": [1], "sampling_params": {"top_p": 0}}), "sampling_params.top_p"),
+        (
+            json!({"input_ids": [1], "sampling_params": {"temperature": -1}}),
+            "sampling_params.temperature",
+        ),
+        (
+            json!({"input_ids": [1], "sampling_params": {"min_new_tokens": 20, "max_new_tokens": 10}}),
+            "sampling_params.min_new_tokens",
+        ),
+        (json!({"input_ids": [1], "sampling_params": {"stop": [""]}}), "sampling_params.stop"),
+        (
+            json!({"input_ids": [1], "return_logprob": true, "top_logprobs_num": 21}),
+            "top_logprobs_num",
+        ),
         (json!({"input_ids": [1], "routed_experts_start_len": 2}), "routed_experts_start_len"),
         (json!({"input_ids": [1], "top_logprobs_num": 21}), "top_logprobs_num"),
         (json!({"input_ids": [1], "return_text_in_logprobs": "yes"}), "return_text_in_logprobs"),
     ] {
         assert_400(&s, g, body, param);
+    }
+}
+
+/// The sampling ranges are the engine's rules; their messages name the field as the route does.
+#[test]
+fn range_messages_name_the_field_as_the_route_does() {
+    let s = server(MODEL);
+    let vocab = s.handle.model_info().vocab_size;
+    let hi = json!([{"role": "user", "content": "hi"}]);
+    for (path, body, param, message) in [
+        (
+            "/generate",
+            json!({"input_ids": [1], "sampling_params": {"top_p": 0}}),
+            "sampling_params.top_p",
+            "top_p must be in (0, 1], got 0".to_string(),
+        ),
+        (
+            "/generate",
+            json!({"input_ids": [1], "sampling_params": {"min_new_tokens": 20, "max_new_tokens": 10}}),
+            "sampling_params.min_new_tokens",
+            "min_new_tokens (20) must not exceed the maximum tokens (10)".into(),
+        ),
+        (
+            "/generate",
+            json!({"input_ids": [1], "top_logprobs_num": 21}),
+            "top_logprobs_num",
+            "top_logprobs_num must be between 0 and 20, got 21".into(),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": hi, "logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+            "top_logprobs must be between 0 and 20, got 21".into(),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "temperature": -1}),
+            "temperature",
+            "temperature must be a number >= 0, got -1".into(),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "logit_bias": {vocab.to_string(): 1}}),
+            "logit_bias",
+            format!("logit_bias token ids must be in [0, {vocab}), got {vocab}"),
+        ),
+    ] {
+        let error = assert_400(&s, path, body, param);
+        assert_eq!(error["message"], message, "{path}: {error}");
     }
 }
 

@@ -1,8 +1,8 @@
 //! Vocabulary shared by every `routed` crate.
 //!
-//! This crate holds only plain data: newtype ids, sampling parameters and the routing-row layout.
-//! It does no I/O and knows nothing of tensors, threads or HTTP, so every other crate can depend
-//! on it without pulling anything else in.
+//! This crate holds only plain data: newtype ids, sampling parameters (and the ranges they must
+//! lie in) and the routing-row layout. It does no I/O and knows nothing of tensors, threads or
+//! HTTP, so every other crate can depend on it without pulling anything else in.
 
 mod ids;
 mod routing;
@@ -13,7 +13,10 @@ pub use ids::{
     BlockGeneration, BlockHash, BlockId, BlockRef, RequestId, SeqId, SnapshotSlotId, TokenId,
 };
 pub use routing::{ExpertId, RoutingMeta, RoutingRows};
-pub use sampling::{FinishReason, SamplingParams, StopMatch};
+pub use sampling::{
+    FinishReason, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY, SamplingError, SamplingParams,
+    StopMatch, check_num_logprobs,
+};
 pub use step::{
     PromptLogprobs, SampledToken, ScheduledSeq, SeqContext, StepId, StepOutput, StepPlan,
 };

@@ -1,6 +1,18 @@
-//! Per-request sampling parameters and the reasons a request ends.
+//! Per-request sampling parameters, their ranges, and the reasons a request ends.
+
+use std::cmp::Ordering;
 
 use crate::TokenId;
+
+/// Most top alternatives per token a request may ask for, for sampled tokens (`logprobs`) and
+/// prompt tokens (`prompt_logprobs`) alike: OpenAI's and vLLM's limit.
+pub const MAX_LOGPROBS: u32 = 20;
+
+/// Largest magnitude of a `logit_bias` value (OpenAI's range).
+pub const MAX_LOGIT_BIAS: f32 = 100.0;
+
+/// Largest magnitude of `presence_penalty` and `frequency_penalty` (OpenAI's range).
+pub const MAX_PENALTY: f32 = 2.0;
 
 /// How to pick each next token, and when to stop. Defaults follow the OpenAI API.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -92,6 +104,142 @@ impl SamplingParams {
     pub fn processes_logits(&self) -> bool {
         self.needs_history() || !self.logit_bias.is_empty() || self.min_p > 0.0
     }
+
+    /// Checks every parameter against its range, and `logit_bias`'s token ids against a
+    /// vocabulary of `vocab_size` tokens; the error names the first bad field. What needs the
+    /// model's context length (`max_tokens` against the prompt) is the engine's check, not this.
+    ///
+    /// Every comparison is written so that NaN fails it: a NaN would otherwise pass through the
+    /// sampler and poison every probability of its row.
+    pub fn check(&self, vocab_size: usize) -> Result<(), SamplingError> {
+        let bad = |param, message| Err(SamplingError { param, message });
+        let t = self.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return bad("temperature", format!("temperature must be a number >= 0, got {t}"));
+        }
+        let top_p = self.top_p;
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return bad("top_p", format!("top_p must be in (0, 1], got {top_p}"));
+        }
+        if self.top_k == Some(0) {
+            // Keeping no token leaves nothing to sample; "off" is `None`.
+            return bad("top_k", "top_k must be at least 1 (None keeps every token), got 0".into());
+        }
+        if self.min_tokens > self.max_tokens {
+            let (min, max) = (self.min_tokens, self.max_tokens);
+            let message = format!("min_tokens ({min}) must not exceed the maximum tokens ({max})");
+            return bad("min_tokens", message);
+        }
+        if self.stop.iter().any(String::is_empty) {
+            // An empty string matches everywhere: the request would stop before its first token.
+            return bad("stop", "stop strings must not be empty".into());
+        }
+        if let Some(k) = self.logprobs {
+            check_num_logprobs("logprobs", k)?;
+        }
+        if let Some(k) = self.prompt_logprobs {
+            check_num_logprobs("prompt_logprobs", k)?;
+        }
+        for (param, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-MAX_PENALTY..=MAX_PENALTY).contains(&v) {
+                let message =
+                    format!("{param} must be between -{MAX_PENALTY} and {MAX_PENALTY}, got {v}");
+                return bad(param, message);
+            }
+        }
+        let r = self.repetition_penalty;
+        if !(r.is_finite() && r > 0.0) {
+            // It scales logits: 0 would divide by zero, a negative one would flip their order.
+            let message = format!("repetition_penalty must be greater than 0 (1 is off), got {r}");
+            return bad("repetition_penalty", message);
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        self.check_logit_bias(vocab_size)
+    }
+
+    /// `logit_bias`: ids in the vocabulary, values in range, sorted by id and each id once (two
+    /// entries for one id would add up, and sorted entries find a repeat beside its twin).
+    fn check_logit_bias(&self, vocab_size: usize) -> Result<(), SamplingError> {
+        let bad = |message| Err(SamplingError { param: "logit_bias", message });
+        let mut previous: Option<TokenId> = None;
+        for &(token, bias) in &self.logit_bias {
+            if token as usize >= vocab_size {
+                return bad(format!(
+                    "logit_bias token ids must be in [0, {vocab_size}), got {token}"
+                ));
+            }
+            if !(-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(&bias) {
+                return bad(format!(
+                    "logit_bias values must be numbers in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}]; \
+                     token {token} has {bias}"
+                ));
+            }
+            if let Some(p) = previous {
+                match p.cmp(&token) {
+                    Ordering::Less => {}
+                    Ordering::Equal => {
+                        return bad(format!("logit_bias names token {token} more than once"));
+                    }
+                    Ordering::Greater => {
+                        return bad(format!(
+                            "logit_bias must be sorted by token id; got {p} before {token}"
+                        ));
+                    }
+                }
+            }
+            previous = Some(token);
+        }
+        Ok(())
+    }
+}
+
+/// Checks a number of top alternatives per token against [`MAX_LOGPROBS`], naming the field
+/// `param`. [`SamplingParams::check`] runs it on `logprobs` and `prompt_logprobs`; a gateway
+/// runs it on a count it is given but does not pass on (SGLang's `top_logprobs_num` without
+/// `return_logprob`), so that the limit stays one rule.
+pub fn check_num_logprobs(param: &'static str, k: u32) -> Result<(), SamplingError> {
+    if k <= MAX_LOGPROBS {
+        return Ok(());
+    }
+    Err(SamplingError {
+        param,
+        message: format!("{param} must be between 0 and {MAX_LOGPROBS}, got {k}"),
+    })
+}
+
+/// A sampling parameter out of its range.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct SamplingError {
+    /// The field, as [`SamplingParams`] names it (one of [`SamplingError::PARAMS`]).
+    pub param: &'static str,
+    /// What is wrong with it; it names the field by `param` too, so a gateway that calls the
+    /// field otherwise can rename it in the message.
+    pub message: String,
+}
+
+impl SamplingError {
+    /// Every name [`SamplingParams::check`] gives a field, so a gateway can tell a sampling
+    /// field from the engine's other checks (`/generate` nests these under `sampling_params`).
+    pub const PARAMS: [&'static str; 12] = [
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "logprobs",
+        "prompt_logprobs",
+        "min_tokens",
+        "stop",
+    ];
 }
 
 /// Why a request stopped generating.
@@ -116,4 +264,123 @@ pub enum StopMatch {
     Token(TokenId),
     /// One of the request's stop strings.
     Text(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VOCAB: usize = 100;
+
+    /// The field `check` names for `params`, `None` when they pass.
+    fn param(params: SamplingParams) -> Option<&'static str> {
+        let err = params.check(VOCAB).err()?;
+        assert!(SamplingError::PARAMS.contains(&err.param), "{} is not in PARAMS", err.param);
+        assert!(err.message.contains(err.param), "the message names the field: {}", err.message);
+        Some(err.param)
+    }
+
+    fn with(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams::default();
+        f(&mut p);
+        p
+    }
+
+    #[test]
+    fn the_defaults_greedy_and_the_edges_pass() {
+        assert_eq!(param(SamplingParams::default()), None);
+        assert_eq!(param(SamplingParams::greedy(1)), None);
+        let edges = SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: Some(1),
+            min_tokens: 16,
+            max_tokens: 16,
+            stop: vec!["x".into()],
+            logprobs: Some(MAX_LOGPROBS),
+            prompt_logprobs: Some(0),
+            presence_penalty: -MAX_PENALTY,
+            frequency_penalty: MAX_PENALTY,
+            repetition_penalty: 0.01,
+            min_p: 1.0,
+            logit_bias: vec![(0, -MAX_LOGIT_BIAS), (VOCAB as TokenId - 1, MAX_LOGIT_BIAS)],
+            ..SamplingParams::default()
+        };
+        assert_eq!(param(edges), None);
+        assert_eq!(param(with(|p| p.top_p = f32::MIN_POSITIVE)), None);
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        // Each case breaks one field of the defaults.
+        type Break = fn(&mut SamplingParams);
+        let cases: &[(&str, Break)] = &[
+            ("temperature", |p| p.temperature = -0.5),
+            ("temperature", |p| p.temperature = f32::NAN),
+            ("temperature", |p| p.temperature = f32::INFINITY),
+            ("top_p", |p| p.top_p = 0.0),
+            ("top_p", |p| p.top_p = 1.5),
+            ("top_p", |p| p.top_p = f32::NAN),
+            ("top_k", |p| p.top_k = Some(0)),
+            ("min_tokens", |p| (p.min_tokens, p.max_tokens) = (20, 10)),
+            ("stop", |p| p.stop = vec!["ok".into(), String::new()]),
+            ("logprobs", |p| p.logprobs = Some(MAX_LOGPROBS + 1)),
+            ("prompt_logprobs", |p| p.prompt_logprobs = Some(MAX_LOGPROBS + 1)),
+            ("presence_penalty", |p| p.presence_penalty = 2.5),
+            ("presence_penalty", |p| p.presence_penalty = -2.01),
+            ("presence_penalty", |p| p.presence_penalty = f32::NAN),
+            ("frequency_penalty", |p| p.frequency_penalty = -7.0),
+            ("frequency_penalty", |p| p.frequency_penalty = f32::INFINITY),
+            ("repetition_penalty", |p| p.repetition_penalty = 0.0),
+            ("repetition_penalty", |p| p.repetition_penalty = -1.5),
+            ("repetition_penalty", |p| p.repetition_penalty = f32::INFINITY),
+            ("repetition_penalty", |p| p.repetition_penalty = f32::NAN),
+            ("min_p", |p| p.min_p = 1.5),
+            ("min_p", |p| p.min_p = -0.1),
+            ("min_p", |p| p.min_p = f32::NAN),
+            ("logit_bias", |p| p.logit_bias = vec![(VOCAB as TokenId, 1.0)]),
+            ("logit_bias", |p| p.logit_bias = vec![(5, 100.5)]),
+            ("logit_bias", |p| p.logit_bias = vec![(5, -101.0)]),
+            ("logit_bias", |p| p.logit_bias = vec![(5, f32::NAN)]),
+            ("logit_bias", |p| p.logit_bias = vec![(5, 1.0), (5, 2.0)]),
+            ("logit_bias", |p| p.logit_bias = vec![(7, 1.0), (5, 2.0)]),
+        ];
+        for &(field, bad) in cases {
+            let params = with(bad);
+            assert_eq!(param(params.clone()), Some(field), "{params:?}");
+        }
+    }
+
+    #[test]
+    fn the_messages_say_what_is_wrong() {
+        let message = |p: SamplingParams| p.check(VOCAB).unwrap_err().to_string();
+        assert_eq!(
+            message(with(|p| p.presence_penalty = 3.0)),
+            "presence_penalty must be between -2 and 2, got 3"
+        );
+        assert_eq!(
+            message(with(|p| p.logit_bias = vec![(2, 1.0), (100, 1.0)])),
+            "logit_bias token ids must be in [0, 100), got 100"
+        );
+        assert_eq!(
+            message(with(|p| p.logit_bias = vec![(5, -101.0)])),
+            "logit_bias values must be numbers in [-100, 100]; token 5 has -101"
+        );
+        assert_eq!(
+            message(with(|p| p.logit_bias = vec![(3, 1.0), (5, 1.0), (5, 2.0)])),
+            "logit_bias names token 5 more than once"
+        );
+        assert_eq!(
+            message(with(|p| p.logprobs = Some(21))),
+            "logprobs must be between 0 and 20, got 21"
+        );
+    }
+
+    #[test]
+    fn a_count_of_alternatives_is_checked_under_any_name() {
+        assert_eq!(check_num_logprobs("top_logprobs_num", MAX_LOGPROBS), Ok(()));
+        let err = check_num_logprobs("top_logprobs_num", MAX_LOGPROBS + 1).unwrap_err();
+        assert_eq!(err.param, "top_logprobs_num");
+        assert_eq!(err.message, "top_logprobs_num must be between 0 and 20, got 21");
+    }
 }

@@ -1,11 +1,11 @@
 //! `/generate` bodies (SGLang names) to engine requests.
 
-use routed_types::TokenId;
+use routed_types::{TokenId, check_num_logprobs};
 use serde_json::Value;
 
 use super::prompt::{encode, most_prompt_tokens, token_ids};
 use super::sampling::{SamplingFields, sampling};
-use super::{Job, MAX_LOGPROBS, WireNames, cache_namespace, check_request, request};
+use super::{Job, WireNames, cache_namespace, check_request, request};
 use crate::AppState;
 use crate::error::ApiError;
 use crate::routing_wire::{self, RoutingFields};
@@ -50,12 +50,10 @@ fn prompt(state: &AppState, b: &GenerateBody) -> Result<(Vec<TokenId>, &'static 
 /// The logprobs a `/generate` body asks for: `Some(top)` with `return_logprob`.
 fn logprobs(b: &GenerateBody) -> Result<Option<u32>, ApiError> {
     let top = b.top_logprobs_num.unwrap_or(0);
-    if top > MAX_LOGPROBS {
-        return Err(ApiError::invalid(
-            "top_logprobs_num",
-            format!("top_logprobs_num must be between 0 and {MAX_LOGPROBS}, got {top}"),
-        ));
-    }
+    // Without `return_logprob` the engine never sees the count, but a count past the limit is
+    // still a mistake worth answering: the engine's rule, run here.
+    check_num_logprobs("top_logprobs_num", top)
+        .map_err(|e| ApiError::invalid(e.param, e.message))?;
     Ok(b.return_logprob.unwrap_or(false).then_some(top))
 }
 
@@ -129,20 +127,25 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         logit_bias: sp.logit_bias,
         prompt_logprobs: None,
         prefix: "sampling_params.",
-        min_tokens_name: "min_new_tokens",
     };
     let logprobs = logprobs(&b)?;
     let start = logprob_start(&b)?;
     let prompt_logprobs = start.and(logprobs);
     let fields = SamplingFields { prompt_logprobs, ..fields };
-    let sampling = sampling(fields, max_tokens, logprobs, state.default_seed(), info.vocab_size)?;
+    let sampling = sampling(fields, max_tokens, logprobs, state.default_seed())?;
     let (prompt, prompt_param) = prompt(state, &b)?;
     check_start(start, prompt.len())?;
     let r = request(prompt, &sampling, 1, routing, salt.as_ref());
     let names = WireNames {
         prompt: prompt_param,
         max_tokens: "sampling_params.max_new_tokens",
+        min_tokens: "sampling_params.min_new_tokens",
+        logprobs: "top_logprobs_num",
+        // Prompt logprobs are asked for with `logprob_start_len`, and take their count from
+        // `top_logprobs_num`.
+        prompt_logprobs: "top_logprobs_num",
         routing_start: routing_wire::start_param(&routing_fields),
+        sampling_prefix: "sampling_params.",
     };
     check_request(info, &r, &names)?;
     let job = Job {

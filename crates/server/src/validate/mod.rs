@@ -2,18 +2,21 @@
 //! input a 400 naming its field before anything reaches the engine.
 //!
 //! The rules about one engine request (token ids in the vocabulary, the prompt and `max_tokens`
-//! against `max_model_len` and the KV cache, `n`, the routing start) live in the engine,
-//! `routed_runtime::validate`; this module runs them on each request before submitting any of a
-//! batch, and names the field as the route's wire does ([`WireNames`]). What is checked here is
-//! the wire: types, shapes, field names, and what only the gateway knows (a batch's size, a
-//! text's size before it is encoded).
+//! against `max_model_len` and the KV cache, `n`, the routing start, the sampling parameters'
+//! ranges) live in the engine, `routed_runtime::validate`; this module runs them on each request
+//! before submitting any of a batch, and names the field as the route's wire does
+//! ([`WireNames`]). What is checked here is the wire: types, shapes, field names, values the
+//! wire spells differently from the engine (`top_k: -1`, `logit_bias`'s keys), and what only the
+//! gateway knows (a batch's size, a text's size before it is encoded).
 
 mod generate;
 mod prompt;
 mod sampling;
 
+use std::borrow::Cow;
+
 use routed_runtime::{EngineError, GenerateRequest, MAX_N, ModelInfo};
-use routed_types::{SamplingParams, TokenId};
+use routed_types::{MAX_LOGPROBS, SamplingError, SamplingParams, TokenId};
 use serde_json::{Value, json};
 
 use crate::AppState;
@@ -25,9 +28,6 @@ pub(crate) use generate::{GenerateJob, generate};
 use prompt::completion_prompts;
 pub(crate) use prompt::{ChatRender, encode, render_chat, render_messages, token_ids};
 use sampling::{SamplingFields, sampling};
-
-/// Most top alternatives per token.
-pub(crate) const MAX_LOGPROBS: u32 = 20;
 
 /// A validated request: one engine request per prompt, and how to answer.
 #[derive(Clone, Debug)]
@@ -86,12 +86,13 @@ fn refuse_unsupported(c: &CommonFields) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// vLLM's `prompt_logprobs`: 0..=20 alternatives per prompt token. A stream has nothing that
-/// would carry them, so with `stream` it is refused unless 0 (which vLLM accepts there and
+/// vLLM's `prompt_logprobs`: alternatives per prompt token (at most [`MAX_LOGPROBS`], which the
+/// engine checks; a value that is not even a `u32` is the wire's to refuse). A stream has nothing
+/// that would carry them, so with `stream` it is refused unless 0 (which vLLM accepts there and
 /// returns nothing for); `None` when nothing is to be computed.
 fn prompt_logprobs(value: Option<i64>, stream: bool) -> Result<Option<u32>, ApiError> {
     let Some(k) = value else { return Ok(None) };
-    let k = u32::try_from(k).ok().filter(|&k| k <= MAX_LOGPROBS).ok_or_else(|| {
+    let k = u32::try_from(k).map_err(|_| {
         ApiError::invalid(
             "prompt_logprobs",
             format!("prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {k}"),
@@ -115,26 +116,55 @@ pub(crate) struct WireNames {
     /// `max_tokens` as the request named it (`max_completion_tokens`,
     /// `sampling_params.max_new_tokens`).
     pub max_tokens: &'static str,
+    /// `min_tokens` as the route names it (`sampling_params.min_new_tokens`).
+    pub min_tokens: &'static str,
+    /// The top alternatives per sampled token (`logprobs`, chat's `top_logprobs`,
+    /// `top_logprobs_num`).
+    pub logprobs: &'static str,
+    /// The alternatives per prompt token (`prompt_logprobs`; `/generate` asks with
+    /// `top_logprobs_num`).
+    pub prompt_logprobs: &'static str,
     /// The routing start as the request named it (`routed_experts_start_len` or its alias).
     pub routing_start: &'static str,
+    /// Put before the other sampling fields' names (`sampling_params.` on `/generate`).
+    pub sampling_prefix: &'static str,
 }
 
 impl WireNames {
+    /// The names of `/v1/completions`, which are the engine's.
+    fn openai(routing_start: &'static str) -> Self {
+        Self {
+            prompt: "prompt",
+            max_tokens: "max_tokens",
+            min_tokens: "min_tokens",
+            logprobs: "logprobs",
+            prompt_logprobs: "prompt_logprobs",
+            routing_start,
+            sampling_prefix: "",
+        }
+    }
+
     /// The wire name of the engine's field `param`.
-    fn of(&self, param: &'static str) -> &'static str {
+    fn of(&self, param: &'static str) -> Cow<'static, str> {
         match param {
-            "prompt" => self.prompt,
-            "max_tokens" => self.max_tokens,
-            "routed_experts_start_len" => self.routing_start,
-            other => other,
+            "prompt" => self.prompt.into(),
+            "max_tokens" => self.max_tokens.into(),
+            "min_tokens" => self.min_tokens.into(),
+            "logprobs" => self.logprobs.into(),
+            "prompt_logprobs" => self.prompt_logprobs.into(),
+            "routed_experts_start_len" => self.routing_start.into(),
+            p if !self.sampling_prefix.is_empty() && SamplingError::PARAMS.contains(&p) => {
+                format!("{}{p}", self.sampling_prefix).into()
+            }
+            other => other.into(),
         }
     }
 }
 
 /// Runs the engine's checks on `request` (`routed_runtime::validate`) and answers a failure as a
 /// 400 naming the field as the route's wire does. A message that names the engine's field by
-/// name names the wire's instead (`max_new_tokens must be at least 1`); the prompt is "the
-/// prompt" whatever field carried it.
+/// name names the wire's instead (`max_new_tokens must be at least 1`, `top_logprobs must be
+/// between 0 and 20`); the prompt is "the prompt" whatever field carried it.
 pub(crate) fn check_request(
     info: &ModelInfo,
     request: &GenerateRequest,
@@ -143,12 +173,12 @@ pub(crate) fn check_request(
     routed_runtime::validate(request, info).map_err(|err| match err {
         EngineError::InvalidRequest { param, message } => {
             let wire = names.of(param);
-            let short = wire.rsplit('.').next().unwrap_or(wire);
+            let short = wire.rsplit('.').next().unwrap_or(&wire);
             let message = match param {
                 "prompt" => message,
                 _ => message.replace(param, short),
             };
-            ApiError::invalid(wire, message)
+            ApiError::invalid(&wire, message)
         }
         other => other.into(),
     })
@@ -242,7 +272,6 @@ fn sampling_fields(c: &CommonFields, prompt_logprobs: Option<u32>) -> SamplingFi
         logit_bias: c.logit_bias.clone(),
         prompt_logprobs,
         prefix: "",
-        min_tokens_name: "min_tokens",
     }
 }
 
@@ -285,8 +314,8 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
     let max_tokens = f.max_tokens.unwrap_or(16);
     let fields = sampling_fields(&c, asked.max(echoed));
     let info = state.info();
-    let sampling = sampling(fields, max_tokens, f.logprobs, state.default_seed(), info.vocab_size)?;
-    let names = WireNames { prompt: "prompt", max_tokens: "max_tokens", routing_start };
+    let sampling = sampling(fields, max_tokens, f.logprobs, state.default_seed())?;
+    let names = WireNames::openai(routing_start);
     let mut texts = Vec::new();
     let requests = prompts
         .into_iter()
@@ -336,12 +365,6 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         ));
     }
     let top_logprobs = f.top_logprobs.unwrap_or(0);
-    if top_logprobs > MAX_LOGPROBS {
-        return Err(ApiError::invalid(
-            "top_logprobs",
-            format!("top_logprobs must be at most {MAX_LOGPROBS}"),
-        ));
-    }
     let logprobs = f.logprobs.unwrap_or(false);
     if top_logprobs > 0 && !logprobs {
         return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs: true"));
@@ -359,10 +382,14 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     };
     let logprobs = logprobs.then_some(top_logprobs);
     let fields = sampling_fields(&c, asked);
-    let vocab_size = state.info().vocab_size;
-    let sampling = sampling(fields, max_tokens, logprobs, state.default_seed(), vocab_size)?;
+    let sampling = sampling(fields, max_tokens, logprobs, state.default_seed())?;
     let r = request(prompt, &sampling, n, routing, cache_salt.as_ref());
-    let names = WireNames { prompt: "messages", max_tokens: max_param, routing_start };
+    let names = WireNames {
+        prompt: "messages",
+        max_tokens: max_param,
+        logprobs: "top_logprobs",
+        ..WireNames::openai(routing_start)
+    };
     check_request(state.info(), &r, &names)?;
     Ok(Job {
         stop: sampling.stop.clone(),
@@ -375,4 +402,41 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         echo: None,
         prompt_logprobs: asked,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generate_nests_the_sampling_fields_and_renames_its_own() {
+        let generate = WireNames {
+            prompt: "input_ids",
+            max_tokens: "sampling_params.max_new_tokens",
+            min_tokens: "sampling_params.min_new_tokens",
+            logprobs: "top_logprobs_num",
+            prompt_logprobs: "top_logprobs_num",
+            routing_start: "routed_experts_start_len",
+            sampling_prefix: "sampling_params.",
+        };
+        for (engine, wire) in [
+            ("prompt", "input_ids"),
+            ("max_tokens", "sampling_params.max_new_tokens"),
+            ("min_tokens", "sampling_params.min_new_tokens"),
+            ("top_p", "sampling_params.top_p"),
+            ("logit_bias", "sampling_params.logit_bias"),
+            ("logprobs", "top_logprobs_num"),
+            ("prompt_logprobs", "top_logprobs_num"),
+            // Not sampling fields: top-level on /generate too.
+            ("n", "n"),
+            ("return_routed_experts", "return_routed_experts"),
+            ("routed_experts_start_len", "routed_experts_start_len"),
+        ] {
+            assert_eq!(generate.of(engine), wire);
+        }
+        let openai = WireNames::openai("routed_experts_start_len");
+        for param in SamplingError::PARAMS {
+            assert_eq!(openai.of(param), param, "/v1/completions names it as the engine does");
+        }
+    }
 }
