@@ -242,11 +242,14 @@ macro_rules! block_body {
             // and is bound by how fast they arrive. One weight row at a time walks memory in
             // order, which the hardware prefetchers follow at the full bandwidth; tiles of several
             // rows read as many interleaved streams 2 KiB apart, which they follow poorly
-            // (0.65-0.85 of the bandwidth here, with or without software prefetch; see
-            // docs/performance.md). A row's bits do not depend on the tile.
+            // (see docs/performance.md). The first input row's pass prefetches the bytes
+            // `DECODE_PREFETCH` further on, which keeps more lines in flight than the
+            // prefetchers alone. A row's bits do not depend on the tile.
             while n < $cols.end {
+                let ahead = $w.as_ptr().wrapping_add(n * $k + DECODE_PREFETCH / size_of::<W>());
                 for i in 0..$rows.len() {
-                    unsafe { $tile::<W, 1, 1>(&[xrow(i)], &[wrow(n)], $out, (i, n), none) };
+                    let next = if i == 0 { ahead } else { none };
+                    unsafe { $tile::<W, 1, 1>(&[xrow(i)], &[wrow(n)], $out, (i, n), next) };
                 }
                 n += 1;
             }
@@ -348,6 +351,10 @@ unsafe fn dispatch<W: Elem>(
         unsafe { block(x, k, rows, w, cols.clone(), out) }
     }
 }
+
+/// How far ahead of the weight row it reads a decode-shaped product prefetches, in bytes (the
+/// best of 1, 4 and 16 KiB in `cargo bench -p routed-backend --bench stream`).
+const DECODE_PREFETCH: usize = 4 << 10;
 
 /// Bytes of input rows per panel of [`dispatch`]: a quarter of a 2 MiB L2, leaving room for the
 /// weight tiles and the outputs.
