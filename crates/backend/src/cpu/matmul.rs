@@ -241,7 +241,7 @@ macro_rules! block_body {
             // Decode shapes: few input rows, so the product streams its weights from memory once
             // and is bound by how fast they arrive. One weight row at a time walks memory in
             // order, which the hardware prefetchers follow at the full bandwidth; tiles of several
-            // rows read as many interleaved streams 2 KiB apart, which they follow poorly
+            // rows read as many interleaved streams 2 KiB apart, which they follow less well
             // (see docs/performance.md). The first input row's pass prefetches the bytes
             // `DECODE_PREFETCH` further on, which keeps more lines in flight than the
             // prefetchers alone. A row's bits do not depend on the tile.
