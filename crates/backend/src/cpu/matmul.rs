@@ -16,6 +16,11 @@ const LANES: usize = 16;
 const NR: usize = 4;
 /// Input rows per tile.
 const MR: usize = 4;
+/// Input rows per tile where enough rows remain: each widened weight chunk then serves six rows
+/// (widening costs as much as a multiply), and the 24 accumulators, 4 weight vectors and the
+/// input vector still fit AVX-512's 32 registers. Not where it would leave 2 or 3 rows, which
+/// 4-row tiles cover better (8 rows: two 4-row tiles).
+const MR_WIDE: usize = 6;
 
 /// A weight element the kernels widen to `f32` (exactly).
 trait Elem: Copy + Send + Sync {
@@ -261,6 +266,14 @@ macro_rules! block_body {
             let mut m = 0;
             while m < $rows.len() {
                 let next = if m == 0 { next } else { none };
+                let left = $rows.len() - m;
+                if nr == NR && left >= MR_WIDE && !(2..MR).contains(&(left - MR_WIDE)) {
+                    let xs = std::array::from_fn::<_, MR_WIDE, _>(|i| xrow(m + i));
+                    let ws = [wrow(n), wrow(n + 1), wrow(n + 2), wrow(n + 3)];
+                    unsafe { $tile::<W, MR_WIDE, NR>(&xs, &ws, $out, (m, n), next) };
+                    m += MR_WIDE;
+                    continue;
+                }
                 let mr = ($rows.len() - m).min(MR);
                 if mr == MR && nr == NR {
                     let xs = [xrow(m), xrow(m + 1), xrow(m + 2), xrow(m + 3)];

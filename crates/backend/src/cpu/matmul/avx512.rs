@@ -1,7 +1,7 @@
 //! AVX-512 tiles: 16 lanes per register, one register per partial-sum vector of the portable
 //! kernel, multiply then add (no FMA, to keep the portable kernel's rounding).
 
-use super::{DECODE_PREFETCH, Elem, LANES, MR, NR, OutView};
+use super::{DECODE_PREFETCH, Elem, LANES, MR, MR_WIDE, NR, OutView};
 use std::arch::x86_64::*;
 
 /// # Safety

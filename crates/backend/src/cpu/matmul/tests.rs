@@ -42,7 +42,8 @@ fn every_output_equals_its_dot_whatever_the_batch_and_tiling() {
     for (k, n) in [(96, 300), (33, 7), (16, 5)] {
         let w = Matrix::from_f32(n, k, seq(n * k, 3));
         let wv = seq(n * k, 3);
-        for m in [1, 3, 4, 9, 64] {
+        // Row counts that end on each mix of 6-row, 4-row and single-row tiles.
+        for m in [1, 3, 4, 6, 7, 8, 9, 10, 11, 64] {
             let x = seq(m * k, 4);
             let all = linear_matching_dots(&x, &w, &wv);
             let mut gathered = vec![0.0; n];
@@ -54,8 +55,9 @@ fn every_output_equals_its_dot_whatever_the_batch_and_tiling() {
 
 #[test]
 fn long_inputs_run_in_row_panels_with_unchanged_bits() {
-    // k = 8192: panels of 16 rows, so 37 rows run as 16 + 16 + 5 (the last a full tile plus a
-    // leftover row) and 34 rows end on a 2-row panel, which takes the streaming tiles.
+    // k = 8192: panels of 16 rows (tiles of 6 + 6 + 4 rows), so 37 rows run as 16 + 16 + 5 (the
+    // last a 4-row tile plus a leftover row) and 34 rows end on a 2-row panel, which takes the
+    // streaming walk.
     let (k, n) = (8192, 9);
     let panel = PANEL_BYTES / (k * size_of::<f32>());
     assert_eq!(panel, 16);
@@ -68,14 +70,15 @@ fn long_inputs_run_in_row_panels_with_unchanged_bits() {
 
 #[test]
 fn bf16_weights_give_the_same_bits_as_their_f32_widening() {
-    // 37 weight rows: one at a time for 1 and 3 input rows, 4-wide tiles then single rows for 6.
+    // 37 weight rows: one at a time for 1 and 3 input rows; for 6 and 8, tiles of 4 weight rows
+    // (against 6 input rows, or twice 4) then single rows.
     let (k, n) = (40, 37);
     let halfs: Vec<bf16> = seq(n * k, 5).into_iter().map(bf16::from_f32).collect();
     let wide: Vec<f32> = halfs.iter().map(|h| h.to_f32()).collect();
     let narrow = Matrix::new(n, k, MatrixData::Bf16(halfs));
     let wide_rows = wide.clone();
     let wide = Matrix::from_f32(n, k, wide);
-    for m in [1, 3, 6] {
+    for m in [1, 3, 6, 8] {
         let x = seq(m * k, 6);
         let (mut a, mut b) = (vec![0.0; m * n], vec![0.0; m * n]);
         linear(&x, &narrow, &mut a);
