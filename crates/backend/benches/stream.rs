@@ -16,7 +16,7 @@
 //! elsewhere).
 
 use half::bf16;
-use routed_backend::cpu::{Matrix, MatrixData, linear};
+use routed_backend::cpu::{Matrix, MatrixData, linear, streamed_vec};
 use std::time::Instant;
 
 const K: usize = 1024;
@@ -203,18 +203,9 @@ fn run() {
     }
 }
 
-/// A copy of `v` in memory the kernel may back with transparent huge pages, as the weight loader
-/// asks for its weights (`MADV_HUGEPAGE` before the pages are touched).
+/// A copy of `v` in a buffer that asks for transparent huge pages, as the weight loader's do.
 fn huge_copy<T: Copy>(v: &[T]) -> Vec<T> {
-    const HUGE: usize = 2 << 20;
-    let mut out = Vec::with_capacity(v.len());
-    let start = out.as_ptr() as usize;
-    let (first, end) = (start.next_multiple_of(HUGE), (start + size_of_val(v)) / HUGE * HUGE);
-    if end > first {
-        // SAFETY: the range lies inside the vector's untouched allocation; the advice changes
-        // only how the kernel backs the pages.
-        unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE) };
-    }
+    let mut out = streamed_vec(v.len());
     out.extend_from_slice(v);
     out
 }

@@ -37,12 +37,13 @@ pub use error::{ModelError, Result};
 pub use kv::KvCache;
 pub use model::Model;
 pub use routed_backend::cpu::MatmulPrecision;
+pub use routed_backend::cpu::streamed_vec;
 pub use routed_types::SampledToken;
 pub use sampling::Sampler;
 pub use shard::{ExpertShard, LoadStats};
 pub use state::StateCache;
 pub use tokenizer::{ChatMessage, Tokenizer};
-pub use weights::{Weights, streamed_vec};
+pub use weights::Weights;
 
 use routed_backend::collective::{Collective, SingleRank};
 use std::{path::Path, sync::Arc};

@@ -4,7 +4,7 @@
 
 use crate::error::{ModelError, Result};
 use memmap2::Mmap;
-use routed_backend::cpu::{Matrix, MatrixData};
+use routed_backend::cpu::{Matrix, MatrixData, streamed_vec};
 use safetensors::{Dtype, SafeTensors};
 use std::{
     collections::HashMap,
@@ -248,25 +248,4 @@ fn shard_files(index: &Path) -> Result<Vec<String>> {
     files.sort();
     files.dedup();
     Ok(files)
-}
-
-/// An empty vector with room for `len` elements whose memory the kernel may back with
-/// transparent huge pages. Weights are streamed end to end at every decode step; 2 MiB pages
-/// spare that stream a page walk every 4 KiB. Only a hint (`MADV_HUGEPAGE` on the allocation's
-/// whole 2 MiB pages, before they are touched): where the kernel declines, nothing changes.
-pub fn streamed_vec<T>(len: usize) -> Vec<T> {
-    let v = Vec::with_capacity(len);
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let start = v.as_ptr() as usize;
-        let (first, end) =
-            (start.next_multiple_of(HUGE), (start + len * size_of::<T>()) / HUGE * HUGE);
-        if end > first {
-            // SAFETY: the range lies inside the vector's untouched allocation, which the vector
-            // owns; the advice changes only how the kernel backs those pages, never their contents.
-            unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE) };
-        }
-    }
-    v
 }

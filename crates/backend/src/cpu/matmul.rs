@@ -274,7 +274,7 @@ macro_rules! block_body {
                     m += MR_WIDE;
                     continue;
                 }
-                let mr = ($rows.len() - m).min(MR);
+                let mr = left.min(MR);
                 if mr == MR && nr == NR {
                     let xs = [xrow(m), xrow(m + 1), xrow(m + 2), xrow(m + 3)];
                     let ws = [wrow(n), wrow(n + 1), wrow(n + 2), wrow(n + 3)];

@@ -30,7 +30,7 @@ mod ssm;
 pub use matmul::{
     dot, identity_rows, lane_weighted_sum, linear, linear_rows, linear_rows_f32, linear_rows_serial,
 };
-pub use matrix::{MatmulPrecision, Matrix, MatrixData};
+pub use matrix::{MatmulPrecision, Matrix, MatrixData, streamed_vec};
 pub use ops::{
     add_assign, argmax, log_softmax, log_sum_exp, mul_silu_inplace, relu2_inplace, rms_norm,
     rms_norm_inplace, scale_inplace, silu, silu_inplace, softmax_inplace, softmax_scaled_inplace,

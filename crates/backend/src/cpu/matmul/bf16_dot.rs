@@ -122,8 +122,8 @@ unsafe fn dispatch(xb: &[u16], k: usize, w: &[bf16], cols: std::ops::Range<usize
 }
 
 /// Every input row of `xb` against weight rows `cols`: one weight row at a time for decode shapes
-/// (as the `f32` kernel), 4 x 4 tiles otherwise. Expands inside an
-/// `unsafe fn` whose contract covers outputs `(0..xb.len() / k, cols)` of `$out`.
+/// (as the `f32` kernel), 4 x 4 tiles otherwise. Expands inside an `unsafe fn` whose contract
+/// covers outputs `(0..xb.len() / k, cols)` of `$out`.
 macro_rules! bf16_block_body {
     ($tile:ident, $xb:ident, $k:ident, $w:ident, $cols:ident, $out:ident) => {{
         let m = $xb.len() / $k;
