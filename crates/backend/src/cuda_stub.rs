@@ -16,6 +16,16 @@ impl CudaDevice {
         Err(BackendError::CudaNotCompiled)
     }
 
+    /// Always fails: this build has no CUDA support, so no simulator either.
+    pub fn simulated() -> Result<Self, BackendError> {
+        Err(BackendError::CudaNotCompiled)
+    }
+
+    /// Never true: no device exists in this build.
+    pub fn is_simulated(&self) -> bool {
+        match self.never {}
+    }
+
     /// The device ordinal.
     pub fn ordinal(&self) -> usize {
         match self.never {}

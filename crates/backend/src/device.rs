@@ -3,7 +3,8 @@
 use crate::{BackendError, cuda};
 use std::{fmt, str::FromStr};
 
-/// A device as named on the command line: `cpu` or `cuda:N`.
+/// A device as named on the command line: `cpu`, `cuda:N`, or `cuda-sim` (the CUDA simulator: the
+/// CUDA worker and kernels run on the host, for checking the GPU path without a GPU; slow).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DeviceSpec {
     /// The CPU reference backend.
@@ -11,6 +12,8 @@ pub enum DeviceSpec {
     Cpu,
     /// CUDA device with this ordinal.
     Cuda(usize),
+    /// The CUDA simulator (`cuda::sim`).
+    CudaSim,
 }
 
 impl FromStr for DeviceSpec {
@@ -20,6 +23,7 @@ impl FromStr for DeviceSpec {
         match s {
             "cpu" => Ok(Self::Cpu),
             "cuda" => Ok(Self::Cuda(0)),
+            "cuda-sim" => Ok(Self::CudaSim),
             _ => s
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse().ok())
@@ -34,6 +38,7 @@ impl fmt::Display for DeviceSpec {
         match self {
             Self::Cpu => f.write_str("cpu"),
             Self::Cuda(n) => write!(f, "cuda:{n}"),
+            Self::CudaSim => f.write_str("cuda-sim"),
         }
     }
 }
@@ -54,6 +59,7 @@ impl Device {
         match spec {
             DeviceSpec::Cpu => Ok(Self::Cpu),
             DeviceSpec::Cuda(ordinal) => cuda::CudaDevice::open(ordinal).map(Self::Cuda),
+            DeviceSpec::CudaSim => cuda::CudaDevice::simulated().map(Self::Cuda),
         }
     }
 
@@ -67,6 +73,7 @@ impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(d) if d.is_simulated() => f.write_str("cuda-sim"),
             Self::Cuda(d) => write!(f, "cuda:{} ({})", d.ordinal(), d.name()),
         }
     }
@@ -81,6 +88,8 @@ mod tests {
         assert_eq!("cpu".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
         assert_eq!("cuda:1".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(1));
         assert_eq!("cuda".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(0));
+        assert_eq!("cuda-sim".parse::<DeviceSpec>().unwrap(), DeviceSpec::CudaSim);
+        assert_eq!(DeviceSpec::CudaSim.to_string(), "cuda-sim");
         assert!("gpu".parse::<DeviceSpec>().is_err());
         assert!("cuda:x".parse::<DeviceSpec>().is_err());
     }

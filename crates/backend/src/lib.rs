@@ -91,4 +91,8 @@ pub enum BackendError {
     /// A device buffer access outside its pool, or a copy whose lengths differ.
     #[error("device memory: {0}")]
     Memory(String),
+    /// The CUDA simulator could not build a kernel unit with the host C++ compiler, or a
+    /// simulated launch failed (a deadlock at a barrier, a shuffle outside its mask).
+    #[error("CUDA simulator: {0}")]
+    Simulator(String),
 }

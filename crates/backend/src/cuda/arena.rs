@@ -5,6 +5,7 @@
 //! The arithmetic ([`ArenaLayout`], [`Span`]) is plain host code; [`DeviceArena`] is the
 //! allocation, and [`DevSlice`] a span resolved to a device address for a kernel launch.
 
+use super::CudaDevice;
 use crate::BackendError;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::{
@@ -217,29 +218,50 @@ impl<'a, T> DevSlice<'a, T> {
 pub struct DeviceArena {
     id: ArenaId,
     name: &'static str,
-    buf: CudaSlice<u8>,
+    memory: Memory,
     base: u64,
-    stream: Arc<CudaStream>,
+    num_bytes: usize,
+}
+
+#[derive(Debug)]
+enum Memory {
+    /// Device memory, allocated and copied on the compute stream.
+    Driver { buf: CudaSlice<u8>, stream: Arc<CudaStream> },
+    /// The simulator's device memory: host memory.
+    Host(HostBlock),
 }
 
 impl DeviceArena {
-    /// Allocates the arena of `layout` on `stream` (its allocations and frees are ordered there).
-    pub fn new(stream: &Arc<CudaStream>, layout: &ArenaLayout) -> Result<Self, BackendError> {
+    /// Allocates the arena of `layout` on `dev` (its allocations and frees are ordered on the
+    /// compute stream).
+    pub fn new(dev: &CudaDevice, layout: &ArenaLayout) -> Result<Self, BackendError> {
         let bytes = layout.num_bytes().max(1);
-        let buf = stream.alloc_zeros::<u8>(bytes).map_err(|e| {
+        let refused = |e: String| {
             BackendError::Memory(format!("allocating {bytes} bytes for {}: {e}", layout.name))
-        })?;
-        let (base, _) = buf.device_ptr(stream);
-        Ok(Self { id: layout.id, name: layout.name, buf, base, stream: stream.clone() })
+        };
+        let (memory, base) = match dev.compute_stream().cuda() {
+            Some(stream) => {
+                let buf = stream.alloc_zeros::<u8>(bytes).map_err(|e| refused(e.to_string()))?;
+                let (base, _) = buf.device_ptr(stream);
+                (Memory::Driver { buf, stream: stream.clone() }, base)
+            }
+            None => {
+                let block =
+                    HostBlock::zeroed(bytes).ok_or_else(|| refused("out of memory".into()))?;
+                let base = block.ptr.as_ptr() as u64;
+                (Memory::Host(block), base)
+            }
+        };
+        Ok(Self { id: layout.id, name: layout.name, memory, base, num_bytes: bytes })
     }
 
     /// Bytes allocated.
     pub fn num_bytes(&self) -> usize {
-        self.buf.len()
+        self.num_bytes
     }
 
     fn check<T: DeviceElem>(&self, span: &Span<T>) -> Result<(), BackendError> {
-        if span.arena != self.id || span.offset + span.num_bytes() > self.buf.len() {
+        if span.arena != self.id || span.offset + span.num_bytes() > self.num_bytes {
             return Err(BackendError::Memory(format!(
                 "a span of {} bytes at {} does not belong to arena {}",
                 span.num_bytes(),
@@ -270,22 +292,75 @@ impl DeviceArena {
         if data.is_empty() {
             return Ok(());
         }
-        let mut dst = self.buf.slice_mut(span.offset..span.offset + std::mem::size_of_val(data));
-        self.stream
-            .memcpy_htod(as_bytes(data), &mut dst)
-            .map_err(|e| BackendError::Memory(format!("upload to {}: {e}", self.name)))
+        let range = span.offset..span.offset + std::mem::size_of_val(data);
+        match &mut self.memory {
+            Memory::Driver { buf, stream } => stream
+                .memcpy_htod(as_bytes(data), &mut buf.slice_mut(range))
+                .map_err(|e| BackendError::Memory(format!("upload to {}: {e}", self.name))),
+            Memory::Host(block) => {
+                block.bytes_mut()[range].copy_from_slice(as_bytes(data));
+                Ok(())
+            }
+        }
     }
 
     /// Copies the whole span to the host, after the work queued on the arena's stream.
     pub fn download<T: DeviceElem>(&self, span: Span<T>) -> Result<Vec<T>, BackendError> {
         self.check(&span)?;
         let mut out = vec![T::default(); span.len];
-        let src = self.buf.slice(span.offset..span.offset + span.num_bytes());
-        self.stream
-            .memcpy_dtoh(&src, as_bytes_mut(&mut out))
-            .and_then(|()| self.stream.synchronize())
-            .map_err(|e| BackendError::Memory(format!("download from {}: {e}", self.name)))?;
+        let range = span.offset..span.offset + span.num_bytes();
+        match &self.memory {
+            Memory::Driver { buf, stream } => stream
+                .memcpy_dtoh(&buf.slice(range), as_bytes_mut(&mut out))
+                .and_then(|()| stream.synchronize())
+                .map_err(|e| BackendError::Memory(format!("download from {}: {e}", self.name)))?,
+            Memory::Host(block) => as_bytes_mut(&mut out).copy_from_slice(&block.bytes()[range]),
+        }
         Ok(out)
+    }
+}
+
+/// Zeroed host memory standing for a simulated device's allocation, aligned like `cuMemAlloc`'s.
+struct HostBlock {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: plain bytes owned by the block, like device memory: kernels (the simulator's) and
+// copies reach them through addresses, ordered by the streams' rules.
+unsafe impl Send for HostBlock {}
+// SAFETY: as above.
+unsafe impl Sync for HostBlock {}
+
+impl HostBlock {
+    fn zeroed(bytes: usize) -> Option<Self> {
+        let layout = std::alloc::Layout::from_size_align(bytes, SPAN_ALIGN).ok()?;
+        // SAFETY: `bytes` is at least 1 (the arena asks for `max(1)`).
+        let ptr = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })?;
+        Some(Self { ptr, layout })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `layout.size()` initialised (zeroed) bytes owned by the block.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for HostBlock {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+impl std::fmt::Debug for HostBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostBlock({} bytes)", self.layout.size())
     }
 }
 

@@ -33,6 +33,11 @@ impl Arch {
         Self(format!("sm_{major}{minor}"))
     }
 
+    /// The simulator's label (never given to NVRTC).
+    pub fn simulator() -> Self {
+        Self("sim".to_owned())
+    }
+
     /// The name, as NVRTC's `--gpu-architecture` takes it.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -123,6 +128,15 @@ pub fn cache_key(src: &str, arch: &Arch, nvrtc: (i32, i32)) -> u64 {
     h.0
 }
 
+/// FNV-1a over length-prefixed fields (the simulator's cache keys use it too).
+pub(crate) fn hash_fields<'a>(fields: impl IntoIterator<Item = &'a [u8]>) -> u64 {
+    let mut h = Fnv::new();
+    for f in fields {
+        h.field(f);
+    }
+    h.0
+}
+
 struct Fnv(u64);
 
 impl Fnv {
@@ -164,14 +178,22 @@ pub fn cache_dir_from(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Optio
     Some(base.join("routed").join("kernels"))
 }
 
+/// A temporary file extension no other writer uses at the same time: threads of one process, as
+/// well as processes, may build the same file at once.
+pub(crate) fn tmp_suffix() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("tmp{}-{n}", std::process::id())
+}
+
 /// Writes the CUBIN under a temporary name and renames it into place, so a reader never sees a
 /// torn file; a failure leaves the cache without it.
-fn store(path: &std::path::Path, bin: &[u8]) {
+pub(crate) fn store(path: &std::path::Path, bin: &[u8]) {
     let Some(dir) = path.parent() else { return };
     if std::fs::create_dir_all(dir).is_err() {
         return;
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let tmp = path.with_extension(tmp_suffix());
     if std::fs::write(&tmp, bin).is_ok() && std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }

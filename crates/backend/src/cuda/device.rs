@@ -6,18 +6,28 @@
 //! with tracking on every launch would record and wait on events, which also breaks graph
 //! capture); then the compute and copy streams are made and every kernel is compiled (or read
 //! from the cache) and loaded.
+//!
+//! [`CudaDevice::simulated`] opens the CUDA simulator instead: the same kernels, launch wrappers,
+//! pools and copies, run on the host.
 
 use super::{
     compile::{self, Arch},
+    launch::Shape,
     libs::{self, CudaLibrary},
+    sim::SimKernels,
     source::{KernelId, UNITS},
+    stream::{Event, Stream},
 };
 use crate::BackendError;
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, sys::CUfunction_attribute};
 use rayon::prelude::*;
 use std::sync::Arc;
 
-/// An opened CUDA device: its primary context, a compute stream, a copy stream and the loaded
+/// Memory a simulated device reports as its own (what sizes the KV pool when no block count is
+/// given); the simulator's pools are host memory.
+pub const SIM_MEMORY_BYTES: usize = 2 << 30;
+
+/// An opened CUDA device, or the CUDA simulator: a compute stream, a copy stream and the loaded
 /// kernels. Cheap to clone.
 #[derive(Clone)]
 pub struct CudaDevice {
@@ -25,15 +35,46 @@ pub struct CudaDevice {
 }
 
 struct Inner {
-    ctx: Arc<CudaContext>,
-    compute: Arc<CudaStream>,
-    copy: Arc<CudaStream>,
     ordinal: usize,
     name: String,
     arch: Arch,
     driver_version: i32,
+    compute: Stream,
+    copy: Stream,
+    engine: Engine,
+}
+
+/// What runs the launches.
+pub(crate) enum Engine {
+    /// A GPU through the driver.
+    Driver(Driver),
+    /// The kernels built for the host ([`super::sim`]).
+    Sim(SimKernels),
+}
+
+/// The driver's side of an opened device.
+pub(crate) struct Driver {
+    ctx: Arc<CudaContext>,
+    pub(crate) compute: Arc<CudaStream>,
     /// Indexed by [`KernelId::index`].
     kernels: Vec<CudaFunction>,
+}
+
+impl Driver {
+    /// The kernel, with its dynamic shared memory limit raised when the shape needs more than the
+    /// default.
+    pub(crate) fn prepare(
+        &self,
+        id: KernelId,
+        shape: &Shape,
+    ) -> Result<&CudaFunction, BackendError> {
+        let func = &self.kernels[id.index()];
+        if shape.needs_smem_opt_in() {
+            let attr = CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            func.set_attribute(attr, shape.smem as i32).map_err(driver_err)?;
+        }
+        Ok(func)
+    }
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -72,8 +113,36 @@ impl CudaDevice {
         let (major, minor) = ctx.compute_capability().map_err(driver_err)?;
         let arch = Arch::from_capability(major, minor);
         let kernels = load_kernels(&ctx, &arch)?;
-        let inner = Inner { ctx, compute, copy, ordinal, name, arch, driver_version, kernels };
+        let inner = Inner {
+            ordinal,
+            name,
+            arch,
+            driver_version,
+            compute: Stream::driver(compute.clone()),
+            copy: Stream::driver(copy),
+            engine: Engine::Driver(Driver { ctx, compute, kernels }),
+        };
         Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// The CUDA simulator ([`super::sim`]): every kernel built for the host by its C++ compiler
+    /// and run on the calling thread. Fails (naming the compiler) when no compiler can build them.
+    pub fn simulated() -> Result<Self, BackendError> {
+        let inner = Inner {
+            ordinal: 0,
+            name: "CUDA simulator".to_owned(),
+            arch: Arch::simulator(),
+            driver_version: 0,
+            compute: Stream::sim(),
+            copy: Stream::sim(),
+            engine: Engine::Sim(SimKernels::load()?),
+        };
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// Whether this is the simulator rather than a GPU.
+    pub fn is_simulated(&self) -> bool {
+        matches!(self.inner.engine, Engine::Sim(_))
     }
 
     /// The device ordinal.
@@ -86,45 +155,68 @@ impl CudaDevice {
         &self.inner.name
     }
 
-    /// The architecture the kernels were compiled for (`sm_90` on an H100).
+    /// The architecture the kernels were compiled for (`sm_90` on an H100, `sim` for the
+    /// simulator).
     pub fn arch(&self) -> &str {
         self.inner.arch.as_str()
     }
 
-    /// The driver's CUDA version (`13000` for 13.0).
+    /// The driver's CUDA version (`13000` for 13.0; 0 for the simulator).
     pub fn driver_version(&self) -> i32 {
         self.inner.driver_version
     }
 
-    /// The primary context.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.inner.ctx
+    /// Free and total device memory in bytes ([`SIM_MEMORY_BYTES`] both for the simulator).
+    pub fn mem_get_info(&self) -> Result<(usize, usize), BackendError> {
+        match &self.inner.engine {
+            Engine::Driver(d) => d.ctx.mem_get_info().map_err(driver_err),
+            Engine::Sim(_) => Ok((SIM_MEMORY_BYTES, SIM_MEMORY_BYTES)),
+        }
     }
 
     /// The stream every kernel runs on.
-    pub fn compute_stream(&self) -> &Arc<CudaStream> {
+    pub fn compute_stream(&self) -> &Stream {
         &self.inner.compute
     }
 
     /// The stream of device-to-host copies that overlap the next step (routing rows).
-    pub fn copy_stream(&self) -> &Arc<CudaStream> {
+    pub fn copy_stream(&self) -> &Stream {
         &self.inner.copy
     }
 
     /// A new event without timing, for ordering work between the streams (recorded on one,
     /// waited on by the other) or waiting for it on the host.
-    pub fn new_event(&self) -> Result<cudarc::driver::CudaEvent, BackendError> {
-        self.inner.ctx.new_event(None).map_err(driver_err)
+    pub fn new_event(&self) -> Result<Event, BackendError> {
+        self.event_with(None)
+    }
+
+    /// A new event with the driver's `flags`.
+    pub(crate) fn event_with(
+        &self,
+        flags: Option<cudarc::driver::sys::CUevent_flags>,
+    ) -> Result<Event, BackendError> {
+        match &self.inner.engine {
+            Engine::Driver(d) => d.ctx.new_event(flags).map(Event::driver).map_err(driver_err),
+            Engine::Sim(_) => Ok(Event::sim()),
+        }
     }
 
     /// Waits for everything queued on the compute stream.
     pub fn synchronize(&self) -> Result<(), BackendError> {
-        self.inner.compute.synchronize().map_err(driver_err)
+        self.inner.compute.synchronize()
     }
 
-    /// The loaded kernel `id`.
-    pub(crate) fn kernel(&self, id: KernelId) -> &CudaFunction {
-        &self.inner.kernels[id.index()]
+    /// What runs this device's launches.
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    /// The driver's context, or `None` on the simulator.
+    pub(crate) fn cuda_context(&self) -> Option<&Arc<CudaContext>> {
+        match &self.inner.engine {
+            Engine::Driver(d) => Some(&d.ctx),
+            Engine::Sim(_) => None,
+        }
     }
 }
 

@@ -1,55 +1,67 @@
 //! Host-side pieces the kernels depend on: pinned buffers for device-to-host copies, the rotary
 //! table, the sampling parameters' memory layout.
 
-use super::{arena::DevSlice, arena::DeviceElem, device::driver_err};
+use super::{
+    CudaDevice, Event, Stream,
+    arena::{DevSlice, DeviceElem},
+    device::driver_err,
+};
 use crate::BackendError;
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, PinnedHostSlice, result};
-use std::sync::Arc;
+use cudarc::driver::{PinnedHostSlice, result, sys::CUevent_flags};
 
 /// A page-locked host buffer that the CPU reads after a copy from the device, or writes before a
 /// copy to it (the step inputs' staging).
 ///
 /// Allocated with flags 0, not cudarc's `alloc_pinned` (write-combined memory, which the CPU reads
 /// slowly). With event tracking off, cudarc does not order reads of the buffer after the copy, so
-/// the buffer records its own event after each copy and [`PinnedBuffer::wait`] blocks on it.
+/// the buffer records its own event after each copy and [`PinnedBuffer::wait`] blocks on it. On
+/// the simulator it is ordinary memory and a copy is done when it is queued.
 pub struct PinnedBuffer<T: DeviceElem> {
-    host: PinnedHostSlice<T>,
-    copied: CudaEvent,
+    host: HostMemory<T>,
+    copied: Event,
+}
+
+enum HostMemory<T: DeviceElem> {
+    Pinned(PinnedHostSlice<T>),
+    Plain(Vec<T>),
 }
 
 impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> PinnedBuffer<T> {
     /// Allocates `len` elements.
-    pub fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, BackendError> {
+    pub fn new(dev: &CudaDevice, len: usize) -> Result<Self, BackendError> {
         // cudarc asserts on an overflowing size; refuse it here instead.
         len.checked_mul(size_of::<T>())
             .filter(|&b| b < isize::MAX as usize)
             .ok_or_else(|| BackendError::Memory(format!("a pinned buffer of {len} elements")))?;
-        // SAFETY: flags 0 is plain page-locked memory; the contents are set before they are read
-        // (`wait` is the only reader and follows a copy), and every bit pattern is a valid `T`.
-        let host = unsafe { ctx.alloc_pinned_with_flags::<T>(len, 0) }.map_err(driver_err)?;
-        let copied = ctx
-            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
-            .map_err(driver_err)?;
+        let host = match dev.cuda_context() {
+            // SAFETY: flags 0 is plain page-locked memory; the contents are set before they are
+            // read (`wait` is the only reader and follows a copy), and every bit pattern is a
+            // valid `T`.
+            Some(ctx) => HostMemory::Pinned(
+                unsafe { ctx.alloc_pinned_with_flags::<T>(len, 0) }.map_err(driver_err)?,
+            ),
+            None => HostMemory::Plain(vec![T::default(); len]),
+        };
+        let copied = dev.event_with(Some(CUevent_flags::CU_EVENT_BLOCKING_SYNC))?;
         Ok(Self { host, copied })
     }
 
     /// Elements.
     pub fn len(&self) -> usize {
-        self.host.len()
+        match &self.host {
+            HostMemory::Pinned(h) => h.len(),
+            HostMemory::Plain(v) => v.len(),
+        }
     }
 
     /// Whether it is empty.
     pub fn is_empty(&self) -> bool {
-        self.host.is_empty()
+        self.len() == 0
     }
 
     /// Queues a copy of `src` into the start of the buffer on `stream` and records the buffer's
     /// event after it. The device memory must stay untouched until the copy is done.
-    pub fn copy_from(
-        &mut self,
-        src: DevSlice<'_, T>,
-        stream: &CudaStream,
-    ) -> Result<(), BackendError> {
+    pub fn copy_from(&mut self, src: DevSlice<'_, T>, stream: &Stream) -> Result<(), BackendError> {
         self.queue_copy_from(0, src, stream)?;
         self.record(stream)
     }
@@ -60,72 +72,104 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
         &mut self,
         at: usize,
         src: DevSlice<'_, T>,
-        stream: &CudaStream,
+        stream: &Stream,
     ) -> Result<(), BackendError> {
-        let end = at.checked_add(src.len()).filter(|&e| e <= self.host.len()).ok_or_else(|| {
+        let len = self.len();
+        let end = at.checked_add(src.len()).filter(|&e| e <= len).ok_or_else(|| {
             BackendError::Memory(format!(
-                "{} elements at {at} do not fit a pinned buffer of {}",
+                "{} elements at {at} do not fit a pinned buffer of {len}",
                 src.len(),
-                self.host.len()
             ))
         })?;
-        let base = self.host.as_mut_ptr().map_err(driver_err)?;
-        stream.context().bind_to_thread().map_err(driver_err)?;
-        // SAFETY: `base..base + len` is page-locked memory that stays allocated as long as
-        // `self`, and `at..end` lies inside it; `src` is a device range of `end - at` elements.
-        let dst = unsafe { std::slice::from_raw_parts_mut(base.add(at), end - at) };
-        // SAFETY: as above; the copy is ordered on `stream`.
-        unsafe { result::memcpy_dtoh_async(dst, src.addr(), stream.cu_stream()) }
-            .map_err(driver_err)
+        match (&mut self.host, stream.cuda()) {
+            (HostMemory::Pinned(host), Some(stream)) => {
+                let base = host.as_mut_ptr().map_err(driver_err)?;
+                stream.context().bind_to_thread().map_err(driver_err)?;
+                // SAFETY: `base..base + len` is page-locked memory that stays allocated as long
+                // as `self`, and `at..end` lies inside it; `src` is a device range of
+                // `end - at` elements.
+                let dst = unsafe { std::slice::from_raw_parts_mut(base.add(at), end - at) };
+                // SAFETY: as above; the copy is ordered on `stream`.
+                unsafe { result::memcpy_dtoh_async(dst, src.addr(), stream.cu_stream()) }
+                    .map_err(driver_err)
+            }
+            (HostMemory::Plain(host), None) => {
+                // SAFETY: a simulated device's addresses are host memory of its arenas, and
+                // `src` is a range of `end - at` elements of one.
+                let from = unsafe { std::slice::from_raw_parts(src.addr() as *const T, end - at) };
+                host[at..end].copy_from_slice(from);
+                Ok(())
+            }
+            _ => Err(mixed()),
+        }
     }
 
     /// Queues a copy of the first `dst.len()` elements of the buffer into `dst` on `stream` and
     /// records the buffer's event after it: the host must not write the buffer again before the
     /// copy has read it ([`PinnedBuffer::host_mut`] waits for that).
-    pub fn copy_to(
-        &mut self,
-        dst: DevSlice<'_, T>,
-        stream: &CudaStream,
-    ) -> Result<(), BackendError> {
-        if dst.len() > self.host.len() {
+    pub fn copy_to(&mut self, dst: DevSlice<'_, T>, stream: &Stream) -> Result<(), BackendError> {
+        if dst.len() > self.len() {
             return Err(BackendError::Memory(format!(
                 "{} elements do not come from a pinned buffer of {}",
                 dst.len(),
-                self.host.len()
+                self.len()
             )));
         }
-        let base = self.host.as_ptr().map_err(driver_err)?;
-        stream.context().bind_to_thread().map_err(driver_err)?;
-        // SAFETY: the first `dst.len()` elements of the page-locked buffer, alive with `self`.
-        let src = unsafe { std::slice::from_raw_parts(base, dst.len()) };
-        // SAFETY: `dst` is a device range of that many elements; the copy is ordered on `stream`.
-        unsafe { result::memcpy_htod_async(dst.addr(), src, stream.cu_stream()) }
-            .map_err(driver_err)?;
+        match (&self.host, stream.cuda()) {
+            (HostMemory::Pinned(host), Some(stream)) => {
+                let base = host.as_ptr().map_err(driver_err)?;
+                stream.context().bind_to_thread().map_err(driver_err)?;
+                // SAFETY: the first `dst.len()` elements of the page-locked buffer, alive with
+                // `self`.
+                let src = unsafe { std::slice::from_raw_parts(base, dst.len()) };
+                // SAFETY: `dst` is a device range of that many elements; the copy is ordered on
+                // `stream`.
+                unsafe { result::memcpy_htod_async(dst.addr(), src, stream.cu_stream()) }
+                    .map_err(driver_err)?;
+            }
+            (HostMemory::Plain(host), None) => {
+                // SAFETY: a simulated device's addresses are host memory of its arenas, and
+                // `dst` is a range of `dst.len()` elements of one, disjoint from `host`.
+                let to = unsafe { std::slice::from_raw_parts_mut(dst.addr() as *mut T, dst.len()) };
+                to.copy_from_slice(&host[..dst.len()]);
+            }
+            _ => return Err(mixed()),
+        }
         self.record(stream)
     }
 
     /// Records the buffer's event on `stream`, after the copies queued there.
-    pub fn record(&self, stream: &CudaStream) -> Result<(), BackendError> {
-        self.copied.record(stream).map_err(driver_err)
+    pub fn record(&self, stream: &Stream) -> Result<(), BackendError> {
+        self.copied.record(stream)
     }
 
     /// The buffer's event: another stream can wait on it (the compute stream waits for a routing
     /// copy before the buffer it reads is written again).
-    pub fn event(&self) -> &CudaEvent {
+    pub fn event(&self) -> &Event {
         &self.copied
     }
 
     /// Blocks until the last copy has landed, then reads the buffer.
     pub fn wait(&self) -> Result<&[T], BackendError> {
-        self.copied.synchronize().map_err(driver_err)?;
-        self.host.as_slice().map_err(driver_err)
+        self.copied.synchronize()?;
+        match &self.host {
+            HostMemory::Pinned(h) => h.as_slice().map_err(driver_err),
+            HostMemory::Plain(v) => Ok(v),
+        }
     }
 
     /// Blocks until the last copy has read or written the buffer, then gives it for writing.
     pub fn host_mut(&mut self) -> Result<&mut [T], BackendError> {
-        self.copied.synchronize().map_err(driver_err)?;
-        self.host.as_mut_slice().map_err(driver_err)
+        self.copied.synchronize()?;
+        match &mut self.host {
+            HostMemory::Pinned(h) => h.as_mut_slice().map_err(driver_err),
+            HostMemory::Plain(v) => Ok(v),
+        }
     }
+}
+
+fn mixed() -> BackendError {
+    BackendError::Memory("a simulated buffer copied on a device's stream, or the reverse".into())
 }
 
 /// The rotary table `[max_positions, rot_dim / 2, (cos, sin)]` the rope kernel reads, with the

@@ -9,6 +9,8 @@
 //! * [`launch`]: launch shapes as plain arithmetic.
 //! * [`ops`]: a typed launch wrapper per kernel, as methods of [`CudaDevice`].
 //! * [`host`]: pinned host buffers and host-side tables the kernels read.
+//! * [`stream`]: the streams and events that order work between streams and with the host.
+//! * [`sim`]: the CUDA simulator, the same kernels built for the host (CI has no GPU).
 //!
 //! Determinism: every kernel reduces in one fixed order whatever the batch (no split-K, attention
 //! tiles aligned at absolute position 0, one sequential scan for prefill and decode), and where the
@@ -24,10 +26,11 @@ pub mod launch;
 pub mod libs;
 pub mod ops;
 pub mod pools;
+pub mod sim;
 pub mod source;
+pub mod stream;
 
 pub use arena::{ArenaLayout, DevSlice, DeviceArena, DeviceElem, Span};
-/// A CUDA event: what orders work between the compute and copy streams.
-pub use cudarc::driver::CudaEvent;
-pub use device::CudaDevice;
+pub use device::{CudaDevice, SIM_MEMORY_BYTES};
 pub use source::KernelId;
+pub use stream::{Event, Stream};

@@ -85,7 +85,7 @@ impl Cache {
         let mut layout = ArenaLayout::new("kv");
         let width = case.p.num_kv_heads * case.p.head_dim;
         let kv = KvPool::reserve(&mut layout, 1, case.num_blocks(), case.p.block_size, width);
-        Self { arena: DeviceArena::new(dev.compute_stream(), &layout).unwrap(), kv }
+        Self { arena: DeviceArena::new(dev, &layout).unwrap(), kv }
     }
 }
 

@@ -103,7 +103,7 @@ fn run(
     let mut layout = ArenaLayout::new("state");
     let pool =
         StatePool::reserve(&mut layout, 1, CONV_LEN, SSM_LEN, seqs.len(), taps_at.len().max(1));
-    let states = DeviceArena::new(dev.compute_stream(), &layout).unwrap();
+    let states = DeviceArena::new(dev, &layout).unwrap();
     let mut p = Plan::new(dev);
     let (cw, cb, dtb, a, d) =
         (p.input(&w.conv_w), p.input(&w.conv_b), p.input(&w.dt_bias), p.input(&w.a), p.input(&w.d));

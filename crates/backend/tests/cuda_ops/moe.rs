@@ -125,7 +125,7 @@ fn router_ids_and_weights_equal_the_cpu_router() {
             (p.input(&logits), p.input(&bias), p.output::<i32>(n * k), p.output::<f32>(n * k));
         let mut layout = ArenaLayout::new("routing");
         let routing = RoutingBuffer::reserve(&mut layout, 3, 512, k);
-        let arena = DeviceArena::new(dev.compute_stream(), &layout).unwrap();
+        let arena = DeviceArena::new(dev, &layout).unwrap();
         let m = p.alloc();
         let params = RouterParams { kind, num_experts: e, top_k: k };
         let plane = arena.get(routing.plane(1).unwrap()).unwrap();
@@ -154,8 +154,9 @@ fn router_ids_and_weights_equal_the_cpu_router() {
         }
         assert!(planes[..512 * k].iter().all(|&i| i == 0), "{kind:?}: plane 0 untouched");
         // The routing rows reach the host through a flags-0 pinned buffer on the copy stream.
-        let mut pinned = PinnedBuffer::<i16>::new(dev.context(), n * k).unwrap();
-        let done = dev.compute_stream().record_event(None).unwrap();
+        let mut pinned = PinnedBuffer::<i16>::new(dev, n * k).unwrap();
+        let done = dev.new_event().unwrap();
+        done.record(dev.compute_stream()).unwrap();
         dev.copy_stream().wait(&done).unwrap();
         pinned.copy_from(plane.sub(0, n * k).unwrap(), dev.copy_stream()).unwrap();
         assert_eq!(pinned.wait().unwrap(), &planes[512 * k..512 * k + n * k]);

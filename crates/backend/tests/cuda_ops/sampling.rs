@@ -87,10 +87,10 @@ fn seeded_samples_equal_the_cpu_sampler_and_do_not_depend_on_the_batch() {
             num_clear += 1;
         }
     }
-    assert!(
-        num_clear >= rows * 9 / 10,
-        "only {num_clear} of {rows} draws were clear of a boundary"
-    );
+    // Rows without a top-k cut spread their mass over 3000 tokens (about 3e-4 of it each), so
+    // the 1e-4 margins on both sides of a draw leave out about a third of those rows; three in
+    // four rows clear keeps the comparison from being vacuous.
+    assert!(num_clear >= rows * 3 / 4, "only {num_clear} of {rows} draws were clear of a boundary");
     // Rows alone and in other batches draw the same tokens.
     for (at, b) in [(0, 1), (50, 1), (5, 17), (0, 95)] {
         let sub = |s, w| m.get(s).sub(at * w, b * w).unwrap();

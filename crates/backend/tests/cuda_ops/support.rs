@@ -28,14 +28,30 @@ pub mod tol {
     pub const LOG_Z: f32 = 1e-4;
 }
 
-/// The device shared by every test of this binary, or `None` (with the reason printed) when this
-/// machine has no usable GPU.
+/// The device shared by every test of this binary: GPU 0, else the CUDA simulator (the kernels
+/// built for the host), or `None` (with the reasons printed) when neither opens. Under `CI=true`
+/// the simulator must open. `ROUTED_CUDA_SIM=1` takes the simulator even where a GPU is present.
 pub fn gpu_or_skip(test: &str) -> Option<&'static CudaDevice> {
     static DEVICE: OnceLock<Result<CudaDevice, String>> = OnceLock::new();
-    match DEVICE.get_or_init(|| CudaDevice::open(0).map_err(|e| e.to_string())) {
+    let dev = DEVICE.get_or_init(|| {
+        let gpu = if std::env::var("ROUTED_CUDA_SIM").is_ok_and(|v| v == "1") {
+            Err("ROUTED_CUDA_SIM=1".to_owned())
+        } else {
+            CudaDevice::open(0).map_err(|e| e.to_string())
+        };
+        gpu.or_else(|no_gpu| {
+            let sim = CudaDevice::simulated();
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                sim.as_ref().expect("CI runs the GPU tests on the CUDA simulator");
+            }
+            eprintln!("no GPU ({no_gpu}): the GPU tests run on the CUDA simulator");
+            sim.map_err(|e| format!("no GPU ({no_gpu}), no simulator ({e})"))
+        })
+    });
+    match dev {
         Ok(dev) => Some(dev),
         Err(why) => {
-            eprintln!("skipping {test}: no usable CUDA device ({why})");
+            eprintln!("skipping {test}: {why}");
             None
         }
     }
@@ -114,7 +130,7 @@ impl Plan {
     }
 
     pub fn alloc(self) -> Mem {
-        let mut arena = DeviceArena::new(self.dev.compute_stream(), &self.layout).expect("alloc");
+        let mut arena = DeviceArena::new(self.dev, &self.layout).expect("alloc");
         for fill in self.fills {
             fill(&mut arena);
         }

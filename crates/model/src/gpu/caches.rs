@@ -271,18 +271,17 @@ impl GpuCaches {
         shape: GpuCacheShape,
     ) -> Result<Self> {
         let r = reserve(config, weights, &shape);
-        let mut arena = DeviceArena::new(dev.compute_stream(), &r.layout)?;
+        let mut arena = DeviceArena::new(dev, &r.layout)?;
         if let (Some(span), Some(a)) = (r.rope, config.attention.as_ref()) {
             let theta = a.rope_theta.expect("a rotary table only with rope_theta");
             arena.upload(span, &rope_table(theta, a.head_dim, shape.max_positions))?;
         }
-        let ctx = dev.context();
         let chunk = shape.logits_chunk_rows;
         Ok(Self {
-            staging: PinnedBuffer::new(ctx, r.packer.layout().num_words())?,
-            sampled_host: PinnedBuffer::new(ctx, chunk)?,
-            logprobs_host: PinnedBuffer::new(ctx, chunk)?,
-            logits_host: PinnedBuffer::new(ctx, chunk * config.vocab_size)?,
+            staging: PinnedBuffer::new(dev, r.packer.layout().num_words())?,
+            sampled_host: PinnedBuffer::new(dev, chunk)?,
+            logprobs_host: PinnedBuffer::new(dev, chunk)?,
+            logits_host: PinnedBuffer::new(dev, chunk * config.vocab_size)?,
             shape,
             arena: Arc::new(arena),
             kv: r.kv,

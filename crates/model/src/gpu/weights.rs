@@ -194,7 +194,7 @@ impl GpuWeights {
                 blocks.push((plan.vector(norm), block));
             }
         }
-        let mut arena = DeviceArena::new(dev.compute_stream(), &plan.layout)?;
+        let mut arena = DeviceArena::new(dev, &plan.layout)?;
         for fill in plan.fills {
             fill(&mut arena).map_err(|e| unsupported(format!("uploading the weights: {e}")))?;
         }

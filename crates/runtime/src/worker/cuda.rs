@@ -24,7 +24,7 @@ use super::{
 use crate::routing_ring::{CopyEngine, CopyError, SlotId};
 use routed_backend::{
     BackendError,
-    cuda::{CudaDevice, CudaEvent, host::PinnedBuffer},
+    cuda::{CudaDevice, Event, host::PinnedBuffer},
     step_inputs::{LogitUse, StepCapacity},
 };
 use routed_model::{
@@ -69,11 +69,6 @@ struct Caches {
 
 fn device_err(e: impl std::fmt::Display) -> WorkerError {
     WorkerError::Device(e.to_string())
-}
-
-/// A driver call's error (cudarc's), as the backend reports it.
-fn driver(e: impl std::fmt::Display) -> BackendError {
-    BackendError::Driver(e.to_string())
 }
 
 impl CudaWorker {
@@ -178,6 +173,9 @@ fn dummy_plan(shape: &CacheShape, hybrid: bool) -> StepPlan {
 impl Worker for CudaWorker {
     fn device(&self) -> String {
         let dev = self.model.device();
+        if dev.is_simulated() {
+            return "cuda-sim".to_owned();
+        }
         format!("cuda:{} ({})", dev.ordinal(), dev.name())
     }
 
@@ -202,7 +200,7 @@ impl Worker for CudaWorker {
     }
 
     fn kv_memory_limit(&self, block_size: usize) -> Option<usize> {
-        let (free, _total) = self.model.device().context().mem_get_info().ok()?;
+        let (free, _total) = self.model.device().mem_get_info().ok()?;
         let l = &self.limits;
         let without_kv = CacheShape {
             num_blocks: 0,
@@ -284,7 +282,7 @@ struct CudaCopyEngine {
     source: RoutingSource,
     slots: Vec<Mutex<PinnedBuffer<i16>>>,
     /// Recorded on the compute stream behind each forward; the copy stream waits on it.
-    forward_done: CudaEvent,
+    forward_done: Event,
 }
 
 impl CudaCopyEngine {
@@ -292,7 +290,7 @@ impl CudaCopyEngine {
         let b = &source.buffer;
         let len = b.num_layers * b.max_tokens * b.top_k;
         let slots = (0..num_slots)
-            .map(|_| PinnedBuffer::new(dev.context(), len).map(Mutex::new))
+            .map(|_| PinnedBuffer::new(&dev, len).map(Mutex::new))
             .collect::<Result<_, BackendError>>()
             .map_err(device_err)?;
         let forward_done = dev.new_event().map_err(device_err)?;
@@ -309,8 +307,8 @@ impl CudaCopyEngine {
 
     fn queue(&self, slot: SlotId, num_tokens: usize) -> Result<(), BackendError> {
         let (compute, copy) = (self.dev.compute_stream(), self.dev.copy_stream());
-        self.forward_done.record(compute).map_err(driver)?;
-        copy.wait(&self.forward_done).map_err(driver)?;
+        self.forward_done.record(compute)?;
+        copy.wait(&self.forward_done)?;
         let b = &self.source.buffer;
         let mut pinned = self.slot(slot).map_err(|e| BackendError::Memory(e.to_string()))?;
         let row = num_tokens * b.top_k;
@@ -321,7 +319,7 @@ impl CudaCopyEngine {
         }
         pinned.record(copy)?;
         // The next forward writes the buffer only after this copy has read it.
-        compute.wait(pinned.event()).map_err(driver)
+        compute.wait(pinned.event())
     }
 }
 

@@ -18,47 +18,41 @@ pub use attention::{AttentionBuffers, AttentionParams};
 pub use moe::{ExpertActivation, MoeSortBuffers, RouterKind, RouterParams};
 pub use ssm::{ConvParams, MambaSeqs, ScanParams, ScanWeights};
 
-use super::{CudaDevice, DevSlice, KernelId, device::driver_err, launch::Shape};
+use super::{DevSlice, KernelId, launch::Shape};
 use crate::BackendError;
-use cudarc::driver::{LaunchConfig, sys::CUfunction_attribute};
+use cudarc::driver::LaunchConfig;
 
-/// Launches `$kernel` with `$shape` and the given argument variables, pushed in order. The
-/// arguments must be variables (cudarc keeps pointers to them until the launch).
+/// Launches `$kernel` with `$shape` and the given argument variables, pushed in order, on the
+/// device's compute stream or in the simulator. The arguments must be variables (the launch
+/// reads them through pointers).
 macro_rules! launch {
     ($dev:expr, $kernel:expr, $shape:expr, [$($arg:ident),* $(,)?]) => {{
         let shape = $shape;
-        let func = $dev.prepare($kernel, &shape)?;
-        let mut builder = $dev.compute_stream().launch_builder(func);
-        $( cudarc::driver::PushKernelArg::arg(&mut builder, &$arg); )*
-        // SAFETY: the wrapper pushed the kernel's parameters in its declared order and types,
-        // checked every length it can see against the shape, and the pools outlive the stream's
-        // work (they are freed on the same stream).
-        unsafe { builder.launch($crate::cuda::ops::config(&shape)) }
-            .map(|_| ())
-            .map_err($crate::cuda::device::driver_err)
+        match $dev.engine() {
+            $crate::cuda::device::Engine::Driver(driver) => {
+                let func = driver.prepare($kernel, &shape)?;
+                let mut builder = driver.compute.launch_builder(func);
+                $( cudarc::driver::PushKernelArg::arg(&mut builder, &$arg); )*
+                // SAFETY: the wrapper pushed the kernel's parameters in its declared order and
+                // types, checked every length it can see against the shape, and the pools
+                // outlive the stream's work (they are freed on the same stream).
+                unsafe { builder.launch($crate::cuda::ops::config(&shape)) }
+                    .map(|_| ())
+                    .map_err($crate::cuda::device::driver_err)
+            }
+            $crate::cuda::device::Engine::Sim(sim) => {
+                let mut args = [$( (&$arg as *const _) as *mut std::ffi::c_void ),*];
+                // SAFETY: as above, and a simulated device's addresses are host memory of its
+                // arenas.
+                unsafe { sim.launch($kernel, &shape, &mut args) }
+            }
+        }
     }};
 }
 pub(crate) use launch;
 
 pub(crate) fn config(shape: &Shape) -> LaunchConfig {
     LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem }
-}
-
-impl CudaDevice {
-    /// The kernel, with its dynamic shared memory limit raised when the shape needs more than the
-    /// default.
-    pub(crate) fn prepare(
-        &self,
-        id: KernelId,
-        shape: &Shape,
-    ) -> Result<&cudarc::driver::CudaFunction, BackendError> {
-        let func = self.kernel(id);
-        if shape.needs_smem_opt_in() {
-            let attr = CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-            func.set_attribute(attr, shape.smem as i32).map_err(driver_err)?;
-        }
-        Ok(func)
-    }
 }
 
 /// A failed host-side check of `kernel`'s arguments.

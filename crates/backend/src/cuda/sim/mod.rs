@@ -1,0 +1,384 @@
+//! The CUDA simulator: the kernels of `kernels/`, their own source, compiled by the host C++
+//! compiler and run on the CPU with every CUDA thread as a fiber (`runtime.hpp`).
+//!
+//! It is what lets the GPU code run where there is no GPU (CI): the op tests compare each kernel
+//! with its CPU reference bit for bit, and the CUDA worker serves whole models through the same
+//! launch wrappers, pools and copies as on a device. It checks the kernels' logic (indexing,
+//! reduction order, barriers, shuffles, what a block reads before writing) and the host code
+//! around them; it does not check what only a device shows (the device's `expf`, the memory model,
+//! races between blocks, speed), so a run on a GPU is still the test of those.
+//!
+//! A device opened with [`CudaDevice::simulated`](super::CudaDevice::simulated) launches here:
+//! synchronously, on the calling thread, blocks one after another. Its "device memory" is host
+//! memory, and its streams and events have nothing to wait for.
+//!
+//! Each unit becomes one shared library, cached like the CUBINs (`<unit>-<key>.so`, the key a
+//! hash of the generated source, the compiler's version and the flags). The compiler is `$CXX`,
+//! else `c++`.
+
+use super::{
+    compile::{cache_dir, hash_fields, store, tmp_suffix},
+    launch::Shape,
+    source::{KernelId, KernelUnit, UNITS},
+};
+use crate::BackendError;
+use rayon::prelude::*;
+use std::{
+    ffi::{c_char, c_int, c_void},
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+/// The simulator's runtime, compiled in front of every unit.
+const RUNTIME: &str = include_str!("runtime.hpp");
+
+/// Flags of every build: optimised, position independent, and no contraction of a multiply and
+/// an add into a fused one (the kernels' arithmetic rule; NVRTC gets `--fmad=false`).
+const FLAGS: &[&str] =
+    &["-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-w"];
+
+/// The environment variable naming the C++ compiler (the usual one).
+const CXX_ENV: &str = "CXX";
+
+/// A launch shape as `runtime.hpp`'s `sim::Config`.
+#[repr(C)]
+struct SimConfig {
+    grid: [u32; 3],
+    block: [u32; 3],
+    smem: u32,
+}
+
+/// `routed_sim_<kernel>(config, args, err, err_len)`: 0, or 1 with a message in `err`.
+type Entry = unsafe extern "C" fn(*const SimConfig, *mut *mut c_void, *mut c_char, usize) -> c_int;
+
+/// Every kernel, built for the host and loaded.
+pub(crate) struct SimKernels {
+    /// Indexed by [`KernelId::index`].
+    entries: Vec<Entry>,
+    /// Keeps the entries' code mapped.
+    _libraries: Vec<libloading::Library>,
+}
+
+impl std::fmt::Debug for SimKernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimKernels").field("kernels", &self.entries.len()).finish()
+    }
+}
+
+impl SimKernels {
+    /// Builds (or finds in the cache) every unit and loads it.
+    pub(crate) fn load() -> Result<Self, BackendError> {
+        let compiler = Compiler::find()?;
+        let dir = library_dir()?;
+        let paths: Vec<PathBuf> =
+            UNITS.par_iter().map(|unit| compiler.build(unit, &dir)).collect::<Result<_, _>>()?;
+        let mut entries: Vec<Option<Entry>> = vec![None; KernelId::ALL.len()];
+        let mut libraries = Vec::with_capacity(UNITS.len());
+        for (unit, path) in UNITS.iter().zip(paths) {
+            // SAFETY: the library is ours, built from the runtime and a kernel unit; its
+            // initialisers only set up thread-local storage.
+            let lib = unsafe { libloading::Library::new(&path) }
+                .map_err(|e| BackendError::Simulator(format!("loading {}: {e}", path.display())))?;
+            for id in unit.kernels() {
+                let symbol = format!("routed_sim_{}", id.name());
+                // SAFETY: `ROUTED_SIM_EXPORT` defines the symbol with exactly the `Entry` type.
+                let entry = unsafe { lib.get::<Entry>(symbol.as_bytes()) }
+                    .map_err(|e| BackendError::Simulator(format!("{symbol}: {e}")))?;
+                entries[id.index()] = Some(*entry);
+            }
+            libraries.push(lib);
+        }
+        let entries = entries
+            .into_iter()
+            .zip(KernelId::ALL)
+            .map(|(e, id)| {
+                e.ok_or_else(|| BackendError::Simulator(format!("{} was not built", id.name())))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { entries, _libraries: libraries })
+    }
+
+    /// Runs kernel `id` over `shape` with `args` (pointers to each argument's value, in the
+    /// kernel's parameter order, as for `cuLaunchKernel`).
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameters in number, order and type, and every device
+    /// address among them must be host memory of the right size (a simulated arena's).
+    pub(crate) unsafe fn launch(
+        &self,
+        id: KernelId,
+        shape: &Shape,
+        args: &mut [*mut c_void],
+    ) -> Result<(), BackendError> {
+        let config = SimConfig {
+            grid: [shape.grid.0, shape.grid.1, shape.grid.2],
+            block: [shape.block.0, shape.block.1, shape.block.2],
+            smem: shape.smem,
+        };
+        let mut err = [0u8; 512];
+        let entry = self.entries[id.index()];
+        // SAFETY: the caller's contract; `err` is writable for its length and comes back
+        // NUL-terminated.
+        let rc = unsafe { entry(&config, args.as_mut_ptr(), err.as_mut_ptr().cast(), err.len()) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());
+        Err(BackendError::Simulator(String::from_utf8_lossy(&err[..end]).into_owned()))
+    }
+}
+
+/// Where the built units are kept: `sim/` in the kernel cache (a temporary folder without one).
+fn library_dir() -> Result<PathBuf, BackendError> {
+    let dir =
+        cache_dir().unwrap_or_else(|| std::env::temp_dir().join("routed-kernels")).join("sim");
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| BackendError::Simulator(format!("creating {}: {e}", dir.display())))?;
+    Ok(dir)
+}
+
+/// The host C++ compiler and its version line (part of the cache key).
+struct Compiler {
+    program: String,
+    version: String,
+}
+
+impl Compiler {
+    fn find() -> Result<Self, BackendError> {
+        let program = std::env::var(CXX_ENV).ok().filter(|s| !s.is_empty());
+        let program = program.unwrap_or_else(|| "c++".to_owned());
+        let out = Command::new(&program).arg("--version").output().map_err(|e| {
+            BackendError::Simulator(format!(
+                "no C++ compiler `{program}` ({e}); install g++ or set {CXX_ENV}"
+            ))
+        })?;
+        let version = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_owned();
+        Ok(Self { program, version })
+    }
+
+    /// The unit's library in `dir`, built unless the cache has it.
+    fn build(&self, unit: &'static KernelUnit, dir: &Path) -> Result<PathBuf, BackendError> {
+        let stem = unit.path.trim_end_matches(".cu").replace('/', "-");
+        self.build_source(&stem, &unit_source(unit), dir)
+    }
+
+    /// `src` (the runtime and a unit) built as `dir/<stem>-<key>.so`, unless it is there.
+    fn build_source(&self, stem: &str, src: &str, dir: &Path) -> Result<PathBuf, BackendError> {
+        let fields = [src.as_bytes(), self.version.as_bytes()]
+            .into_iter()
+            .chain(FLAGS.iter().map(|f| f.as_bytes()));
+        let key = hash_fields(fields);
+        let lib = dir.join(format!("{stem}-{key:016x}.so"));
+        if lib.is_file() {
+            return Ok(lib);
+        }
+        // Kept beside the library: compiler messages point into it.
+        let cpp = dir.join(format!("{stem}-{key:016x}.cpp"));
+        store(&cpp, src.as_bytes());
+        let tmp = lib.with_extension(format!("so.{}", tmp_suffix()));
+        let out = Command::new(&self.program)
+            .args(FLAGS)
+            .arg("-o")
+            .arg(&tmp)
+            .arg(&cpp)
+            .output()
+            .map_err(|e| BackendError::Simulator(format!("running {}: {e}", self.program)))?;
+        if !out.status.success() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(BackendError::Simulator(format!(
+                "{} could not compile {stem} ({}):\n{}",
+                self.program,
+                cpp.display(),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        std::fs::rename(&tmp, &lib)
+            .map_err(|e| BackendError::Simulator(format!("storing {}: {e}", lib.display())))?;
+        Ok(lib)
+    }
+}
+
+/// The runtime, the unit's source with its dynamic shared memory bound to the simulator's, and
+/// an exported entry per kernel.
+pub(crate) fn unit_source(unit: &'static KernelUnit) -> String {
+    let mut src = String::from(RUNTIME);
+    for line in unit.source().lines() {
+        src.push_str(&bind_dynamic_smem(line).unwrap_or_else(|| line.to_owned()));
+        src.push('\n');
+    }
+    for id in unit.kernels() {
+        src.push_str(&format!("ROUTED_SIM_EXPORT({})\n", id.name()));
+    }
+    src
+}
+
+/// `extern __shared__ T name[];` becomes a pointer to the block's dynamic shared memory (C++ has
+/// no unsized shared array); other lines are `None`.
+fn bind_dynamic_smem(line: &str) -> Option<String> {
+    let decl = line.trim().strip_prefix("extern __shared__ ")?.strip_suffix("[];")?;
+    let (ty, name) = decl.rsplit_once(' ')?;
+    let indent = &line[..line.len() - line.trim_start().len()];
+    Some(format!("{indent}{ty}* {name} = ({ty}*)sim::dynamic_smem();"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamic_shared_memory_binds_to_the_block_buffer() {
+        assert_eq!(
+            bind_dynamic_smem("    extern __shared__ float smem[];").as_deref(),
+            Some("    float* smem = (float*)sim::dynamic_smem();")
+        );
+        assert_eq!(bind_dynamic_smem("    __shared__ float s[32];"), None);
+    }
+
+    #[test]
+    fn every_unit_binds_its_dynamic_shared_memory_and_exports_its_kernels() {
+        for unit in UNITS {
+            let src = unit_source(unit);
+            assert!(!src.contains("extern __shared__"), "{}", unit.path);
+            for id in unit.kernels() {
+                assert!(src.contains(&format!("ROUTED_SIM_EXPORT({})", id.name())));
+            }
+        }
+    }
+
+    /// Kernels that exercise the runtime itself: shuffles with every `width` rule, a block
+    /// reduction through static shared memory, and the faults it must report.
+    const PROBES: &str = r#"
+extern "C" __global__ void shuffles(int* out) {
+    int t = threadIdx.x, lane = t % 32;
+    out[t * 4 + 0] = __shfl_xor_sync(0xffffffffu, t, 1);
+    out[t * 4 + 1] = __shfl_down_sync(0xffffffffu, t, 4, 16);
+    out[t * 4 + 2] = __shfl_sync(0xffffffffu, t, 3, 8);
+    out[t * 4 + 3] = __shfl_xor_sync(0xffffffffu, t, 16, 16);
+    (void)lane;
+}
+
+extern "C" __global__ void block_sum(const float* x, float* out) {
+    __shared__ float part[8];
+    float v = x[blockIdx.x * blockDim.x + threadIdx.x];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (int w = 0; w < (int)blockDim.x / 32; ++w) s += part[w];
+        out[blockIdx.x] = s;
+    }
+}
+
+extern "C" __global__ void exited_lane(int* out) {
+    if (threadIdx.x >= 16) return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 1);
+}
+
+extern "C" __global__ void divergent_barrier(int* out) {
+    if (threadIdx.x % 2) __syncthreads();
+    else __syncwarp();
+    out[threadIdx.x] = 1;
+}
+
+extern "C" __global__ void unwritten_smem(float* out) {
+    extern __shared__ float smem[];
+    out[threadIdx.x] = smem[threadIdx.x];
+}
+"#;
+
+    const PROBE_KERNELS: [&str; 5] =
+        ["shuffles", "block_sum", "exited_lane", "divergent_barrier", "unwritten_smem"];
+
+    struct Probes {
+        lib: libloading::Library,
+    }
+
+    impl Probes {
+        fn build() -> Self {
+            let compiler = Compiler::find().expect("the simulator's tests need a C++ compiler");
+            let mut src = String::from(RUNTIME);
+            for line in PROBES.lines() {
+                src.push_str(&bind_dynamic_smem(line).unwrap_or_else(|| line.to_owned()));
+                src.push('\n');
+            }
+            for k in PROBE_KERNELS {
+                src.push_str(&format!("ROUTED_SIM_EXPORT({k})\n"));
+            }
+            let path = compiler.build_source("probes", &src, &library_dir().unwrap()).unwrap();
+            // SAFETY: our own library of probe kernels.
+            Self { lib: unsafe { libloading::Library::new(path) }.unwrap() }
+        }
+
+        /// Runs `kernel` on a grid of `blocks` x `threads` with one buffer argument (and the
+        /// input, if any, before it).
+        fn run<T>(
+            &self,
+            kernel: &str,
+            blocks: u32,
+            threads: u32,
+            smem: u32,
+            bufs: &mut [*mut T],
+        ) -> Result<(), String> {
+            let config = SimConfig { grid: [blocks, 1, 1], block: [threads, 1, 1], smem };
+            let mut args: Vec<*mut c_void> =
+                bufs.iter_mut().map(|p| (p as *mut *mut T).cast()).collect();
+            let mut err = [0u8; 512];
+            // SAFETY: the probe's export has the `Entry` type and takes these buffers.
+            let rc = unsafe {
+                let entry =
+                    self.lib.get::<Entry>(format!("routed_sim_{kernel}").as_bytes()).unwrap();
+                entry(&config, args.as_mut_ptr(), err.as_mut_ptr().cast(), err.len())
+            };
+            let end = err.iter().position(|&b| b == 0).unwrap();
+            if rc == 0 { Ok(()) } else { Err(String::from_utf8_lossy(&err[..end]).into_owned()) }
+        }
+    }
+
+    #[test]
+    fn shuffles_follow_the_cuda_width_rules() {
+        let probes = Probes::build();
+        let mut out = vec![-1i32; 64 * 4];
+        probes.run("shuffles", 1, 64, 0, &mut [out.as_mut_ptr()]).unwrap();
+        for t in 0..64i32 {
+            let lane = t % 32;
+            let base = t - lane;
+            let seg16 = lane / 16 * 16;
+            let down = if lane % 16 + 4 >= 16 { t } else { t + 4 };
+            let xor16 = if (lane ^ 16) >= seg16 + 16 { t } else { base + (lane ^ 16) };
+            let want = [t ^ 1, down, base + lane / 8 * 8 + 3, xor16];
+            assert_eq!(out[t as usize * 4..t as usize * 4 + 4], want, "thread {t}");
+        }
+    }
+
+    #[test]
+    fn barriers_order_a_block_reduction() {
+        let probes = Probes::build();
+        let x: Vec<f32> = (0..3 * 256).map(|i| (i % 7) as f32).collect();
+        let mut out = vec![0.0f32; 3];
+        let mut bufs = [x.as_ptr().cast_mut(), out.as_mut_ptr()];
+        probes.run("block_sum", 3, 256, 0, &mut bufs).unwrap();
+        for (b, got) in out.iter().enumerate() {
+            let want: f32 = x[b * 256..(b + 1) * 256].iter().sum();
+            assert_eq!(*got, want, "block {b}");
+        }
+    }
+
+    #[test]
+    fn faults_are_reported_not_hung() {
+        let probes = Probes::build();
+        let mut out = vec![0i32; 32];
+        let err = probes.run("exited_lane", 1, 32, 0, &mut [out.as_mut_ptr()]).unwrap_err();
+        assert!(err.contains("exited_lane") && err.contains("deadlocks"), "{err}");
+        let err = probes.run("divergent_barrier", 1, 64, 0, &mut [out.as_mut_ptr()]).unwrap_err();
+        assert!(err.contains("divergent_barrier") && err.contains("__syncthreads"), "{err}");
+    }
+
+    #[test]
+    fn dynamic_shared_memory_starts_as_nan() {
+        let probes = Probes::build();
+        let mut out = vec![0.0f32; 32];
+        probes.run("unwritten_smem", 1, 32, 32 * 4, &mut [out.as_mut_ptr()]).unwrap();
+        assert!(out.iter().all(|v| v.is_nan()));
+    }
+}

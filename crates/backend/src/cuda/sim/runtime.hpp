@@ -1,0 +1,481 @@
+// The host runtime of the CUDA simulator (crates/backend/src/cuda/sim/mod.rs). A unit of kernels/
+// is compiled by the host C++ compiler after this header: the kernels' own source, unchanged but
+// for dynamic shared memory declarations, runs on the CPU with every CUDA thread as a fiber.
+//
+// What it reproduces: the launch grid and the built-in indices; __syncthreads (a block barrier
+// over the threads that have not exited); __syncwarp and the warp shuffles (a barrier over the
+// lanes of the mask, the values exchanged while every lane of the mask waits, with the `width`
+// segments of the CUDA semantics); shared memory per block (dynamic shared memory starts as NaN
+// bytes, so a read before a write shows); IEEE single arithmetic without contraction (the build
+// passes -ffp-contract=off, as NVRTC gets --fmad=false). What it does not: concurrency between
+// blocks (they run one after another), the device's expf/logf (the host libm's, within 2 ulp of
+// them), the memory model, timing.
+//
+// A deadlock (a barrier some threads never reach, a shuffle whose mask names a lane that has
+// exited) and a shuffle reading a lane outside its mask are reported as the launch's error.
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+// Static shared memory: one copy per OS thread, reused block after block (blocks of a launch run
+// one at a time on the launching thread; launches on other threads have their own).
+#define __shared__ static thread_local
+
+struct dim3 {
+    unsigned x, y, z;
+};
+typedef dim3 uint3;
+
+static thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+static const int warpSize = 32;
+
+namespace sim {
+
+// Launch shape as the Rust side passes it (`SimConfig`).
+struct Config {
+    unsigned grid[3];
+    unsigned block[3];
+    unsigned smem;
+};
+
+enum class Wait : unsigned char { Ready, Block, Warp, Done };
+
+struct Fiber {
+    void* sp;  // saved stack pointer while switched out
+    Wait wait;
+    dim3 tid;
+    int lane, warp;
+    unsigned mask;  // lanes of the warp barrier this fiber waits at
+    bool shuffling;
+    int src;  // lane read by a shuffle
+    uint64_t value, result;
+};
+
+// The stacks of one OS thread's fibers, reused by every launch on it.
+struct Stacks {
+    static const size_t kSize = 256 * 1024;
+    static const size_t kGuard = 4096;
+    std::vector<char*> bases;
+    char* top(size_t i) {
+        while (bases.size() <= i) {
+            void* p = mmap(nullptr, kSize + kGuard, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (p == MAP_FAILED) return nullptr;
+            mprotect(p, kGuard, PROT_NONE);  // an overflow faults instead of corrupting
+            bases.push_back((char*)p);
+        }
+        return bases[i] + kGuard + kSize;
+    }
+    ~Stacks() {
+        for (char* b : bases) munmap(b, kSize + kGuard);
+    }
+};
+
+struct Launch {
+    const char* kernel;
+    void (*body)(void*);
+    void* body_data;
+    std::vector<Fiber> fibers;
+    void* sched_sp;
+    Fiber* cur;
+    std::vector<unsigned char> dynamic_smem;
+    char* err;
+    size_t err_len;
+};
+
+static thread_local Launch* L;
+static thread_local Stacks stacks;
+
+}  // namespace sim
+
+// Context switch: saves the callee-saved registers on the current stack, stores the stack pointer
+// in *from, switches to `to` and restores the registers saved there.
+extern "C" void routed_sim_switch(void** from, void* to);
+#if defined(__x86_64__)
+asm(R"(
+    .text
+    .p2align 4
+    .hidden routed_sim_switch
+    .globl routed_sim_switch
+    .type routed_sim_switch, @function
+routed_sim_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size routed_sim_switch, .-routed_sim_switch
+)");
+#elif defined(__aarch64__)
+asm(R"(
+    .text
+    .p2align 4
+    .hidden routed_sim_switch
+    .globl routed_sim_switch
+    .type routed_sim_switch, %function
+routed_sim_switch:
+    sub sp, sp, #176
+    stp x19, x20, [sp, #0]
+    stp x21, x22, [sp, #16]
+    stp x23, x24, [sp, #32]
+    stp x25, x26, [sp, #48]
+    stp x27, x28, [sp, #64]
+    stp x29, x30, [sp, #80]
+    stp d8, d9, [sp, #96]
+    stp d10, d11, [sp, #112]
+    stp d12, d13, [sp, #128]
+    stp d14, d15, [sp, #144]
+    mov x9, sp
+    str x9, [x0]
+    mov sp, x1
+    ldp x19, x20, [sp, #0]
+    ldp x21, x22, [sp, #16]
+    ldp x23, x24, [sp, #32]
+    ldp x25, x26, [sp, #48]
+    ldp x27, x28, [sp, #64]
+    ldp x29, x30, [sp, #80]
+    ldp d8, d9, [sp, #96]
+    ldp d10, d11, [sp, #112]
+    ldp d12, d13, [sp, #128]
+    ldp d14, d15, [sp, #144]
+    add sp, sp, #176
+    ret
+    .size routed_sim_switch, .-routed_sim_switch
+)");
+#else
+#error "the CUDA simulator switches fibers on x86-64 and aarch64 only"
+#endif
+
+namespace sim {
+
+static void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+static void fail(const char* fmt, ...) {
+    if (L->err[0]) return;  // the first error is the one that matters
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(L->err, L->err_len, fmt, ap);
+    va_end(ap);
+}
+
+// Back to the scheduler; returns when the scheduler resumes this fiber.
+static inline void yield() { routed_sim_switch(&L->cur->sp, L->sched_sp); }
+
+[[noreturn]] static void fiber_main() {
+    L->body(L->body_data);
+    L->cur->wait = Wait::Done;
+    routed_sim_switch(&L->cur->sp, L->sched_sp);
+    __builtin_unreachable();
+}
+
+// A fresh stack whose first switch "returns" into fiber_main with the ABI's alignment.
+static void* initial_sp(char* top) {
+    uintptr_t t = ((uintptr_t)top) & ~(uintptr_t)15;
+    void** sp = (void**)t;
+    *--sp = nullptr;  // fiber_main's return address (it never returns)
+    *--sp = (void*)&fiber_main;
+#if defined(__x86_64__)
+    for (int i = 0; i < 6; ++i) *--sp = nullptr;  // rbp rbx r12 r13 r14 r15
+    return sp;
+#else
+    // aarch64: the frame of 176 bytes restored by the switch; x30 (the link register) at +88.
+    char* frame = (char*)t - 176;
+    memset(frame, 0, 176);
+    ((void**)frame)[11] = (void*)&fiber_main;
+    return frame;
+#endif
+}
+
+static void resume(Fiber* f) {
+    L->cur = f;
+    threadIdx = f->tid;
+    routed_sim_switch(&L->sched_sp, f->sp);
+}
+
+static unsigned live_lanes(int warp) {
+    int n = (int)L->fibers.size() - warp * 32;
+    return n >= 32 ? 0xffffffffu : ((1u << n) - 1u);
+}
+
+// Releases every warp barrier whose lanes have all arrived; true if any was released.
+static bool release_warps() {
+    bool released = false;
+    int num_warps = ((int)L->fibers.size() + 31) / 32;
+    for (int w = 0; w < num_warps; ++w) {
+        Fiber* lanes = &L->fibers[w * 32];
+        int n = (int)L->fibers.size() - w * 32;
+        if (n > 32) n = 32;
+        for (int i = 0; i < n; ++i) {
+            if (lanes[i].wait != Wait::Warp) continue;
+            unsigned mask = lanes[i].mask & live_lanes(w);
+            bool all = true;
+            for (int j = 0; j < n && all; ++j)
+                if ((mask >> j) & 1u) all = lanes[j].wait == Wait::Warp && lanes[j].mask == lanes[i].mask;
+            if (!all) continue;
+            for (int j = 0; j < n; ++j) {
+                if (!((mask >> j) & 1u)) continue;
+                Fiber& f = lanes[j];
+                if (f.shuffling) {
+                    if (((mask >> f.src) & 1u) && lanes[f.src].shuffling) {
+                        f.result = lanes[f.src].value;
+                    } else {
+                        fail("%s: block (%u,%u,%u) thread %u reads lane %d, outside the shuffle's mask %#x",
+                             L->kernel, blockIdx.x, blockIdx.y, blockIdx.z, (unsigned)(w * 32 + j), f.src,
+                             lanes[i].mask);
+                        f.result = f.value;
+                    }
+                }
+                f.wait = Wait::Ready;
+            }
+            released = true;
+        }
+    }
+    return released;
+}
+
+// Describes why no fiber can go on.
+static void deadlock() {
+    int at_block = 0, at_warp = -1, done = 0;
+    for (size_t i = 0; i < L->fibers.size(); ++i) {
+        Wait w = L->fibers[i].wait;
+        if (w == Wait::Block) ++at_block;
+        if (w == Wait::Done) ++done;
+        if (w == Wait::Warp && at_warp < 0) at_warp = (int)i;
+    }
+    if (at_warp >= 0) {
+        fail("%s: block (%u,%u,%u) deadlocks: thread %d waits at a warp sync with mask %#x that other lanes "
+             "never reach (%d threads at __syncthreads, %d exited)",
+             L->kernel, blockIdx.x, blockIdx.y, blockIdx.z, at_warp, L->fibers[at_warp].mask, at_block, done);
+    } else {
+        fail("%s: block (%u,%u,%u) deadlocks (%d threads at __syncthreads, %d exited)", L->kernel, blockIdx.x,
+             blockIdx.y, blockIdx.z, at_block, done);
+    }
+}
+
+// Runs one block to the end (or to an error).
+static void run_block() {
+    for (;;) {
+        bool ran = false;
+        for (Fiber& f : L->fibers) {
+            if (f.wait != Wait::Ready) continue;
+            resume(&f);
+            ran = true;
+        }
+        if (L->err[0]) return;
+        bool all_done = true, all_block = true;
+        for (const Fiber& f : L->fibers) {
+            all_done = all_done && f.wait == Wait::Done;
+            all_block = all_block && (f.wait == Wait::Done || f.wait == Wait::Block);
+        }
+        if (all_done) return;
+        if (release_warps()) continue;
+        if (all_block) {
+            for (Fiber& f : L->fibers)
+                if (f.wait == Wait::Block) f.wait = Wait::Ready;
+            continue;
+        }
+        if (!ran) {
+            deadlock();
+            return;
+        }
+    }
+}
+
+template <typename... A, size_t... I>
+static void call(void (*kernel)(A...), void** args, std::index_sequence<I...>) {
+    kernel(*static_cast<std::remove_cv_t<A>*>(args[I])...);
+}
+
+template <typename... A>
+struct Body {
+    void (*kernel)(A...);
+    void** args;
+    static void run(void* self) {
+        Body* b = static_cast<Body*>(self);
+        call(b->kernel, b->args, std::index_sequence_for<A...>{});
+    }
+};
+
+// Runs `kernel` over the grid of `c`; 0 on success, else 1 with the message in `err`.
+template <typename... A>
+static int launch(const char* name, void (*kernel)(A...), const Config* c, void** args, char* err, size_t err_len) {
+    Body<A...> body{kernel, args};
+    Launch launch;
+    launch.kernel = name;
+    launch.body = &Body<A...>::run;
+    launch.body_data = &body;
+    launch.err = err;
+    launch.err_len = err_len;
+    err[0] = 0;
+    Launch* outer = L;
+    L = &launch;
+    gridDim = dim3{c->grid[0], c->grid[1], c->grid[2]};
+    blockDim = dim3{c->block[0], c->block[1], c->block[2]};
+    size_t threads = (size_t)c->block[0] * c->block[1] * c->block[2];
+    launch.fibers.resize(threads);
+    launch.dynamic_smem.resize(c->smem);
+    for (size_t i = 0; i < threads; ++i) {
+        if (!stacks.top(i)) {
+            fail("%s: no memory for %zu fiber stacks", name, threads);
+            L = outer;
+            return 1;
+        }
+    }
+    for (unsigned bz = 0; bz < c->grid[2] && !err[0]; ++bz)
+        for (unsigned by = 0; by < c->grid[1] && !err[0]; ++by)
+            for (unsigned bx = 0; bx < c->grid[0] && !err[0]; ++bx) {
+                blockIdx = dim3{bx, by, bz};
+                // NaN bytes: a read of dynamic shared memory before any write shows in the output.
+                memset(launch.dynamic_smem.data(), 0xff, launch.dynamic_smem.size());
+                for (size_t i = 0; i < threads; ++i) {
+                    Fiber& f = launch.fibers[i];
+                    f = Fiber{};
+                    f.tid = dim3{(unsigned)(i % c->block[0]), (unsigned)(i / c->block[0] % c->block[1]),
+                                 (unsigned)(i / ((size_t)c->block[0] * c->block[1]))};
+                    f.lane = (int)(i % 32);
+                    f.warp = (int)(i / 32);
+                    f.wait = Wait::Ready;
+                    f.sp = initial_sp(stacks.top(i));
+                }
+                run_block();
+            }
+    L = outer;
+    return err[0] ? 1 : 0;
+}
+
+static inline unsigned char* dynamic_smem() { return L->dynamic_smem.data(); }
+
+template <typename T>
+static inline T shuffle(unsigned mask, T v, int src) {
+    static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
+    Fiber* f = L->cur;
+    f->mask = mask;
+    f->shuffling = true;
+    f->src = src;
+    f->value = 0;
+    memcpy(&f->value, &v, sizeof(T));
+    f->wait = Wait::Warp;
+    yield();
+    f->shuffling = false;
+    T r;
+    memcpy(&r, &f->result, sizeof(T));
+    return r;
+}
+
+}  // namespace sim
+
+// ---- CUDA built-ins the kernels use ----
+
+static inline void __syncthreads() {
+    sim::L->cur->wait = sim::Wait::Block;
+    sim::yield();
+}
+
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    sim::Fiber* f = sim::L->cur;
+    f->mask = mask;
+    f->shuffling = false;
+    f->wait = sim::Wait::Warp;
+    sim::yield();
+}
+
+template <typename T>
+static inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+    int lane = sim::L->cur->lane;
+    return sim::shuffle(mask, v, (lane & ~(width - 1)) + (src_lane & (width - 1)));
+}
+
+template <typename T>
+static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+    int lane = sim::L->cur->lane;
+    int src = lane ^ lane_mask;
+    if (src >= (lane & ~(width - 1)) + width) src = lane;
+    return sim::shuffle(mask, v, src);
+}
+
+template <typename T>
+static inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    int lane = sim::L->cur->lane;
+    int src = (lane & (width - 1)) + (int)delta >= width ? lane : lane + (int)delta;
+    return sim::shuffle(mask, v, src);
+}
+
+template <typename T>
+static inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    int lane = sim::L->cur->lane;
+    int src = (lane & (width - 1)) < (int)delta ? lane : lane - (int)delta;
+    return sim::shuffle(mask, v, src);
+}
+
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fsqrt_rn(float a) { return sqrtf(a); }
+
+static inline float __uint_as_float(unsigned v) {
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
+}
+static inline float __int_as_float(int v) {
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
+}
+static inline unsigned __float_as_uint(float f) {
+    unsigned v;
+    memcpy(&v, &f, 4);
+    return v;
+}
+static inline int __float_as_int(float f) {
+    int v;
+    memcpy(&v, &f, 4);
+    return v;
+}
+
+// CUDA's overloads of min and max for the integer types the kernels mix.
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+static inline long long min(long long a, long long b) { return a < b ? a : b; }
+static inline long long max(long long a, long long b) { return a > b ? a : b; }
+static inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
+static inline unsigned long long max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+static inline float min(float a, float b) { return fminf(a, b); }
+static inline float max(float a, float b) { return fmaxf(a, b); }
+
+// Exports the launch entry of kernel `k` as `routed_sim_<k>`.
+#define ROUTED_SIM_EXPORT(k)                                                                     \
+    extern "C" __attribute__((visibility("default"))) int routed_sim_##k(                        \
+        const sim::Config* c, void** args, char* err, size_t err_len) {                          \
+        return sim::launch(#k, &k, c, args, err, err_len);                                       \
+    }
+
+// The unit's source follows.
