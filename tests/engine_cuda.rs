@@ -55,7 +55,7 @@ async fn greedy_tokens_and_routing_rows_match_the_cpu_engine() {
         assert!(gpu.model_info().device.starts_with("cuda"));
         let g = Golden::open(arch);
         let prompt = g.prompt("main");
-        let cpu = engine(arch, |_| {});
+        let cpu = engine(arch, |c| c.device = DeviceSpec::Cpu);
         let (want, got) =
             (run(&cpu, request(&prompt, 16)).await, run(&gpu, request(&prompt, 16)).await);
         assert!(got.error.is_none(), "{arch}: {:?}", got.error);

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Outcome, collect, engine, greedy, request, run};
+use common::{Outcome, collect, engine, greedy, request, run, test_device};
 use futures_util::{StreamExt, future::join_all};
 use routed::runtime::{FinalOutput, TokenEvent};
 use routed::types::{SamplingParams, TokenId};
@@ -105,6 +105,12 @@ async fn bias_forces_a_token_and_penalties_see_the_history() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompt_logprobs_match_transformers_and_skip_the_prefix_cache() {
+    // The CPU keeps f32 everywhere; the CUDA worker keeps K and V in bf16 (each rounded by up to
+    // 2^-9 of itself), which moves these logprobs by up to 3e-3 (measured on the CUDA simulator).
+    let tol = match test_device() {
+        routed_backend::DeviceSpec::Cpu => 2e-4,
+        _ => 1e-2,
+    };
     for arch in ["qwen3_moe", "granitemoehybrid"] {
         let g = Golden::open(arch);
         let prompt = g.prompt("main");
@@ -126,7 +132,7 @@ async fn prompt_logprobs_match_transformers_and_skip_the_prefix_cache() {
             let want = row[prompt[i + 1] as usize] - log_z;
             assert_eq!(entry.token, prompt[i + 1]);
             assert!(
-                (entry.logprob - want).abs() < 2e-4,
+                (entry.logprob - want).abs() < tol,
                 "{arch} position {}: {} vs {want}",
                 i + 1,
                 entry.logprob

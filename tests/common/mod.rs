@@ -13,7 +13,21 @@ use std::time::Duration;
 /// A watchdog for engine tests: a hung engine fails the test instead of hanging CI.
 pub const WATCHDOG: Duration = Duration::from_secs(60);
 
-/// Small, test-friendly settings for the golden checkpoint of `arch`.
+/// The variable naming the device the engine tests run on (`cpu` when unset): `cuda:0` on a GPU
+/// machine, `cuda-sim` for the CUDA worker on the CUDA simulator (in a build with `--features
+/// cuda`). Tests that compare against the CPU engine or against transformers with the CPU's
+/// tolerance pin their device themselves.
+pub const DEVICE_ENV: &str = "ROUTED_TEST_DEVICE";
+
+/// The device [`DEVICE_ENV`] names.
+pub fn test_device() -> routed_backend::DeviceSpec {
+    match std::env::var(DEVICE_ENV) {
+        Ok(spec) => spec.parse().unwrap_or_else(|e| panic!("{DEVICE_ENV}: {e}")),
+        Err(_) => routed_backend::DeviceSpec::Cpu,
+    }
+}
+
+/// Small, test-friendly settings for the golden checkpoint of `arch`, on [`test_device`].
 pub fn test_config(arch: &str) -> EngineConfig {
     let mut config = EngineConfig::new(ModelSource::Dir(golden_root().join(arch).join("model")));
     config.block_size = 4;
@@ -23,6 +37,7 @@ pub fn test_config(arch: &str) -> EngineConfig {
     config.max_num_seqs = 32;
     config.heartbeat_ms = 0;
     config.threads = Some(2);
+    config.device = test_device();
     config
 }
 
@@ -75,4 +90,30 @@ pub async fn collect(mut stream: routed::runtime::RequestStream) -> Outcome {
 /// A greedy request for `prompt`.
 pub fn request(prompt: &[TokenId], max_tokens: u32) -> GenerateRequest {
     GenerateRequest::new(prompt.to_vec(), greedy(max_tokens))
+}
+
+/// Runs `tests/<script>` with `$ROUTED_PYTHON` (else `python3`) and returns its standard output;
+/// `None` (saying why) when Python or a package it imports is missing (exit status 3), which
+/// under `CI=true` fails instead.
+pub fn run_python(script: &str, args: &[String]) -> Option<String> {
+    let in_ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let python = std::env::var("ROUTED_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(script);
+    let output = match std::process::Command::new(&python).arg(&path).args(args).output() {
+        Ok(output) => output,
+        Err(err) => {
+            assert!(!in_ci, "CI=true but {python} cannot run: {err}");
+            eprintln!("skipping {script}: cannot run {python}: {err}");
+            return None;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if output.status.code() == Some(3) {
+        assert!(!in_ci, "CI=true but {python} lacks a package: {stdout}");
+        eprintln!("skipping {script}: {python}: {}", stdout.trim());
+        return None;
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{script} failed:\n{stdout}\n{stderr}");
+    Some(stdout)
 }
