@@ -8,21 +8,25 @@
 
 mod common;
 
-use common::{engine, request, run, test_config};
+use common::{Outcome, engine, greedy, request, run, test_config};
+use futures_util::future::join_all;
 use routed::runtime::EngineError;
-use routed::{Engine, EngineHandle};
+use routed::types::SamplingParams;
+use routed::{Engine, EngineConfig, EngineHandle, GenerateRequest};
 use routed_backend::DeviceSpec;
 use routed_test_support::Golden;
 
 const ARCHS: [&str; 4] = ["qwen3_moe", "mixtral", "nemotron_h", "granitemoehybrid"];
 
-/// An engine on `cuda:0`, else on the CUDA simulator, with `common::test_config`'s settings, or
+/// An engine on `cuda:0`, else on the CUDA simulator, with `common::test_config`'s settings
+/// tweaked, or
 /// `None` (with the reason printed) in a build without CUDA. `ROUTED_CUDA_SIM=1` takes the
 /// simulator even where a GPU is present.
-fn cuda_engine(arch: &str, test: &str) -> Option<EngineHandle> {
+fn cuda_engine(arch: &str, test: &str, tweak: impl Fn(&mut EngineConfig)) -> Option<EngineHandle> {
     let start = |device: DeviceSpec| {
         let mut config = test_config(arch);
         config.device = device;
+        tweak(&mut config);
         Engine::start(config)
     };
     let gpu = match std::env::var("ROUTED_CUDA_SIM").is_ok_and(|v| v == "1") {
@@ -51,7 +55,7 @@ fn cuda_engine(arch: &str, test: &str) -> Option<EngineHandle> {
 async fn greedy_tokens_and_routing_rows_match_the_cpu_engine() {
     for arch in ARCHS {
         let test = "greedy_tokens_and_routing_rows_match_the_cpu_engine";
-        let Some(gpu) = cuda_engine(arch, test) else { return };
+        let Some(gpu) = cuda_engine(arch, test, |_| {}) else { return };
         assert!(gpu.model_info().device.starts_with("cuda"));
         let g = Golden::open(arch);
         let prompt = g.prompt("main");
@@ -90,9 +94,8 @@ async fn greedy_tokens_and_routing_rows_match_the_cpu_engine() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefix_hit_on_the_gpu_reproduces_the_cold_run() {
     for arch in ["qwen3_moe", "nemotron_h"] {
-        let Some(gpu) = cuda_engine(arch, "a_prefix_hit_on_the_gpu_reproduces_the_cold_run") else {
-            return;
-        };
+        let test = "a_prefix_hit_on_the_gpu_reproduces_the_cold_run";
+        let Some(gpu) = cuda_engine(arch, test, |_| {}) else { return };
         let prompt = Golden::open(arch).prompt("main");
         let cold = run(&gpu, request(&prompt, 8)).await;
         let warm = run(&gpu, request(&prompt, 8)).await;
@@ -101,5 +104,47 @@ async fn a_prefix_hit_on_the_gpu_reproduces_the_cold_run() {
         assert_eq!(warm.token_ids, cold.token_ids, "{arch}: tokens");
         assert_eq!(warm.routing, cold.routing, "{arch}: routing rows");
         gpu.shutdown().await;
+    }
+}
+
+/// Decode steps replayed through CUDA graphs give the eager steps' bits: nine concurrent requests
+/// of different lengths, greedy and seeded, so that decode batches of every size from 9 down to 1
+/// are padded to the graphs' sizes (1, 2, 4, 8, 16), on every family.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_graphs_give_the_eager_steps_bits() {
+    let test = "decode_graphs_give_the_eager_steps_bits";
+    for arch in ARCHS {
+        let Some(graphed) = cuda_engine(arch, test, |c| c.cuda_graphs = true) else { return };
+        let eager = cuda_engine(arch, test, |c| c.cuda_graphs = false).expect("starts as above");
+        let g = Golden::open(arch);
+        let (main, long) = (g.prompt("main"), g.prompt("long"));
+        let requests: Vec<GenerateRequest> = (0..9)
+            .map(|i| {
+                let prompt = if i % 2 == 0 { &main[i..] } else { &long[..4 + i] };
+                let params = match i % 3 {
+                    0 => SamplingParams {
+                        temperature: 0.9,
+                        seed: 7 + i as u64,
+                        max_tokens: 3 + i as u32,
+                        ignore_eos: true,
+                        ..Default::default()
+                    },
+                    _ => greedy(3 + i as u32),
+                };
+                GenerateRequest::new(prompt.to_vec(), params)
+            })
+            .collect();
+        let got = join_all(requests.iter().map(|r| run(&graphed, r.clone()))).await;
+        let want = join_all(requests.iter().map(|r| run(&eager, r.clone()))).await;
+        for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+            assert!(got.error.is_none() && want.error.is_none(), "{arch} request {i}");
+            let bits = |o: &Outcome| -> Vec<(u32, u32)> {
+                o.tokens.iter().map(|t| (t.token, t.logprob.to_bits())).collect()
+            };
+            assert_eq!(bits(got), bits(want), "{arch} request {i}: tokens and logprobs");
+            assert_eq!(got.finals[0].routing, want.finals[0].routing, "{arch} request {i}");
+        }
+        graphed.shutdown().await;
+        eager.shutdown().await;
     }
 }

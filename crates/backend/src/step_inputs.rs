@@ -17,7 +17,7 @@
 //! gather pairs `(token row, logits row)` count logits rows within chunks of
 //! [`PackGeometry::logits_chunk_rows`], the rows the logits buffer holds at once.
 
-use routed_types::{SamplingParams, StepPlan};
+use routed_types::{SamplingParams, ScheduledSeq, StepPlan};
 
 #[path = "step_inputs_tests.rs"]
 #[cfg(test)]
@@ -290,14 +290,48 @@ impl StepPacker {
         wants_logits: bool,
         words: &mut [u32],
     ) -> Result<PackedStep, StepInputError> {
+        let longest = plan.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0);
+        self.pack_seqs(plan, plan.seqs.iter(), wants_logits, words, longest)
+    }
+
+    /// [`StepPacker::pack`] for a CUDA graph of `batch` sequences: the plan's sequences, then
+    /// `pad` (a sequence without logits on the scratch block) until there are `batch`, with the
+    /// block tables at the capacity's `max_blocks_per_seq` stride whatever their lengths. A graph
+    /// replays the sizes it was captured with, so these are fixed by the batch alone.
+    pub fn pack_for_graph(
+        &mut self,
+        plan: &StepPlan,
+        pad: &ScheduledSeq,
+        batch: usize,
+        wants_logits: bool,
+        words: &mut [u32],
+    ) -> Result<PackedStep, StepInputError> {
+        let num_pad = batch.checked_sub(plan.seqs.len()).ok_or(StepInputError::Capacity {
+            what: "sequences of a graph's batch",
+            need: plan.seqs.len(),
+            capacity: batch,
+        })?;
+        let stride = self.layout.capacity.max_blocks_per_seq;
+        let seqs = plan.seqs.iter().chain(std::iter::repeat_n(pad, num_pad));
+        self.pack_seqs(plan, seqs, wants_logits, words, stride)
+    }
+
+    fn pack_seqs<'a>(
+        &mut self,
+        plan: &StepPlan,
+        seqs: impl Iterator<Item = &'a ScheduledSeq> + Clone,
+        wants_logits: bool,
+        words: &mut [u32],
+        stride: usize,
+    ) -> Result<PackedStep, StepInputError> {
         assert!(words.len() >= self.layout.num_words(), "the buffer is smaller than its layout");
-        let mut p = PackedStep { num_seqs: plan.seqs.len(), ..PackedStep::default() };
-        self.check_totals(plan)?;
-        p.block_table_stride = plan.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0);
+        let mut p = PackedStep { num_seqs: seqs.clone().count(), ..PackedStep::default() };
+        self.check_totals(seqs.clone())?;
+        p.block_table_stride = stride;
         p.num_words = self.layout.block_tables.offset + p.num_seqs * p.block_table_stride;
         self.uses.clear();
         self.rows.iter_mut().for_each(Vec::clear);
-        for (i, s) in plan.seqs.iter().enumerate() {
+        for (i, s) in seqs.enumerate() {
             self.check_seq(i, s)?;
             self.pack_seq(i, s, &mut p, words);
             let rows = p.num_tokens..p.num_tokens + s.token_ids.len();
@@ -328,14 +362,18 @@ impl StepPacker {
         Ok(p)
     }
 
-    /// Capacity checks that need only the plan's totals.
-    fn check_totals(&self, plan: &StepPlan) -> Result<(), StepInputError> {
+    /// Capacity checks that need only the step's totals.
+    fn check_totals<'a>(
+        &self,
+        seqs: impl Iterator<Item = &'a ScheduledSeq> + Clone,
+    ) -> Result<(), StepInputError> {
         let c = &self.layout.capacity;
-        let taps: usize = plan.seqs.iter().map(|s| s.snapshots.len()).sum();
-        let longest = plan.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0);
+        let taps: usize = seqs.clone().map(|s| s.snapshots.len()).sum();
+        let longest = seqs.clone().map(|s| s.block_table.len()).max().unwrap_or(0);
+        let tokens: usize = seqs.clone().map(|s| s.token_ids.len()).sum();
         for (what, need, capacity) in [
-            ("tokens", plan.num_tokens(), c.max_tokens),
-            ("sequences", plan.seqs.len(), c.max_seqs),
+            ("tokens", tokens, c.max_tokens),
+            ("sequences", seqs.count(), c.max_seqs),
             ("snapshot taps", taps, c.max_taps),
             ("block-table entries per sequence", longest, c.max_blocks_per_seq),
         ] {
@@ -347,7 +385,7 @@ impl StepPacker {
     }
 
     /// The checks the CPU model makes before a forward, for the indices the device trusts.
-    fn check_seq(&self, i: usize, s: &routed_types::ScheduledSeq) -> Result<(), StepInputError> {
+    fn check_seq(&self, i: usize, s: &ScheduledSeq) -> Result<(), StepInputError> {
         let g = &self.geometry;
         let bad = |message: String| Err(StepInputError::Bad { seq: i, message });
         let end = s.num_computed_tokens + s.token_ids.len();
@@ -381,13 +419,7 @@ impl StepPacker {
     }
 
     /// The sequence's tokens, table, state slot, copies and taps; `p` counts what is in.
-    fn pack_seq(
-        &self,
-        i: usize,
-        s: &routed_types::ScheduledSeq,
-        p: &mut PackedStep,
-        words: &mut [u32],
-    ) {
+    fn pack_seq(&self, i: usize, s: &ScheduledSeq, p: &mut PackedStep, words: &mut [u32]) {
         let (l, g) = (&self.layout, &self.geometry);
         let t0 = p.num_tokens;
         let table = |pos: usize| s.block_table[pos / g.block_size].block.index();
@@ -471,7 +503,7 @@ impl StepPacker {
 }
 
 /// Which group a sequence's logits go to, and whether it wants every row of its chunk.
-fn logit_kind(s: &routed_types::ScheduledSeq) -> Option<(usize, bool)> {
+fn logit_kind(s: &ScheduledSeq) -> Option<(usize, bool)> {
     if s.prompt_logprobs.is_some() {
         return Some((HOST, true));
     }

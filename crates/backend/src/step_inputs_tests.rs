@@ -251,3 +251,39 @@ fn attention_free_and_attention_only_models_skip_what_they_lack() {
     let p = packer.pack(&plan, true, &mut words).unwrap();
     assert_eq!((p.num_attention_items, p.num_state_copies, p.num_taps), (0, 0, 0));
 }
+
+#[test]
+fn a_step_for_a_graph_is_padded_to_its_batch_and_strides_its_tables_at_the_capacity() {
+    let mut packer = StepPacker::new(CAPACITY, geometry());
+    let mut words = words_of(&packer);
+    let plan = StepPlan {
+        seqs: vec![
+            sampled(seq(5, &[3], &[1, 2]), SamplingParams::greedy(1), 0),
+            sampled(seq(2, &[4], &[7]), SamplingParams::greedy(1), 0),
+        ],
+        ..StepPlan::default()
+    };
+    let eager = packer.pack(&plan, true, &mut words).unwrap();
+    assert_eq!(eager.block_table_stride, 2);
+    let pad = seq(1, &[0], &[31]);
+    let graphed = packer.pack_for_graph(&plan, &pad, 4, true, &mut words).unwrap();
+    let stride = CAPACITY.max_blocks_per_seq;
+    assert_eq!((graphed.num_seqs, graphed.num_tokens, graphed.block_table_stride), (4, 4, stride));
+    assert_eq!(graphed.num_attention_items, 2 * eager.num_attention_items);
+    let l = packer.layout().clone();
+    assert_eq!(section(&words, l.token_ids, 4), [3, 4, 0, 0]);
+    assert_eq!(section(&words, l.positions, 4), [5, 2, 1, 1]);
+    assert_eq!(section(&words, l.slot_mapping, 4), [9, 30, 125, 125]);
+    let tables = section(&words, l.block_tables, 4 * stride);
+    for (i, first) in [[1, 2], [7, -1], [31, -1], [31, -1]].iter().enumerate() {
+        let row = &tables[i * stride..(i + 1) * stride];
+        assert_eq!(row[..2], first[..], "table {i}");
+        assert!(row[2..].iter().all(|&b| b == -1), "table {i}: {row:?}");
+    }
+    assert_eq!(graphed.num_words, l.block_tables.offset + 4 * stride);
+    // Only the plan's sequences want logits; the padding computes none.
+    assert_eq!((graphed.num_greedy, graphed.num_sampled, graphed.num_host_rows), (2, 0, 0));
+    assert!(packer.logit_uses()[2..].iter().all(|u| *u == LogitUse::None));
+    // A batch smaller than the plan is refused.
+    assert!(packer.pack_for_graph(&plan, &pad, 1, true, &mut words).is_err());
+}

@@ -7,6 +7,7 @@
 mod cuda_ops {
     pub mod attention;
     pub mod dense;
+    pub mod graphs;
     pub mod mamba;
     pub mod moe;
     pub mod sampling;

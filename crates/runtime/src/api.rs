@@ -70,6 +70,10 @@ pub struct EngineConfig {
     pub matmul_precision: MatmulPrecision,
     /// Default sampling seed for requests that give none.
     pub seed: u64,
+    /// On a CUDA device, decode steps replay a CUDA graph per padded batch size (captured on the
+    /// first step of that size); `false` launches every step eagerly. Both give the same bits.
+    /// No effect on the CPU.
+    pub cuda_graphs: bool,
 }
 
 impl EngineConfig {
@@ -97,6 +101,7 @@ impl EngineConfig {
             expert_parallel_size: 1,
             matmul_precision: MatmulPrecision::F32,
             seed: 0,
+            cuda_graphs: true,
         }
     }
 }

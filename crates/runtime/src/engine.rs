@@ -161,6 +161,7 @@ fn load_cuda_worker(
             0
         },
         max_model_len: config.max_model_len.unwrap_or(model.config().max_position_embeddings),
+        cuda_graphs: config.cuda_graphs,
     };
     let worker = CudaWorker::new(dev, &model, limits).map_err(|e| load(e.to_string()))?;
     Ok(Ranks {

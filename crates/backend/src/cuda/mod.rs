@@ -9,6 +9,7 @@
 //! * [`launch`]: launch shapes as plain arithmetic.
 //! * [`ops`]: a typed launch wrapper per kernel, as methods of [`CudaDevice`].
 //! * [`host`]: pinned host buffers and host-side tables the kernels read.
+//! * [`graph`]: CUDA graphs, a step's launches captured once and replayed.
 //! * [`stream`]: the streams and events that order work between streams and with the host.
 //! * [`sim`]: the CUDA simulator, the same kernels built for the host (CI has no GPU).
 //!
@@ -21,6 +22,7 @@
 pub mod arena;
 pub mod compile;
 mod device;
+pub mod graph;
 pub mod host;
 pub mod launch;
 pub mod libs;
@@ -32,5 +34,6 @@ pub mod stream;
 
 pub use arena::{ArenaLayout, DevSlice, DeviceArena, DeviceElem, Span};
 pub use device::{CudaDevice, SIM_MEMORY_BYTES};
+pub use graph::Graph;
 pub use source::KernelId;
 pub use stream::{Event, Stream};

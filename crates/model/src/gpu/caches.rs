@@ -10,14 +10,14 @@ use crate::{
 };
 use routed_backend::{
     cuda::{
-        ArenaLayout, CudaDevice, DeviceArena, Span,
+        ArenaLayout, CudaDevice, DeviceArena, Graph, Span,
         host::{PinnedBuffer, rope_table},
         launch::{moe_max_sorted_rows, moe_max_tiles},
         pools::{KvPool, RoutingBuffer, StatePool},
     },
     step_inputs::{AttentionTiling, PackGeometry, StepCapacity, StepPacker},
 };
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 /// What a worker's pools are sized for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +81,9 @@ pub(crate) struct MoeScratch {
 
 /// A worker's device pools and host buffers.
 pub struct GpuCaches {
+    /// The decode graphs captured so far, by (padded batch, routing captured): they hold the
+    /// addresses of the buffers below.
+    pub(crate) graphs: HashMap<(usize, bool), Graph>,
     pub(crate) shape: GpuCacheShape,
     pub(crate) arena: Arc<DeviceArena>,
     pub(crate) kv: KvPool,
@@ -278,6 +281,7 @@ impl GpuCaches {
         }
         let chunk = shape.logits_chunk_rows;
         Ok(Self {
+            graphs: HashMap::new(),
             staging: PinnedBuffer::new(dev, r.packer.layout().num_words())?,
             sampled_host: PinnedBuffer::new(dev, chunk)?,
             logprobs_host: PinnedBuffer::new(dev, chunk)?,
@@ -292,6 +296,11 @@ impl GpuCaches {
             act: r.act,
             packer: r.packer,
         })
+    }
+
+    /// Decode graphs captured so far ([`super::GpuModel::forward_graph`]).
+    pub fn num_graphs(&self) -> usize {
+        self.graphs.len()
     }
 
     /// What the pools are sized for.

@@ -25,7 +25,7 @@ use routed_backend::{
     },
     step_inputs::{PackedStep, Section, StepInputLayout},
 };
-use routed_types::StepPlan;
+use routed_types::{ScheduledSeq, StepPlan};
 
 /// The sections of the uploaded step inputs as the kernels read them.
 pub(crate) struct StepViews<'a> {
@@ -97,21 +97,80 @@ impl GpuModel {
         wants_logits: bool,
         capture_routing: bool,
     ) -> Result<PackedStep> {
+        let step = self.upload_step(caches, plan, None, wants_logits)?;
+        let arena = caches.arena.clone();
+        Ctx::new(self, &arena, caches, step, capture_routing)?.run()?;
+        Ok(step)
+    }
+
+    /// [`GpuModel::forward`] of a decode step (one token per sequence, no state copy, no
+    /// snapshot) through the CUDA graph of its batch size, captured on the first step of that
+    /// size. `pad` is the sequence the batch is padded with up to the graph's size (one token
+    /// without logits on the scratch block and scratch state), so a handful of graphs serve
+    /// every decode step; a replay gives the eager forward's bits, since every kernel argument is a function
+    /// of the batch size and every input sits at a fixed address.
+    pub fn forward_graph(
+        &self,
+        caches: &mut GpuCaches,
+        plan: &StepPlan,
+        pad: (&ScheduledSeq, usize),
+        wants_logits: bool,
+        capture_routing: bool,
+    ) -> Result<PackedStep> {
+        let step = self.upload_step(caches, plan, Some(pad), wants_logits)?;
+        if step.num_seqs != step.num_tokens || step.num_state_copies > 0 || step.num_taps > 0 {
+            return Err(ModelError::BadInput(
+                "a graph replays decode steps only: one token per sequence, no state copy or \
+                 snapshot"
+                    .into(),
+            ));
+        }
+        let key = (step.num_tokens, capture_routing);
+        if !caches.graphs.contains_key(&key) {
+            let arena = caches.arena.clone();
+            let ctx = Ctx::new(self, &arena, caches, step, capture_routing)?;
+            let graph = self.dev.capture(|| ctx.run())?;
+            caches.graphs.insert(key, graph);
+        }
+        self.dev.replay(&caches.graphs[&key])?;
+        Ok(step)
+    }
+
+    /// Packs `plan` into the staging buffer and queues its upload into the step inputs; for a
+    /// graph, padded with `pad.0` to `pad.1` sequences.
+    fn upload_step(
+        &self,
+        caches: &mut GpuCaches,
+        plan: &StepPlan,
+        pad: Option<(&ScheduledSeq, usize)>,
+        wants_logits: bool,
+    ) -> Result<PackedStep> {
         // Waits until the previous step's upload has read the staging buffer.
         let words = caches.staging.host_mut()?;
-        let step = caches
-            .packer
-            .pack(plan, wants_logits, words)
-            .map_err(|e| ModelError::BadInput(e.to_string()))?;
+        let packed = match pad {
+            Some((seq, batch)) => {
+                caches.packer.pack_for_graph(plan, seq, batch, wants_logits, words)
+            }
+            None => caches.packer.pack(plan, wants_logits, words),
+        };
+        let step = packed.map_err(|e| ModelError::BadInput(e.to_string()))?;
         let arena = caches.arena.clone();
         let upload = arena.get(caches.inputs)?.sub(0, step.num_words).expect("packed in place");
         caches.staging.copy_to(upload, self.dev.compute_stream())?;
-        let caches = &*caches;
-        let v = StepViews::new(&arena, caches.inputs, caches.packer.layout())?;
-        let ctx =
-            Ctx { model: self, arena: &arena, caches, act: &caches.act, v, step, capture_routing };
-        ctx.run()?;
         Ok(step)
+    }
+}
+
+impl<'a> Ctx<'a> {
+    fn new(
+        model: &'a GpuModel,
+        arena: &'a DeviceArena,
+        caches: &'a GpuCaches,
+        step: PackedStep,
+        capture_routing: bool,
+    ) -> Result<Self> {
+        let v = StepViews::new(arena, caches.inputs, caches.packer.layout())?;
+        Ok(Ctx { model, arena, caches, act: &caches.act, v, step, capture_routing })
     }
 }
 

@@ -16,7 +16,10 @@
 //! buffer again: the copy worker waits on the slot's event on its own thread, compute never
 //! waits on the host.
 //!
-//! Nothing here has run on a GPU yet.
+//! Decode steps replay CUDA graphs, one per padded batch size ([`graph_batch`]), padded with one
+//! token on the scratch block and scratch state; everything else runs eagerly.
+//!
+//! Nothing here has run on a GPU yet; all of it runs on the CUDA simulator in CI.
 
 use super::{
     CacheShape, CudaLimits, ExecutedStep, LockstepId, Worker, WorkerError, sampling, written_blocks,
@@ -65,6 +68,11 @@ struct Caches {
     block_size: usize,
     /// The dummy forward's plan: one token on the scratch block and the scratch state slot.
     dummy: StepPlan,
+    /// What a decode batch is padded with up to its graph's size: one token at position 1 of the
+    /// scratch block, on the scratch state slot, without logits. `None` without graphs.
+    graph_pad: Option<ScheduledSeq>,
+    /// The largest padded batch the step inputs hold (sequences and tokens).
+    graph_capacity: usize,
 }
 
 fn device_err(e: impl std::fmt::Display) -> WorkerError {
@@ -152,6 +160,30 @@ fn slot_mapping(plan: &StepPlan, block_size: usize) -> Vec<usize> {
     slots
 }
 
+/// Decode batches up to this size replay CUDA graphs: larger ones are compute bound, where the
+/// launches' host cost no longer shows.
+const MAX_GRAPH_BATCH: usize = 256;
+
+/// The graph size a decode step is padded to: 1, 2, 4, then multiples of 8, so that a few graphs
+/// serve every batch. `None` when the step is no pure decode step (a prefill chunk, a restore, a
+/// snapshot) or the padded batch exceeds `largest`.
+fn graph_batch(plan: &StepPlan, largest: usize) -> Option<usize> {
+    let n = plan.seqs.len();
+    let decode = plan.seqs.iter().all(|s| {
+        s.token_ids.len() == 1
+            && s.num_computed_tokens > 0
+            && s.restore_from.is_none()
+            && s.snapshots.is_empty()
+    });
+    let batch = match n {
+        0 => return None,
+        1 | 2 => n,
+        3 | 4 => 4,
+        _ => n.next_multiple_of(8),
+    };
+    (decode && batch <= largest).then_some(batch)
+}
+
 /// One token at position 0 on the scratch block (and the scratch state slot of a hybrid model).
 fn dummy_plan(shape: &CacheShape, hybrid: bool) -> StepPlan {
     let seq = ScheduledSeq {
@@ -227,7 +259,17 @@ impl Worker for CudaWorker {
             _ => None,
         };
         let dummy = dummy_plan(shape, self.model.config().is_hybrid());
-        self.caches = Some(Caches { gpu, routing, block_size: shape.block_size, dummy });
+        // The padding sits at position 1 so that it is no sequence start (which would clear its
+        // state, a copy the graph does not hold); that needs two slots in the scratch block.
+        let graph_pad = (self.limits.cuda_graphs && shape.block_size >= 2).then(|| {
+            let mut seq = dummy.seqs[0].clone();
+            seq.num_computed_tokens = 1;
+            seq
+        });
+        let capacity = self.cache_shape(shape).capacity;
+        let graph_capacity = capacity.max_seqs.min(capacity.max_tokens).min(MAX_GRAPH_BATCH);
+        let block_size = shape.block_size;
+        self.caches = Some(Caches { gpu, routing, block_size, dummy, graph_pad, graph_capacity });
         Ok(())
     }
 
@@ -246,7 +288,14 @@ impl Worker for CudaWorker {
             let output = StepOutput { step_id: plan.step_id, sampled, prompt_logprobs: Vec::new() };
             return Ok(ExecutedStep { output, slot_mapping: Vec::new(), blocks: Vec::new() });
         }
-        let step = self.model.forward(&mut caches.gpu, plan, true, plan.capture_routing)?;
+        let capture = plan.capture_routing;
+        let largest = caches.graph_capacity;
+        let batch =
+            caches.graph_pad.as_ref().and_then(|pad| Some((pad, graph_batch(plan, largest)?)));
+        let step = match batch {
+            Some(pad) => self.model.forward_graph(&mut caches.gpu, plan, pad, true, capture)?,
+            None => self.model.forward(&mut caches.gpu, plan, true, capture)?,
+        };
         #[cfg(feature = "fault-injection")]
         super::faults::inside_step(plan);
         self.model.finish_logits(&mut caches.gpu, &step, &mut self.logits)?;
@@ -347,5 +396,54 @@ impl CopyEngine for CudaCopyEngine {
         let ids = pinned.wait().map_err(|e| CopyError::Device(e.to_string()))?;
         out.extend_from_slice(&ids[..b.num_layers * num_tokens * b.top_k]);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(n: usize) -> StepPlan {
+        let seq = |i: usize| ScheduledSeq {
+            seq_id: SeqId(i as u64),
+            token_ids: vec![5],
+            num_computed_tokens: 9,
+            num_prompt_tokens: 4,
+            block_table: vec![BlockRef::new(BlockId(i as u32), BlockGeneration(1)); 3],
+            live_state: None,
+            restore_from: None,
+            snapshots: Vec::new(),
+            sample: None,
+            context: None,
+            prompt_logprobs: None,
+        };
+        StepPlan { seqs: (0..n).map(seq).collect(), ..StepPlan::default() }
+    }
+
+    #[test]
+    fn decode_batches_pad_to_a_few_graph_sizes() {
+        let sizes: Vec<_> = (1..=20).map(|n| graph_batch(&decode(n), 256).unwrap()).collect();
+        assert_eq!(sizes[..5], [1, 2, 4, 4, 8]);
+        assert_eq!(sizes[7..10], [8, 16, 16]);
+        assert_eq!(sizes[19], 24);
+        assert_eq!(graph_batch(&decode(250), 256), Some(256));
+        assert_eq!(graph_batch(&decode(250), 252), None, "the padded batch must fit");
+        assert_eq!(graph_batch(&decode(0), 256), None);
+    }
+
+    #[test]
+    fn only_pure_decode_steps_take_a_graph() {
+        let mut chunk = decode(3);
+        chunk.seqs[1].token_ids = vec![5, 6];
+        let mut start = decode(3);
+        start.seqs[2].num_computed_tokens = 0;
+        let mut restore = decode(3);
+        restore.seqs[0].restore_from = Some(routed_types::SnapshotSlotId(1));
+        let mut tap = decode(3);
+        tap.seqs[0].snapshots = vec![(10, routed_types::SnapshotSlotId(2))];
+        for (what, plan) in [("chunk", chunk), ("start", start), ("restore", restore), ("tap", tap)]
+        {
+            assert_eq!(graph_batch(&plan, 256), None, "{what}");
+        }
     }
 }

@@ -69,6 +69,8 @@ pub struct CudaLimits {
     pub num_snapshot_slots: usize,
     /// Longest prompt + output (rows of the rotary table, block-table entries).
     pub max_model_len: usize,
+    /// Whether decode steps replay CUDA graphs (else every step is launched eagerly).
+    pub cuda_graphs: bool,
 }
 
 /// One executed step: what the scheduler gets, and what the copy worker needs to store the step's

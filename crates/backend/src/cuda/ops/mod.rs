@@ -42,9 +42,10 @@ macro_rules! launch {
             }
             $crate::cuda::device::Engine::Sim(sim) => {
                 let mut args = [$( (&$arg as *const _) as *mut std::ffi::c_void ),*];
+                let sizes = [$( std::mem::size_of_val(&$arg) ),*];
                 // SAFETY: as above, and a simulated device's addresses are host memory of its
                 // arenas.
-                unsafe { sim.launch($kernel, &shape, &mut args) }
+                unsafe { sim.launch($kernel, &shape, &mut args, &sizes) }
             }
         }
     }};

@@ -99,7 +99,8 @@ impl SimKernels {
     }
 
     /// Runs kernel `id` over `shape` with `args` (pointers to each argument's value, in the
-    /// kernel's parameter order, as for `cuLaunchKernel`).
+    /// kernel's parameter order, as for `cuLaunchKernel`; `sizes` are the values' sizes), or,
+    /// while this thread captures a graph, records the launch with copies of the values.
     ///
     /// # Safety
     /// `args` must match the kernel's parameters in number, order and type, and every device
@@ -109,7 +110,25 @@ impl SimKernels {
         id: KernelId,
         shape: &Shape,
         args: &mut [*mut c_void],
+        sizes: &[usize],
     ) -> Result<(), BackendError> {
+        let recorded = RECORDING.with_borrow_mut(|recording| {
+            let launches = recording.as_mut()?;
+            let args = args.iter().zip(sizes).map(|(&arg, &size)| {
+                let mut words = vec![0u64; size.div_ceil(8)];
+                // SAFETY: `arg` points at a value of `size` bytes (the caller's contract), and
+                // `words` holds at least that many.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(arg.cast::<u8>(), words.as_mut_ptr().cast(), size)
+                };
+                words
+            });
+            launches.push(RecordedLaunch { id, shape: *shape, args: args.collect() });
+            Some(())
+        });
+        if recorded.is_some() {
+            return Ok(());
+        }
         let config = SimConfig {
             grid: [shape.grid.0, shape.grid.1, shape.grid.2],
             block: [shape.block.0, shape.block.1, shape.block.2],
@@ -126,6 +145,51 @@ impl SimKernels {
         let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());
         Err(BackendError::Simulator(String::from_utf8_lossy(&err[..end]).into_owned()))
     }
+
+    /// Starts recording this thread's launches instead of running them (a graph capture).
+    pub(crate) fn begin_capture(&self) -> Result<(), BackendError> {
+        RECORDING.with_borrow_mut(|recording| match recording {
+            Some(_) => Err(BackendError::Simulator("a capture is already under way".into())),
+            None => {
+                *recording = Some(Vec::new());
+                Ok(())
+            }
+        })
+    }
+
+    /// Stops recording and returns what was recorded.
+    pub(crate) fn end_capture(&self) -> Vec<RecordedLaunch> {
+        RECORDING.with_borrow_mut(Option::take).unwrap_or_default()
+    }
+
+    /// Runs recorded launches in order, with the argument values they had when recorded.
+    pub(crate) fn replay(&self, launches: &[RecordedLaunch]) -> Result<(), BackendError> {
+        for l in launches {
+            let mut args: Vec<*mut c_void> =
+                l.args.iter().map(|words| words.as_ptr().cast_mut().cast()).collect();
+            let sizes: Vec<usize> = l.args.iter().map(|words| words.len() * 8).collect();
+            // SAFETY: the arguments were recorded from a launch that met `launch`'s contract,
+            // and the memory they address (an arena's) outlives the graph.
+            unsafe { self.launch(l.id, &l.shape, &mut args, &sizes)? };
+        }
+        Ok(())
+    }
+}
+
+/// A launch recorded while capturing a graph: the argument values copied then (each in 8-byte
+/// words, so the runtime reads them aligned).
+#[derive(Debug)]
+pub(crate) struct RecordedLaunch {
+    id: KernelId,
+    shape: Shape,
+    args: Vec<Vec<u64>>,
+}
+
+thread_local! {
+    /// The launches of this thread's capture under way, like a stream capture in the driver's
+    /// thread-local mode.
+    static RECORDING: std::cell::RefCell<Option<Vec<RecordedLaunch>>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// Where the built units are kept: `sim/` in the kernel cache (a temporary folder without one).

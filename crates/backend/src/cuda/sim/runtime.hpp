@@ -438,26 +438,17 @@ static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fsqrt_rn(float a) { return sqrtf(a); }
 
-static inline float __uint_as_float(unsigned v) {
-    float f;
-    memcpy(&f, &v, 4);
-    return f;
+template <typename To, typename From>
+static inline To bits_as(From v) {
+    static_assert(sizeof(To) == sizeof(From), "a reinterpretation keeps the size");
+    To r;
+    memcpy(&r, &v, sizeof r);
+    return r;
 }
-static inline float __int_as_float(int v) {
-    float f;
-    memcpy(&f, &v, 4);
-    return f;
-}
-static inline unsigned __float_as_uint(float f) {
-    unsigned v;
-    memcpy(&v, &f, 4);
-    return v;
-}
-static inline int __float_as_int(float f) {
-    int v;
-    memcpy(&v, &f, 4);
-    return v;
-}
+static inline float __uint_as_float(unsigned v) { return bits_as<float>(v); }
+static inline float __int_as_float(int v) { return bits_as<float>(v); }
+static inline unsigned __float_as_uint(float f) { return bits_as<unsigned>(f); }
+static inline int __float_as_int(float f) { return bits_as<int>(f); }
 
 // CUDA's overloads of min and max for the integer types the kernels mix.
 static inline int min(int a, int b) { return a < b ? a : b; }
