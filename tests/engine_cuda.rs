@@ -138,13 +138,38 @@ async fn decode_graphs_give_the_eager_steps_bits() {
         let want = join_all(requests.iter().map(|r| run(&eager, r.clone()))).await;
         for (i, (got, want)) in got.iter().zip(&want).enumerate() {
             assert!(got.error.is_none() && want.error.is_none(), "{arch} request {i}");
-            let bits = |o: &Outcome| -> Vec<(u32, u32)> {
-                o.tokens.iter().map(|t| (t.token, t.logprob.to_bits())).collect()
-            };
-            assert_eq!(bits(got), bits(want), "{arch} request {i}: tokens and logprobs");
+            assert_eq!(token_bits(got), token_bits(want), "{arch} request {i}: tokens, logprobs");
             assert_eq!(got.finals[0].routing, want.finals[0].routing, "{arch} request {i}");
         }
         graphed.shutdown().await;
         eager.shutdown().await;
     }
+}
+
+/// Prefill chunk sizes change no bit on the CUDA worker: the same prompt prefilled in chunks of
+/// 3, 7 and all at once gives the same tokens, logprobs and routing rows (attention and hybrid).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_chunk_sizes_change_no_bit() {
+    let test = "prefill_chunk_sizes_change_no_bit";
+    for arch in ["qwen3_moe", "nemotron_h"] {
+        let prompt = Golden::open(arch).prompt("long");
+        let mut outcomes = Vec::new();
+        for chunk in [3, 7, 256] {
+            let Some(gpu) = cuda_engine(arch, test, |c| c.max_num_batched_tokens = chunk) else {
+                return;
+            };
+            outcomes.push((chunk, run(&gpu, request(&prompt, 6)).await));
+            gpu.shutdown().await;
+        }
+        let (_, want) = &outcomes[2];
+        for (chunk, got) in &outcomes[..2] {
+            assert_eq!(token_bits(got), token_bits(want), "{arch}: chunks of {chunk}");
+            assert_eq!(got.finals[0].routing, want.finals[0].routing, "{arch}: chunks of {chunk}");
+        }
+    }
+}
+
+/// Each streamed token with the bits of its logprob.
+fn token_bits(o: &Outcome) -> Vec<(u32, u32)> {
+    o.tokens.iter().map(|t| (t.token, t.logprob.to_bits())).collect()
 }
