@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
-"""Hugging Face transformers on the benchmark checkpoints, CPU (see benches/README.md).
+"""Hugging Face transformers on the benchmark checkpoints, on the CPU or a GPU (benches/README.md).
 
     python benches/hf_baseline.py [MODELS_DIR] [--models qwen3_moe nemotron_h] [--dtypes f32 bf16]
-        [--runs 5] [--threads 2] [--json FILE]
+        [--runs 5] [--threads 2] [--device cpu|cuda] [--compile] [--json FILE]
+
+--device cuda runs on GPU 0 (every clock reading waits for the device first). --compile also
+measures the model with a static KV cache and its forward through torch.compile (mode
+"reduce-overhead", CUDA graphs on a GPU), recorded as engine "transformers+compile"; a model that
+does not compile is reported and skipped.
 
 For each model and dtype: load with from_pretrained (default attention and experts
 implementations), one warm-up of each scenario, then RUNS measured runs; the figure is the median.
@@ -46,6 +51,7 @@ class StepClock(StoppingCriteria):
         self.stamps = []
 
     def __call__(self, input_ids, scores, **kwargs):
+        sync(input_ids.device)
         self.stamps.append(time.perf_counter())
         return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
@@ -64,9 +70,17 @@ def generate(model, ids, new_tokens, clock=None):
     return out
 
 
+def sync(device):
+    """Waits for the device's queued work, so that a host clock reading covers it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def prefill_rate(model, ids):
+    sync(ids.device)
     t0 = time.perf_counter()
     generate(model, ids, 1)
+    sync(ids.device)
     return ids.shape[1] / (time.perf_counter() - t0)
 
 
@@ -77,33 +91,45 @@ def decode_rate(model, ids, steps):
     return ids.shape[0] * steps / (clock.stamps[-1] - clock.stamps[0])
 
 
-def bench(model_dir, name, dtype, args):
+def compiled(model):
+    """The model with a static KV cache and its forward compiled (CUDA graphs on a GPU)."""
+    model.generation_config.cache_implementation = "static"
+    model.forward = torch.compile(model.forward, mode="reduce-overhead")
+    return model
+
+
+def bench(model_dir, name, dtype, args, compile_=False):
+    device = torch.device(args.device)
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).to(device)
     model.eval()
+    if compile_:
+        model = compiled(model)
     load_s = time.perf_counter() - t0
     cfg = model.config
+    engine = "transformers+compile" if compile_ else "transformers"
     extra = dict(threads=args.threads, torch=torch.__version__, transformers=transformers.__version__,
                  attn_implementation=cfg._attn_implementation,
                  experts_implementation=getattr(cfg, "_experts_implementation", None),
+                 device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                  cpu_capability=torch.backends.cpu.get_cpu_capability(), load_s=round(load_s, 2), **host())
-    print(f"# {name} {dtype}: loaded in {load_s:.1f} s "
+    print(f"# {name} {dtype} {engine} on {extra['device']}: loaded in {load_s:.1f} s "
           f"(attention {extra['attn_implementation']}, experts {extra['experts_implementation']})", flush=True)
     records = []
     with torch.inference_mode():
         if args.prefill:
-            ids = torch.tensor([prompt_ids(0, args.prefill)])
+            ids = torch.tensor([prompt_ids(0, args.prefill)], device=device)
             runs, others, dropped = measure(lambda: prefill_rate(model, ids), args.runs, args.max_others,
                                            args.retries, args.quiet_wait)
-            records.append(record("transformers", dtype, name, f"pp{args.prefill}", runs, batch=1,
+            records.append(record(engine, dtype, name, f"pp{args.prefill}", runs, batch=1,
                                   others_cpu=others, dropped_runs=dropped,
                                   prompt_tokens=args.prefill, **extra))
             print_table(records[-1:])
         for b in args.batches:
-            ids = torch.tensor([prompt_ids(1 + i, args.decode_prompt) for i in range(b)])
+            ids = torch.tensor([prompt_ids(1 + i, args.decode_prompt) for i in range(b)], device=device)
             runs, others, dropped = measure(lambda: decode_rate(model, ids, args.decode), args.runs, args.max_others,
                                            args.retries, args.quiet_wait)
-            records.append(record("transformers", dtype, name, f"tg_b{b}", runs, batch=b,
+            records.append(record(engine, dtype, name, f"tg_b{b}", runs, batch=b,
                                   others_cpu=others, dropped_runs=dropped,
                                   prompt_tokens=args.decode_prompt, new_tokens=args.decode, **extra))
             print_table(records[-1:])
@@ -116,6 +142,9 @@ def main():
     ap.add_argument("models_dir", nargs="?", default=os.path.join(REPO, "target", "bench-models"))
     ap.add_argument("--models", nargs="+", default=["qwen3_moe", "nemotron_h"])
     ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (GPU 0)")
+    ap.add_argument("--compile", action="store_true",
+                    help="also measure with a static cache and torch.compile (engine transformers+compile)")
     add_scenario_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -123,7 +152,14 @@ def main():
     records = []
     for name in args.models:
         for dtype in args.dtypes:
-            records += bench(os.path.join(args.models_dir, name), name, dtype, args)
+            model_dir = os.path.join(args.models_dir, name)
+            records += bench(model_dir, name, dtype, args)
+            if args.compile:
+                try:
+                    records += bench(model_dir, name, dtype, args, compile_=True)
+                except Exception as err:  # noqa: BLE001 - a model that does not compile is a result
+                    print(f"# {name} {dtype}: torch.compile failed: {type(err).__name__}: {err}"[:2000],
+                          flush=True)
             if args.json:  # keep what is done if a later model fails
                 write_records(args.json, records)
     print()

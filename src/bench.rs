@@ -59,6 +59,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let engine = engine_args.start()?;
     let model = engine.model_info().served_model_name.clone();
     let num_ranks = engine.model_info().expert_parallel_size;
+    let device = engine.model_info().device.clone();
     let all = args.scenario == Scenario::All;
     let mut records = Vec::new();
     if all || args.scenario == Scenario::Throughput {
@@ -84,11 +85,16 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         records.extend(http(&engine, &args).await?);
     }
     engine.shutdown().await;
-    // The arithmetic of the products, as the baselines' records name theirs.
-    let dtype = engine_args.config()?.matmul_precision.as_str();
+    // The arithmetic of the products, as the baselines' records name theirs: on a CUDA device,
+    // bf16 weights (accumulated in f32, as transformers' bf16 products are).
+    let dtype = match device.as_str() {
+        "cpu" => engine_args.config()?.matmul_precision.as_str(),
+        _ => "bf16",
+    };
     for r in &mut records {
         r["engine"] = json!("routed");
         r["dtype"] = json!(dtype);
+        r["device"] = json!(device);
         r["model"] = json!(model);
         r["expert_parallel_size"] = json!(num_ranks);
     }

@@ -122,6 +122,7 @@ fn bench_writes_comparable_records() {
         assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
         assert_eq!(r["runs"].as_array().unwrap().len(), 2, "{r}");
         assert_eq!(r["engine"], "routed");
+        assert_eq!((&r["device"], &r["dtype"]), (&"cpu".into(), &"f32".into()), "{r}");
     }
     // 40 tokens in blocks of 16: 50 % rounds to one block, 90 % and 99 % to two.
     for (scenario, cached) in [("prefix_hit_50", 16), ("prefix_hit_90", 32), ("prefix_hit_99", 32)]

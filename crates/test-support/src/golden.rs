@@ -4,9 +4,16 @@
 use safetensors::{Dtype, SafeTensors};
 use std::path::{Path, PathBuf};
 
-/// `tests/golden` at the workspace root.
+/// The variable that points the tests at another copy of `tests/golden`: test executables built
+/// here and run on another machine (a GPU's) find the folder there through it.
+pub const GOLDEN_DIR_ENV: &str = "ROUTED_GOLDEN_DIR";
+
+/// `tests/golden` at the workspace root, or the folder `$ROUTED_GOLDEN_DIR` names.
 pub fn golden_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden")
+    match std::env::var_os(GOLDEN_DIR_ENV) {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden"),
+    }
 }
 
 /// One architecture's golden directory: its checkpoint and reference tensors.

