@@ -7,7 +7,10 @@ use super::{
     device::driver_err,
 };
 use crate::BackendError;
-use cudarc::driver::{PinnedHostSlice, result, sys::CUevent_flags};
+use cudarc::driver::{
+    PinnedHostSlice, result,
+    sys::{CUDA_MEMCPY2D, CUevent_flags, CUmemorytype, cuMemcpy2DAsync_v2},
+};
 
 /// A page-locked host buffer that the CPU reads after a copy from the device, or writes before a
 /// copy to it (the step inputs' staging).
@@ -98,6 +101,71 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
                 // `src` is a range of `end - at` elements of one.
                 let from = unsafe { std::slice::from_raw_parts(src.addr() as *const T, end - at) };
                 host[at..end].copy_from_slice(from);
+                Ok(())
+            }
+            _ => Err(mixed()),
+        }
+    }
+
+    /// Queues one strided copy on `stream`, without recording the event: `rows` runs of `width`
+    /// elements from `src`, run r starting `r * pitch` elements in, packed one after another at
+    /// the start of the buffer (the step's rows of every plane of the routing buffer in one
+    /// call, not one per plane).
+    pub fn queue_copy_rows_from(
+        &mut self,
+        src: DevSlice<'_, T>,
+        (rows, width, pitch): (usize, usize, usize),
+        stream: &Stream,
+    ) -> Result<(), BackendError> {
+        let need = rows.checked_mul(width).filter(|&n| n <= self.len());
+        let reach =
+            rows.checked_sub(1).map_or(Some(0), |r| r.checked_mul(pitch)?.checked_add(width));
+        let (Some(total), Some(reach)) = (need, reach) else {
+            return Err(BackendError::Memory(format!("{rows} rows of {width} overflow")));
+        };
+        if width > pitch || reach > src.len() || total > self.len() {
+            return Err(BackendError::Memory(format!(
+                "{rows} rows of {width} elements, {pitch} apart, from {} into a pinned buffer of {}",
+                src.len(),
+                self.len()
+            )));
+        }
+        if total == 0 {
+            return Ok(());
+        }
+        let elem = size_of::<T>();
+        match (&mut self.host, stream.cuda()) {
+            (HostMemory::Pinned(host), Some(stream)) => {
+                let base = host.as_mut_ptr().map_err(driver_err)?;
+                stream.context().bind_to_thread().map_err(driver_err)?;
+                let copy = CUDA_MEMCPY2D {
+                    srcMemoryType: CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    srcDevice: src.addr(),
+                    srcPitch: pitch * elem,
+                    dstMemoryType: CUmemorytype::CU_MEMORYTYPE_HOST,
+                    dstHost: base.cast(),
+                    dstPitch: width * elem,
+                    WidthInBytes: width * elem,
+                    Height: rows,
+                    // SAFETY: every other field is an offset, a null handle or an unused array:
+                    // zero is their "none".
+                    ..unsafe { std::mem::zeroed() }
+                };
+                // SAFETY: the source runs lie inside `src` (checked above), the destination's
+                // `total` elements inside the page-locked buffer, alive with `self`; the copy is
+                // ordered on `stream`.
+                unsafe { cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }
+                    .result()
+                    .map_err(driver_err)
+            }
+            (HostMemory::Plain(host), None) => {
+                for (r, run) in host[..total].chunks_exact_mut(width).enumerate() {
+                    let at = src.sub(r * pitch, width).expect("checked above");
+                    // SAFETY: a simulated device's addresses are host memory of its arenas, and
+                    // `at` is a range of `width` elements of one.
+                    let from = unsafe { std::slice::from_raw_parts(at.addr() as *const T, width) };
+                    run.copy_from_slice(from);
+                }
                 Ok(())
             }
             _ => Err(mixed()),

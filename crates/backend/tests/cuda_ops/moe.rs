@@ -160,6 +160,16 @@ fn router_ids_and_weights_equal_the_cpu_router() {
         dev.copy_stream().wait(&done).unwrap();
         pinned.copy_from(plane.sub(0, n * k).unwrap(), dev.copy_stream()).unwrap();
         assert_eq!(pinned.wait().unwrap(), &planes[512 * k..512 * k + n * k]);
+        // The step's rows of every plane in one strided copy, packed plane after plane.
+        let mut rows = PinnedBuffer::<i16>::new(dev, 3 * n * k).unwrap();
+        let all = arena.get(routing.ids).unwrap();
+        rows.queue_copy_rows_from(all, (3, n * k, 512 * k), dev.copy_stream()).unwrap();
+        rows.record(dev.copy_stream()).unwrap();
+        let want: Vec<i16> =
+            (0..3).flat_map(|l| planes[l * 512 * k..][..n * k].iter().copied()).collect();
+        assert_eq!(rows.wait().unwrap(), &want[..], "{kind:?}: rows of every plane");
+        let too_far = rows.queue_copy_rows_from(all, (3, n * k + 1, 512 * k), dev.copy_stream());
+        assert!(too_far.is_err(), "the runs must fit the buffer");
     }
 }
 

@@ -360,12 +360,9 @@ impl CudaCopyEngine {
         copy.wait(&self.forward_done)?;
         let b = &self.source.buffer;
         let mut pinned = self.slot(slot).map_err(|e| BackendError::Memory(e.to_string()))?;
-        let row = num_tokens * b.top_k;
-        for layer in 0..b.num_layers {
-            let plane = b.plane(layer).expect("a plane per layer");
-            let src = self.source.arena.get(plane)?.sub(0, row).expect("the step fits the plane");
-            pinned.queue_copy_from(layer * row, src, copy)?;
-        }
+        // The step's rows of every plane, packed layer after layer, in one strided copy.
+        let runs = (b.num_layers, num_tokens * b.top_k, b.max_tokens * b.top_k);
+        pinned.queue_copy_rows_from(self.source.arena.get(b.ids)?, runs, copy)?;
         pinned.record(copy)?;
         // The next forward writes the buffer only after this copy has read it.
         compute.wait(pinned.event())
