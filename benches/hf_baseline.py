@@ -94,6 +94,9 @@ def decode_rate(model, ids, steps):
 def compiled(model):
     """The model with a static KV cache and its forward compiled (CUDA graphs on a GPU)."""
     model.generation_config.cache_implementation = "static"
+    # Every batch size and cache length is a recompilation; past torch's default limit of 8 the
+    # forward would silently run uncompiled, and the figures with it.
+    torch._dynamo.config.recompile_limit = 256
     model.forward = torch.compile(model.forward, mode="reduce-overhead")
     return model
 
