@@ -189,3 +189,61 @@ extern "C" __global__ void gather_logprob_f32(
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r < num_rows) out[r] = sub(logits[(u64)r * vocab + ids[r]], log_z[r]);
 }
+
+// The largest rank key over the block; every thread gets it.
+__device__ u64 block_max_key(u64 v, u64* scratch) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(FULL_MASK, v, o));
+    __syncthreads();  // scratch is free again
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        u64 w = lane < SAMPLE_WARPS ? scratch[lane] : 0ull;
+        for (int o = 16; o > 0; o >>= 1) w = max(w, __shfl_xor_sync(FULL_MASK, w, o));
+        if (lane == 0) scratch[SAMPLE_WARPS] = w;
+    }
+    __syncthreads();
+    return scratch[SAMPLE_WARPS];
+}
+
+// What a row that asks for logprobs reports besides its token's logprob, as the CPU sampler
+// computes it: the token's rank (1 + the tokens ahead of it in rank order: logits in total order,
+// ties to the lower id) and the row's `n` most likely tokens in that order with their logprobs
+// (logit - log_z). Integer keys make both exact: the ids and ranks are the CPU's whatever the
+// reduction tree. Each of the n rounds takes the largest key below the previous round's.
+//
+// Grid: one block of SAMPLE_THREADS per row.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) top_logprobs_f32(
+    const float* __restrict__ logits,  // device [num_rows, vocab]
+    const u32* __restrict__ chosen,    // device [num_rows]
+    const float* __restrict__ log_z,   // device [num_rows]
+    u32* __restrict__ top_ids,         // device [num_rows, n] (null when n is 0)
+    float* __restrict__ top_logprobs,  // device [num_rows, n] (null when n is 0)
+    u32* __restrict__ ranks,           // device [num_rows]
+    int vocab,
+    int n) {
+    __shared__ u64 uscratch[SAMPLE_WARPS + 1];
+    const float* row = logits + (u64)blockIdx.x * vocab;
+    const u32 token = chosen[blockIdx.x];
+    const u64 key = rank_key(row[token], (int)token);
+    u64 ahead = 0;
+    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) ahead += rank_key(row[i], i) > key ? 1ull : 0ull;
+    ahead = block_sum(ahead, uscratch);
+    if (threadIdx.x == 0) ranks[blockIdx.x] = ahead < 0xffffffffull ? (u32)(ahead + 1) : 0xffffffffu;
+    u64 below = 0;
+    for (int j = 0; j < n; ++j) {
+        u64 best = 0;
+        for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
+            u64 k = rank_key(row[i], i);
+            if ((j == 0 || k < below) && k > best) best = k;
+        }
+        best = block_max_key(best, uscratch);
+        if (threadIdx.x == 0) {
+            u32 id = 0xffffffffu - (u32)(best & 0xffffffffull);
+            u64 at = (u64)blockIdx.x * n + j;
+            top_ids[at] = id;
+            top_logprobs[at] = sub(row[id], log_z[blockIdx.x]);
+        }
+        below = best;
+    }
+}

@@ -17,7 +17,7 @@
 //! gather pairs `(token row, logits row)` count logits rows within chunks of
 //! [`PackGeometry::logits_chunk_rows`], the rows the logits buffer holds at once.
 
-use routed_types::{SamplingParams, ScheduledSeq, StepPlan};
+use routed_types::{MAX_LOGPROBS, SamplingParams, ScheduledSeq, StepPlan};
 
 #[path = "step_inputs_tests.rs"]
 #[cfg(test)]
@@ -234,6 +234,10 @@ pub struct PackedStep {
     pub num_sampled: usize,
     /// Rows the host finishes (the rest).
     pub num_host_rows: usize,
+    /// Whether a device row reports logprobs: then every device row gets its token's rank.
+    pub wants_ranks: bool,
+    /// Alternatives every device row gets: the most any device row asks for.
+    pub num_top_logprobs: usize,
     /// Entries per block-table row this step.
     pub block_table_stride: usize,
     /// Words to upload: everything up to the end of this step's block tables.
@@ -489,6 +493,13 @@ impl StepPacker {
             put(words, l.logit_rows.offset + 2 * r + 1, r % chunk);
         }
         for (s, used) in plan.seqs.iter().zip(&mut self.uses) {
+            if let (LogitUse::Greedy { .. } | LogitUse::Sampled { .. }, Some((params, _))) =
+                (&*used, &s.sample)
+                && let Some(n) = params.logprobs
+            {
+                p.wants_ranks = true;
+                p.num_top_logprobs = p.num_top_logprobs.max(n as usize);
+            }
             match used {
                 LogitUse::Sampled { row } => {
                     let (params, index) = s.sample.as_ref().expect("sampled rows sample");
@@ -517,11 +528,11 @@ fn logit_kind(s: &ScheduledSeq) -> Option<(usize, bool)> {
     }
 }
 
-/// Whether the device kernels alone pick the token: no logprobs to report (their rank and
-/// alternatives are computed on the host) and nothing that changes the logits first (penalties
-/// need the history, which stays on the host).
+/// Whether the device kernels alone pick the token and its logprobs (the rank and up to
+/// [`MAX_LOGPROBS`] alternatives included): nothing changes the logits first (penalties need
+/// the history, which stays on the host, and a bias or min-p goes with them).
 pub fn on_device(params: &SamplingParams) -> bool {
-    !params.processes_logits() && params.logprobs.is_none()
+    !params.processes_logits() && params.logprobs.is_none_or(|n| n <= MAX_LOGPROBS)
 }
 
 /// The kernels' `SampleParams`: seed and index (u64, little-endian words), temperature, top-p,

@@ -101,14 +101,15 @@ fn a_mixed_step_is_packed_section_by_section() {
         seed: 0x1_0000_0002,
         ..SamplingParams::default()
     };
-    let with_logprobs = SamplingParams { logprobs: Some(2), ..SamplingParams::greedy(4) };
+    let penalized = SamplingParams { presence_penalty: 0.5, ..SamplingParams::greedy(4) };
     let plan = StepPlan {
         seqs: vec![
             chunk,
-            // Decodes: greedy, seeded, host (alternatives asked for), a fresh prompt (cleared).
+            // Decodes: greedy, seeded, host (a penalty needs the history), a fresh prompt
+            // (cleared).
             sampled(seq(6, &[1], &[4, 2]), SamplingParams::greedy(4), 3),
             sampled(seq(2, &[2], &[5]), seeded.clone(), 9),
-            sampled(seq(3, &[3], &[6]), with_logprobs, 1),
+            sampled(seq(3, &[3], &[6]), penalized, 1),
             seq(0, &[4, 4], &[7]),
         ],
         ..StepPlan::default()
@@ -136,8 +137,9 @@ fn a_mixed_step_is_packed_section_by_section() {
     assert_eq!((p.num_taps, section(&words, l.tap_starts, 6)), (2, vec![0, 2, 2, 2, 2, 2]));
     assert_eq!(section(&words, l.taps, 4), [4, 1, 8, 4]);
     // Logits rows: greedy (token 5), seeded (token 6), then host: the chunk's five rows and the
-    // decode that wants alternatives (token 7).
+    // penalized decode (token 7).
     assert_eq!((p.num_greedy, p.num_sampled, p.num_host_rows), (1, 1, 6));
+    assert!(!p.wants_ranks && p.num_top_logprobs == 0, "no device row reports logprobs");
     assert_eq!(section(&words, l.logit_rows, 16), [5, 0, 6, 1, 0, 2, 1, 3, 2, 4, 3, 5, 4, 6, 7, 7]);
     assert_eq!(
         packer.logit_uses(),
@@ -286,4 +288,28 @@ fn a_step_for_a_graph_is_padded_to_its_batch_and_strides_its_tables_at_the_capac
     assert!(packer.logit_uses()[2..].iter().all(|u| *u == LogitUse::None));
     // A batch smaller than the plan is refused.
     assert!(packer.pack_for_graph(&plan, &pad, 1, true, &mut words).is_err());
+}
+
+#[test]
+fn rows_reporting_logprobs_stay_on_the_device_with_the_most_alternatives_asked() {
+    let mut packer = StepPacker::new(CAPACITY, geometry());
+    let mut words = words_of(&packer);
+    let logprobs = |n: u32, params: SamplingParams| SamplingParams { logprobs: Some(n), ..params };
+    let seeded = SamplingParams { temperature: 0.8, seed: 5, ..SamplingParams::default() };
+    let plan = StepPlan {
+        seqs: vec![
+            sampled(seq(6, &[1], &[4, 2]), logprobs(0, SamplingParams::greedy(4)), 0),
+            sampled(seq(2, &[2], &[5]), logprobs(3, seeded.clone()), 0),
+            sampled(seq(3, &[3], &[6]), SamplingParams::greedy(4), 0),
+            sampled(seq(3, &[3], &[7]), logprobs(21, SamplingParams::greedy(4)), 0),
+        ],
+        ..StepPlan::default()
+    };
+    let p = packer.pack(&plan, true, &mut words).unwrap();
+    // More alternatives than the device reports go to the host.
+    assert_eq!((p.num_greedy, p.num_sampled, p.num_host_rows), (2, 1, 1));
+    assert!(p.wants_ranks);
+    assert_eq!(p.num_top_logprobs, 3);
+    assert!(on_device(&logprobs(MAX_LOGPROBS, seeded.clone())));
+    assert!(!on_device(&SamplingParams { min_p: 0.1, ..logprobs(1, seeded) }));
 }

@@ -137,6 +137,7 @@ kernel_ids! {
     LogSoftmax = "log_softmax_f32" in SAMPLE;
     Sample = "sample_f32" in SAMPLE;
     GatherLogprob = "gather_logprob_f32" in SAMPLE;
+    TopLogprobs = "top_logprobs_f32" in SAMPLE;
 }
 
 #[cfg(test)]

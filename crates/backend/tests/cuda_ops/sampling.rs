@@ -131,3 +131,48 @@ fn chosen_logprobs_are_the_logit_minus_the_normaliser() {
         assert_close(&format!("row {r}"), &[got[r]], &[want], tol::LOG_Z, 1.0);
     }
 }
+
+#[test]
+fn ranks_and_alternatives_are_the_cpu_samplers_exactly() {
+    let Some(dev) = gpu_or_skip("ranks_and_alternatives_are_the_cpu_samplers_exactly") else {
+        return;
+    };
+    let (rows, vocab, n) = (9, 3001, 5);
+    let mut rng = Rng::new(47);
+    // Coarse values, so that many logits tie; some -inf (a masked vocabulary).
+    let mut logits: Vec<f32> = (0..rows * vocab).map(|_| (rng.below(40) as f32) * 0.25).collect();
+    for _ in 0..200 {
+        logits[rng.below(rows * vocab)] = f32::NEG_INFINITY;
+    }
+    let chosen: Vec<u32> = (0..rows).map(|_| rng.below(vocab) as u32).collect();
+    let mut p = Plan::new(dev);
+    let (ls, cs) = (p.input(&logits), p.input(&chosen));
+    let (log_z, ids, lps, ranks) = (
+        p.output::<f32>(rows),
+        p.output::<u32>(rows * n),
+        p.output::<f32>(rows * n),
+        p.output::<u32>(rows),
+    );
+    let m = p.alloc();
+    dev.log_softmax(m.get(ls), None, m.get(log_z), rows, vocab).unwrap();
+    let top = (m.get(ids), m.get(lps), n);
+    dev.top_logprobs(m.get(ls), m.get(cs), m.get(log_z), top, m.get(ranks), rows, vocab).unwrap();
+    let (z, got_ids, got_lps, got_ranks) = (m.read(log_z), m.read(ids), m.read(lps), m.read(ranks));
+    for r in 0..rows {
+        let row = &logits[r * vocab..(r + 1) * vocab];
+        // The CPU sampler's order: logits descending in total order, ties to the lower id.
+        let mut order: Vec<u32> = (0..vocab as u32).collect();
+        order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        let rank = order.iter().position(|&t| t == chosen[r]).unwrap() as u32 + 1;
+        assert_eq!(got_ranks[r], rank, "row {r}: rank of {}", chosen[r]);
+        assert_eq!(got_ids[r * n..(r + 1) * n], order[..n], "row {r}: alternatives");
+        for j in 0..n {
+            let want = row[order[j] as usize] - z[r];
+            assert_eq!(got_lps[r * n + j].to_bits(), want.to_bits(), "row {r}, alternative {j}");
+        }
+    }
+    // Ranks alone (no alternatives) are the same.
+    let none = (m.get(ids).sub(0, 0).unwrap(), m.get(lps).sub(0, 0).unwrap(), 0);
+    dev.top_logprobs(m.get(ls), m.get(cs), m.get(log_z), none, m.get(ranks), rows, vocab).unwrap();
+    assert_eq!(m.read(ranks), got_ranks);
+}

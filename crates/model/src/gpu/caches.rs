@@ -17,6 +17,7 @@ use routed_backend::{
     },
     step_inputs::{AttentionTiling, PackGeometry, StepCapacity, StepPacker},
 };
+use routed_types::MAX_LOGPROBS;
 use std::{collections::HashMap, sync::Arc};
 
 /// What a worker's pools are sized for.
@@ -61,6 +62,11 @@ pub(crate) struct Activations {
     pub sampled: Span<u32>,
     pub log_z: Span<f32>,
     pub logprobs: Span<f32>,
+    /// Each device row's token's rank, `[chunk]`.
+    pub ranks: Span<u32>,
+    /// Each device row's most likely tokens and their logprobs, `[chunk, MAX_LOGPROBS]`.
+    pub top_ids: Span<u32>,
+    pub top_logprobs: Span<f32>,
 }
 
 /// The MoE block's scratch (shared by every MoE layer).
@@ -96,6 +102,9 @@ pub struct GpuCaches {
     pub(crate) staging: PinnedBuffer<u32>,
     pub(crate) sampled_host: PinnedBuffer<u32>,
     pub(crate) logprobs_host: PinnedBuffer<f32>,
+    pub(crate) ranks_host: PinnedBuffer<u32>,
+    pub(crate) top_ids_host: PinnedBuffer<u32>,
+    pub(crate) top_logprobs_host: PinnedBuffer<f32>,
     pub(crate) logits_host: PinnedBuffer<f32>,
 }
 
@@ -225,6 +234,9 @@ fn activations(
         sampled: l.push(chunk),
         log_z: l.push(chunk),
         logprobs: l.push(chunk),
+        ranks: l.push(chunk),
+        top_ids: l.push(chunk * MAX_LOGPROBS as usize),
+        top_logprobs: l.push(chunk * MAX_LOGPROBS as usize),
     }
 }
 
@@ -285,6 +297,9 @@ impl GpuCaches {
             staging: PinnedBuffer::new(dev, r.packer.layout().num_words())?,
             sampled_host: PinnedBuffer::new(dev, chunk)?,
             logprobs_host: PinnedBuffer::new(dev, chunk)?,
+            ranks_host: PinnedBuffer::new(dev, chunk)?,
+            top_ids_host: PinnedBuffer::new(dev, chunk * MAX_LOGPROBS as usize)?,
+            top_logprobs_host: PinnedBuffer::new(dev, chunk * MAX_LOGPROBS as usize)?,
             logits_host: PinnedBuffer::new(dev, chunk * config.vocab_size)?,
             shape,
             arena: Arc::new(arena),

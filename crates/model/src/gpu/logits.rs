@@ -13,6 +13,12 @@ pub struct LogitsOut {
     pub sampled: Vec<u32>,
     /// Each device row's token's logprob under the raw distribution.
     pub logprobs: Vec<f32>,
+    /// Each device row's token's rank, when a device row reports logprobs (else empty).
+    pub ranks: Vec<u32>,
+    /// Each device row's `num_top` most likely tokens with their logprobs, row after row.
+    pub top: Vec<(u32, f32)>,
+    /// Alternatives per device row in `top`.
+    pub num_top: usize,
     /// The rows the host finishes, `[num_host_rows, vocab]`, in logits-row order.
     pub host_logits: Vec<f32>,
 }
@@ -28,6 +34,9 @@ impl GpuModel {
     ) -> Result<()> {
         out.sampled.clear();
         out.logprobs.clear();
+        out.ranks.clear();
+        out.top.clear();
+        out.num_top = 0;
         out.host_logits.clear();
         let (total, chunk) = (step.num_logit_rows(), caches.shape.logits_chunk_rows);
         let device_rows = step.num_greedy + step.num_sampled;
@@ -106,6 +115,38 @@ impl GpuModel {
         caches.logprobs_host.copy_from(logprobs.sub(0, g + s).expect("sized"), stream)?;
         out.sampled.extend_from_slice(&caches.sampled_host.wait()?[..g + s]);
         out.logprobs.extend_from_slice(&caches.logprobs_host.wait()?[..g + s]);
+        if step.wants_ranks {
+            self.top_logprobs_on_device(caches, step, out)?;
+        }
+        Ok(())
+    }
+
+    /// The rank of every device row's token and the most alternatives a device row asked for,
+    /// copied to the host.
+    fn top_logprobs_on_device(
+        &self,
+        caches: &mut GpuCaches,
+        step: &PackedStep,
+        out: &mut LogitsOut,
+    ) -> Result<()> {
+        let (dev, vocab) = (&self.dev, self.config.vocab_size);
+        let (arena, act) = (caches.arena.clone(), &caches.act);
+        let (rows, n) = (step.num_greedy + step.num_sampled, step.num_top_logprobs.min(vocab));
+        let fit = "the device rows fit the first chunk";
+        let ranks = arena.get(act.ranks)?.sub(0, rows).expect(fit);
+        let ids = arena.get(act.top_ids)?.sub(0, rows * n).expect(fit);
+        let lps = arena.get(act.top_logprobs)?.sub(0, rows * n).expect(fit);
+        let (logits, sampled, log_z) =
+            (arena.get(act.logits)?, arena.get(act.sampled)?, arena.get(act.log_z)?);
+        dev.top_logprobs(logits, sampled, log_z, (ids, lps, n), ranks, rows, vocab)?;
+        let stream = dev.compute_stream();
+        caches.ranks_host.copy_from(ranks, stream)?;
+        caches.top_ids_host.copy_from(ids, stream)?;
+        caches.top_logprobs_host.copy_from(lps, stream)?;
+        out.ranks.extend_from_slice(&caches.ranks_host.wait()?[..rows]);
+        let (ids, lps) = (caches.top_ids_host.wait()?, caches.top_logprobs_host.wait()?);
+        out.top.extend(ids[..rows * n].iter().copied().zip(lps[..rows * n].iter().copied()));
+        out.num_top = n;
         Ok(())
     }
 }

@@ -129,18 +129,27 @@ impl CudaWorker {
         let host = &self.logits.host_logits;
         let mut sampled = sampling::sample(plan, host, &host_rows, vocab, &mut self.sampler);
         let prompt_logprobs = sampling::prompt_logprobs(plan, host, &host_rows, vocab);
-        for (out, used) in sampled.iter_mut().zip(uses) {
+        let l = &self.logits;
+        for ((out, used), seq) in sampled.iter_mut().zip(uses).zip(&plan.seqs) {
             let row = match *used {
                 LogitUse::Greedy { row } => row,
                 LogitUse::Sampled { row } => num_greedy + row,
                 _ => continue,
             };
+            // The rank and alternatives only where the request asked for logprobs, as on the CPU.
+            let asked = seq.sample.as_ref().and_then(|(params, _)| params.logprobs);
+            let (top_logprobs, rank) = match asked {
+                Some(n) => {
+                    let alternatives = &l.top[row * l.num_top..][..(n as usize).min(l.num_top)];
+                    (alternatives.to_vec(), Some(l.ranks[row]))
+                }
+                None => (Vec::new(), None),
+            };
             *out = Some(SampledToken {
-                token: self.logits.sampled[row],
-                logprob: self.logits.logprobs[row],
-                top_logprobs: Vec::new(),
-                // Device rows asked for no logprobs (`on_device`), so no rank, as on the CPU.
-                rank: None,
+                token: l.sampled[row],
+                logprob: l.logprobs[row],
+                top_logprobs,
+                rank,
             });
         }
         StepOutput { step_id: plan.step_id, sampled, prompt_logprobs }

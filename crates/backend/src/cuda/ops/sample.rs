@@ -87,4 +87,39 @@ impl CudaDevice {
         let (vocab, rows) = (int(id, "vocab", vocab)?, int(id, "rows", num_rows)?);
         launch!(self, id, sh, [logits, ids, log_z, out, vocab, rows])
     }
+
+    /// For rows whose requests ask for logprobs: the rank of each row's `chosen` token and the
+    /// row's `top.2` most likely tokens with their logprobs, in the CPU sampler's order
+    /// (`top_logprobs_f32`). `top` holds the ids and logprobs, `[num_rows, n]` each.
+    #[allow(clippy::too_many_arguments)] // the kernel's own parameters
+    pub fn top_logprobs(
+        &self,
+        logits: DevSlice<'_, f32>,
+        chosen: DevSlice<'_, u32>,
+        log_z: DevSlice<'_, f32>,
+        top: (DevSlice<'_, u32>, DevSlice<'_, f32>, usize),
+        ranks: DevSlice<'_, u32>,
+        num_rows: usize,
+        vocab: usize,
+    ) -> Result<(), BackendError> {
+        let id = KernelId::TopLogprobs;
+        let (top_ids, top_lps, n) = top;
+        if n > vocab {
+            return Err(super::bad(id, format!("{n} alternatives from a vocabulary of {vocab}")));
+        }
+        fits(id, "logits", &logits, num_rows * vocab)?;
+        for (what, s) in [("chosen", &chosen), ("ranks", &ranks)] {
+            fits(id, what, s, num_rows)?;
+        }
+        fits(id, "log_z", &log_z, num_rows)?;
+        fits(id, "top ids", &top_ids, num_rows * n)?;
+        fits(id, "top logprobs", &top_lps, num_rows * n)?;
+        let sh = shape(id, cfg::sample(num_rows))?;
+        let (logits, chosen, log_z, ranks) =
+            (logits.addr(), chosen.addr(), log_z.addr(), ranks.addr());
+        let (top_ids, top_lps) = (top_ids.addr(), top_lps.addr());
+        // n may be 0 (ranks only): not a positive size, so not through `int`.
+        let (vocab, n) = (int(id, "vocab", vocab)?, n as i32);
+        launch!(self, id, sh, [logits, chosen, log_z, top_ids, top_lps, ranks, vocab, n])
+    }
 }
