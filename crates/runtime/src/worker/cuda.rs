@@ -410,20 +410,8 @@ mod tests {
     use super::*;
 
     fn decode(n: usize) -> StepPlan {
-        let seq = |i: usize| ScheduledSeq {
-            seq_id: SeqId(i as u64),
-            token_ids: vec![5],
-            num_computed_tokens: 9,
-            num_prompt_tokens: 4,
-            block_table: vec![BlockRef::new(BlockId(i as u32), BlockGeneration(1)); 3],
-            live_state: None,
-            restore_from: None,
-            snapshots: Vec::new(),
-            sample: None,
-            context: None,
-            prompt_logprobs: None,
-        };
-        StepPlan { seqs: (0..n).map(seq).collect(), ..StepPlan::default() }
+        let seqs = (0..n as u32).map(|i| crate::worker::tests::seq(9, 1, &[i, i, i])).collect();
+        StepPlan { seqs, ..StepPlan::default() }
     }
 
     #[test]

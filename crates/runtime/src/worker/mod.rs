@@ -205,7 +205,8 @@ mod tests {
     use super::*;
     use routed_types::{BlockGeneration, ScheduledSeq, SeqId};
 
-    fn seq(computed: usize, len: usize, table: &[u32]) -> ScheduledSeq {
+    /// A sequence of `len` tokens after `computed`, on the blocks of `table`, without sampling.
+    pub(super) fn seq(computed: usize, len: usize, table: &[u32]) -> ScheduledSeq {
         ScheduledSeq {
             seq_id: SeqId(table[0] as u64),
             token_ids: vec![1; len],
