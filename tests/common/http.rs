@@ -23,8 +23,12 @@ pub struct Server {
 impl Server {
     /// Starts `routed serve --port 0 --threads 2 <args>` and waits for its address. Its log is
     /// drained on a thread (a full pipe would block the server) and kept for failure messages.
+    /// The binary is the one cargo built, or `$ROUTED_BIN` (test executables run on another
+    /// machine, with the binary beside them).
     pub fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_routed"))
+        let bin =
+            std::env::var_os("ROUTED_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_routed").into());
+        let mut child = Command::new(bin)
             .args(["serve", "--port", "0", "--threads", "2"])
             .args(args)
             .env("RUST_LOG", "info")
