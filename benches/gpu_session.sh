@@ -79,6 +79,13 @@ bench() {
         "$KIT/bin/routed" bench prefix-hit --model "$models/$m" --device "$DEVICE" \
             --prompt-len 512 --json "$OUT/routed-$m-prefill.json" >>"$OUT/routed-$m.log" 2>&1
         summary+=("routed prefill $m: rc $?")
+        # Routing capture on vs off, and graphs vs eager decode, in interleaved pairs.
+        for scenario in routing-overhead cuda-graphs; do
+            "$KIT/bin/routed" bench "$scenario" --model "$models/$m" --device "$DEVICE" \
+                --prompt-len 16 --output-len 65 --repeats 6 \
+                --json "$OUT/routed-$m-$scenario.json" >>"$OUT/routed-$m.log" 2>&1
+            summary+=("routed $scenario $m: rc $? $(grep -h 'median\|faster' "$OUT/routed-$m.log" | tail -2 | tr '\n' ' ')")
+        done
     done
     if [ "$DEVICE" != cuda-sim ]; then
         "$PYTHON" benches/hf_baseline.py "$models" --device cuda --dtypes bf16 --compile \

@@ -23,6 +23,8 @@ pub enum Scenario {
     Http,
     /// Batch-1 decode against the memory-bandwidth roofline.
     Roofline,
+    /// Decode through CUDA graphs vs eager steps at batch 1 and 8, interleaved pairs (CUDA only).
+    CudaGraphs,
     /// Every scenario in turn.
     All,
 }
@@ -56,6 +58,11 @@ pub struct BenchArgs {
 pub async fn run(args: BenchArgs) -> Result<()> {
     let mut engine_args = args.engine.clone();
     engine_args.heartbeat_ms = 0;
+    let on_cpu = engine_args.config()?.device == routed_backend::DeviceSpec::Cpu;
+    anyhow::ensure!(
+        !(on_cpu && args.scenario == Scenario::CudaGraphs),
+        "the cuda-graphs scenario needs a CUDA device (--device cuda:N or cuda-sim)"
+    );
     let engine = engine_args.start()?;
     let model = engine.model_info().served_model_name.clone();
     let num_ranks = engine.model_info().expert_parallel_size;
@@ -83,6 +90,14 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     }
     if all || args.scenario == Scenario::Http {
         records.extend(http(&engine, &args).await?);
+    }
+    // Graphs exist on a CUDA device only: `all` leaves them out on the CPU.
+    if (all && !on_cpu) || args.scenario == Scenario::CudaGraphs {
+        let mut config = engine_args.config()?;
+        config.cuda_graphs = false;
+        let eager = crate::cli::start(config)?;
+        records.extend(cuda_graphs(&engine, &eager, &args).await?);
+        eager.shutdown().await;
     }
     engine.shutdown().await;
     // The arithmetic of the products, as the baselines' records name theirs: on a CUDA device,
@@ -247,6 +262,41 @@ async fn routing_overhead(
     Ok(vec![
         json!({"scenario": "routing_overhead", "median_ratio": med, "min_ratio": lo, "max_ratio": hi, "pipeline_share_of_step": share, "pairs": args.repeats}),
     ])
+}
+
+/// Decode time with graphs over decode time with eager steps, in interleaved pairs at batch 1 and
+/// 8 (the first token, which no graph serves, is left out of both).
+async fn cuda_graphs(
+    graphs: &EngineHandle,
+    eager: &EngineHandle,
+    args: &BenchArgs,
+) -> Result<Vec<Value>> {
+    println!("CUDA graphs vs eager decode steps: {} interleaved pairs", args.repeats);
+    let mut records = Vec::new();
+    for b in [1, 8] {
+        let mut speedups = Vec::new();
+        for pair in 0..args.repeats.max(1) {
+            let seed = 300 + pair as u64;
+            let decode = |t: BatchTimes| (t.wall - t.first_tokens).as_secs_f64();
+            let (with, without) = if pair % 2 == 0 {
+                let a = decode(batch(graphs, seed, b, args).await?);
+                (a, decode(batch(eager, seed, b, args).await?))
+            } else {
+                let e = decode(batch(eager, seed, b, args).await?);
+                (decode(batch(graphs, seed, b, args).await?), e)
+            };
+            speedups.push(without / with.max(1e-12));
+        }
+        let (lo, hi) = (
+            speedups.iter().copied().fold(f64::INFINITY, f64::min),
+            speedups.iter().copied().fold(0.0, f64::max),
+        );
+        let med = median(&mut speedups);
+        println!("batch {b}: decode {med:.3}x faster with graphs (min {lo:.3}, max {hi:.3})");
+        records.push(json!({"scenario": format!("cuda_graphs_b{b}"), "batch": b,
+            "median_speedup": med, "min_speedup": lo, "max_speedup": hi, "pairs": args.repeats}));
+    }
+    Ok(records)
 }
 
 async fn prefix_hit(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value>> {

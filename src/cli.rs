@@ -111,18 +111,22 @@ impl EngineArgs {
 
     /// Starts an engine, with a progress bar while the weights load.
     pub fn start(&self) -> Result<EngineHandle> {
-        let config = self.config()?;
-        let bar = indicatif::ProgressBar::new(0)
-            .with_message(format!("loading {}", config.model.dir().display()));
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tensors")
-                .expect("valid template"),
-        );
-        let engine = Engine::start_with_progress(config, &mut |done, total| {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-        });
-        bar.finish_and_clear();
-        Ok(engine?)
+        start(self.config()?)
     }
+}
+
+/// Starts an engine on `config`, with a progress bar while the checkpoint loads.
+pub fn start(config: EngineConfig) -> Result<EngineHandle> {
+    let bar = indicatif::ProgressBar::new(0)
+        .with_message(format!("loading {}", config.model.dir().display()));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tensors")
+            .expect("valid template"),
+    );
+    let engine = Engine::start_with_progress(config, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    });
+    bar.finish_and_clear();
+    Ok(engine?)
 }

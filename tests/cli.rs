@@ -133,3 +133,15 @@ fn bench_writes_comparable_records() {
         find(scenario);
     }
 }
+
+/// The CUDA-graphs benchmark on the CPU is refused before anything loads, naming what it needs.
+#[test]
+fn bench_cuda_graphs_needs_a_cuda_device() {
+    let out = Command::new(env!("CARGO_BIN_EXE_routed"))
+        .args(["bench", "cuda-graphs"])
+        .output()
+        .expect("run routed bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cuda-graphs scenario needs a CUDA device"), "{stderr}");
+}

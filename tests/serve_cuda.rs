@@ -1,6 +1,6 @@
 //! `routed serve` on the CUDA worker, driven over HTTP by the official `openai` Python client
 //! (`tests/openai_client.py`: completions, chat, streams, logprobs, routing rows decoded with
-//! numpy). The device is `$ROUTED_TEST_DEVICE` (`cuda:0` on a GPU machine), else the CUDA
+//! numpy), and `routed bench`'s CUDA-graphs scenario. The device is `$ROUTED_TEST_DEVICE` (`cuda:0` on a GPU machine), else the CUDA
 //! simulator (`cuda-sim`), which is how CI runs it. A build without `--features cuda` skips it.
 //!
 //! Uses `$ROUTED_PYTHON`, else `python3`; without `openai` or `numpy` the test says so and skips,
@@ -36,5 +36,37 @@ fn the_openai_client_drives_serve_on_the_cuda_worker() {
     let args = [format!("http://{}", server.addr), "qwen3-moe-tiny".to_owned()];
     if let Some(stdout) = common::run_python("openai_client.py", &args) {
         assert!(stdout.contains("openai client agrees"), "{stdout}");
+    }
+}
+
+/// `routed bench cuda-graphs` compares graphed and eager decode at batch 1 and 8 and writes a
+/// record of each, naming the device.
+#[test]
+fn bench_compares_decode_graphs_with_eager_steps() {
+    if !cfg!(feature = "cuda") {
+        eprintln!("skipping: this build has no CUDA support (build with --features cuda)");
+        return;
+    }
+    let device = std::env::var(DEVICE_ENV).unwrap_or_else(|_| "cuda-sim".to_owned());
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("graphs.json");
+    let bin = std::env::var_os("ROUTED_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_routed").into());
+    let model = golden_root().join("qwen3_moe").join("model");
+    let out = std::process::Command::new(bin)
+        .args(["bench", "cuda-graphs", "--device", &device, "--prompt-len", "8"])
+        .args(["--output-len", "6", "--repeats", "2", "--model"])
+        .arg(&model)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run routed bench");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let records: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let scenarios: Vec<&str> = records.iter().map(|r| r["scenario"].as_str().unwrap()).collect();
+    assert_eq!(scenarios, ["cuda_graphs_b1", "cuda_graphs_b8"]);
+    for r in &records {
+        assert!(r["median_speedup"].as_f64().is_some_and(|s| s > 0.0), "{r}");
+        assert!(r["device"].as_str().unwrap().starts_with(&device), "{r}");
     }
 }
