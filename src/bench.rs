@@ -102,9 +102,9 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     engine.shutdown().await;
     // The arithmetic of the products, as the baselines' records name theirs: on a CUDA device,
     // bf16 weights (accumulated in f32, as transformers' bf16 products are).
-    let dtype = match device.as_str() {
-        "cpu" => engine_args.config()?.matmul_precision.as_str(),
-        _ => "bf16",
+    let dtype = match on_cpu {
+        true => engine_args.config()?.matmul_precision.as_str(),
+        false => "bf16",
     };
     for r in &mut records {
         r["engine"] = json!("routed");
@@ -234,29 +234,13 @@ async fn routing_overhead(
 ) -> Result<Vec<Value>> {
     println!("(b) routing capture on vs off: {} interleaved pairs of batch 8", args.repeats);
     let before = on.stats().await?;
-    let mut ratios = Vec::new();
-    for pair in 0..args.repeats {
-        // Alternate which engine goes first so drift in machine load cancels out.
-        let seed = 100 + pair as u64;
-        let (t_on, t_off) = if pair % 2 == 0 {
-            let a = batch(on, seed, 8, args).await?.wall;
-            (a, batch(off, seed, 8, args).await?.wall)
-        } else {
-            let b = batch(off, seed, 8, args).await?.wall;
-            (batch(on, seed, 8, args).await?.wall, b)
-        };
-        ratios.push(t_on.as_secs_f64() / t_off.as_secs_f64());
-    }
+    let mut ratios = paired_ratios(on, off, 100, 8, args, |t| t.wall.as_secs_f64()).await?;
     let after = on.stats().await?;
     let pipeline = (after.routing_capture_seconds - before.routing_capture_seconds)
         + (after.routing_copy_seconds - before.routing_copy_seconds)
         + (after.routing_store_seconds - before.routing_store_seconds);
     let share = pipeline / (after.step_seconds - before.step_seconds).max(1e-12);
-    let (lo, hi) = (
-        ratios.iter().copied().fold(f64::INFINITY, f64::min),
-        ratios.iter().copied().fold(0.0, f64::max),
-    );
-    let med = median(&mut ratios);
+    let (lo, med, hi) = spread(&mut ratios);
     println!("median time ratio on/off {med:.4} (min {lo:.4}, max {hi:.4})");
     println!("capture + copy + store time, measured directly: {:.3} % of step time", share * 100.0);
     Ok(vec![
@@ -264,8 +248,8 @@ async fn routing_overhead(
     ])
 }
 
-/// Decode time with graphs over decode time with eager steps, in interleaved pairs at batch 1 and
-/// 8 (the first token, which no graph serves, is left out of both).
+/// Decode time with eager steps over decode time with graphs, in interleaved pairs at batch 1
+/// and 8 (the first token, which no graph serves, is left out of both).
 async fn cuda_graphs(
     graphs: &EngineHandle,
     eager: &EngineHandle,
@@ -274,29 +258,46 @@ async fn cuda_graphs(
     println!("CUDA graphs vs eager decode steps: {} interleaved pairs", args.repeats);
     let mut records = Vec::new();
     for b in [1, 8] {
-        let mut speedups = Vec::new();
-        for pair in 0..args.repeats.max(1) {
-            let seed = 300 + pair as u64;
-            let decode = |t: BatchTimes| (t.wall - t.first_tokens).as_secs_f64();
-            let (with, without) = if pair % 2 == 0 {
-                let a = decode(batch(graphs, seed, b, args).await?);
-                (a, decode(batch(eager, seed, b, args).await?))
-            } else {
-                let e = decode(batch(eager, seed, b, args).await?);
-                (decode(batch(graphs, seed, b, args).await?), e)
-            };
-            speedups.push(without / with.max(1e-12));
-        }
-        let (lo, hi) = (
-            speedups.iter().copied().fold(f64::INFINITY, f64::min),
-            speedups.iter().copied().fold(0.0, f64::max),
-        );
-        let med = median(&mut speedups);
+        let decode = |t: &BatchTimes| (t.wall - t.first_tokens).as_secs_f64();
+        let mut speedups = paired_ratios(eager, graphs, 300, b, args, decode).await?;
+        let (lo, med, hi) = spread(&mut speedups);
         println!("batch {b}: decode {med:.3}x faster with graphs (min {lo:.3}, max {hi:.3})");
         records.push(json!({"scenario": format!("cuda_graphs_b{b}"), "batch": b,
             "median_speedup": med, "min_speedup": lo, "max_speedup": hi, "pairs": args.repeats}));
     }
     Ok(records)
+}
+
+/// `metric(a) / metric(b)` over `repeats` pairs of the same batch of `n` requests run on engines
+/// `a` and `b`, alternating which goes first so that drift in the machine's load cancels out.
+async fn paired_ratios(
+    a: &EngineHandle,
+    b: &EngineHandle,
+    first_seed: u64,
+    n: usize,
+    args: &BenchArgs,
+    metric: impl Fn(&BatchTimes) -> f64,
+) -> Result<Vec<f64>> {
+    let mut ratios = Vec::new();
+    for pair in 0..args.repeats.max(1) {
+        let seed = first_seed + pair as u64;
+        let (ta, tb) = if pair % 2 == 0 {
+            let ta = batch(a, seed, n, args).await?;
+            (ta, batch(b, seed, n, args).await?)
+        } else {
+            let tb = batch(b, seed, n, args).await?;
+            (batch(a, seed, n, args).await?, tb)
+        };
+        ratios.push(metric(&ta) / metric(&tb).max(1e-12));
+    }
+    Ok(ratios)
+}
+
+/// (min, median, max).
+fn spread(xs: &mut [f64]) -> (f64, f64, f64) {
+    let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = xs.iter().copied().fold(0.0, f64::max);
+    (lo, median(xs), hi)
 }
 
 async fn prefix_hit(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value>> {

@@ -8,16 +8,15 @@
 
 mod common;
 
-use common::{DEVICE_ENV, http::Server};
+use common::{
+    DEVICE_ENV,
+    http::{Server, routed_bin},
+};
 use routed_test_support::golden_root;
 
 #[test]
 fn the_openai_client_drives_serve_on_the_cuda_worker() {
-    if !cfg!(feature = "cuda") {
-        eprintln!("skipping: this build has no CUDA support (build with --features cuda)");
-        return;
-    }
-    let device = std::env::var(DEVICE_ENV).unwrap_or_else(|_| "cuda-sim".to_owned());
+    let Some(device) = cuda_device() else { return };
     let model = golden_root().join("qwen3_moe").join("model");
     let server = Server::start(&[
         "--model",
@@ -43,16 +42,11 @@ fn the_openai_client_drives_serve_on_the_cuda_worker() {
 /// record of each, naming the device.
 #[test]
 fn bench_compares_decode_graphs_with_eager_steps() {
-    if !cfg!(feature = "cuda") {
-        eprintln!("skipping: this build has no CUDA support (build with --features cuda)");
-        return;
-    }
-    let device = std::env::var(DEVICE_ENV).unwrap_or_else(|_| "cuda-sim".to_owned());
+    let Some(device) = cuda_device() else { return };
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("graphs.json");
-    let bin = std::env::var_os("ROUTED_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_routed").into());
     let model = golden_root().join("qwen3_moe").join("model");
-    let out = std::process::Command::new(bin)
+    let out = std::process::Command::new(routed_bin())
         .args(["bench", "cuda-graphs", "--device", &device, "--prompt-len", "8"])
         .args(["--output-len", "6", "--repeats", "2", "--model"])
         .arg(&model)
@@ -69,4 +63,14 @@ fn bench_compares_decode_graphs_with_eager_steps() {
         assert!(r["median_speedup"].as_f64().is_some_and(|s| s > 0.0), "{r}");
         assert!(r["device"].as_str().unwrap().starts_with(&device), "{r}");
     }
+}
+
+/// The device these tests run on: `$ROUTED_TEST_DEVICE`, else the CUDA simulator; `None` (saying
+/// why) in a build without CUDA.
+fn cuda_device() -> Option<String> {
+    if !cfg!(feature = "cuda") {
+        eprintln!("skipping: this build has no CUDA support (build with --features cuda)");
+        return None;
+    }
+    Some(std::env::var(DEVICE_ENV).unwrap_or_else(|_| "cuda-sim".to_owned()))
 }

@@ -12,6 +12,12 @@ use std::time::{Duration, Instant};
 
 use super::WATCHDOG;
 
+/// The `routed` binary cargo built, or `$ROUTED_BIN` (test executables run on another machine,
+/// with the binary beside them).
+pub fn routed_bin() -> std::ffi::OsString {
+    std::env::var_os("ROUTED_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_routed").into())
+}
+
 /// A `routed serve` child process on a free port, killed when dropped.
 pub struct Server {
     child: Child,
@@ -23,12 +29,9 @@ pub struct Server {
 impl Server {
     /// Starts `routed serve --port 0 --threads 2 <args>` and waits for its address. Its log is
     /// drained on a thread (a full pipe would block the server) and kept for failure messages.
-    /// The binary is the one cargo built, or `$ROUTED_BIN` (test executables run on another
-    /// machine, with the binary beside them).
+    /// The binary is [`routed_bin`].
     pub fn start(args: &[&str]) -> Self {
-        let bin =
-            std::env::var_os("ROUTED_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_routed").into());
-        let mut child = Command::new(bin)
+        let mut child = Command::new(routed_bin())
             .args(["serve", "--port", "0", "--threads", "2"])
             .args(args)
             .env("RUST_LOG", "info")

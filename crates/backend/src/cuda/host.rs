@@ -65,46 +65,9 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
     /// Queues a copy of `src` into the start of the buffer on `stream` and records the buffer's
     /// event after it. The device memory must stay untouched until the copy is done.
     pub fn copy_from(&mut self, src: DevSlice<'_, T>, stream: &Stream) -> Result<(), BackendError> {
-        self.queue_copy_from(0, src, stream)?;
+        // One run of the strided copy.
+        self.queue_copy_rows_from(src, (1, src.len(), src.len()), stream)?;
         self.record(stream)
-    }
-
-    /// Queues a copy of `src` into elements `at..at + src.len()` of the buffer on `stream`,
-    /// without recording the event (several copies, then one [`PinnedBuffer::record`]).
-    pub fn queue_copy_from(
-        &mut self,
-        at: usize,
-        src: DevSlice<'_, T>,
-        stream: &Stream,
-    ) -> Result<(), BackendError> {
-        let len = self.len();
-        let end = at.checked_add(src.len()).filter(|&e| e <= len).ok_or_else(|| {
-            BackendError::Memory(format!(
-                "{} elements at {at} do not fit a pinned buffer of {len}",
-                src.len(),
-            ))
-        })?;
-        match (&mut self.host, stream.cuda()) {
-            (HostMemory::Pinned(host), Some(stream)) => {
-                let base = host.as_mut_ptr().map_err(driver_err)?;
-                stream.context().bind_to_thread().map_err(driver_err)?;
-                // SAFETY: `base..base + len` is page-locked memory that stays allocated as long
-                // as `self`, and `at..end` lies inside it; `src` is a device range of
-                // `end - at` elements.
-                let dst = unsafe { std::slice::from_raw_parts_mut(base.add(at), end - at) };
-                // SAFETY: as above; the copy is ordered on `stream`.
-                unsafe { result::memcpy_dtoh_async(dst, src.addr(), stream.cu_stream()) }
-                    .map_err(driver_err)
-            }
-            (HostMemory::Plain(host), None) => {
-                // SAFETY: a simulated device's addresses are host memory of its arenas, and
-                // `src` is a range of `end - at` elements of one.
-                let from = unsafe { std::slice::from_raw_parts(src.addr() as *const T, end - at) };
-                host[at..end].copy_from_slice(from);
-                Ok(())
-            }
-            _ => Err(mixed()),
-        }
     }
 
     /// Queues one strided copy on `stream`, without recording the event: `rows` runs of `width`

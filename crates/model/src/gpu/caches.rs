@@ -313,11 +313,6 @@ impl GpuCaches {
         })
     }
 
-    /// Decode graphs captured so far ([`super::GpuModel::forward_graph`]).
-    pub fn num_graphs(&self) -> usize {
-        self.graphs.len()
-    }
-
     /// What the pools are sized for.
     pub fn shape(&self) -> &GpuCacheShape {
         &self.shape

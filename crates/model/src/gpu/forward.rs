@@ -107,8 +107,8 @@ impl GpuModel {
     /// snapshot) through the CUDA graph of its batch size, captured on the first step of that
     /// size. `pad` is the sequence the batch is padded with up to the graph's size (one token
     /// without logits on the scratch block and scratch state), so a handful of graphs serve
-    /// every decode step; a replay gives the eager forward's bits, since every kernel argument is a function
-    /// of the batch size and every input sits at a fixed address.
+    /// every decode step; a replay gives the eager forward's bits, since every kernel argument
+    /// is a function of the batch size and every input sits at a fixed address.
     pub fn forward_graph(
         &self,
         caches: &mut GpuCaches,
