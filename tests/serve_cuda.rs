@@ -12,7 +12,7 @@ use common::{
     DEVICE_ENV,
     http::{Server, routed_bin},
 };
-use routed_test_support::golden_root;
+use routed_test_support::{golden_root, run_python};
 
 #[test]
 fn the_openai_client_drives_serve_on_the_cuda_worker() {
@@ -33,7 +33,7 @@ fn the_openai_client_drives_serve_on_the_cuda_worker() {
         assert!(named.as_str().is_some_and(|d| d.starts_with(&device)), "{models} {health}");
     }
     let args = [format!("http://{}", server.addr), "qwen3-moe-tiny".to_owned()];
-    if let Some(stdout) = common::run_python("openai_client.py", &args) {
+    if let Some(stdout) = run_python("openai_client.py", &args) {
         assert!(stdout.contains("openai client agrees"), "{stdout}");
     }
 }

@@ -91,29 +91,3 @@ pub async fn collect(mut stream: routed::runtime::RequestStream) -> Outcome {
 pub fn request(prompt: &[TokenId], max_tokens: u32) -> GenerateRequest {
     GenerateRequest::new(prompt.to_vec(), greedy(max_tokens))
 }
-
-/// Runs `tests/<script>` with `$ROUTED_PYTHON` (else `python3`) and returns its standard output;
-/// `None` (saying why) when Python or a package it imports is missing (exit status 3), which
-/// under `CI=true` fails instead.
-pub fn run_python(script: &str, args: &[String]) -> Option<String> {
-    let in_ci = std::env::var("CI").is_ok_and(|v| v == "true");
-    let python = std::env::var("ROUTED_PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(script);
-    let output = match std::process::Command::new(&python).arg(&path).args(args).output() {
-        Ok(output) => output,
-        Err(err) => {
-            assert!(!in_ci, "CI=true but {python} cannot run: {err}");
-            eprintln!("skipping {script}: cannot run {python}: {err}");
-            return None;
-        }
-    };
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    if output.status.code() == Some(3) {
-        assert!(!in_ci, "CI=true but {python} lacks a package: {stdout}");
-        eprintln!("skipping {script}: {python}: {}", stdout.trim());
-        return None;
-    }
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{script} failed:\n{stdout}\n{stderr}");
-    Some(stdout)
-}

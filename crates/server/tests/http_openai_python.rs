@@ -6,7 +6,8 @@
 
 mod common;
 
-use common::{run_python, server};
+use common::server;
+use routed_test_support::run_python;
 
 #[test]
 fn the_openai_python_client_reads_completions_chat_streams_and_routing() {

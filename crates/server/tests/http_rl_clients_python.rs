@@ -10,7 +10,8 @@
 
 mod common;
 
-use common::{checkpoint, repo_root, run_python, server};
+use common::{checkpoint, server};
+use routed_test_support::{repo_root, run_python};
 
 fn rl_clients_read(arch: &str) {
     let s = server(arch);

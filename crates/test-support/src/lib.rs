@@ -1,11 +1,14 @@
-//! Test-only helpers: the golden-file loader ([`Golden`]) and [`Driver`], which runs a model on
-//! private block tables without the engine, for model-level tests.
+//! Test-only helpers: the golden-file loader ([`Golden`]), [`Driver`], which runs a model on
+//! private block tables without the engine, for model-level tests, and [`run_python`] for the
+//! Python client scripts.
 
 mod driver;
 mod golden;
+mod python;
 
 pub use driver::{Driver, Prefill, Seq};
 pub use golden::{Golden, golden_root};
+pub use python::{repo_root, run_python};
 
 /// Largest absolute difference between two equally long slices.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
