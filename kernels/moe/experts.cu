@@ -5,11 +5,22 @@
 //
 // Launched for the worst case (grid.y = max tiles, known on the host without reading the device);
 // tiles at or past num_tiles[0] return at once, which keeps the launch graph-capturable.
+//
+// Under expert parallelism a rank holds experts first_local .. first_local + num_local (weights
+// stacked from its first expert); tiles of the other ranks' experts return at once and their rows
+// are left as they are, to be filled by the exchange between ranks.
 // Block: 128 threads. Grid: (ceil(cols / (GEMM_HALF_WARPS * GEMM_RN)), max_tiles).
 
 #define MOE_TILE_ROWS 4
 #define MOE_ACT_SWIGLU 0
 #define MOE_ACT_RELU2 1
+
+// The tile's expert among this rank's, or -1 when another rank holds it.
+__device__ __forceinline__ int local_expert(
+    const int* tile_experts, int tile, int first_local, int num_local) {
+    int e = tile_experts[tile] - first_local;
+    return e >= 0 && e < num_local ? e : -1;
+}
 
 // The tile's input rows: row r of the sorted layout reads input row row_of(r); padding is null.
 template <typename RowOf>
@@ -29,8 +40,8 @@ __device__ __forceinline__ bool tile_rows(
 // token of each sorted row; the CPU's mul_silu_inplace and relu2_inplace.
 extern "C" __global__ void __launch_bounds__(128) moe_expert_up(
     const float* __restrict__ x,             // device [num_tokens, hidden]
-    const bf16_t* __restrict__ w_up,         // device [num_experts, inter, hidden]
-    const bf16_t* __restrict__ w_gate,       // device [num_experts, inter, hidden] (SwiGLU) or null
+    const bf16_t* __restrict__ w_up,         // device [num_local, inter, hidden]
+    const bf16_t* __restrict__ w_gate,       // device [num_local, inter, hidden] (SwiGLU) or null
     const int* __restrict__ sorted_pairs,    // device [max_sorted_rows]
     const int* __restrict__ tile_experts,    // device [max_tiles]
     const int* __restrict__ num_tiles,       // device [1]
@@ -38,12 +49,16 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_up(
     int top_k,
     int hidden,
     int inter,
-    int activation) {
+    int activation,
+    int first_local,
+    int num_local) {
     const int tile = blockIdx.y;
     if (tile >= num_tiles[0]) return;
+    const int local = local_expert(tile_experts, tile, first_local, num_local);
+    if (local < 0) return;
     const int lane = threadIdx.x % DOT_LANES;
     const int n0 = (blockIdx.x * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
-    const u64 expert = tile_experts[tile];
+    const u64 expert = local;
     const float* xs[GEMM_RM];
     tile_rows(x, hidden, sorted_pairs, tile, [=](int, int pair) { return pair / top_k; }, xs);
     const bf16_t* ups[GEMM_RN];
@@ -72,18 +87,22 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_up(
 // out[row, h] = act[row, :] . down[e, h, :] for every sorted row.
 extern "C" __global__ void __launch_bounds__(128) moe_expert_down(
     const float* __restrict__ act,           // device [max_sorted_rows, inter]
-    const bf16_t* __restrict__ w_down,       // device [num_experts, hidden, inter]
+    const bf16_t* __restrict__ w_down,       // device [num_local, hidden, inter]
     const int* __restrict__ sorted_pairs,    // device [max_sorted_rows]
     const int* __restrict__ tile_experts,    // device [max_tiles]
     const int* __restrict__ num_tiles,       // device [1]
     float* __restrict__ out,                 // device [max_sorted_rows, hidden]
     int hidden,
-    int inter) {
+    int inter,
+    int first_local,
+    int num_local) {
     const int tile = blockIdx.y;
     if (tile >= num_tiles[0]) return;
+    const int local = local_expert(tile_experts, tile, first_local, num_local);
+    if (local < 0) return;
     const int lane = threadIdx.x % DOT_LANES;
     const int n0 = (blockIdx.x * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
-    const u64 expert = tile_experts[tile];
+    const u64 expert = local;
     const float* xs[GEMM_RM];
     tile_rows(act, inter, sorted_pairs, tile, [=](int row, int) { return row; }, xs);
     const bf16_t* ws[GEMM_RN];

@@ -8,8 +8,8 @@
 //! whose part of a unit fails calls [`Collective::abort`] so that no other rank waits for it.
 //!
 //! [`SingleRank`] is the trivial group of one. [`InProcessGroup`] joins ranks that run as threads
-//! of one process (the CPU runners), through shared buffers and a barrier. A NCCL group for GPU
-//! ranks implements the same trait.
+//! of one process (the CPU runners, and the GPU runners through page-locked host copies), through
+//! shared buffers and a barrier. A NCCL group for GPU ranks would implement the same trait.
 
 use std::fmt;
 use std::ops::Range;

@@ -33,6 +33,18 @@ impl FromStr for DeviceSpec {
     }
 }
 
+impl DeviceSpec {
+    /// The device of rank `rank` of an expert-parallel group whose rank 0 is on `self`: the GPUs
+    /// after a CUDA device (`cuda:2` -> `cuda:3` for rank 1), a simulator of its own for each
+    /// rank, the CPU for every CPU rank.
+    pub fn for_rank(self, rank: usize) -> Self {
+        match self {
+            Self::Cuda(ordinal) => Self::Cuda(ordinal + rank),
+            other => other,
+        }
+    }
+}
+
 impl fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -92,6 +104,14 @@ mod tests {
         assert_eq!(DeviceSpec::CudaSim.to_string(), "cuda-sim");
         assert!("gpu".parse::<DeviceSpec>().is_err());
         assert!("cuda:x".parse::<DeviceSpec>().is_err());
+    }
+
+    #[test]
+    fn ranks_take_the_gpus_after_the_first() {
+        assert_eq!(DeviceSpec::Cuda(2).for_rank(0), DeviceSpec::Cuda(2));
+        assert_eq!(DeviceSpec::Cuda(2).for_rank(3), DeviceSpec::Cuda(5));
+        assert_eq!(DeviceSpec::CudaSim.for_rank(1), DeviceSpec::CudaSim);
+        assert_eq!(DeviceSpec::Cpu.for_rank(1), DeviceSpec::Cpu);
     }
 
     #[test]

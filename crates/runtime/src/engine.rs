@@ -20,7 +20,7 @@ use crate::{
 use actix::{Actor, Addr, AsyncContext, SyncArbiter};
 use futures_util::Stream;
 use routed_backend::{
-    Device,
+    Device, DeviceSpec,
     collective::{Collective, InProcessGroup},
 };
 use routed_cache::{CacheConfig, KvCacheManager, MambaCacheConfig};
@@ -56,10 +56,9 @@ impl Engine {
         config: EngineConfig,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<EngineHandle, EngineError> {
-        let device = Device::open(config.device).map_err(|e| EngineError::Load(e.to_string()))?;
-        let Ranks { workers, collectives: ranks } = match device {
-            Device::Cpu => load_cpu_workers(&config, progress)?,
-            Device::Cuda(dev) => load_cuda_worker(&config, dev, progress)?,
+        let Ranks { workers, collectives: ranks } = match config.device {
+            DeviceSpec::Cpu => load_cpu_workers(&config, progress)?,
+            _ => load_cuda_workers(&config, progress)?,
         };
         let dir = config.model.dir().to_owned();
         let tokenizer =
@@ -131,18 +130,17 @@ fn load_cpu_workers(
     Ok(Ranks { workers, collectives: ranks })
 }
 
-/// The model on one CUDA device: loaded on the host by the checkpoint loader, uploaded, and the
-/// host copy dropped.
-fn load_cuda_worker(
+/// One CUDA worker per rank of the expert-parallel group, rank r on the r-th device from the
+/// configured one (`DeviceSpec::for_rank`): each rank's part of the model is loaded on the host
+/// by the checkpoint loader, uploaded, and the host copy dropped. The ranks load side by side;
+/// rank 0 reports progress.
+fn load_cuda_workers(
     config: &EngineConfig,
-    dev: routed_backend::cuda::CudaDevice,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Ranks, EngineError> {
-    if config.expert_parallel_size != 1 {
-        return Err(EngineError::Load(format!(
-            "--expert-parallel-size {} on CUDA: expert parallelism over GPUs is not built yet",
-            config.expert_parallel_size
-        )));
+    let num_ranks = config.expert_parallel_size;
+    if num_ranks == 0 {
+        return Err(EngineError::Load("the expert parallel size must be at least 1".into()));
     }
     if config.matmul_precision != MatmulPrecision::F32 {
         return Err(EngineError::Load(format!(
@@ -150,24 +148,52 @@ fn load_cuda_worker(
             config.matmul_precision.as_str()
         )));
     }
-    let load = |e: String| EngineError::Load(e);
-    let model = Model::load(config.model.dir(), progress).map_err(|e| load(e.to_string()))?;
-    let limits = CudaLimits {
-        max_tokens_per_step: config.max_num_batched_tokens.max(1),
-        max_num_seqs: config.max_num_seqs.max(1),
-        num_snapshot_slots: if model.config().is_hybrid() {
-            config.mamba_snapshot_slots
-        } else {
-            0
-        },
-        max_model_len: config.max_model_len.unwrap_or(model.config().max_position_embeddings),
-        cuda_graphs: config.cuda_graphs,
+    // Every device first: a missing GPU fails before anything loads.
+    let devices = (0..num_ranks)
+        .map(|rank| {
+            let spec = config.device.for_rank(rank);
+            match Device::open(spec) {
+                Ok(Device::Cuda(dev)) => Ok(dev),
+                Ok(Device::Cpu) => unreachable!("a CUDA spec opens a CUDA device"),
+                Err(e) if num_ranks > 1 => {
+                    Err(EngineError::Load(format!("rank {rank} of {num_ranks} on {spec}: {e}")))
+                }
+                Err(e) => Err(EngineError::Load(e.to_string())),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let dir = config.model.dir();
+    let ranks = InProcessGroup::ranks(num_ranks);
+    let load = |dev, ranks: Arc<dyn Collective>, progress: &mut dyn FnMut(usize, usize)| {
+        let model = Model::load_rank(dir, ranks, progress).map_err(|e| e.to_string())?;
+        let limits = CudaLimits {
+            max_tokens_per_step: config.max_num_batched_tokens.max(1),
+            max_num_seqs: config.max_num_seqs.max(1),
+            num_snapshot_slots: if model.config().is_hybrid() {
+                config.mamba_snapshot_slots
+            } else {
+                0
+            },
+            max_model_len: config.max_model_len.unwrap_or(model.config().max_position_embeddings),
+            cuda_graphs: config.cuda_graphs,
+        };
+        let worker = CudaWorker::new(dev, &model, limits).map_err(|e| e.to_string())?;
+        Ok::<_, String>(Box::new(worker) as Box<dyn Worker>)
     };
-    let worker = CudaWorker::new(dev, &model, limits).map_err(|e| load(e.to_string()))?;
-    Ok(Ranks {
-        workers: vec![Box::new(worker)],
-        collectives: vec![Arc::new(routed_backend::collective::SingleRank)],
-    })
+    let mut devices = devices.into_iter();
+    let first_dev = devices.next().expect("at least one rank");
+    let workers: Vec<_> = std::thread::scope(|s| {
+        let others: Vec<_> = devices
+            .zip(&ranks[1..])
+            .map(|(dev, c)| s.spawn(|| load(dev, c.clone(), &mut |_, _| {})))
+            .collect();
+        let first = load(first_dev, ranks[0].clone(), progress);
+        std::iter::once(first)
+            .chain(others.into_iter().map(|h| h.join().expect("a loading thread panicked")))
+            .collect()
+    });
+    let workers = workers.into_iter().collect::<Result<_, _>>().map_err(EngineError::Load)?;
+    Ok(Ranks { workers, collectives: ranks })
 }
 
 /// How many KV blocks the engine uses, and why.

@@ -65,8 +65,18 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
     /// Queues a copy of `src` into the start of the buffer on `stream` and records the buffer's
     /// event after it. The device memory must stay untouched until the copy is done.
     pub fn copy_from(&mut self, src: DevSlice<'_, T>, stream: &Stream) -> Result<(), BackendError> {
+        self.copy_from_at(src, 0, stream)
+    }
+
+    /// [`PinnedBuffer::copy_from`] into elements `at..at + src.len()`.
+    pub fn copy_from_at(
+        &mut self,
+        src: DevSlice<'_, T>,
+        at: usize,
+        stream: &Stream,
+    ) -> Result<(), BackendError> {
         // One run of the strided copy.
-        self.queue_copy_rows_from(src, (1, src.len(), src.len()), stream)?;
+        self.queue_runs(src, (1, src.len(), src.len()), at, stream)?;
         self.record(stream)
     }
 
@@ -77,22 +87,35 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
     pub fn queue_copy_rows_from(
         &mut self,
         src: DevSlice<'_, T>,
-        (rows, width, pitch): (usize, usize, usize),
+        runs: (usize, usize, usize),
         stream: &Stream,
     ) -> Result<(), BackendError> {
-        let need = rows.checked_mul(width).filter(|&n| n <= self.len());
+        self.queue_runs(src, runs, 0, stream)
+    }
+
+    /// [`PinnedBuffer::queue_copy_rows_from`], packed from element `at` of the buffer.
+    fn queue_runs(
+        &mut self,
+        src: DevSlice<'_, T>,
+        (rows, width, pitch): (usize, usize, usize),
+        at: usize,
+        stream: &Stream,
+    ) -> Result<(), BackendError> {
+        let end = rows.checked_mul(width).and_then(|n| n.checked_add(at));
         let reach =
             rows.checked_sub(1).map_or(Some(0), |r| r.checked_mul(pitch)?.checked_add(width));
-        let (Some(total), Some(reach)) = (need, reach) else {
+        let (Some(end), Some(reach)) = (end, reach) else {
             return Err(BackendError::Memory(format!("{rows} rows of {width} overflow")));
         };
-        if width > pitch || reach > src.len() || total > self.len() {
+        if width > pitch || reach > src.len() || end > self.len() {
             return Err(BackendError::Memory(format!(
-                "{rows} rows of {width} elements, {pitch} apart, from {} into a pinned buffer of {}",
+                "{rows} rows of {width} elements, {pitch} apart, from {} into elements {at}.. of \
+                 a pinned buffer of {}",
                 src.len(),
                 self.len()
             )));
         }
+        let total = end - at;
         if total == 0 {
             return Ok(());
         }
@@ -106,7 +129,8 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
                     srcDevice: src.addr(),
                     srcPitch: pitch * elem,
                     dstMemoryType: CUmemorytype::CU_MEMORYTYPE_HOST,
-                    dstHost: base.cast(),
+                    // SAFETY: `at + total` elements lie inside the buffer (checked above).
+                    dstHost: unsafe { base.add(at) }.cast(),
                     dstPitch: width * elem,
                     WidthInBytes: width * elem,
                     Height: rows,
@@ -122,11 +146,12 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
                     .map_err(driver_err)
             }
             (HostMemory::Plain(host), None) => {
-                for (r, run) in host[..total].chunks_exact_mut(width).enumerate() {
-                    let at = src.sub(r * pitch, width).expect("checked above");
+                for (r, run) in host[at..end].chunks_exact_mut(width).enumerate() {
+                    let from = src.sub(r * pitch, width).expect("checked above");
                     // SAFETY: a simulated device's addresses are host memory of its arenas, and
-                    // `at` is a range of `width` elements of one.
-                    let from = unsafe { std::slice::from_raw_parts(at.addr() as *const T, width) };
+                    // `from` is a range of `width` elements of one.
+                    let from =
+                        unsafe { std::slice::from_raw_parts(from.addr() as *const T, width) };
                     run.copy_from_slice(from);
                 }
                 Ok(())
@@ -139,20 +164,34 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
     /// records the buffer's event after it: the host must not write the buffer again before the
     /// copy has read it ([`PinnedBuffer::host_mut`] waits for that).
     pub fn copy_to(&mut self, dst: DevSlice<'_, T>, stream: &Stream) -> Result<(), BackendError> {
-        if dst.len() > self.len() {
-            return Err(BackendError::Memory(format!(
-                "{} elements do not come from a pinned buffer of {}",
-                dst.len(),
-                self.len()
-            )));
+        self.copy_to_at(dst, 0, stream)
+    }
+
+    /// [`PinnedBuffer::copy_to`] from elements `at..at + dst.len()`.
+    pub fn copy_to_at(
+        &mut self,
+        dst: DevSlice<'_, T>,
+        at: usize,
+        stream: &Stream,
+    ) -> Result<(), BackendError> {
+        let range =
+            at..at.checked_add(dst.len()).filter(|&end| end <= self.len()).ok_or_else(|| {
+                BackendError::Memory(format!(
+                    "elements {at}..+{} do not come from a pinned buffer of {}",
+                    dst.len(),
+                    self.len()
+                ))
+            })?;
+        if range.is_empty() {
+            return self.record(stream);
         }
         match (&self.host, stream.cuda()) {
             (HostMemory::Pinned(host), Some(stream)) => {
                 let base = host.as_ptr().map_err(driver_err)?;
                 stream.context().bind_to_thread().map_err(driver_err)?;
-                // SAFETY: the first `dst.len()` elements of the page-locked buffer, alive with
+                // SAFETY: elements `range` of the page-locked buffer (checked above), alive with
                 // `self`.
-                let src = unsafe { std::slice::from_raw_parts(base, dst.len()) };
+                let src = unsafe { std::slice::from_raw_parts(base.add(at), dst.len()) };
                 // SAFETY: `dst` is a device range of that many elements; the copy is ordered on
                 // `stream`.
                 unsafe { result::memcpy_htod_async(dst.addr(), src, stream.cu_stream()) }
@@ -162,7 +201,7 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
                 // SAFETY: a simulated device's addresses are host memory of its arenas, and
                 // `dst` is a range of `dst.len()` elements of one, disjoint from `host`.
                 let to = unsafe { std::slice::from_raw_parts_mut(dst.addr() as *mut T, dst.len()) };
-                to.copy_from_slice(&host[..dst.len()]);
+                to.copy_from_slice(&host[range]);
             }
             _ => return Err(mixed()),
         }

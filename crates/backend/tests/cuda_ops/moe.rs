@@ -9,7 +9,7 @@ use routed_backend::{
         ArenaLayout, CudaDevice, DeviceArena,
         host::PinnedBuffer,
         launch::{moe_max_sorted_rows, moe_max_tiles},
-        ops::{ExpertActivation, MoeSortBuffers, RouterKind, RouterParams},
+        ops::{ExpertActivation, ExpertShard, MoeSortBuffers, RouterKind, RouterParams},
         pools::RoutingBuffer,
     },
 };
@@ -173,6 +173,31 @@ fn router_ids_and_weights_equal_the_cpu_router() {
     }
 }
 
+/// The exchange between expert-parallel ranks moves one rank's rows to the host at their own
+/// offset and the other ranks' rows back around them.
+#[test]
+fn pinned_buffers_copy_at_an_offset() {
+    let Some(dev) = gpu_or_skip("pinned_buffers_copy_at_an_offset") else { return };
+    let data: Vec<f32> = (0..40).map(|i| i as f32).collect();
+    let mut p = Plan::new(dev);
+    let (src, dst) = (p.input(&data), p.output::<f32>(40));
+    let m = p.alloc();
+    let mut host = PinnedBuffer::<f32>::new(dev, 40).unwrap();
+    host.host_mut().unwrap().fill(-1.0);
+    let stream = dev.compute_stream();
+    host.copy_from_at(m.get(src).sub(10, 5).unwrap(), 20, stream).unwrap();
+    let got = host.wait().unwrap();
+    assert_eq!(&got[20..25], &data[10..15]);
+    assert!(got[..20].iter().chain(&got[25..]).all(|&v| v == -1.0), "only elements 20..25");
+    host.copy_to_at(m.get(dst).sub(3, 6).unwrap(), 19, stream).unwrap();
+    let mut want = vec![0.0f32; 40];
+    want[3] = -1.0;
+    want[4..9].copy_from_slice(&data[10..15]);
+    assert_eq!(m.read(dst), want);
+    assert!(host.copy_from_at(m.get(src).sub(0, 5).unwrap(), 36, stream).is_err(), "past the end");
+    assert!(host.copy_to_at(m.get(dst).sub(0, 5).unwrap(), 36, stream).is_err(), "past the end");
+}
+
 /// The MoE block's weights: experts `[E, I, H]` (gate, up) and `[E, H, I]` (down).
 struct Experts {
     gate: Vec<bf16>,
@@ -215,7 +240,19 @@ impl Experts {
     }
 }
 
-/// Router, sort, experts and combine for the first `n` tokens; returns (outputs, ids, weights).
+/// What [`moe_forward`] read back.
+struct MoeRun {
+    out: Vec<f32>,
+    ids: Vec<i32>,
+    weights: Vec<f32>,
+    /// The expert products' rows, in sorted order.
+    expert_out: Vec<f32>,
+    /// Each expert's first sorted row, and the end.
+    expert_starts: Vec<i32>,
+}
+
+/// Router, sort, the experts of `shard` and combine for the first `n` tokens.
+#[allow(clippy::too_many_arguments)] // the block's inputs and shape
 fn moe_forward(
     dev: &'static CudaDevice,
     ex: &Experts,
@@ -224,16 +261,21 @@ fn moe_forward(
     n: usize,
     k: usize,
     act: ExpertActivation,
-) -> (Vec<f32>, Vec<i32>, Vec<f32>) {
+    shard: ExpertShard,
+) -> MoeRun {
     let (e, h, i) = (ex.e, ex.h, ex.i);
     let (pairs, rows, tiles) = (n * k, moe_max_sorted_rows(n * k, e), moe_max_tiles(n * k, e));
+    let local = |w: &[bf16]| {
+        let per = w.len() / e;
+        w[shard.first * per..(shard.first + shard.num_local) * per].to_vec()
+    };
     let mut p = Plan::new(dev);
     let (xs, ls, gs, us, ds) = (
         p.input(&x[..n * h]),
         p.input(&logits[..n * e]),
-        p.input(&ex.gate),
-        p.input(&ex.up),
-        p.input(&ex.down),
+        p.input(&local(&ex.gate)),
+        p.input(&local(&ex.up)),
+        p.input(&local(&ex.down)),
     );
     let (ids, ws) = (p.output::<i32>(pairs), p.output::<f32>(pairs));
     let sorted = p.output::<i32>(rows);
@@ -259,13 +301,19 @@ fn moe_forward(
     };
     dev.moe_sort(m.get(ids), &sort, pairs, e).unwrap();
     let gate = (act == ExpertActivation::SwiGlu).then(|| m.get(gs));
-    dev.moe_expert_up(m.get(xs), m.get(us), gate, &sort, m.get(acts), act, (n, k, e), (h, i))
-        .unwrap();
-    dev.moe_expert_down(m.get(acts), m.get(ds), &sort, m.get(eout), (pairs, e), (h, i)).unwrap();
+    let (x, up, a) = (m.get(xs), m.get(us), m.get(acts));
+    dev.moe_expert_up(x, up, gate, &sort, a, act, (n, k), shard, (h, i)).unwrap();
+    dev.moe_expert_down(a, m.get(ds), &sort, m.get(eout), (pairs, shard), (h, i)).unwrap();
     dev.moe_combine(m.get(eout), m.get(pair_rows), m.get(ws), None, m.get(out), (n, k), h).unwrap();
     let (got_ids, sorted_pairs, rows_of) = (m.read(ids), m.read(sorted), m.read(pair_rows));
     check_sort(&got_ids, &sorted_pairs, &rows_of, &m.read(tile_experts), m.read(num_tiles)[0], e);
-    (m.read(out), got_ids, m.read(ws))
+    MoeRun {
+        out: m.read(out),
+        ids: got_ids,
+        weights: m.read(ws),
+        expert_out: m.read(eout),
+        expert_starts: m.read(starts),
+    }
 }
 
 /// The sort's invariants: experts ascending, pairs ascending within an expert, every pair once,
@@ -316,7 +364,9 @@ fn moe_case(name: &str, act: ExpertActivation, seed: u64) {
     };
     let x = rng.vec(n * h, -1.0, 1.0);
     let logits = clear_logits(&mut rng, n, e);
-    let (full, ids, w) = moe_forward(dev, &ex, &x, &logits, n, k, act);
+    let all = ExpertShard::all(e);
+    let MoeRun { out: full, ids, weights: w, .. } =
+        moe_forward(dev, &ex, &x, &logits, n, k, act, all);
     for t in 0..n {
         let want = ex.reference(
             &x[t * h..(t + 1) * h],
@@ -327,12 +377,12 @@ fn moe_case(name: &str, act: ExpertActivation, seed: u64) {
         assert_bits(&format!("{name}: token {t}"), &full[t * h..(t + 1) * h], &want);
     }
     for b in BATCHES {
-        let (got, _, _) = moe_forward(dev, &ex, &x, &logits, b, k, act);
+        let got = moe_forward(dev, &ex, &x, &logits, b, k, act, all).out;
         assert_bits(&format!("{name}: first {b} tokens"), &got, &full[..b * h]);
     }
     // A token alone, from the middle of the batch.
     for t in [3, 200, 511] {
-        let (got, _, _) = moe_forward(dev, &ex, &x[t * h..], &logits[t * e..], 1, k, act);
+        let got = moe_forward(dev, &ex, &x[t * h..], &logits[t * e..], 1, k, act, all).out;
         assert_bits(&format!("{name}: token {t} alone"), &got, &full[t * h..(t + 1) * h]);
     }
 }
@@ -345,6 +395,46 @@ fn swiglu_experts_equal_the_cpu_block_whatever_the_batch() {
 #[test]
 fn relu2_experts_equal_the_cpu_block_whatever_the_batch() {
     moe_case("relu2_experts_equal_the_cpu_block_whatever_the_batch", ExpertActivation::Relu2, 23);
+}
+
+/// Under expert parallelism each rank runs only its slice of the experts (weights stacked from
+/// its first expert): its rows are bitwise the single rank's, the other ranks' rows are left
+/// untouched, and the ranks' slices of the sorted rows tile the whole.
+#[test]
+fn expert_slices_compute_their_own_rows_only() {
+    let Some(dev) = gpu_or_skip("expert_slices_compute_their_own_rows_only") else { return };
+    let (n, e, k, h, i, num_ranks) = (37, 16, 4, 48, 24, 4);
+    let mut rng = Rng::new(25);
+    let ex = Experts {
+        gate: rng.bf16_vec(e * i * h, -0.3, 0.3),
+        up: rng.bf16_vec(e * i * h, -0.3, 0.3),
+        down: rng.bf16_vec(e * h * i, -0.3, 0.3),
+        e,
+        h,
+        i,
+    };
+    let x = rng.vec(n * h, -1.0, 1.0);
+    let logits = clear_logits(&mut rng, n, e);
+    let act = ExpertActivation::SwiGlu;
+    let full = moe_forward(dev, &ex, &x, &logits, n, k, act, ExpertShard::all(e));
+    let starts: Vec<usize> = full.expert_starts.iter().map(|&s| s as usize).collect();
+    let per = e / num_ranks;
+    let mut gathered = vec![0.0f32; full.expert_out.len()];
+    for r in 0..num_ranks {
+        let shard = ExpertShard { num_experts: e, first: r * per, num_local: per };
+        let run = moe_forward(dev, &ex, &x, &logits, n, k, act, shard);
+        assert_eq!(run.expert_starts, full.expert_starts, "rank {r}: the same sort");
+        let own = starts[r * per] * h..starts[(r + 1) * per] * h;
+        assert!(!own.is_empty(), "rank {r} has rows (clear logits spread the experts)");
+        for (at, &v) in run.expert_out.iter().enumerate() {
+            if !own.contains(&at) {
+                assert_eq!(v.to_bits(), 0, "rank {r} wrote element {at}, another rank's row");
+            }
+        }
+        gathered[own.clone()].copy_from_slice(&run.expert_out[own]);
+    }
+    let used = starts[e] * h;
+    assert_bits("the ranks' rows put together", &gathered[..used], &full.expert_out[..used]);
 }
 
 #[test]

@@ -6,9 +6,13 @@
 use crate::{
     config::{MixerKind, ModelConfig},
     error::Result,
-    gpu::weights::{GpuBlock, GpuWeights},
+    gpu::{
+        exchange::Exchange,
+        weights::{GpuBlock, GpuWeights},
+    },
 };
 use routed_backend::{
+    collective::Collective,
     cuda::{
         ArenaLayout, CudaDevice, DeviceArena, Graph, Span,
         host::{PinnedBuffer, rope_table},
@@ -18,7 +22,7 @@ use routed_backend::{
     step_inputs::{AttentionTiling, PackGeometry, StepCapacity, StepPacker},
 };
 use routed_types::MAX_LOGPROBS;
-use std::{collections::HashMap, sync::Arc};
+use std::{cell::RefCell, collections::HashMap, sync::Arc};
 
 /// What a worker's pools are sized for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +110,8 @@ pub struct GpuCaches {
     pub(crate) top_ids_host: PinnedBuffer<u32>,
     pub(crate) top_logprobs_host: PinnedBuffer<f32>,
     pub(crate) logits_host: PinnedBuffer<f32>,
+    /// The expert rows' way between the ranks of an expert-parallel group (none on one rank).
+    pub(crate) exchange: Option<RefCell<Exchange>>,
 }
 
 /// The routing buffer and the arena that holds it, for the copy to the host.
@@ -283,9 +289,19 @@ impl GpuCaches {
         dev: &CudaDevice,
         config: &ModelConfig,
         weights: &GpuWeights,
+        ranks: &Arc<dyn Collective>,
         shape: GpuCacheShape,
     ) -> Result<Self> {
         let r = reserve(config, weights, &shape);
+        let exchange = match &config.moe {
+            Some(m) if ranks.world_size() > 1 => {
+                let pairs = shape.capacity.max_tokens * m.top_k;
+                let rows = moe_max_sorted_rows(pairs, m.num_experts);
+                let (e, h) = (m.num_experts, config.hidden_size);
+                Some(RefCell::new(Exchange::new(dev, ranks.clone(), e, rows, h)?))
+            }
+            _ => None,
+        };
         let mut arena = DeviceArena::new(dev, &r.layout)?;
         if let (Some(span), Some(a)) = (r.rope, config.attention.as_ref()) {
             let theta = a.rope_theta.expect("a rotary table only with rope_theta");
@@ -301,6 +317,7 @@ impl GpuCaches {
             top_ids_host: PinnedBuffer::new(dev, chunk * MAX_LOGPROBS as usize)?,
             top_logprobs_host: PinnedBuffer::new(dev, chunk * MAX_LOGPROBS as usize)?,
             logits_host: PinnedBuffer::new(dev, chunk * config.vocab_size)?,
+            exchange,
             shape,
             arena: Arc::new(arena),
             kv: r.kv,

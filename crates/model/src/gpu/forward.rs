@@ -117,6 +117,13 @@ impl GpuModel {
         wants_logits: bool,
         capture_routing: bool,
     ) -> Result<PackedStep> {
+        if caches.exchange.is_some() {
+            return Err(ModelError::BadInput(
+                "a rank of an expert-parallel group waits on the host inside a step, which no \
+                 graph holds: its steps run eagerly"
+                    .into(),
+            ));
+        }
         let step = self.upload_step(caches, plan, Some(pad), wants_logits)?;
         if step.num_seqs != step.num_tokens || step.num_state_copies > 0 || step.num_taps > 0 {
             return Err(ModelError::BadInput(
@@ -346,7 +353,7 @@ impl Ctx<'_> {
 
     fn moe(&self, b: &GpuMoe, normed: DevSlice<'_, f32>, out: DevSlice<'_, f32>) -> Result<()> {
         let (dev, n) = (&self.model.dev, self.step.num_tokens);
-        let (h, e, k) = (self.model.config.hidden_size, b.num_experts, b.top_k);
+        let (h, e, k) = (self.model.config.hidden_size, b.shard.num_experts, b.top_k);
         let s = &self.act.moe;
         let logits = self.f32(s.router_logits)?;
         self.gemm(normed, &b.router, logits)?;
@@ -376,9 +383,14 @@ impl Ctx<'_> {
             FfnActivation::Relu2 => ExpertActivation::Relu2,
         };
         let (up, gate) = (self.weight(b.up)?, b.gate.map(|g| self.weight(g)).transpose()?);
-        dev.moe_expert_up(normed, up, gate, &sort, act, activation, (n, k, e), (h, b.inter))?;
+        dev.moe_expert_up(normed, up, gate, &sort, act, activation, (n, k), b.shard, (h, b.inter))?;
         let down = self.weight(b.down)?;
-        dev.moe_expert_down(act, down, &sort, expert_out, (n * k, e), (h, b.inter))?;
+        dev.moe_expert_down(act, down, &sort, expert_out, (n * k, b.shard), (h, b.inter))?;
+        if let Some(exchange) = &self.caches.exchange {
+            // The other ranks' experts' rows.
+            let mut exchange = exchange.borrow_mut();
+            exchange.all_gather(dev, sort.expert_starts, expert_out, b.shard, h)?;
+        }
         let shared = match &b.shared {
             Some(m) => {
                 let shared_out = self.f32(s.shared_out)?;

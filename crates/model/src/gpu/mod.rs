@@ -7,10 +7,12 @@
 //!   the activations, and the page-locked host buffers of a step.
 //! * [`forward`]: the packed inputs uploaded in one copy, then every block.
 //! * [`logits`]: the LM head over the rows that want logits, device sampling, host rows.
+//! * [`exchange`]: the expert rows between the GPUs of an expert-parallel group.
 //!
 //! Nothing here has run on a GPU yet; `docs/gpu.md` says what is checked where.
 
 mod caches;
+mod exchange;
 mod forward;
 mod logits;
 mod weights;
@@ -23,7 +25,8 @@ use crate::{
     error::Result,
     model::Model,
 };
-use routed_backend::cuda::CudaDevice;
+use routed_backend::{collective::Collective, cuda::CudaDevice};
+use std::sync::Arc;
 use weights::GpuWeights;
 
 /// A model's weights on a CUDA device, ready to run steps on a [`GpuCaches`].
@@ -31,16 +34,25 @@ pub struct GpuModel {
     dev: CudaDevice,
     config: ModelConfig,
     weights: GpuWeights,
+    /// The expert-parallel group this rank belongs to (the host model's).
+    ranks: Arc<dyn Collective>,
 }
 
 impl GpuModel {
-    /// Uploads `model` (a whole model) to `dev`. Refuses what the device kernels do not take
-    /// (bf16 gathers and expert products: an f32 embedding table or f32 experts; several
-    /// expert-parallel ranks), naming it.
+    /// Uploads `model` (a whole model, or one rank's part of it: the rank then exchanges expert
+    /// rows with the other ranks of the model's collective) to `dev`. Refuses what the device
+    /// kernels do not take (bf16 gathers and expert products: an f32 embedding table or f32
+    /// experts), naming it.
     pub fn upload(model: &Model, dev: CudaDevice) -> Result<Self> {
         let weights = GpuWeights::upload(model, &dev)?;
         dev.synchronize()?;
-        Ok(Self { config: model.config.clone(), dev, weights })
+        let ranks = model.collective().clone();
+        Ok(Self { config: model.config.clone(), dev, weights, ranks })
+    }
+
+    /// The expert-parallel group this rank belongs to.
+    pub fn collective(&self) -> &Arc<dyn Collective> {
+        &self.ranks
     }
 
     /// The normalised configuration.
@@ -73,7 +85,7 @@ impl GpuModel {
 
     /// Allocates the pools of `shape`, zeroed.
     pub fn new_caches(&self, shape: GpuCacheShape) -> Result<GpuCaches> {
-        GpuCaches::new(&self.dev, &self.config, &self.weights, shape)
+        GpuCaches::new(&self.dev, &self.config, &self.weights, &self.ranks, shape)
     }
 
     /// Waits for everything queued on the compute stream; a device error surfaces here.

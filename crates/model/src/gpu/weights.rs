@@ -2,8 +2,9 @@
 //!
 //! Matrices keep their storage type (bf16 as the checkpoint stores them; f32 where the host model
 //! holds f32), vectors (norms, biases, the Mamba parameters) are f32 as on the CPU. A layer's
-//! experts are stacked into one `[num_experts, rows, cols]` tensor per projection, the layout the
-//! grouped expert kernels read.
+//! experts are stacked into one `[num_local, rows, cols]` tensor per projection, the layout the
+//! grouped expert kernels read: every expert on a single rank, the rank's slice under expert
+//! parallelism (the host model of a rank holds only its slice).
 
 use crate::{
     config::{AttentionConfig, FfnActivation, MambaConfig},
@@ -14,7 +15,10 @@ use crate::{
 use half::bf16;
 use routed_backend::{
     cpu::{Matrix, MatrixData},
-    cuda::{ArenaLayout, CudaDevice, DevSlice, DeviceArena, DeviceElem, Span, ops::RouterKind},
+    cuda::{
+        ArenaLayout, CudaDevice, DevSlice, DeviceArena, DeviceElem, Span,
+        ops::{ExpertShard, RouterKind},
+    },
 };
 
 /// A weight matrix `[rows, cols]` on the device.
@@ -70,16 +74,17 @@ pub(crate) struct GpuMoe {
     pub kind: RouterKind,
     /// Index among the MoE layers: its plane of the routing buffer.
     pub index: usize,
-    pub num_experts: usize,
     pub top_k: usize,
     pub inter: usize,
     pub activation: FfnActivation,
     pub router: GpuMatrix,
     pub router_bias: Option<Span<f32>>,
-    /// `[num_experts, inter, hidden]` each; `gate` only for SwiGLU.
+    /// The experts this rank holds (all of them on a single rank).
+    pub shard: ExpertShard,
+    /// `[num_local, inter, hidden]` each; `gate` only for SwiGLU.
     pub up: Span<bf16>,
     pub gate: Option<Span<bf16>>,
-    /// `[num_experts, hidden, inter]`.
+    /// `[num_local, hidden, inter]`.
     pub down: Span<bf16>,
     pub shared: Option<GpuMlp>,
 }
@@ -131,7 +136,7 @@ impl<'m> Plan<'m> {
         GpuMatrix { data, rows: m.rows(), cols: m.cols() }
     }
 
-    /// The same projection of every expert, stacked `[num_experts, rows, cols]`; bf16 only.
+    /// The same projection of every expert given, stacked `[experts, rows, cols]`; bf16 only.
     fn stacked(&mut self, what: &str, parts: Vec<&'m Matrix>) -> Result<Span<bf16>> {
         let per = parts.first().map_or(0, |m| m.rows() * m.cols());
         let span = self.layout.push::<bf16>(per * parts.len());
@@ -153,11 +158,8 @@ fn unsupported(message: String) -> ModelError {
 }
 
 impl GpuWeights {
-    /// Uploads `model` (a whole model: expert parallelism on GPUs is not built yet) to `dev`.
+    /// Uploads `model` (a whole model, or one rank's part of it) to `dev`.
     pub fn upload(model: &Model, dev: &CudaDevice) -> Result<Self> {
-        if model.shard.num_ranks > 1 {
-            return Err(unsupported("expert parallelism over several GPUs".into()));
-        }
         let mut plan = Plan { layout: ArenaLayout::new("weights"), fills: Vec::new() };
         let MatrixData::Bf16(table) = model.embed.data() else {
             return Err(unsupported("an f32 embedding table (the GPU gathers bf16 rows)".into()));
@@ -257,7 +259,11 @@ fn moe<'m>(plan: &mut Plan<'m>, m: &'m Moe, index: usize) -> Result<GpuMoe> {
     Ok(GpuMoe {
         kind: router_kind(&m.cfg.router),
         index,
-        num_experts: m.cfg.num_experts,
+        shard: ExpertShard {
+            num_experts: m.cfg.num_experts,
+            first: m.local.start,
+            num_local: m.local.len(),
+        },
         top_k: m.cfg.top_k,
         inter: m.cfg.expert_intermediate,
         activation: m.cfg.activation,

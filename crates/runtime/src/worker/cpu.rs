@@ -1,6 +1,9 @@
 //! The CPU worker: one rank's model on the CPU reference backend, with its own thread pool.
 
-use super::{CacheShape, ExecutedStep, LockstepId, Worker, WorkerError, sampling, written_blocks};
+use super::{
+    AbortOnExit, CacheShape, ExecutedStep, LockstepId, Worker, WorkerError, sampling,
+    written_blocks,
+};
 use crate::routing_ring::{CopyEngine, HostCopyEngine};
 use routed_backend::collective::Collective;
 use routed_model::{
@@ -57,32 +60,6 @@ impl CpuWorker {
 
     fn ranks(&self) -> Arc<dyn Collective> {
         self.model.collective().clone()
-    }
-}
-
-/// Aborts a lockstep unit for the other ranks unless disarmed: whatever makes this rank leave the
-/// unit early (an error, a panic unwinding through the step) releases the ranks waiting for it.
-struct AbortOnExit {
-    ranks: Arc<dyn Collective>,
-    unit: LockstepId,
-    armed: bool,
-}
-
-impl AbortOnExit {
-    fn new(ranks: Arc<dyn Collective>, unit: LockstepId) -> Self {
-        Self { ranks, unit, armed: true }
-    }
-
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for AbortOnExit {
-    fn drop(&mut self) {
-        if self.armed {
-            self.ranks.abort(self.unit.0);
-        }
     }
 }
 

@@ -19,10 +19,16 @@
 //! Decode steps replay CUDA graphs, one per padded batch size ([`graph_batch`]), padded with one
 //! token on the scratch block and scratch state; everything else runs eagerly.
 //!
+//! Under expert parallelism each rank is a worker on its own device holding a slice of every MoE
+//! layer's experts; the ranks exchange expert rows through the host inside every MoE layer
+//! (`routed_model::gpu`'s exchange), so their steps run eagerly. Only rank 0 computes logits and
+//! captures routing.
+//!
 //! Nothing here has run on a GPU yet; all of it runs on the CUDA simulator in CI.
 
 use super::{
-    CacheShape, CudaLimits, ExecutedStep, LockstepId, Worker, WorkerError, sampling, written_blocks,
+    AbortOnExit, CacheShape, CudaLimits, ExecutedStep, LockstepId, Worker, WorkerError, sampling,
+    written_blocks,
 };
 use crate::routing_ring::{CopyEngine, CopyError, SlotId};
 use routed_backend::{
@@ -221,7 +227,7 @@ impl Worker for CudaWorker {
     }
 
     fn rank(&self) -> usize {
-        0
+        self.model.collective().rank()
     }
 
     fn config(&self) -> &ModelConfig {
@@ -270,7 +276,9 @@ impl Worker for CudaWorker {
         let dummy = dummy_plan(shape, self.model.config().is_hybrid());
         // The padding sits at position 1 so that it is no sequence start (which would clear its
         // state, a copy the graph does not hold); that needs two slots in the scratch block.
-        let graph_pad = (self.limits.cuda_graphs && shape.block_size >= 2).then(|| {
+        // A rank of an expert-parallel group waits on the host in every MoE layer: no graphs.
+        let single = self.model.collective().world_size() == 1;
+        let graph_pad = (self.limits.cuda_graphs && single && shape.block_size >= 2).then(|| {
             let mut seq = dummy.seqs[0].clone();
             seq.num_computed_tokens = 1;
             seq
@@ -287,23 +295,29 @@ impl Worker for CudaWorker {
         Some(engine)
     }
 
-    fn execute(&mut self, plan: &StepPlan, _unit: LockstepId) -> Result<ExecutedStep, WorkerError> {
+    fn execute(&mut self, plan: &StepPlan, unit: LockstepId) -> Result<ExecutedStep, WorkerError> {
+        let ranks = self.model.collective().clone();
+        let guard = AbortOnExit::new(ranks.clone(), unit);
+        let rank = ranks.rank();
         #[cfg(feature = "fault-injection")]
-        super::faults::before_step(plan, 0, 1)?;
+        super::faults::before_step(plan, rank, ranks.world_size())?;
         let caches = self.caches.as_mut().ok_or(WorkerError::NotInitialized)?;
         if plan.num_tokens() == 0 {
-            // Nothing to launch (the kernels take no empty grids).
+            // Nothing to launch (the kernels take no empty grids), nothing to exchange.
+            guard.disarm();
             let sampled = vec![None; plan.seqs.len()];
             let output = StepOutput { step_id: plan.step_id, sampled, prompt_logprobs: Vec::new() };
             return Ok(ExecutedStep { output, slot_mapping: Vec::new(), blocks: Vec::new() });
         }
-        let capture = plan.capture_routing;
+        ranks.begin(unit.0).map_err(routed_model::ModelError::from)?;
+        // Only rank 0's samples and routing are used: the other ranks skip the LM head.
+        let (lead, capture) = (rank == 0, rank == 0 && plan.capture_routing);
         let largest = caches.graph_capacity;
         let batch =
             caches.graph_pad.as_ref().and_then(|pad| Some((pad, graph_batch(plan, largest)?)));
         let step = match batch {
-            Some(pad) => self.model.forward_graph(&mut caches.gpu, plan, pad, true, capture)?,
-            None => self.model.forward(&mut caches.gpu, plan, true, capture)?,
+            Some(pad) => self.model.forward_graph(&mut caches.gpu, plan, pad, lead, capture)?,
+            None => self.model.forward(&mut caches.gpu, plan, lead, capture)?,
         };
         #[cfg(feature = "fault-injection")]
         super::faults::inside_step(plan);
@@ -311,6 +325,7 @@ impl Worker for CudaWorker {
         // Steps without logits (intermediate chunks) end here too, so a device error is this
         // step's, not the next one's.
         self.model.synchronize()?;
+        guard.disarm();
         let block_size = caches.block_size;
         let uses = caches.gpu.logit_uses().to_vec();
         let output = self.outputs(plan, &uses);
@@ -321,15 +336,20 @@ impl Worker for CudaWorker {
         })
     }
 
-    fn dummy_forward(&mut self, _unit: LockstepId) -> Result<(), WorkerError> {
+    fn dummy_forward(&mut self, unit: LockstepId) -> Result<(), WorkerError> {
+        let ranks = self.model.collective().clone();
+        let guard = AbortOnExit::new(ranks.clone(), unit);
         let caches = self.caches.as_mut().ok_or(WorkerError::NotInitialized)?;
+        ranks.begin(unit.0).map_err(routed_model::ModelError::from)?;
         // No logits, no routing: only the scratch block and the scratch state are written.
         self.model.forward(&mut caches.gpu, &caches.dummy, false, false)?;
-        self.model.synchronize().map_err(WorkerError::from)
+        self.model.synchronize()?;
+        guard.disarm();
+        Ok(())
     }
 
-    fn abort(&self, _unit: LockstepId) {
-        // A single rank: nobody waits for it.
+    fn abort(&self, unit: LockstepId) {
+        self.model.collective().abort(unit.0);
     }
 }
 

@@ -25,7 +25,7 @@ pub use cpu::CpuWorker;
 pub use cuda::CudaWorker;
 
 use crate::routing_ring::{CopyEngine, CopyError};
-use routed_backend::BackendError;
+use routed_backend::{BackendError, collective::Collective};
 use routed_model::{ModelConfig, ModelError};
 use routed_types::{BlockId, BlockRef, RoutingMeta, StepOutput, StepPlan};
 use std::sync::Arc;
@@ -35,6 +35,32 @@ use std::sync::Arc;
 /// collectives check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LockstepId(pub u64);
+
+/// Aborts a lockstep unit for the other ranks unless disarmed: whatever makes this rank leave the
+/// unit early (an error, a panic unwinding through the step) releases the ranks waiting for it.
+pub(crate) struct AbortOnExit {
+    ranks: Arc<dyn Collective>,
+    unit: LockstepId,
+    armed: bool,
+}
+
+impl AbortOnExit {
+    pub(crate) fn new(ranks: Arc<dyn Collective>, unit: LockstepId) -> Self {
+        Self { ranks, unit, armed: true }
+    }
+
+    pub(crate) fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for AbortOnExit {
+    fn drop(&mut self) {
+        if self.armed {
+            self.ranks.abort(self.unit.0);
+        }
+    }
+}
 
 /// How a worker's caches are sized. Identical on every rank.
 #[derive(Clone, Debug, PartialEq, Eq)]

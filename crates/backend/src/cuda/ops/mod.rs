@@ -15,7 +15,7 @@ mod sample;
 mod ssm;
 
 pub use attention::{AttentionBuffers, AttentionParams};
-pub use moe::{ExpertActivation, MoeSortBuffers, RouterKind, RouterParams};
+pub use moe::{ExpertActivation, ExpertShard, MoeSortBuffers, RouterKind, RouterParams};
 pub use ssm::{ConvParams, MambaSeqs, ScanParams, ScanWeights};
 
 use super::{DevSlice, KernelId, launch::Shape};

@@ -51,6 +51,35 @@ pub enum ExpertActivation {
     Relu2 = 1,
 }
 
+/// Which of a MoE layer's experts the grouped products run: `first .. first + num_local` of
+/// `num_experts`, whose weights are stacked from `first` (every expert on a single rank; a
+/// contiguous slice on each rank of an expert-parallel group).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertShard {
+    /// Routed experts of the layer.
+    pub num_experts: usize,
+    /// This rank's first expert.
+    pub first: usize,
+    /// Experts this rank holds.
+    pub num_local: usize,
+}
+
+impl ExpertShard {
+    /// Every expert of the layer.
+    pub fn all(num_experts: usize) -> Self {
+        Self { num_experts, first: 0, num_local: num_experts }
+    }
+
+    /// The slice as the kernels' `(first_local, num_local)`, if it lies inside the layer.
+    fn check(&self, id: KernelId) -> Result<(i32, i32), BackendError> {
+        if self.first + self.num_local > self.num_experts {
+            return Err(bad(id, "the local experts lie past the layer's experts"));
+        }
+        let first = i32::try_from(self.first).map_err(|_| bad(id, "first expert past an int"))?;
+        Ok((first, int(id, "num_local", self.num_local)?))
+    }
+}
+
 /// The outputs of the expert sort (sized by [`cfg::moe_max_sorted_rows`] and
 /// [`cfg::moe_max_tiles`]) that the expert products and the combine read.
 #[derive(Clone, Copy, Debug)]
@@ -181,9 +210,10 @@ impl CudaDevice {
         )
     }
 
-    /// The up (and gate) projections of every sorted row with its expert's weights
-    /// `[num_experts, inter, hidden]`, activated, into `act` `[max_sorted_rows, inter]`
-    /// (`moe_expert_up`). `gate` is required for SwiGLU and ignored for relu^2.
+    /// The up (and gate) projections of every sorted row of this rank's experts with their
+    /// weights `[num_local, inter, hidden]`, activated, into `act` `[max_sorted_rows, inter]`
+    /// (`moe_expert_up`); the other ranks' rows are left as they are. `gate` is required for
+    /// SwiGLU and ignored for relu^2.
     #[allow(clippy::too_many_arguments)] // the kernel's own buffers and sizes
     pub fn moe_expert_up(
         &self,
@@ -193,16 +223,18 @@ impl CudaDevice {
         s: &MoeSortBuffers<'_>,
         act: DevSlice<'_, f32>,
         activation: ExpertActivation,
-        (num_tokens, top_k, num_experts): (usize, usize, usize),
+        (num_tokens, top_k): (usize, usize),
+        experts: ExpertShard,
         (hidden, inter): (usize, usize),
     ) -> Result<(), BackendError> {
         let id = KernelId::MoeExpertUp;
-        let pairs = num_tokens * top_k;
+        let (pairs, num_experts) = (num_tokens * top_k, experts.num_experts);
+        let (first, num_local) = experts.check(id)?;
         fits(id, "x", &x, num_tokens * hidden)?;
-        fits(id, "up", &up, num_experts * inter * hidden)?;
+        fits(id, "up", &up, experts.num_local * inter * hidden)?;
         let gate = match (activation, gate) {
             (ExpertActivation::SwiGlu, Some(g)) => {
-                fits(id, "gate", &g, num_experts * inter * hidden)?;
+                fits(id, "gate", &g, experts.num_local * inter * hidden)?;
                 g.addr()
             }
             (ExpertActivation::SwiGlu, None) => return Err(bad(id, "SwiGLU needs gate weights")),
@@ -225,27 +257,32 @@ impl CudaDevice {
             self,
             id,
             sh,
-            [x, up, gate, sorted, tiles, num_tiles, act, top_k, hidden, inter, activation]
+            [
+                x, up, gate, sorted, tiles, num_tiles, act, top_k, hidden, inter, activation,
+                first, num_local
+            ]
         )
     }
 
-    /// The down projections of every sorted row with its expert's weights
-    /// `[num_experts, hidden, inter]` into `out` `[max_sorted_rows, hidden]` (`moe_expert_down`).
+    /// The down projections of every sorted row of this rank's experts with their weights
+    /// `[num_local, hidden, inter]` into `out` `[max_sorted_rows, hidden]` (`moe_expert_down`);
+    /// the other ranks' rows are left as they are.
     pub fn moe_expert_down(
         &self,
         act: DevSlice<'_, f32>,
         down: DevSlice<'_, bf16>,
         s: &MoeSortBuffers<'_>,
         out: DevSlice<'_, f32>,
-        (num_pairs, num_experts): (usize, usize),
+        (num_pairs, experts): (usize, ExpertShard),
         (hidden, inter): (usize, usize),
     ) -> Result<(), BackendError> {
         let id = KernelId::MoeExpertDown;
-        let rows = cfg::moe_max_sorted_rows(num_pairs, num_experts);
+        let (first, num_local) = experts.check(id)?;
+        let rows = cfg::moe_max_sorted_rows(num_pairs, experts.num_experts);
         fits(id, "act", &act, rows * inter)?;
-        fits(id, "down", &down, num_experts * hidden * inter)?;
+        fits(id, "down", &down, experts.num_local * hidden * inter)?;
         fits(id, "out", &out, rows * hidden)?;
-        let sh = shape(id, cfg::moe_expert(hidden, num_pairs, num_experts))?;
+        let sh = shape(id, cfg::moe_expert(hidden, num_pairs, experts.num_experts))?;
         let (act, down, sorted, tiles, num_tiles, out) = (
             act.addr(),
             down.addr(),
@@ -255,7 +292,12 @@ impl CudaDevice {
             out.addr(),
         );
         let (hidden, inter) = (int(id, "hidden", hidden)?, int(id, "inter", inter)?);
-        launch!(self, id, sh, [act, down, sorted, tiles, num_tiles, out, hidden, inter])
+        launch!(
+            self,
+            id,
+            sh,
+            [act, down, sorted, tiles, num_tiles, out, hidden, inter, first, num_local]
+        )
     }
 
     /// Each token's output: its experts' rows weighted in rank order, plus the shared expert's
