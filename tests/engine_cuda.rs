@@ -174,24 +174,66 @@ fn token_bits(o: &Outcome) -> Vec<(u32, u32)> {
     o.tokens.iter().map(|t| (t.token, t.logprob.to_bits())).collect()
 }
 
-/// Logprobs reported from the device (up to 20 alternatives, computed on the GPU) equal the host
-/// sampler's: the same request with a zero logit bias, which sends its logits row to the host
-/// without changing it, gives the same tokens and alternatives, and logprobs within the device's
-/// normaliser tolerance (1e-4). (The rank the device computes is checked exactly by the backend's
-/// op test.)
+/// What the device computes of a token (the choice after bias, penalties and min-p; the logprob,
+/// up to 20 alternatives) equals the host sampler's: the same request with prompt logprobs, which
+/// sends its logits rows to the host, gives the same tokens and alternatives, and logprobs within
+/// the device's normaliser tolerance (1e-4). (The rank the device computes and the edited logits
+/// are checked exactly by the backend's op tests.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn logprobs_from_the_device_equal_the_host_samplers() {
-    let test = "logprobs_from_the_device_equal_the_host_samplers";
+async fn sampling_on_the_device_equals_the_host_sampler() {
+    let test = "sampling_on_the_device_equals_the_host_sampler";
+    let cases = [
+        ("greedy", greedy(6)),
+        ("5 alternatives", SamplingParams { logprobs: Some(5), ..greedy(6) }),
+        (
+            "20 alternatives, seeded",
+            SamplingParams { logprobs: Some(20), temperature: 0.8, seed: 11, ..greedy(6) },
+        ),
+        ("repetition", SamplingParams { repetition_penalty: 3.0, logprobs: Some(2), ..greedy(10) }),
+        (
+            "frequency and presence",
+            SamplingParams {
+                frequency_penalty: 1.5,
+                presence_penalty: 1.0,
+                logprobs: Some(2),
+                ..greedy(10)
+            },
+        ),
+        (
+            "bias and min-p, seeded",
+            SamplingParams {
+                logit_bias: vec![(5, 2.0), (9, -3.0)],
+                min_p: 0.2,
+                temperature: 0.9,
+                seed: 5,
+                logprobs: Some(1),
+                ..greedy(10)
+            },
+        ),
+        ("a bias that decides", SamplingParams { logit_bias: vec![(7, 100.0)], ..greedy(4) }),
+    ];
     for arch in ["qwen3_moe", "granitemoehybrid"] {
         let Some(gpu) = cuda_engine(arch, test, |_| {}) else { return };
         let prompt = Golden::open(arch).prompt("main");
-        for (n, temperature) in [(0, 0.0), (5, 0.0), (20, 0.8)] {
-            let params = SamplingParams { logprobs: Some(n), temperature, seed: 11, ..greedy(6) };
-            let host = SamplingParams { logit_bias: vec![(3, 0.0)], ..params.clone() };
-            let on_device = run(&gpu, GenerateRequest::new(prompt.clone(), params)).await;
+        for (case, params) in &cases {
+            let host = SamplingParams { prompt_logprobs: Some(0), ..params.clone() };
+            let on_device = run(&gpu, GenerateRequest::new(prompt.clone(), params.clone())).await;
             let on_host = run(&gpu, GenerateRequest::new(prompt.clone(), host)).await;
-            let what = format!("{arch}, {n} alternatives, temperature {temperature}");
+            let (n, what) = (params.logprobs.unwrap_or(0), format!("{arch}, {case}"));
+            assert!(on_device.error.is_none() && on_host.error.is_none(), "{what}");
             assert_eq!(on_device.tokens.len(), on_host.tokens.len(), "{what}");
+            if params.logit_bias.iter().any(|&(_, b)| b >= 100.0) {
+                assert!(on_device.tokens.iter().all(|t| t.token == 7), "{what}: the bias rules");
+            }
+            if params.needs_history() {
+                let plain = run(&gpu, GenerateRequest::new(prompt.clone(), greedy(10))).await;
+                let tokens = |o: &Outcome| o.tokens.iter().map(|t| t.token).collect::<Vec<_>>();
+                assert_ne!(
+                    tokens(&on_device),
+                    tokens(&plain),
+                    "{what}: the penalty changes tokens"
+                );
+            }
             for (d, h) in on_device.tokens.iter().zip(&on_host.tokens) {
                 assert_eq!(d.token, h.token, "{what}");
                 assert!((d.logprob - h.logprob).abs() < 1e-4, "{what}: {d:?} vs {h:?}");

@@ -100,7 +100,7 @@ struct SampleParams {
     float temperature;  // > 0
     float top_p;        // (0, 1]
     u32 top_k;          // 0: no limit
-    u32 pad;
+    float min_p;        // [0, 1]; 0: no limit
 };
 
 // A uniform number in [0, 1) from (seed, index): SplitMix64's finaliser, as the CPU sampler.
@@ -130,9 +130,26 @@ __device__ u64 largest_key(Pred pred) {
     return prefix;
 }
 
+// The largest rank key over the block; every thread gets it.
+__device__ u64 block_max_key(u64 v, u64* scratch) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(FULL_MASK, v, o));
+    __syncthreads();  // scratch is free again
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        u64 w = lane < SAMPLE_WARPS ? scratch[lane] : 0ull;
+        for (int o = 16; o > 0; o >>= 1) w = max(w, __shfl_xor_sync(FULL_MASK, w, o));
+        if (lane == 0) scratch[SAMPLE_WARPS] = w;
+    }
+    __syncthreads();
+    return scratch[SAMPLE_WARPS];
+}
+
 // Seeded sampling as the CPU sampler defines it: candidates in rank order, the first top_k of
-// them, probabilities exp((logit - max) / temperature), the shortest head whose mass reaches top_p
-// of the total, then the first candidate whose cumulative mass exceeds u * (kept mass). Instead of
+// them, probabilities exp((logit - max) / temperature), those at least min_p (relative to the
+// most likely's, which is 1: a head of the order), the shortest head whose mass reaches top_p of
+// the total, then the first candidate whose cumulative mass exceeds u * (kept mass). Instead of
 // sorting, each cut is found by bisection over rank keys with block-wide sums (masses in f64):
 // the token equals the CPU's except when u lands within rounding of a boundary of the CDF or the
 // top-p cut.
@@ -166,6 +183,17 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     u64 floor = 0;
     if (pr.top_k > 0 && pr.top_k < (u32)vocab)
         floor = largest_key([&](u64 v) { return count_from(v) >= pr.top_k; });
+    if (pr.min_p > 0.0f) {
+        // The last kept candidate is the smallest key whose probability reaches min_p; the most
+        // likely token (probability 1) always does, as the CPU keeps at least one.
+        u64 last = ~0ull;
+        for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
+            u64 k = rank_key(row[i], i);
+            bool keep = k >= floor && expf(mul(sub(row[i], mx), inv_t)) >= pr.min_p;
+            if (keep && k < last) last = k;
+        }
+        floor = ~block_max_key(~last, uscratch);
+    }
     if (pr.top_p < 1.0f) {
         const double threshold = (double)pr.top_p * mass_from(0, floor);
         floor = largest_key([&](u64 v) { return mass_from(v, floor) >= threshold; });
@@ -173,6 +201,50 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     const double target = uniform(pr.seed, pr.index) * mass_from(0, floor);
     const u64 chosen = largest_key([&](u64 v) { return mass_from(v, floor) > target; });
     if (threadIdx.x == 0) out[blockIdx.x] = 0xffffffffu - (u32)(chosen & 0xffffffffull);
+}
+
+// One token's logit bias and penalties (crate::logit_edits): the CPU sampler's passes over that
+// token, in order.
+struct LogitEdit {
+    u32 token;
+    u32 ops;           // EDIT_BIAS | EDIT_REPETITION | EDIT_PENALTIES
+    float bias;        // added first
+    float repetition;  // divides a positive logit, multiplies any other
+    float frequency;   // frequency_penalty * count, subtracted
+    float presence;    // subtracted last
+};
+
+#define EDIT_BIAS 1u
+#define EDIT_REPETITION 2u
+#define EDIT_PENALTIES 4u
+
+// Applies each device row's edits to its logits row, keeping the raw values in `saved`, or (with
+// `restore`) puts the raw values back, so that the choice sees the edited row and the logprobs
+// the raw one. A row's edits touch distinct tokens: the threads of its block take them in turn.
+//
+// Grid: one block per row.
+extern "C" __global__ void logit_edits_f32(
+    float* __restrict__ logits,              // device [num_rows, vocab]
+    const int* __restrict__ edit_starts,     // device [num_rows + 1]
+    const LogitEdit* __restrict__ edits,     // device [edit_starts[num_rows]]
+    float* __restrict__ saved,               // device [edit_starts[num_rows]]
+    int vocab,
+    int restore) {
+    float* row = logits + (u64)blockIdx.x * vocab;
+    for (int e = edit_starts[blockIdx.x] + threadIdx.x; e < edit_starts[blockIdx.x + 1]; e += blockDim.x) {
+        const LogitEdit ed = edits[e];
+        float* at = row + ed.token;
+        if (restore) {
+            *at = saved[e];
+            continue;
+        }
+        float l = *at;
+        saved[e] = l;
+        if (ed.ops & EDIT_BIAS) l = add(l, ed.bias);
+        if (ed.ops & EDIT_REPETITION) l = l > 0.0f ? dvd(l, ed.repetition) : mul(l, ed.repetition);
+        if (ed.ops & EDIT_PENALTIES) l = sub(sub(l, ed.frequency), ed.presence);
+        *at = l;
+    }
 }
 
 // The logprob of each row's chosen token: logits[r][ids[r]] - log_z[r], the CPU sampler's
@@ -188,22 +260,6 @@ extern "C" __global__ void gather_logprob_f32(
     int num_rows) {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r < num_rows) out[r] = sub(logits[(u64)r * vocab + ids[r]], log_z[r]);
-}
-
-// The largest rank key over the block; every thread gets it.
-__device__ u64 block_max_key(u64 v, u64* scratch) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(FULL_MASK, v, o));
-    __syncthreads();  // scratch is free again
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        u64 w = lane < SAMPLE_WARPS ? scratch[lane] : 0ull;
-        for (int o = 16; o > 0; o >>= 1) w = max(w, __shfl_xor_sync(FULL_MASK, w, o));
-        if (lane == 0) scratch[SAMPLE_WARPS] = w;
-    }
-    __syncthreads();
-    return scratch[SAMPLE_WARPS];
 }
 
 // What a row that asks for logprobs reports besides its token's logprob, as the CPU sampler

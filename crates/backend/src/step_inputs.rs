@@ -12,11 +12,14 @@
 //! before a forward. It allocates nothing per token: its scratch is reused across steps.
 //!
 //! Logits rows: the step's final hidden rows that need logits are gathered into rows of a logits
-//! buffer, greedy samples first, then seeded samples, then rows the host finishes (logprob
-//! alternatives, penalties, bias, min-p, prompt logprobs), in plan order within each group. The
-//! gather pairs `(token row, logits row)` count logits rows within chunks of
-//! [`PackGeometry::logits_chunk_rows`], the rows the logits buffer holds at once.
+//! buffer, greedy samples first, then seeded samples, then rows the host finishes (prompt
+//! logprobs, and rows whose bias and penalties do not fit the step's edit list), in plan order
+//! within each group. The gather pairs `(token row, logits row)` count logits rows within chunks
+//! of [`PackGeometry::logits_chunk_rows`], the rows the logits buffer holds at once. A device
+//! row's logit bias and penalties go as per-token edits ([`crate::logit_edits`]), device rows'
+//! edits one after another with a start per device row.
 
+use crate::logit_edits::{EditBuilder, LOGIT_EDIT_WORDS, LogitEdit};
 use routed_types::{MAX_LOGPROBS, SamplingParams, ScheduledSeq, StepPlan};
 
 #[path = "step_inputs_tests.rs"]
@@ -28,7 +31,7 @@ mod tests;
 pub const SECTION_ALIGN_WORDS: usize = 16;
 
 /// Words of one row's sampling parameters (the kernels' `SampleParams`: seed and index as u64,
-/// temperature, top-p, top-k, padding).
+/// temperature, top-p, top-k, min-p).
 pub const SAMPLE_PARAMS_WORDS: usize = 8;
 
 /// What the packed inputs are sized for; fixed for a worker's life.
@@ -42,6 +45,9 @@ pub struct StepCapacity {
     pub max_blocks_per_seq: usize,
     /// Snapshot taps in one step.
     pub max_taps: usize,
+    /// Logit edits (bias and penalties, one per touched token) of the device rows of one step;
+    /// a row whose edits do not fit is finished on the host.
+    pub max_logit_edits: usize,
 }
 
 /// How attention splits a sequence's rows into work items.
@@ -107,6 +113,10 @@ pub struct StepInputLayout {
     pub logit_rows: Section,
     /// Sampling parameters of the seeded-sample rows, `[max_seqs]` of [`SAMPLE_PARAMS_WORDS`].
     pub sample_params: Section,
+    /// Offsets into `logit_edits` per device row (greedy rows, then seeded), `[max_seqs + 1]`.
+    pub edit_starts: Section,
+    /// The device rows' logit edits, `[max_logit_edits]` of [`LOGIT_EDIT_WORDS`].
+    pub logit_edits: Section,
     /// Block tables, `[num_seqs, stride]` with the step's stride; last, so a step uploads only
     /// what it uses.
     pub block_tables: Section,
@@ -136,6 +146,8 @@ impl StepInputLayout {
             taps: push(2 * c.max_taps),
             logit_rows: push(2 * (c.max_tokens + c.max_seqs)),
             sample_params: push(SAMPLE_PARAMS_WORDS * c.max_seqs),
+            edit_starts: push(c.max_seqs + 1),
+            logit_edits: push(LOGIT_EDIT_WORDS * c.max_logit_edits),
             block_tables: push(c.max_seqs * c.max_blocks_per_seq),
         }
     }
@@ -238,6 +250,8 @@ pub struct PackedStep {
     pub wants_ranks: bool,
     /// Alternatives every device row gets: the most any device row asks for.
     pub num_top_logprobs: usize,
+    /// Logit edits of the device rows (bias and penalties).
+    pub num_logit_edits: usize,
     /// Entries per block-table row this step.
     pub block_table_stride: usize,
     /// Words to upload: everything up to the end of this step's block tables.
@@ -258,6 +272,11 @@ pub struct StepPacker {
     uses: Vec<LogitUse>,
     /// Token row of each logits row, per group, before they are laid out.
     rows: [Vec<usize>; 3],
+    /// The logit edits of the greedy and the seeded rows, before they are laid out.
+    edits: [Vec<LogitEdit>; 2],
+    /// Edits per row of those groups.
+    edit_counts: [Vec<usize>; 2],
+    builder: EditBuilder,
 }
 
 const GREEDY: usize = 0;
@@ -272,6 +291,9 @@ impl StepPacker {
             geometry,
             uses: Vec::with_capacity(capacity.max_seqs),
             rows: std::array::from_fn(|_| Vec::with_capacity(capacity.max_seqs)),
+            edits: std::array::from_fn(|_| Vec::with_capacity(capacity.max_logit_edits)),
+            edit_counts: std::array::from_fn(|_| Vec::with_capacity(capacity.max_seqs)),
+            builder: EditBuilder::default(),
         }
     }
 
@@ -335,11 +357,13 @@ impl StepPacker {
         p.num_words = self.layout.block_tables.offset + p.num_seqs * p.block_table_stride;
         self.uses.clear();
         self.rows.iter_mut().for_each(Vec::clear);
+        self.edits.iter_mut().for_each(Vec::clear);
+        self.edit_counts.iter_mut().for_each(Vec::clear);
         for (i, s) in seqs.enumerate() {
             self.check_seq(i, s)?;
             self.pack_seq(i, s, &mut p, words);
             let rows = p.num_tokens..p.num_tokens + s.token_ids.len();
-            let want = if wants_logits { logit_kind(s) } else { None };
+            let want = if wants_logits { self.logit_kind(s) } else { None };
             self.uses.push(match want {
                 None => LogitUse::None,
                 Some((HOST, all)) => {
@@ -364,6 +388,31 @@ impl StepPacker {
         put(words, self.layout.tap_starts.offset + p.num_seqs, p.num_taps);
         self.pack_logits(plan, &mut p, words);
         Ok(p)
+    }
+
+    /// Which group a sequence's logits go to, and whether it wants every row of its chunk. A
+    /// device row's logit edits join its group's list; a row whose edits do not fit the step's
+    /// list (or cannot be edits) is finished on the host.
+    fn logit_kind(&mut self, s: &ScheduledSeq) -> Option<(usize, bool)> {
+        if s.prompt_logprobs.is_some() {
+            return Some((HOST, true));
+        }
+        let (params, _) = s.sample.as_ref()?;
+        if !on_device(params) {
+            return Some((HOST, false));
+        }
+        let kind = if params.is_greedy() { GREEDY } else { SAMPLED };
+        let used: usize = self.edits.iter().map(Vec::len).sum();
+        let list = &mut self.edits[kind];
+        let before = list.len();
+        let vocab = self.geometry.vocab_size;
+        let built = self.builder.build(params, s.context.as_ref(), vocab, list);
+        if !built || used + (list.len() - before) > self.layout.capacity.max_logit_edits {
+            list.truncate(before);
+            return Some((HOST, false));
+        }
+        self.edit_counts[kind].push(list.len() - before);
+        Some((kind, false))
     }
 
     /// Capacity checks that need only the step's totals.
@@ -510,33 +559,30 @@ impl StepPacker {
                 _ => {}
             }
         }
+        // Edits of the greedy rows, then of the seeded rows: the device rows' order.
+        let (mut row, mut at) = (0, 0);
+        for &n in self.edit_counts.iter().flatten() {
+            put(words, l.edit_starts.offset + row, at);
+            (row, at) = (row + 1, at + n);
+        }
+        put(words, l.edit_starts.offset + row, at);
+        for (e, edit) in self.edits.iter().flatten().enumerate() {
+            let w = l.logit_edits.offset + e * LOGIT_EDIT_WORDS;
+            edit.write(&mut words[w..w + LOGIT_EDIT_WORDS]);
+        }
+        p.num_logit_edits = at;
     }
 }
 
-/// Which group a sequence's logits go to, and whether it wants every row of its chunk.
-fn logit_kind(s: &ScheduledSeq) -> Option<(usize, bool)> {
-    if s.prompt_logprobs.is_some() {
-        return Some((HOST, true));
-    }
-    let (params, _) = s.sample.as_ref()?;
-    if !on_device(params) {
-        Some((HOST, false))
-    } else if params.is_greedy() {
-        Some((GREEDY, false))
-    } else {
-        Some((SAMPLED, false))
-    }
-}
-
-/// Whether the device kernels alone pick the token and its logprobs (the rank and up to
-/// [`MAX_LOGPROBS`] alternatives included): nothing changes the logits first (penalties need
-/// the history, which stays on the host, and a bias or min-p goes with them).
+/// Whether the device kernels may pick the token and report its logprobs (the rank and up to
+/// [`MAX_LOGPROBS`] alternatives included); the bias and penalties go as logit edits when they
+/// fit the step's list.
 pub fn on_device(params: &SamplingParams) -> bool {
-    !params.processes_logits() && params.logprobs.is_none_or(|n| n <= MAX_LOGPROBS)
+    params.logprobs.is_none_or(|n| n <= MAX_LOGPROBS)
 }
 
 /// The kernels' `SampleParams`: seed and index (u64, little-endian words), temperature, top-p,
-/// top-k (0 keeps all), padding.
+/// top-k (0 keeps all), min-p (0 keeps all).
 fn sample_params(params: &SamplingParams, index: u64, out: &mut [u32]) {
     out[0] = params.seed as u32;
     out[1] = (params.seed >> 32) as u32;
@@ -546,7 +592,7 @@ fn sample_params(params: &SamplingParams, index: u64, out: &mut [u32]) {
     out[5] = params.top_p.to_bits();
     // The CPU sampler keeps at least one candidate; the kernel reads 0 as "keep all".
     out[6] = params.top_k.map_or(0, |k| k.max(1));
-    out[7] = 0;
+    out[7] = params.min_p.to_bits();
 }
 
 /// Writes a non-negative index as the kernels' `i32`.

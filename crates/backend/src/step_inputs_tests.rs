@@ -1,11 +1,18 @@
 //! The packed layout: sections, the contents of a mixed step, reuse, and every refusal.
 
 use super::*;
-use routed_types::{BlockGeneration, BlockId, BlockRef, ScheduledSeq, SeqId, SnapshotSlotId};
+use routed_types::{
+    BlockGeneration, BlockId, BlockRef, ScheduledSeq, SeqContext, SeqId, SnapshotSlotId,
+};
 use std::sync::Arc;
 
-const CAPACITY: StepCapacity =
-    StepCapacity { max_tokens: 64, max_seqs: 8, max_blocks_per_seq: 10, max_taps: 6 };
+const CAPACITY: StepCapacity = StepCapacity {
+    max_tokens: 64,
+    max_seqs: 8,
+    max_blocks_per_seq: 10,
+    max_taps: 6,
+    max_logit_edits: 6,
+};
 
 fn geometry() -> PackGeometry {
     PackGeometry {
@@ -70,6 +77,8 @@ fn sections_are_aligned_disjoint_and_sized_for_the_capacity() {
         (l.taps, 12),
         (l.logit_rows, 2 * (64 + 8)),
         (l.sample_params, 8 * SAMPLE_PARAMS_WORDS),
+        (l.edit_starts, 9),
+        (l.logit_edits, 6 * LOGIT_EDIT_WORDS),
         (l.block_tables, 80),
     ];
     for pair in all.windows(2) {
@@ -102,14 +111,17 @@ fn a_mixed_step_is_packed_section_by_section() {
         ..SamplingParams::default()
     };
     let penalized = SamplingParams { presence_penalty: 0.5, ..SamplingParams::greedy(4) };
+    let mut penalized_seq = sampled(seq(3, &[3], &[6]), penalized, 1);
+    penalized_seq.context =
+        Some(SeqContext { prompt: Arc::new(vec![1, 2]), output: vec![3, 9, 3] });
     let plan = StepPlan {
         seqs: vec![
             chunk,
-            // Decodes: greedy, seeded, host (a penalty needs the history), a fresh prompt
+            // Decodes: greedy, seeded, greedy with a presence penalty (edits), a fresh prompt
             // (cleared).
             sampled(seq(6, &[1], &[4, 2]), SamplingParams::greedy(4), 3),
             sampled(seq(2, &[2], &[5]), seeded.clone(), 9),
-            sampled(seq(3, &[3], &[6]), penalized, 1),
+            penalized_seq,
             seq(0, &[4, 4], &[7]),
         ],
         ..StepPlan::default()
@@ -136,23 +148,29 @@ fn a_mixed_step_is_packed_section_by_section() {
     assert_eq!(section(&words, l.state_copies, 4), [2, 3, -1, 7]);
     assert_eq!((p.num_taps, section(&words, l.tap_starts, 6)), (2, vec![0, 2, 2, 2, 2, 2]));
     assert_eq!(section(&words, l.taps, 4), [4, 1, 8, 4]);
-    // Logits rows: greedy (token 5), seeded (token 6), then host: the chunk's five rows and the
-    // penalized decode (token 7).
-    assert_eq!((p.num_greedy, p.num_sampled, p.num_host_rows), (1, 1, 6));
+    // Logits rows: greedy (tokens 5 and 7), seeded (token 6), then the host's: the chunk's five.
+    assert_eq!((p.num_greedy, p.num_sampled, p.num_host_rows), (2, 1, 5));
     assert!(!p.wants_ranks && p.num_top_logprobs == 0, "no device row reports logprobs");
-    assert_eq!(section(&words, l.logit_rows, 16), [5, 0, 6, 1, 0, 2, 1, 3, 2, 4, 3, 5, 4, 6, 7, 7]);
+    assert_eq!(section(&words, l.logit_rows, 16), [5, 0, 7, 1, 6, 2, 0, 3, 1, 4, 2, 5, 3, 6, 4, 7]);
     assert_eq!(
         packer.logit_uses(),
         [
-            LogitUse::Host { first: 2, len: 5 },
+            LogitUse::Host { first: 3, len: 5 },
             LogitUse::Greedy { row: 0 },
             LogitUse::Sampled { row: 0 },
-            LogitUse::Host { first: 7, len: 1 },
+            LogitUse::Greedy { row: 1 },
             LogitUse::None,
         ]
     );
     let params = &words[l.sample_params.offset..l.sample_params.offset + SAMPLE_PARAMS_WORDS];
     assert_eq!(params, [2, 1, 9, 0, 0.7f32.to_bits(), 0.9f32.to_bits(), 20, 0]);
+    // The penalised row's edits: the output's tokens 3 and 9, device rows in order.
+    assert_eq!(p.num_logit_edits, 2);
+    assert_eq!(section(&words, l.edit_starts, 4), [0, 0, 2, 2]);
+    let edit = |e: usize| &words[l.logit_edits.offset + e * LOGIT_EDIT_WORDS..][..LOGIT_EDIT_WORDS];
+    let (one, half) = (1f32.to_bits(), 0.5f32.to_bits());
+    assert_eq!(edit(0), [3, crate::logit_edits::EDIT_PENALTIES, 0, one, 0, half]);
+    assert_eq!(edit(1)[0], 9);
 }
 
 #[test]
@@ -311,5 +329,36 @@ fn rows_reporting_logprobs_stay_on_the_device_with_the_most_alternatives_asked()
     assert!(p.wants_ranks);
     assert_eq!(p.num_top_logprobs, 3);
     assert!(on_device(&logprobs(MAX_LOGPROBS, seeded.clone())));
-    assert!(!on_device(&SamplingParams { min_p: 0.1, ..logprobs(1, seeded) }));
+    assert!(on_device(&SamplingParams { min_p: 0.1, ..logprobs(1, seeded) }));
+}
+
+#[test]
+fn rows_whose_edits_do_not_fit_or_repeat_a_token_go_to_the_host() {
+    let mut packer = StepPacker::new(CAPACITY, geometry());
+    let mut words = words_of(&packer);
+    let bias = |tokens: &[u32], params: SamplingParams| SamplingParams {
+        logit_bias: tokens.iter().map(|&t| (t, 1.5)).collect(),
+        ..params
+    };
+    let seeded = SamplingParams { temperature: 0.8, min_p: 0.25, ..SamplingParams::default() };
+    let plan = StepPlan {
+        seqs: vec![
+            sampled(seq(6, &[1], &[4, 2]), bias(&[1, 2, 3, 4], SamplingParams::greedy(4)), 0),
+            // Four more edits would make 8 of the 6 the step holds.
+            sampled(seq(2, &[2], &[5]), bias(&[5, 6, 7, 8], SamplingParams::greedy(4)), 0),
+            // The CPU adds a repeated token's biases one after the other: not one edit.
+            sampled(seq(3, &[3], &[6]), bias(&[9, 9], SamplingParams::greedy(4)), 0),
+            sampled(seq(3, &[3], &[7]), bias(&[10, 11], seeded), 0),
+        ],
+        ..StepPlan::default()
+    };
+    let p = packer.pack(&plan, true, &mut words).unwrap();
+    assert_eq!((p.num_greedy, p.num_sampled, p.num_host_rows), (1, 1, 2));
+    assert_eq!(p.num_logit_edits, 6);
+    let l = packer.layout();
+    assert_eq!(section(&words, l.edit_starts, 3), [0, 4, 6]);
+    let token = |e: usize| words[l.logit_edits.offset + e * LOGIT_EDIT_WORDS];
+    assert_eq!((0..6).map(token).collect::<Vec<_>>(), [1, 2, 3, 4, 10, 11]);
+    let params = &words[l.sample_params.offset..l.sample_params.offset + SAMPLE_PARAMS_WORDS];
+    assert_eq!(params[7], 0.25f32.to_bits(), "min-p travels with the sampling parameters");
 }

@@ -272,8 +272,8 @@ pub struct SampleParams {
     pub top_p: f32,
     /// Candidates kept by rank; 0 keeps all.
     pub top_k: u32,
-    /// Keeps the layout 32 bytes, as on the device.
-    pub pad: u32,
+    /// Candidates kept by probability relative to the most likely's, in [0, 1]; 0 keeps all.
+    pub min_p: f32,
 }
 
 // SAFETY: `repr(C)` of two u64 then four 4-byte fields: 32 bytes, no padding, any bits valid.

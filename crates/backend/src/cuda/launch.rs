@@ -172,6 +172,11 @@ pub fn scan(
     Shape::new((num_heads, num_seqs), threads, 4 * (state_size * head_dim + 2 * state_size))
 }
 
+/// The logit edits of `rows` rows: a block of 128 threads each (rows have few edits).
+pub fn logit_edits(rows: usize) -> Option<Shape> {
+    Shape::new((rows, 1), 128, 0)
+}
+
 /// A sampling kernel over `rows` rows: a block each.
 pub fn sample(rows: usize) -> Option<Shape> {
     Shape::new((rows, 1), SAMPLE_THREADS, 0)

@@ -136,6 +136,7 @@ kernel_ids! {
     Argmax = "argmax_f32" in SAMPLE;
     LogSoftmax = "log_softmax_f32" in SAMPLE;
     Sample = "sample_f32" in SAMPLE;
+    LogitEdits = "logit_edits_f32" in SAMPLE;
     GatherLogprob = "gather_logprob_f32" in SAMPLE;
     TopLogprobs = "top_logprobs_f32" in SAMPLE;
 }

@@ -1,8 +1,14 @@
 //! Seeded sampling against the CPU sampler's definition (the model crate's `Sampler`): the same
-//! token wherever the draw is not within rounding of a boundary of the CDF or of the top-p cut.
+//! token wherever the draw is not within rounding of a boundary of the CDF or of the top-p cut;
+//! logit edits (bias and penalties) exactly the CPU's passes, undone after the choice.
 
 use super::support::*;
-use routed_backend::cuda::host::SampleParams;
+use routed_backend::{
+    cuda::host::SampleParams,
+    logit_edits::{EditBuilder, LOGIT_EDIT_WORDS, LogitEdit},
+};
+use routed_types::{SamplingParams, SeqContext};
+use std::sync::Arc;
 
 /// SplitMix64's finaliser over (seed, index), as the CPU sampler draws.
 fn uniform(seed: u64, index: u64) -> f64 {
@@ -24,8 +30,14 @@ fn reference(logits: &[f32], p: &SampleParams) -> (u32, bool) {
     let inv_t = 1.0 / p.temperature;
     let mut probs: Vec<f32> =
         order.iter().map(|&i| ((logits[i as usize] - max) * inv_t).exp()).collect();
-    let total: f32 = probs.iter().sum();
     let mut clear = true;
+    if p.min_p > 0.0 {
+        let cut = probs.iter().position(|&q| q < p.min_p).unwrap_or(probs.len());
+        clear &= probs.iter().all(|&q| (q - p.min_p).abs() > 1e-6);
+        probs.truncate(cut.max(1));
+        order.truncate(cut.max(1));
+    }
+    let total: f32 = probs.iter().sum();
     if p.top_p < 1.0 {
         let mut mass = 0.0f32;
         let mut cut = probs.len();
@@ -71,7 +83,7 @@ fn seeded_samples_equal_the_cpu_sampler_and_do_not_depend_on_the_batch() {
             temperature: [0.5, 1.0, 1.7][r % 3],
             top_p: [1.0, 0.9, 0.3, 1.0][r % 4],
             top_k: [0, 1, 20, 0, 500][r % 5],
-            pad: 0,
+            min_p: [0.0, 0.1, 0.0, 0.02, 0.0, 0.5, 0.0][r % 7],
         })
         .collect();
     let mut p = Plan::new(dev);
@@ -175,4 +187,85 @@ fn ranks_and_alternatives_are_the_cpu_samplers_exactly() {
     let none = (m.get(ids).sub(0, 0).unwrap(), m.get(lps).sub(0, 0).unwrap(), 0);
     dev.top_logprobs(m.get(ls), m.get(cs), m.get(log_z), none, m.get(ranks), rows, vocab).unwrap();
     assert_eq!(m.read(ranks), got_ranks);
+}
+
+/// The CPU sampler's passes over a row (`Sampler::process`): the bias, the repetition penalty over
+/// the distinct tokens of prompt and output, the frequency and presence penalties over the
+/// output's.
+fn processed(row: &[f32], params: &SamplingParams, h: &SeqContext) -> Vec<f32> {
+    let mut out = row.to_vec();
+    for &(t, b) in &params.logit_bias {
+        if let Some(l) = out.get_mut(t as usize) {
+            *l += b;
+        }
+    }
+    let rp = params.repetition_penalty;
+    let mut seen: Vec<u32> = h.prompt.iter().chain(&h.output).copied().collect();
+    seen.sort_unstable();
+    seen.dedup();
+    if rp != 1.0 {
+        for &t in &seen {
+            let l = &mut out[t as usize];
+            *l = if *l > 0.0 { *l / rp } else { *l * rp };
+        }
+    }
+    let mut output = h.output.clone();
+    output.sort_unstable();
+    if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
+        for run in output.chunk_by(|a, b| a == b) {
+            let l = &mut out[run[0] as usize];
+            *l -= params.frequency_penalty * run.len() as f32;
+            *l -= params.presence_penalty;
+        }
+    }
+    out
+}
+
+#[test]
+fn logit_edits_are_the_cpu_passes_and_are_undone() {
+    let Some(dev) = gpu_or_skip("logit_edits_are_the_cpu_passes_and_are_undone") else {
+        return;
+    };
+    let (rows, vocab) = (5, 1000);
+    let mut rng = Rng::new(53);
+    let logits = rng.vec(rows * vocab, -4.0, 4.0);
+    let tokens = |rng: &mut Rng, n: usize| (0..n).map(|_| rng.below(60) as u32).collect::<Vec<_>>();
+    let mut edits: Vec<LogitEdit> = Vec::new();
+    let mut starts = vec![0i32];
+    let mut want = Vec::new();
+    let mut builder = EditBuilder::default();
+    for r in 0..rows {
+        let params = SamplingParams {
+            logit_bias: [vec![], vec![(7, 30.0), (999, -2.5)], vec![(3, -100.0)]][r % 3].clone(),
+            repetition_penalty: [1.0, 1.3, 0.8][r % 3],
+            frequency_penalty: [0.0, 0.4, 0.0, 1.5, 0.2][r % 5],
+            presence_penalty: [0.0, 0.0, 0.7, 0.5][r % 4],
+            ..SamplingParams::default()
+        };
+        let h = SeqContext { prompt: Arc::new(tokens(&mut rng, 30)), output: tokens(&mut rng, 25) };
+        assert!(builder.build(&params, Some(&h), vocab, &mut edits));
+        starts.push(edits.len() as i32);
+        want.extend(processed(&logits[r * vocab..(r + 1) * vocab], &params, &h));
+    }
+    assert!(edits.len() > 100, "{} edits", edits.len());
+    let mut words = vec![0u32; edits.len() * LOGIT_EDIT_WORDS];
+    for (e, w) in edits.iter().zip(words.chunks_exact_mut(LOGIT_EDIT_WORDS)) {
+        e.write(w);
+    }
+    let mut p = Plan::new(dev);
+    let (ls, ss, ws) = (p.input(&logits), p.input(&starts), p.input(&words));
+    let (saved, out) = (p.output::<f32>(edits.len()), p.output::<u32>(rows));
+    let m = p.alloc();
+    let list = (m.get(ss), m.get(ws));
+    let counts = (rows, edits.len());
+    dev.logit_edits(m.get(ls), list, m.get(saved), counts, vocab, false).unwrap();
+    assert_bits("edited rows", &m.read(ls), &want);
+    dev.argmax(m.get(ls), m.get(out), rows, vocab).unwrap();
+    for (r, &token) in m.read(out).iter().enumerate() {
+        let row = &want[r * vocab..(r + 1) * vocab];
+        assert_eq!(token as usize, routed_backend::cpu::argmax(row), "row {r}: the edited argmax");
+    }
+    assert_eq!(m.read(out)[1], 7, "a bias of 30 picks token 7");
+    dev.logit_edits(m.get(ls), list, m.get(saved), counts, vocab, true).unwrap();
+    assert_bits("restored rows", &m.read(ls), &logits);
 }

@@ -71,6 +71,8 @@ pub(crate) struct Activations {
     /// Each device row's most likely tokens and their logprobs, `[chunk, MAX_LOGPROBS]`.
     pub top_ids: Span<u32>,
     pub top_logprobs: Span<f32>,
+    /// The raw logits the logit edits replace while a token is chosen, `[max_logit_edits]`.
+    pub edit_saved: Span<f32>,
 }
 
 /// The MoE block's scratch (shared by every MoE layer).
@@ -243,6 +245,7 @@ fn activations(
         ranks: l.push(chunk),
         top_ids: l.push(chunk * MAX_LOGPROBS as usize),
         top_logprobs: l.push(chunk * MAX_LOGPROBS as usize),
+        edit_saved: l.push(shape.capacity.max_logit_edits),
     }
 }
 

@@ -41,6 +41,8 @@ pub(crate) struct StepViews<'a> {
     pub taps: DevSlice<'a, i32>,
     pub logit_rows: DevSlice<'a, i32>,
     pub sample_params: DevSlice<'a, SampleParams>,
+    pub edit_starts: DevSlice<'a, i32>,
+    pub logit_edits: DevSlice<'a, u32>,
     pub block_tables: DevSlice<'a, i32>,
 }
 
@@ -70,6 +72,8 @@ impl<'a> StepViews<'a> {
             taps: cast(view(l.taps)?)?,
             logit_rows: cast(view(l.logit_rows)?)?,
             sample_params: cast(view(l.sample_params)?)?,
+            edit_starts: cast(view(l.edit_starts)?)?,
+            logit_edits: view(l.logit_edits)?,
             block_tables: cast(view(l.block_tables)?)?,
         })
     }

@@ -86,7 +86,8 @@ impl GpuModel {
     }
 
     /// Greedy rows by argmax, seeded rows by the sampling kernel, each token's logprob; copied to
-    /// the host.
+    /// the host. The rows' logit edits (bias, penalties) are in place while the tokens are
+    /// chosen and undone before the logprobs, which are the raw distribution's.
     fn sample_on_device(
         &self,
         caches: &mut GpuCaches,
@@ -99,16 +100,25 @@ impl GpuModel {
         let (g, s) = (step.num_greedy, step.num_sampled);
         let (logits, sampled) = (arena.get(act.logits)?, arena.get(act.sampled)?);
         let (log_z, logprobs) = (arena.get(act.log_z)?, arena.get(act.logprobs)?);
+        let v = StepViews::new(&arena, caches.inputs, caches.packer.layout())?;
+        dev.log_softmax(logits, None, log_z, g + s, vocab)?;
+        let edits = (step.num_logit_edits > 0).then_some((v.edit_starts, v.logit_edits));
+        let saved = arena.get(act.edit_saved)?;
+        let rows = (g + s, step.num_logit_edits);
+        if let Some(edits) = edits {
+            dev.logit_edits(logits, edits, saved, rows, vocab, false)?;
+        }
         if g > 0 {
             dev.argmax(logits, sampled, g, vocab)?;
         }
         if s > 0 {
-            let v = StepViews::new(&arena, caches.inputs, caches.packer.layout())?;
             let rows = logits.sub(g * vocab, s * vocab).expect("device rows fit the first chunk");
             let into = sampled.sub(g, s).expect("device rows fit the first chunk");
             dev.sample(rows, v.sample_params, into, s, vocab)?;
         }
-        dev.log_softmax(logits, None, log_z, g + s, vocab)?;
+        if let Some(edits) = edits {
+            dev.logit_edits(logits, edits, saved, rows, vocab, true)?;
+        }
         dev.gather_logprob(logits, sampled, log_z, logprobs, g + s, vocab)?;
         let stream = dev.compute_stream();
         caches.sampled_host.copy_from(sampled.sub(0, g + s).expect("sized"), stream)?;

@@ -3,9 +3,10 @@
 //! The weights are uploaded once from the host model the loader built; the KV blocks, the Mamba
 //! live and snapshot states, the routing buffer and every activation live in pools allocated once
 //! ([`GpuCaches`]). A step is one upload of the packed step inputs from page-locked memory, the
-//! forward on the compute stream, and the sampled ids with their logprobs back; rows that need the
-//! host (logprob alternatives, penalties, bias, min-p, prompt logprobs) come back as logits and go
-//! through the CPU sampler, so their semantics are the CPU worker's. Prefix caching follows the
+//! forward on the compute stream, and the sampled ids with their logprobs back; a row's bias and
+//! penalties are applied on the device as per-token edits, min-p inside the sampling kernel.
+//! Rows that need the host (prompt logprobs, edits past the step's list) come back as logits and
+//! go through the CPU sampler. Prefix caching follows the
 //! CPU rules: snapshots at the positions the plan names (taps in the conv and scan kernels),
 //! restores by copy, and the dummy forward on the scratch block and scratch state only.
 //!
@@ -52,6 +53,11 @@ use std::{
 /// Device memory the KV cache leaves free for what is allocated later (cuBLAS handles, the
 /// driver's own), in bytes.
 const HEADROOM_BYTES: usize = 512 << 20;
+
+/// Logit edits (one per token a row's bias or penalties touch) the device applies in one step;
+/// rows past them are finished on the host. A penalised row touches every distinct token of its
+/// prompt and output, so this holds a few long contexts' worth (1.5 MiB of step inputs).
+const MAX_LOGIT_EDITS: usize = 1 << 16;
 
 /// Snapshot taps one sequence may ask for in one step: the last complete prompt block, the
 /// aligned exact-repeat point, the divergence point and a chunk end.
@@ -113,6 +119,7 @@ impl CudaWorker {
                 max_seqs,
                 max_blocks_per_seq: shape.max_model_len.div_ceil(shape.block_size.max(1)) + 1,
                 max_taps: TAPS_PER_SEQ * max_seqs,
+                max_logit_edits: MAX_LOGIT_EDITS,
             },
             max_positions: shape.max_model_len,
             logits_chunk_rows: max_seqs.max(64),

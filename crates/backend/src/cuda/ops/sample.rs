@@ -4,6 +4,7 @@ use super::{addr_or_null, fits, int, launch, shape};
 use crate::{
     BackendError,
     cuda::{CudaDevice, DevSlice, KernelId, host::SampleParams, launch as cfg},
+    logit_edits::LOGIT_EDIT_WORDS,
 };
 
 impl CudaDevice {
@@ -45,7 +46,8 @@ impl CudaDevice {
         launch!(self, id, sh, [logits, out, log_z, vocab])
     }
 
-    /// One seeded sample per row with that row's temperature, top-k and top-p (`sample_f32`).
+    /// One seeded sample per row with that row's temperature, top-k, min-p and top-p
+    /// (`sample_f32`).
     /// Rows with temperature 0 belong to [`CudaDevice::argmax`].
     pub fn sample(
         &self,
@@ -63,6 +65,31 @@ impl CudaDevice {
         let (logits, params, out, vocab) =
             (logits.addr(), params.addr(), out.addr(), int(id, "vocab", vocab)?);
         launch!(self, id, sh, [logits, params, out, vocab])
+    }
+
+    /// Applies each row's logit edits (bias and penalties, `crate::logit_edits`) to its row of
+    /// `logits`, keeping the raw values in `saved`; with `restore`, puts them back
+    /// (`logit_edits_f32`). `edits` are the packed words, [`LOGIT_EDIT_WORDS`] per edit, and
+    /// `edit_starts` the offsets per row.
+    pub fn logit_edits(
+        &self,
+        logits: DevSlice<'_, f32>,
+        (edit_starts, edits): (DevSlice<'_, i32>, DevSlice<'_, u32>),
+        saved: DevSlice<'_, f32>,
+        (num_rows, num_edits): (usize, usize),
+        vocab: usize,
+        restore: bool,
+    ) -> Result<(), BackendError> {
+        let id = KernelId::LogitEdits;
+        fits(id, "logits", &logits, num_rows * vocab)?;
+        fits(id, "edit_starts", &edit_starts, num_rows + 1)?;
+        fits(id, "edits", &edits, num_edits * LOGIT_EDIT_WORDS)?;
+        fits(id, "saved", &saved, num_edits)?;
+        let sh = shape(id, cfg::logit_edits(num_rows))?;
+        let (logits, starts, edits, saved) =
+            (logits.addr(), edit_starts.addr(), edits.addr(), saved.addr());
+        let (vocab, restore) = (int(id, "vocab", vocab)?, i32::from(restore));
+        launch!(self, id, sh, [logits, starts, edits, saved, vocab, restore])
     }
 
     /// Each row's chosen token's logprob, `logits[r][ids[r]] - log_z[r]`
