@@ -87,7 +87,17 @@ bench() {
             summary+=("routed $scenario $m: rc $? $(grep -h 'median\|faster' "$OUT/routed-$m.log" | tail -2 | tr '\n' ' ')")
         done
     done
+    # The kernels alone (the matrix product and decode attention at qwen3_moe's shapes), beside
+    # PyTorch's at the same shapes and the device's copy bandwidth.
+    local sizes=1,8,64,256
+    [ "$DEVICE" = cuda-sim ] && sizes=1
+    "$KIT/bin/routed" bench kernels --model "$models/qwen3_moe" --device "$DEVICE" \
+        --batch-sizes "$sizes" --repeats 10 --json "$OUT/routed-kernels.json" >"$OUT/kernels.log" 2>&1
+    summary+=("routed kernels: rc $?")
     if [ "$DEVICE" != cuda-sim ]; then
+        "$PYTHON" benches/torch_kernels.py --model "$models/qwen3_moe" --batch-sizes 1 8 64 256 \
+            --json "$OUT/torch-kernels.json" >>"$OUT/kernels.log" 2>&1
+        summary+=("torch kernels: rc $?")
         "$PYTHON" benches/hf_baseline.py "$models" --device cuda --dtypes bf16 --compile \
             --batches 1 8 64 256 --runs 3 --json "$OUT/transformers.json" >"$OUT/transformers.log" 2>&1
         summary+=("transformers: rc $?")

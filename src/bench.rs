@@ -25,6 +25,9 @@ pub enum Scenario {
     Roofline,
     /// Decode through CUDA graphs vs eager steps at batch 1 and 8, interleaved pairs (CUDA only).
     CudaGraphs,
+    /// The device's matrix product and attention alone at the model's shapes, with bytes moved
+    /// and flops (CUDA only; not part of `all`).
+    Kernels,
     /// Every scenario in turn.
     All,
 }
@@ -59,10 +62,25 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let mut engine_args = args.engine.clone();
     engine_args.heartbeat_ms = 0;
     let on_cpu = engine_args.config()?.device == routed_backend::DeviceSpec::Cpu;
+    let cuda_only = matches!(args.scenario, Scenario::CudaGraphs | Scenario::Kernels);
     anyhow::ensure!(
-        !(on_cpu && args.scenario == Scenario::CudaGraphs),
-        "the cuda-graphs scenario needs a CUDA device (--device cuda:N or cuda-sim)"
+        !(on_cpu && cuda_only),
+        "the {} scenario needs a CUDA device (--device cuda:N or cuda-sim)",
+        clap::ValueEnum::to_possible_value(&args.scenario)
+            .map_or_else(String::new, |v| v.get_name().to_owned())
     );
+    if args.scenario == Scenario::Kernels {
+        let config = engine_args.config()?;
+        let (dir, device) = (config.model.dir(), config.device);
+        let mut records = crate::bench_kernels::run(device, dir, &args.batch_sizes, args.repeats)?;
+        for r in &mut records {
+            r["engine"] = json!("routed");
+            r["dtype"] = json!("bf16");
+            r["device"] = json!(device.to_string());
+            r["model"] = json!(config.served_model_name);
+        }
+        return write_records(&args, &records);
+    }
     let engine = engine_args.start()?;
     let model = engine.model_info().served_model_name.clone();
     let num_ranks = engine.model_info().expert_parallel_size;
@@ -113,8 +131,13 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         r["model"] = json!(model);
         r["expert_parallel_size"] = json!(num_ranks);
     }
+    write_records(&args, &records)
+}
+
+/// Writes the records to `--json`, when given.
+fn write_records(args: &BenchArgs, records: &[Value]) -> Result<()> {
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&records)?)
+        std::fs::write(path, serde_json::to_string_pretty(records)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

@@ -1,6 +1,11 @@
 //! The `routed` command line: `serve`, `generate`, `bench`.
 
 mod bench;
+#[cfg(feature = "cuda")]
+mod bench_kernels;
+#[cfg(not(feature = "cuda"))]
+#[path = "bench_kernels_stub.rs"]
+mod bench_kernels;
 mod cli;
 
 use anyhow::{Result, bail};

@@ -134,14 +134,17 @@ fn bench_writes_comparable_records() {
     }
 }
 
-/// The CUDA-graphs benchmark on the CPU is refused before anything loads, naming what it needs.
+/// The CUDA-only benchmarks on the CPU are refused before anything loads, naming what they need.
 #[test]
-fn bench_cuda_graphs_needs_a_cuda_device() {
-    let out = Command::new(env!("CARGO_BIN_EXE_routed"))
-        .args(["bench", "cuda-graphs"])
-        .output()
-        .expect("run routed bench");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("cuda-graphs scenario needs a CUDA device"), "{stderr}");
+fn cuda_benchmarks_need_a_cuda_device() {
+    for scenario in ["cuda-graphs", "kernels"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_routed"))
+            .args(["bench", scenario])
+            .output()
+            .expect("run routed bench");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        let want = format!("{scenario} scenario needs a CUDA device");
+        assert!(stderr.contains(&want), "{stderr}");
+    }
 }

@@ -65,6 +65,47 @@ fn bench_compares_decode_graphs_with_eager_steps() {
     }
 }
 
+/// `routed bench kernels` times every product of the model's shapes and decode attention, and its
+/// records carry the bytes and flops each case must move and compute (qwen3_moe's golden
+/// checkpoint: hidden 64, 4 query and 2 KV heads of 16, experts 16 wide, vocabulary 512).
+#[test]
+fn bench_kernels_times_the_models_products_and_attention() {
+    let Some(device) = cuda_device() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("kernels.json");
+    let model = golden_root().join("qwen3_moe").join("model");
+    let out = std::process::Command::new(routed_bin())
+        .args(["bench", "kernels", "--device", &device, "--batch-sizes", "2", "--repeats", "2"])
+        .arg("--model")
+        .arg(&model)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run routed bench");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let records: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let find = |scenario: &str| {
+        records.iter().find(|r| r["scenario"] == scenario).unwrap_or_else(|| panic!("{scenario}"))
+    };
+    // m = 2 rows: bf16 weights [n, k], f32 inputs [m, k] and outputs [m, n].
+    for (scenario, n, k) in
+        [("gemm_q_proj_m2", 64, 64), ("gemm_expert_up_m2", 16, 64), ("gemm_lm_head_m2", 512, 64)]
+    {
+        let r = find(scenario);
+        assert_eq!(r["bytes"], (2 * n * k + 4 * 2 * k + 4 * 2 * n) as f64, "{r}");
+        assert_eq!(r["flops"], (2 * 2 * n * k) as f64, "{r}");
+    }
+    // Two sequences of 512 tokens: bf16 keys and values of 2 heads of 16, f32 queries and outputs.
+    let r = find("attn_decode_b2_ctx512");
+    assert_eq!(r["bytes"], (2 * 512 * 2 * 16 * 2 * 2 + 2 * 4 * 16 * 4 * 2) as f64, "{r}");
+    for r in &records {
+        assert!(r["us"].as_f64().is_some_and(|us| us > 0.0), "{r}");
+        assert_eq!(r["runs_us"].as_array().map(Vec::len), Some(2), "{r}");
+        assert!(r["device"].as_str().unwrap().starts_with(&device), "{r}");
+    }
+}
+
 /// The device these tests run on: `$ROUTED_TEST_DEVICE`, else the CUDA simulator; `None` (saying
 /// why) in a build without CUDA.
 fn cuda_device() -> Option<String> {

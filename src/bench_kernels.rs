@@ -1,0 +1,226 @@
+//! `routed bench kernels`: the device's matrix product and attention at a model's shapes, timed
+//! on their own, with the bytes they must move and the flops they do (`docs/performance.md`).
+//!
+//! Each case is uploaded once, then [`LAUNCHES`] launches of its kernel are captured into a CUDA
+//! graph, and every run replays the graph and waits for it: the per-launch time excludes the
+//! host's launch cost, as a kernel's own time should. `benches/torch_kernels.py` times PyTorch at
+//! the same shapes under the same scenario names, and measures the device's copy bandwidth.
+
+use anyhow::{Context, Result, ensure};
+use half::bf16;
+use routed_backend::{
+    Device, DeviceSpec,
+    cuda::{
+        ArenaLayout, CudaDevice, DeviceArena, DeviceElem, Span,
+        launch::attention_items,
+        ops::{AttentionBuffers, AttentionParams},
+    },
+};
+use routed_model::ModelConfig;
+use serde_json::{Value, json};
+use std::{path::Path, time::Instant};
+
+/// Launches per graph: enough that a replay's own cost disappears in the kernels' time.
+const LAUNCHES: usize = 20;
+/// Contexts the decode attention reads, in tokens.
+const CONTEXTS: [usize; 2] = [512, 2048];
+/// Tokens per KV block in the attention cases (the engine's default).
+const BLOCK_SIZE: usize = 16;
+
+/// One timed case.
+struct Case {
+    scenario: String,
+    kernel: &'static str,
+    bytes: f64,
+    flops: f64,
+}
+
+/// Times every case of the model in `dir` on `spec` with `batch_sizes` rows (tokens for the
+/// products, sequences for the attention), `repeats` graph replays each.
+pub fn run(
+    spec: DeviceSpec,
+    dir: &Path,
+    batch_sizes: &[usize],
+    repeats: usize,
+) -> Result<Vec<Value>> {
+    let dev = match Device::open(spec)? {
+        Device::Cuda(dev) => dev,
+        Device::Cpu => anyhow::bail!("the kernels scenario needs a CUDA device (--device cuda:N)"),
+    };
+    let config = ModelConfig::from_dir(dir).context("reading the model's config")?;
+    ensure!(repeats > 0, "--repeats must be at least 1");
+    println!("| case | kernel | us | GB/s | TFLOP/s |");
+    println!("|---|---|---:|---:|---:|");
+    let mut records = Vec::new();
+    for &m in batch_sizes {
+        for (what, n, k) in products(&config) {
+            let case = Case {
+                scenario: format!("gemm_{what}_m{m}"),
+                kernel: "gemm_bf16w_f32",
+                bytes: (2 * n * k + 4 * m * k + 4 * m * n) as f64,
+                flops: (2 * m * n * k) as f64,
+            };
+            let runs = time_gemm(&dev, (m, n, k), repeats)?;
+            records.push(report(&case, runs));
+        }
+        if let Some(a) = &config.attention {
+            for ctx in CONTEXTS.into_iter().filter(|&c| c <= config.max_position_embeddings) {
+                let kv = (m * ctx * a.num_kv_heads * a.head_dim * 2 * 2) as f64;
+                let qo = (m * a.num_heads * a.head_dim * 4 * 2) as f64;
+                let case = Case {
+                    scenario: format!("attn_decode_b{m}_ctx{ctx}"),
+                    kernel: "paged_attention_bf16kv",
+                    bytes: kv + qo,
+                    flops: (4 * m * ctx * a.num_heads * a.head_dim) as f64,
+                };
+                let runs = time_attention(&dev, a, (m, ctx), repeats)?;
+                records.push(report(&case, runs));
+            }
+        }
+    }
+    Ok(records)
+}
+
+/// The model's products as `(name, outputs, inputs)`: the attention's query and output
+/// projections, a routed expert's up projection, the dense or shared MLP's, and the LM head.
+fn products(c: &ModelConfig) -> Vec<(&'static str, usize, usize)> {
+    let h = c.hidden_size;
+    let mut out = Vec::new();
+    if let Some(a) = &c.attention {
+        out.push(("q_proj", a.num_heads * a.head_dim, h));
+        out.push(("o_proj", h, a.num_heads * a.head_dim));
+    }
+    if let Some(m) = &c.moe {
+        out.push(("expert_up", m.expert_intermediate, h));
+        if let Some(s) = m.shared_intermediate {
+            out.push(("shared_up", s, h));
+        }
+    }
+    out.push(("lm_head", c.vocab_size, h));
+    out
+}
+
+/// Prints the case's row and makes its record: the median of `runs` (microseconds per launch).
+fn report(case: &Case, mut runs: Vec<f64>) -> Value {
+    let mut sorted = runs.clone();
+    sorted.sort_by(f64::total_cmp);
+    let us = sorted[sorted.len() / 2];
+    runs.iter_mut().for_each(|r| *r = (*r * 1e3).round() / 1e3);
+    let (gb_s, tflops) = (case.bytes / us / 1e3, case.flops / us / 1e6);
+    println!("| {} | {} | {us:.2} | {gb_s:.1} | {tflops:.3} |", case.scenario, case.kernel);
+    json!({
+        "scenario": case.scenario,
+        "kernel": case.kernel,
+        "us": us,
+        "gb_per_s": gb_s,
+        "tflops": tflops,
+        "bytes": case.bytes,
+        "flops": case.flops,
+        "runs_us": runs,
+    })
+}
+
+/// A deterministic fill in [-0.5, 0.5): the values do not matter to the time, only that they are
+/// ordinary numbers (no NaN, no denormals).
+fn fill<T: DeviceElem>(len: usize, seed: u64, f: impl Fn(f32) -> T) -> Vec<T> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            f((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+        })
+        .collect()
+}
+
+fn upload<T: DeviceElem>(arena: &mut DeviceArena, span: Span<T>, data: &[T]) -> Result<()> {
+    arena.upload(span, data).context("uploading a benchmark input")
+}
+
+/// Microseconds per launch of `LAUNCHES` launches captured into a graph, one figure per replay.
+fn time_graph(
+    dev: &CudaDevice,
+    repeats: usize,
+    launch: impl Fn() -> Result<(), routed_backend::BackendError>,
+) -> Result<Vec<f64>> {
+    let graph = dev.capture(|| (0..LAUNCHES).try_for_each(|_| launch()))?;
+    // One untimed replay: the kernels are loaded and the caches warm.
+    dev.replay(&graph)?;
+    dev.synchronize()?;
+    (0..repeats)
+        .map(|_| {
+            let start = Instant::now();
+            dev.replay(&graph)?;
+            dev.synchronize()?;
+            Ok(start.elapsed().as_secs_f64() * 1e6 / LAUNCHES as f64)
+        })
+        .collect()
+}
+
+fn time_gemm(
+    dev: &CudaDevice,
+    (m, n, k): (usize, usize, usize),
+    repeats: usize,
+) -> Result<Vec<f64>> {
+    let mut layout = ArenaLayout::new("bench");
+    let (x, w, out) = (layout.push::<f32>(m * k), layout.push::<bf16>(n * k), layout.push(m * n));
+    let mut arena = DeviceArena::new(dev, &layout)?;
+    upload(&mut arena, x, &fill(m * k, 1, |v| v))?;
+    upload(&mut arena, w, &fill(n * k, 2, bf16::from_f32))?;
+    let (x, w, out) = (arena.get(x)?, arena.get(w)?, arena.get(out)?);
+    time_graph(dev, repeats, || dev.gemm_bf16(x, w, out, m, n, k))
+}
+
+/// Decode attention: `num_seqs` sequences of `ctx` tokens each, one query each, over a paged
+/// cache of contiguous blocks.
+fn time_attention(
+    dev: &CudaDevice,
+    a: &routed_model::AttentionConfig,
+    (num_seqs, ctx): (usize, usize),
+    repeats: usize,
+) -> Result<Vec<f64>> {
+    let blocks_per_seq = ctx.div_ceil(BLOCK_SIZE);
+    let width = a.num_kv_heads * a.head_dim;
+    let slots = num_seqs * blocks_per_seq * BLOCK_SIZE;
+    let q_len = num_seqs * a.num_heads * a.head_dim;
+    let items = attention_items(&vec![1; num_seqs], a.num_heads / a.num_kv_heads);
+    let mut layout = ArenaLayout::new("bench");
+    let (q, out) = (layout.push::<f32>(q_len), layout.push::<f32>(q_len));
+    let (k_cache, v_cache) = (layout.push::<bf16>(slots * width), layout.push(slots * width));
+    let tables = layout.push::<i32>(num_seqs * blocks_per_seq);
+    let (positions, starts) = (layout.push::<i32>(num_seqs), layout.push::<i32>(num_seqs + 1));
+    let item_span = layout.push::<i32>(2 * items.len());
+    let mut arena = DeviceArena::new(dev, &layout)?;
+    upload(&mut arena, q, &fill(q_len, 3, |v| v))?;
+    upload(&mut arena, k_cache, &fill(slots * width, 4, bf16::from_f32))?;
+    upload(&mut arena, v_cache, &fill(slots * width, 5, bf16::from_f32))?;
+    let table: Vec<i32> = (0..(num_seqs * blocks_per_seq) as i32).collect();
+    upload(&mut arena, tables, &table)?;
+    upload(&mut arena, positions, &vec![ctx as i32 - 1; num_seqs])?;
+    upload(&mut arena, starts, &(0..=num_seqs as i32).collect::<Vec<_>>())?;
+    upload(&mut arena, item_span, &items.concat())?;
+    let params = AttentionParams {
+        num_heads: a.num_heads,
+        num_kv_heads: a.num_kv_heads,
+        head_dim: a.head_dim,
+        block_size: BLOCK_SIZE,
+        max_blocks_per_seq: blocks_per_seq,
+        sliding_window: None,
+        scale: a.scale,
+    };
+    let buffers = AttentionBuffers {
+        q: arena.get(q)?,
+        k_cache: arena.get(k_cache)?,
+        v_cache: arena.get(v_cache)?,
+        block_tables: arena.get(tables)?,
+        positions: arena.get(positions)?,
+        seq_starts: arena.get(starts)?,
+        items: arena.get(item_span)?,
+        out: arena.get(out)?,
+    };
+    let num_items = items.len();
+    time_graph(dev, repeats, || {
+        dev.paged_attention(&params, &buffers, num_seqs, num_seqs, num_items)
+    })
+}
