@@ -76,6 +76,13 @@ def time_graph(torch, fn, repeats):
     return runs
 
 
+def copy_bandwidth(torch, dev, repeats):
+    """(bytes moved, us per copy) of a 1 GiB device-to-device copy: read plus written."""
+    src = torch.empty(1 << 29, dtype=torch.bfloat16, device=dev)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * src.element_size(), time_graph(torch, lambda: dst.copy_(src), repeats)
+
+
 def record(model, scenario, kernel, nbytes, flops, runs, device):
     us = statistics.median(runs)
     return {
@@ -105,11 +112,8 @@ def main():
     products, attention = model_shapes(cfg)
     records = []
 
-    src = torch.empty(1 << 29, dtype=torch.bfloat16, device=dev)  # 1 GiB
-    dst = torch.empty_like(src)
-    copy = time_graph(torch, lambda: dst.copy_(src), max(3, args.repeats // 2))
-    records.append(record(None, "hbm_copy", "copy_", 2 * src.numel() * 2, 0, copy, name))
-    del src, dst
+    nbytes, copy = copy_bandwidth(torch, dev, max(3, args.repeats // 2))
+    records.append(record(None, "hbm_copy", "copy_", nbytes, 0, copy, name))
 
     gen = torch.Generator(device=dev).manual_seed(0)
 
