@@ -150,15 +150,20 @@ const ORDINARY_TOKENS: usize = 151_643;
 /// each id the state modulo the ordinary vocabulary; the same ids `benches/benchlib.py` gives the
 /// baseline engines (seeds 1..=B for the decode prompts).
 fn prompt(seed: u64, len: usize, vocab: usize) -> Vec<TokenId> {
+    let vocab = vocab.min(ORDINARY_TOKENS) as u64;
+    xorshift(seed).take(len).map(|x| (x % vocab) as TokenId).collect()
+}
+
+/// The states of xorshift64 (13, 7, 17) from `seed * 0x9E37_79B9_7F4A_7C15 | 1`, first step
+/// included.
+pub(crate) fn xorshift(seed: u64) -> impl Iterator<Item = u64> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab.min(ORDINARY_TOKENS) as u64) as TokenId
-        })
-        .collect()
+    std::iter::repeat_with(move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    })
 }
 
 fn request(engine: &EngineHandle, tokens: Vec<TokenId>, output_len: u32) -> GenerateRequest {

@@ -123,15 +123,8 @@ fn report(case: &Case, mut runs: Vec<f64>) -> Value {
 /// A deterministic fill in [-0.5, 0.5): the values do not matter to the time, only that they are
 /// ordinary numbers (no NaN, no denormals).
 fn fill<T: DeviceElem>(len: usize, seed: u64, f: impl Fn(f32) -> T) -> Vec<T> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            f((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
-        })
-        .collect()
+    let unit = |x: u64| (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+    crate::bench::xorshift(seed).take(len).map(|x| f(unit(x))).collect()
 }
 
 fn upload<T: DeviceElem>(arena: &mut DeviceArena, span: Span<T>, data: &[T]) -> Result<()> {

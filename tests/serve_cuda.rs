@@ -43,20 +43,8 @@ fn the_openai_client_drives_serve_on_the_cuda_worker() {
 #[test]
 fn bench_compares_decode_graphs_with_eager_steps() {
     let Some(device) = cuda_device() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("graphs.json");
-    let model = golden_root().join("qwen3_moe").join("model");
-    let out = std::process::Command::new(routed_bin())
-        .args(["bench", "cuda-graphs", "--device", &device, "--prompt-len", "8"])
-        .args(["--output-len", "6", "--repeats", "2", "--model"])
-        .arg(&model)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run routed bench");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let records: Vec<serde_json::Value> =
-        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let args = ["cuda-graphs", "--prompt-len", "8", "--output-len", "6", "--repeats", "2"];
+    let records = bench_records(&device, &args);
     let scenarios: Vec<&str> = records.iter().map(|r| r["scenario"].as_str().unwrap()).collect();
     assert_eq!(scenarios, ["cuda_graphs_b1", "cuda_graphs_b8"]);
     for r in &records {
@@ -71,20 +59,7 @@ fn bench_compares_decode_graphs_with_eager_steps() {
 #[test]
 fn bench_kernels_times_the_models_products_and_attention() {
     let Some(device) = cuda_device() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("kernels.json");
-    let model = golden_root().join("qwen3_moe").join("model");
-    let out = std::process::Command::new(routed_bin())
-        .args(["bench", "kernels", "--device", &device, "--batch-sizes", "2", "--repeats", "2"])
-        .arg("--model")
-        .arg(&model)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run routed bench");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let records: Vec<serde_json::Value> =
-        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let records = bench_records(&device, &["kernels", "--batch-sizes", "2", "--repeats", "2"]);
     let find = |scenario: &str| {
         records.iter().find(|r| r["scenario"] == scenario).unwrap_or_else(|| panic!("{scenario}"))
     };
@@ -104,6 +79,23 @@ fn bench_kernels_times_the_models_products_and_attention() {
         assert_eq!(r["runs_us"].as_array().map(Vec::len), Some(2), "{r}");
         assert!(r["device"].as_str().unwrap().starts_with(&device), "{r}");
     }
+}
+
+/// The records `routed bench ARGS` writes on `device` with qwen3_moe's golden checkpoint.
+fn bench_records(device: &str, args: &[&str]) -> Vec<serde_json::Value> {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("records.json");
+    let out = std::process::Command::new(routed_bin())
+        .arg("bench")
+        .args(args)
+        .args(["--device", device, "--model"])
+        .arg(golden_root().join("qwen3_moe").join("model"))
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run routed bench");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
 }
 
 /// The device these tests run on: `$ROUTED_TEST_DEVICE`, else the CUDA simulator; `None` (saying

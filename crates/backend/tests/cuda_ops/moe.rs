@@ -209,6 +209,18 @@ struct Experts {
 }
 
 impl Experts {
+    /// `e` experts of width `i` over `h`, weights uniform in [-0.3, 0.3).
+    fn random(rng: &mut Rng, e: usize, h: usize, i: usize) -> Self {
+        Self {
+            gate: rng.bf16_vec(e * i * h, -0.3, 0.3),
+            up: rng.bf16_vec(e * i * h, -0.3, 0.3),
+            down: rng.bf16_vec(e * h * i, -0.3, 0.3),
+            e,
+            h,
+            i,
+        }
+    }
+
     fn matrix(&self, w: &[bf16], expert: usize, rows: usize, cols: usize) -> Matrix {
         Matrix::new(
             rows,
@@ -354,14 +366,7 @@ fn moe_case(name: &str, act: ExpertActivation, seed: u64) {
     let Some(dev) = gpu_or_skip(name) else { return };
     let (n, e, k, h, i) = (512, 16, 4, 96, 40);
     let mut rng = Rng::new(seed);
-    let ex = Experts {
-        gate: rng.bf16_vec(e * i * h, -0.3, 0.3),
-        up: rng.bf16_vec(e * i * h, -0.3, 0.3),
-        down: rng.bf16_vec(e * h * i, -0.3, 0.3),
-        e,
-        h,
-        i,
-    };
+    let ex = Experts::random(&mut rng, e, h, i);
     let x = rng.vec(n * h, -1.0, 1.0);
     let logits = clear_logits(&mut rng, n, e);
     let all = ExpertShard::all(e);
@@ -405,14 +410,7 @@ fn expert_slices_compute_their_own_rows_only() {
     let Some(dev) = gpu_or_skip("expert_slices_compute_their_own_rows_only") else { return };
     let (n, e, k, h, i, num_ranks) = (37, 16, 4, 48, 24, 4);
     let mut rng = Rng::new(25);
-    let ex = Experts {
-        gate: rng.bf16_vec(e * i * h, -0.3, 0.3),
-        up: rng.bf16_vec(e * i * h, -0.3, 0.3),
-        down: rng.bf16_vec(e * h * i, -0.3, 0.3),
-        e,
-        h,
-        i,
-    };
+    let ex = Experts::random(&mut rng, e, h, i);
     let x = rng.vec(n * h, -1.0, 1.0);
     let logits = clear_logits(&mut rng, n, e);
     let act = ExpertActivation::SwiGlu;
