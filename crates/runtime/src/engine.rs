@@ -212,16 +212,18 @@ impl PoolSize {
     /// least recently used first, and matching stops in the same step.
     fn choose(
         config: &EngineConfig,
-        worker: &dyn Worker,
+        workers: &[Box<dyn Worker>],
         meta: &routed_types::RoutingMeta,
         is_moe: bool,
     ) -> Result<Self, EngineError> {
         let block_size = config.block_size.max(1);
         let num_usable = config.num_kv_blocks.unwrap_or_else(|| {
-            // The budget, and on a device also what its free memory holds.
-            let per_block = worker.kv_block_bytes(block_size).max(1);
+            // The budget, and on devices also what the fullest one's free memory holds: every
+            // rank keeps the same blocks.
+            let per_block = workers[0].kv_block_bytes(block_size).max(1);
             let budget = (config.kv_cache_memory_gb * 1e9) as usize;
-            let bytes = worker.kv_memory_limit(block_size).map_or(budget, |free| budget.min(free));
+            let free = workers.iter().filter_map(|w| w.kv_memory_limit(block_size)).min();
+            let bytes = free.map_or(budget, |free| budget.min(free));
             (bytes / per_block).clamp(16, MAX_AUTO_BLOCKS)
         });
         let cap =
@@ -293,7 +295,7 @@ impl Parts {
             num_experts: 1,
             top_k: 1,
         });
-        let pool = PoolSize::choose(config, first.as_ref(), &routing_meta, meta.is_some())?;
+        let pool = PoolSize::choose(config, &workers, &routing_meta, meta.is_some())?;
         let num_usable = pool.num_usable;
         // One extra block is the scratch block that dummy forwards write to.
         let num_blocks = num_usable + 1;
