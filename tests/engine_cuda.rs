@@ -107,6 +107,60 @@ async fn a_prefix_hit_on_the_gpu_reproduces_the_cold_run() {
     }
 }
 
+/// `dir` with every bf16 tensor of its checkpoint widened to f32 (exactly), in a new folder.
+fn widened_to_f32(dir: &std::path::Path) -> tempfile::TempDir {
+    use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+    let out = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().unwrap() != "model.safetensors" {
+            std::fs::copy(&path, out.path().join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| {
+            assert_eq!(t.dtype(), Dtype::BF16, "{name}");
+            let widened = t
+                .data()
+                .chunks_exact(2)
+                .flat_map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32().to_le_bytes());
+            (name, t.shape().to_vec(), widened.collect())
+        })
+        .collect();
+    let views = tensors
+        .iter()
+        .map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), d).unwrap()));
+    safetensors::serialize_to_file(views, None, &out.path().join("model.safetensors")).unwrap();
+    out
+}
+
+/// An f32 checkpoint (as f32 and f16 checkpoints load) runs on the device: its embedding table,
+/// LM head and experts go through the f32-weight kernels, and with the bf16 checkpoint's values
+/// widened it gives that checkpoint's tokens, logprob bits and routing rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_f32_checkpoint_gives_the_bf16_checkpoints_bits() {
+    let test = "an_f32_checkpoint_gives_the_bf16_checkpoints_bits";
+    for arch in ["qwen3_moe", "granitemoehybrid"] {
+        let g = Golden::open(arch);
+        let f32_dir = widened_to_f32(&g.model_dir());
+        let f32_model = routed::ModelSource::Dir(f32_dir.path().to_owned());
+        let Some(bf16) = cuda_engine(arch, test, |_| {}) else { return };
+        let f32 = cuda_engine(arch, test, |c| c.model = f32_model.clone()).expect("as above");
+        let params = SamplingParams { logprobs: Some(3), ..greedy(6) };
+        let request = GenerateRequest::new(g.prompt("main"), params);
+        let (want, got) = (run(&bf16, request.clone()).await, run(&f32, request).await);
+        assert!(got.error.is_none(), "{arch}: {:?}", got.error);
+        assert_eq!(token_bits(&got), token_bits(&want), "{arch}: tokens and logprobs");
+        assert_eq!(got.finals[0].routing, want.finals[0].routing, "{arch}: routing rows");
+        bf16.shutdown().await;
+        f32.shutdown().await;
+    }
+}
+
 /// Decode steps replayed through CUDA graphs give the eager steps' bits: nine concurrent requests
 /// of different lengths, greedy and seeded, so that decode batches of every size from 9 down to 1
 /// are padded to the graphs' sizes (1, 2, 4, 8, 16), on every family.

@@ -37,11 +37,12 @@ __device__ __forceinline__ bool tile_rows(
 }
 
 // act[row, i] = silu(x . gate[e, i]) * (x . up[e, i]) (SwiGLU) or relu(x . up[e, i])^2, for the
-// token of each sorted row; the CPU's mul_silu_inplace and relu2_inplace.
-extern "C" __global__ void __launch_bounds__(128) moe_expert_up(
+// token of each sorted row; the CPU's mul_silu_inplace and relu2_inplace. W: bf16_t or float.
+template <typename W>
+__device__ __forceinline__ void expert_up(
     const float* __restrict__ x,             // device [num_tokens, hidden]
-    const bf16_t* __restrict__ w_up,         // device [num_local, inter, hidden]
-    const bf16_t* __restrict__ w_gate,       // device [num_local, inter, hidden] (SwiGLU) or null
+    const W* __restrict__ w_up,              // device [num_local, inter, hidden]
+    const W* __restrict__ w_gate,            // device [num_local, inter, hidden] (SwiGLU) or null
     const int* __restrict__ sorted_pairs,    // device [max_sorted_rows]
     const int* __restrict__ tile_experts,    // device [max_tiles]
     const int* __restrict__ num_tiles,       // device [1]
@@ -61,8 +62,8 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_up(
     const u64 expert = local;
     const float* xs[GEMM_RM];
     tile_rows(x, hidden, sorted_pairs, tile, [=](int, int pair) { return pair / top_k; }, xs);
-    const bf16_t* ups[GEMM_RN];
-    const bf16_t* gates[GEMM_RN];
+    const W* ups[GEMM_RN];
+    const W* gates[GEMM_RN];
     for (int n = 0; n < GEMM_RN; ++n) {
         bool in = n0 + n < inter;
         u64 at = (expert * inter + n0 + n) * hidden;
@@ -84,10 +85,27 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_up(
     }
 }
 
-// out[row, h] = act[row, :] . down[e, h, :] for every sorted row.
-extern "C" __global__ void __launch_bounds__(128) moe_expert_down(
+extern "C" __global__ void __launch_bounds__(128) moe_expert_up(
+    const float* x, const bf16_t* w_up, const bf16_t* w_gate, const int* sorted_pairs,
+    const int* tile_experts, const int* num_tiles, float* act, int top_k, int hidden, int inter,
+    int activation, int first_local, int num_local) {
+    expert_up(x, w_up, w_gate, sorted_pairs, tile_experts, num_tiles, act, top_k, hidden, inter,
+              activation, first_local, num_local);
+}
+
+extern "C" __global__ void __launch_bounds__(128) moe_expert_up_f32w(
+    const float* x, const float* w_up, const float* w_gate, const int* sorted_pairs,
+    const int* tile_experts, const int* num_tiles, float* act, int top_k, int hidden, int inter,
+    int activation, int first_local, int num_local) {
+    expert_up(x, w_up, w_gate, sorted_pairs, tile_experts, num_tiles, act, top_k, hidden, inter,
+              activation, first_local, num_local);
+}
+
+// out[row, h] = act[row, :] . down[e, h, :] for every sorted row. W: bf16_t or float.
+template <typename W>
+__device__ __forceinline__ void expert_down(
     const float* __restrict__ act,           // device [max_sorted_rows, inter]
-    const bf16_t* __restrict__ w_down,       // device [num_local, hidden, inter]
+    const W* __restrict__ w_down,            // device [num_local, hidden, inter]
     const int* __restrict__ sorted_pairs,    // device [max_sorted_rows]
     const int* __restrict__ tile_experts,    // device [max_tiles]
     const int* __restrict__ num_tiles,       // device [1]
@@ -105,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_down(
     const u64 expert = local;
     const float* xs[GEMM_RM];
     tile_rows(act, inter, sorted_pairs, tile, [=](int row, int) { return row; }, xs);
-    const bf16_t* ws[GEMM_RN];
+    const W* ws[GEMM_RN];
     for (int n = 0; n < GEMM_RN; ++n)
         ws[n] = n0 + n < hidden ? w_down + (expert * hidden + n0 + n) * inter : nullptr;
     float acc[GEMM_RM][GEMM_RN];
@@ -116,4 +134,18 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_down(
             if (lane == 0 && xs[m] && ws[n]) out[(u64)(tile * MOE_TILE_ROWS + m) * hidden + n0 + n] = v;
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(128) moe_expert_down(
+    const float* act, const bf16_t* w_down, const int* sorted_pairs, const int* tile_experts,
+    const int* num_tiles, float* out, int hidden, int inter, int first_local, int num_local) {
+    expert_down(act, w_down, sorted_pairs, tile_experts, num_tiles, out, hidden, inter,
+                first_local, num_local);
+}
+
+extern "C" __global__ void __launch_bounds__(128) moe_expert_down_f32w(
+    const float* act, const float* w_down, const int* sorted_pairs, const int* tile_experts,
+    const int* num_tiles, float* out, int hidden, int inter, int first_local, int num_local) {
+    expert_down(act, w_down, sorted_pairs, tile_experts, num_tiles, out, hidden, inter,
+                first_local, num_local);
 }

@@ -114,6 +114,7 @@ macro_rules! kernel_ids {
 
 kernel_ids! {
     EmbedGather = "embed_gather_bf16" in EMBED;
+    EmbedGatherF32 = "embed_gather_f32" in EMBED;
     RmsNorm = "rms_norm_f32" in NORM;
     AddRmsNorm = "add_rms_norm_f32" in NORM;
     RopeNeox = "rope_neox_f32" in ROPE;
@@ -128,7 +129,9 @@ kernel_ids! {
     MoeRouter = "moe_router_topk" in ROUTER;
     MoeSortPairs = "moe_sort_pairs" in ALIGN;
     MoeExpertUp = "moe_expert_up" in EXPERTS;
+    MoeExpertUpF32 = "moe_expert_up_f32w" in EXPERTS;
     MoeExpertDown = "moe_expert_down" in EXPERTS;
+    MoeExpertDownF32 = "moe_expert_down_f32w" in EXPERTS;
     MoeCombine = "moe_combine" in COMBINE;
     MambaConv1d = "mamba_conv1d" in CONV1D;
     MambaScan = "mamba_scan" in SCAN;

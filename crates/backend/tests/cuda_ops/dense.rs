@@ -5,7 +5,7 @@ use super::support::*;
 use half::bf16;
 use routed_backend::{
     cpu::{self, Matrix, MatrixData},
-    cuda::host::rope_table,
+    cuda::{host::rope_table, ops::Weights},
 };
 
 const ROWS: usize = 512;
@@ -16,18 +16,25 @@ fn embedding_gathers_rows_exactly() {
     let (vocab, hidden, n) = (300, 96, 40);
     let mut rng = Rng::new(1);
     let table = rng.bf16_vec(vocab * hidden, -2.0, 2.0);
+    let table32 = rng.vec(vocab * hidden, -2.0, 2.0);
     let ids: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
     let mut p = Plan::new(dev);
-    let (t, i, o) = (p.input(&table), p.input(&ids), p.output::<f32>(n * hidden));
+    let (t, t32, i) = (p.input(&table), p.input(&table32), p.input(&ids));
+    let (o, o32) = (p.output::<f32>(n * hidden), p.output::<f32>(n * hidden));
     let m = p.alloc();
-    dev.embed_gather(m.get(t), m.get(i), m.get(o), n, hidden, 0.5).unwrap();
-    let matrix = Matrix::new(vocab, hidden, MatrixData::Bf16(table));
-    let mut want = vec![0.0; n * hidden];
-    for (row, &id) in want.chunks_exact_mut(hidden).zip(&ids) {
-        matrix.row_into(id as usize, row);
+    dev.embed_gather(Weights::Bf16(m.get(t)), m.get(i), m.get(o), n, hidden, 0.5).unwrap();
+    dev.embed_gather(Weights::F32(m.get(t32)), m.get(i), m.get(o32), n, hidden, 0.5).unwrap();
+    for (what, matrix, got) in [
+        ("bf16 table", Matrix::new(vocab, hidden, MatrixData::Bf16(table)), o),
+        ("f32 table", Matrix::from_f32(vocab, hidden, table32), o32),
+    ] {
+        let mut want = vec![0.0; n * hidden];
+        for (row, &id) in want.chunks_exact_mut(hidden).zip(&ids) {
+            matrix.row_into(id as usize, row);
+        }
+        cpu::scale_inplace(&mut want, 0.5);
+        assert_bits(what, &m.read(got), &want);
     }
-    cpu::scale_inplace(&mut want, 0.5);
-    assert_bits("embedding", &m.read(o), &want);
 }
 
 /// Runs `launch(rows, offset)` for the first `b` rows of every batch size and for single rows at

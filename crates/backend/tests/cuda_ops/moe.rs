@@ -6,10 +6,10 @@ use half::bf16;
 use routed_backend::{
     cpu::{self, Matrix, MatrixData},
     cuda::{
-        ArenaLayout, CudaDevice, DeviceArena,
+        ArenaLayout, CudaDevice, DeviceArena, Span,
         host::PinnedBuffer,
         launch::{moe_max_sorted_rows, moe_max_tiles},
-        ops::{ExpertActivation, ExpertShard, MoeSortBuffers, RouterKind, RouterParams},
+        ops::{ExpertActivation, ExpertShard, MoeSortBuffers, RouterKind, RouterParams, Weights},
         pools::RoutingBuffer,
     },
 };
@@ -206,6 +206,15 @@ struct Experts {
     e: usize,
     h: usize,
     i: usize,
+    /// Upload the weights widened to f32 (the f32 kernels), not as bf16.
+    f32_storage: bool,
+}
+
+/// A weight buffer in the storage [`Experts::f32_storage`] picks.
+#[derive(Clone, Copy)]
+enum WeightSpan {
+    Bf16(Span<bf16>),
+    F32(Span<f32>),
 }
 
 impl Experts {
@@ -218,6 +227,7 @@ impl Experts {
             e,
             h,
             i,
+            f32_storage: false,
         }
     }
 
@@ -282,13 +292,12 @@ fn moe_forward(
         w[shard.first * per..(shard.first + shard.num_local) * per].to_vec()
     };
     let mut p = Plan::new(dev);
-    let (xs, ls, gs, us, ds) = (
-        p.input(&x[..n * h]),
-        p.input(&logits[..n * e]),
-        p.input(&local(&ex.gate)),
-        p.input(&local(&ex.up)),
-        p.input(&local(&ex.down)),
-    );
+    let mut weights = |w: &[bf16]| match ex.f32_storage {
+        true => WeightSpan::F32(p.input(&local(w).iter().map(|v| v.to_f32()).collect::<Vec<_>>())),
+        false => WeightSpan::Bf16(p.input(&local(w))),
+    };
+    let (gs, us, ds) = (weights(&ex.gate), weights(&ex.up), weights(&ex.down));
+    let (xs, ls) = (p.input(&x[..n * h]), p.input(&logits[..n * e]));
     let (ids, ws) = (p.output::<i32>(pairs), p.output::<f32>(pairs));
     let sorted = p.output::<i32>(rows);
     let (pair_rows, tile_experts, num_tiles) =
@@ -312,10 +321,14 @@ fn moe_forward(
         expert_starts: m.get(starts),
     };
     dev.moe_sort(m.get(ids), &sort, pairs, e).unwrap();
-    let gate = (act == ExpertActivation::SwiGlu).then(|| m.get(gs));
-    let (x, up, a) = (m.get(xs), m.get(us), m.get(acts));
+    let get = |s: WeightSpan| match s {
+        WeightSpan::Bf16(s) => Weights::Bf16(m.get(s)),
+        WeightSpan::F32(s) => Weights::F32(m.get(s)),
+    };
+    let gate = (act == ExpertActivation::SwiGlu).then(|| get(gs));
+    let (x, up, a) = (m.get(xs), get(us), m.get(acts));
     dev.moe_expert_up(x, up, gate, &sort, a, act, (n, k), shard, (h, i)).unwrap();
-    dev.moe_expert_down(a, m.get(ds), &sort, m.get(eout), (pairs, shard), (h, i)).unwrap();
+    dev.moe_expert_down(a, get(ds), &sort, m.get(eout), (pairs, shard), (h, i)).unwrap();
     dev.moe_combine(m.get(eout), m.get(pair_rows), m.get(ws), None, m.get(out), (n, k), h).unwrap();
     let (got_ids, sorted_pairs, rows_of) = (m.read(ids), m.read(sorted), m.read(pair_rows));
     check_sort(&got_ids, &sorted_pairs, &rows_of, &m.read(tile_experts), m.read(num_tiles)[0], e);
@@ -395,6 +408,26 @@ fn moe_case(name: &str, act: ExpertActivation, seed: u64) {
 #[test]
 fn swiglu_experts_equal_the_cpu_block_whatever_the_batch() {
     moe_case("swiglu_experts_equal_the_cpu_block_whatever_the_batch", ExpertActivation::SwiGlu, 22);
+}
+
+/// f32 expert weights (an f32 or f16 checkpoint) go through the `_f32w` kernels: with the same
+/// values as bf16 weights widened, every output has the bf16 kernels' bits.
+#[test]
+fn f32_expert_weights_give_the_bf16_kernels_bits() {
+    let Some(dev) = gpu_or_skip("f32_expert_weights_give_the_bf16_kernels_bits") else { return };
+    let (n, e, k, h, i) = (45, 8, 2, 40, 24);
+    let mut rng = Rng::new(26);
+    let mut ex = Experts::random(&mut rng, e, h, i);
+    let x = rng.vec(n * h, -1.0, 1.0);
+    let logits = clear_logits(&mut rng, n, e);
+    for act in [ExpertActivation::SwiGlu, ExpertActivation::Relu2] {
+        ex.f32_storage = false;
+        let want = moe_forward(dev, &ex, &x, &logits, n, k, act, ExpertShard::all(e));
+        ex.f32_storage = true;
+        let got = moe_forward(dev, &ex, &x, &logits, n, k, act, ExpertShard::all(e));
+        assert_bits(&format!("{act:?}: f32 storage"), &got.out, &want.out);
+        assert!(want.out.iter().any(|&v| v != 0.0), "{act:?}: the outputs are not all zero");
+    }
 }
 
 #[test]

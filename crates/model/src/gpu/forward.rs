@@ -20,7 +20,7 @@ use routed_backend::{
         host::SampleParams,
         ops::{
             AttentionBuffers, AttentionParams, ConvParams, ExpertActivation, MambaSeqs,
-            MoeSortBuffers, RouterParams, ScanParams, ScanWeights,
+            MoeSortBuffers, RouterParams, ScanParams, ScanWeights, Weights,
         },
     },
     step_inputs::{PackedStep, Section, StepInputLayout},
@@ -194,6 +194,14 @@ impl Ctx<'_> {
         self.model.weights.get(s)
     }
 
+    /// A matrix's values for the kernels that take either storage.
+    fn weights(&self, d: GpuMatrixData) -> Result<Weights<'_>> {
+        Ok(match d {
+            GpuMatrixData::Bf16(s) => Weights::Bf16(self.weight(s)?),
+            GpuMatrixData::F32(s) => Weights::F32(self.weight(s)?),
+        })
+    }
+
     /// `out[m, rows] = x[m, cols] . w`, whatever the matrix's storage.
     fn gemm(&self, x: DevSlice<'_, f32>, w: &GpuMatrix, out: DevSlice<'_, f32>) -> Result<()> {
         let (dev, m) = (&self.model.dev, self.step.num_tokens);
@@ -215,7 +223,7 @@ impl Ctx<'_> {
         }
         let (x, normed, branch) = (self.f32(act.x)?, self.f32(act.normed)?, self.f32(act.branch)?);
         let w = &self.model.weights;
-        let embed = self.weight(w.embed)?;
+        let embed = self.weights(w.embed)?;
         dev.embed_gather(embed, self.v.token_ids, x, n, h, cfg.multipliers.embedding)?;
         let blocks = &w.blocks;
         let first_norm = blocks.first().map_or(w.final_norm, |(norm, _)| *norm);
@@ -386,9 +394,9 @@ impl Ctx<'_> {
             FfnActivation::SwiGlu => ExpertActivation::SwiGlu,
             FfnActivation::Relu2 => ExpertActivation::Relu2,
         };
-        let (up, gate) = (self.weight(b.up)?, b.gate.map(|g| self.weight(g)).transpose()?);
+        let (up, gate) = (self.weights(b.up)?, b.gate.map(|g| self.weights(g)).transpose()?);
         dev.moe_expert_up(normed, up, gate, &sort, act, activation, (n, k), b.shard, (h, b.inter))?;
-        let down = self.weight(b.down)?;
+        let down = self.weights(b.down)?;
         dev.moe_expert_down(act, down, &sort, expert_out, (n * k, b.shard), (h, b.inter))?;
         if let Some(exchange) = &self.caches.exchange {
             // The other ranks' experts' rows.

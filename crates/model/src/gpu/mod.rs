@@ -40,9 +40,9 @@ pub struct GpuModel {
 
 impl GpuModel {
     /// Uploads `model` (a whole model, or one rank's part of it: the rank then exchanges expert
-    /// rows with the other ranks of the model's collective) to `dev`. Refuses what the device
-    /// kernels do not take (bf16 gathers and expert products: an f32 embedding table or f32
-    /// experts), naming it.
+    /// rows with the other ranks of the model's collective) to `dev`, every matrix in its
+    /// storage (bf16, or f32 as the loader keeps f32 and f16 checkpoints). Refuses a layer whose
+    /// experts mix the two, naming it.
     pub fn upload(model: &Model, dev: CudaDevice) -> Result<Self> {
         let weights = GpuWeights::upload(model, &dev)?;
         dev.synchronize()?;

@@ -82,10 +82,10 @@ pub(crate) struct GpuMoe {
     /// The experts this rank holds (all of them on a single rank).
     pub shard: ExpertShard,
     /// `[num_local, inter, hidden]` each; `gate` only for SwiGLU.
-    pub up: Span<bf16>,
-    pub gate: Option<Span<bf16>>,
+    pub up: GpuMatrixData,
+    pub gate: Option<GpuMatrixData>,
     /// `[num_local, hidden, inter]`.
-    pub down: Span<bf16>,
+    pub down: GpuMatrixData,
     pub shared: Option<GpuMlp>,
 }
 
@@ -100,8 +100,8 @@ pub(crate) enum GpuBlock {
 /// Every weight of the model, in the order the forward runs them.
 pub(crate) struct GpuWeights {
     pub arena: DeviceArena,
-    /// `[vocab, hidden]` bf16 (the gather kernel reads bf16 rows).
-    pub embed: Span<bf16>,
+    /// `[vocab, hidden]`, in the checkpoint's storage.
+    pub embed: GpuMatrixData,
     pub lm_head: GpuMatrix,
     pub final_norm: Span<f32>,
     /// Each block with its norm's weight, layer by layer, mixer before feed-forward.
@@ -136,20 +136,35 @@ impl<'m> Plan<'m> {
         GpuMatrix { data, rows: m.rows(), cols: m.cols() }
     }
 
-    /// The same projection of every expert given, stacked `[experts, rows, cols]`; bf16 only.
-    fn stacked(&mut self, what: &str, parts: Vec<&'m Matrix>) -> Result<Span<bf16>> {
+    /// The same projection of every expert given, stacked `[experts, rows, cols]` in the
+    /// experts' storage (bf16, or f32 for an f32 or f16 checkpoint), which must be one for all.
+    fn stacked(&mut self, what: &str, parts: Vec<&'m Matrix>) -> Result<GpuMatrixData> {
         let per = parts.first().map_or(0, |m| m.rows() * m.cols());
-        let span = self.layout.push::<bf16>(per * parts.len());
+        let bf16 = parts.first().is_none_or(|m| matches!(m.data(), MatrixData::Bf16(_)));
+        let data = match bf16 {
+            true => GpuMatrixData::Bf16(self.layout.push::<bf16>(per * parts.len())),
+            false => GpuMatrixData::F32(self.layout.push::<f32>(per * parts.len())),
+        };
         for (e, m) in parts.into_iter().enumerate() {
-            let MatrixData::Bf16(v) = m.data() else {
-                return Err(unsupported(format!(
-                    "expert {what} weights in f32 (the GPU expert kernels read bf16)"
-                )));
+            let fill: Fill<'m> = match (data, m.data()) {
+                (GpuMatrixData::Bf16(span), MatrixData::Bf16(v)) => {
+                    let part = span.sub(e * per, per).expect("every expert has the same shape");
+                    Box::new(move |a| a.upload(part, v).map_err(|e| e.to_string()))
+                }
+                (GpuMatrixData::F32(span), MatrixData::F32(v)) => {
+                    let part = span.sub(e * per, per).expect("every expert has the same shape");
+                    Box::new(move |a| a.upload(part, v).map_err(|e| e.to_string()))
+                }
+                _ => {
+                    return Err(unsupported(format!(
+                        "expert {what} weights partly bf16, partly f32 (the experts of a layer \
+                         are stacked in one storage)"
+                    )));
+                }
             };
-            let part = span.sub(e * per, per).expect("every expert has the same shape");
-            self.fills.push(Box::new(move |a| a.upload(part, v).map_err(|e| e.to_string())));
+            self.fills.push(fill);
         }
-        Ok(span)
+        Ok(data)
     }
 }
 
@@ -161,19 +176,10 @@ impl GpuWeights {
     /// Uploads `model` (a whole model, or one rank's part of it) to `dev`.
     pub fn upload(model: &Model, dev: &CudaDevice) -> Result<Self> {
         let mut plan = Plan { layout: ArenaLayout::new("weights"), fills: Vec::new() };
-        let MatrixData::Bf16(table) = model.embed.data() else {
-            return Err(unsupported("an f32 embedding table (the GPU gathers bf16 rows)".into()));
-        };
-        let embed = plan.layout.push::<bf16>(table.len());
-        plan.fills.push(Box::new(move |a| a.upload(embed, table).map_err(|e| e.to_string())));
-        let lm_head = match &model.lm_head {
-            Some(m) => plan.matrix(m),
-            None => GpuMatrix {
-                data: GpuMatrixData::Bf16(embed),
-                rows: model.embed.rows(),
-                cols: model.embed.cols(),
-            },
-        };
+        let table = plan.matrix(&model.embed);
+        let embed = table.data;
+        // Tied embeddings: the LM head reads the table.
+        let lm_head = model.lm_head.as_ref().map_or(table, |m| plan.matrix(m));
         let final_norm = plan.vector(&model.final_norm);
         let mut blocks = Vec::new();
         let mut moe_index = 0;

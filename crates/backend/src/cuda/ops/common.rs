@@ -1,25 +1,25 @@
 //! Embedding, norms, rotary embedding and the element-wise activations.
 
-use super::{fits, int, launch, shape};
+use super::{Weights, fits, int, launch, shape};
 use crate::{
     BackendError,
     cuda::{CudaDevice, DevSlice, KernelId, launch as cfg},
 };
-use half::bf16;
 
 impl CudaDevice {
-    /// `out[t] = table[ids[t]] * scale` for `num_tokens` tokens (`embed_gather_bf16`).
+    /// `out[t] = table[ids[t]] * scale` for `num_tokens` tokens (`embed_gather_bf16`, or
+    /// `embed_gather_f32` for an f32 table).
     pub fn embed_gather(
         &self,
-        table: DevSlice<'_, bf16>,
+        table: Weights<'_>,
         ids: DevSlice<'_, u32>,
         out: DevSlice<'_, f32>,
         num_tokens: usize,
         hidden: usize,
         scale: f32,
     ) -> Result<(), BackendError> {
-        let id = KernelId::EmbedGather;
-        fits(id, "table", &table, hidden)?;
+        let id = table.kernel((KernelId::EmbedGather, KernelId::EmbedGatherF32));
+        table.fits(id, "table", hidden)?;
         fits(id, "ids", &ids, num_tokens)?;
         fits(id, "out", &out, num_tokens * hidden)?;
         let (table, ids, out, hidden) =

@@ -87,6 +87,56 @@ pub(crate) fn shape(kernel: KernelId, shape: Option<Shape>) -> Result<Shape, Bac
     shape.ok_or_else(|| bad(kernel, "the sizes exceed the kernel's launch limits"))
 }
 
+/// Weights in either storage the kernels read: bf16 (as checkpoints usually store them) or f32
+/// (f32 and f16 checkpoints, which the loader keeps in f32). Kernels that take weights come in
+/// one variant per storage, with the same arithmetic after the load.
+#[derive(Clone, Copy, Debug)]
+pub enum Weights<'a> {
+    /// bf16 values.
+    Bf16(DevSlice<'a, half::bf16>),
+    /// f32 values.
+    F32(DevSlice<'a, f32>),
+}
+
+impl Weights<'_> {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Bf16(s) => s.len(),
+            Self::F32(s) => s.len(),
+        }
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The device address.
+    pub fn addr(&self) -> u64 {
+        match self {
+            Self::Bf16(s) => s.addr(),
+            Self::F32(s) => s.addr(),
+        }
+    }
+
+    /// The kernel variant for this storage.
+    fn kernel(&self, (bf16, f32): (KernelId, KernelId)) -> KernelId {
+        match self {
+            Self::Bf16(_) => bf16,
+            Self::F32(_) => f32,
+        }
+    }
+
+    /// `Ok` if it holds at least `need` elements.
+    fn fits(&self, kernel: KernelId, what: &str, need: usize) -> Result<(), BackendError> {
+        if self.len() < need {
+            return Err(bad(kernel, format!("{what} holds {} elements, needs {need}", self.len())));
+        }
+        Ok(())
+    }
+}
+
 /// The address of an optional buffer (0 is the kernel's null).
 pub(crate) fn addr_or_null<T>(slice: Option<DevSlice<'_, T>>) -> u64 {
     slice.map_or(0, |s| s.addr())

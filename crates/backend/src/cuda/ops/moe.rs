@@ -1,11 +1,10 @@
 //! The MoE router, the expert sort, the grouped expert products and the combine.
 
-use super::{addr_or_null, bad, fits, int, launch, shape};
+use super::{Weights, addr_or_null, bad, fits, int, launch, shape};
 use crate::{
     BackendError,
     cuda::{CudaDevice, DevSlice, KernelId, launch as cfg},
 };
-use half::bf16;
 
 /// The routing function (the model crate's `RouterKind`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -212,14 +211,15 @@ impl CudaDevice {
 
     /// The up (and gate) projections of every sorted row of this rank's experts with their
     /// weights `[num_local, inter, hidden]`, activated, into `act` `[max_sorted_rows, inter]`
-    /// (`moe_expert_up`); the other ranks' rows are left as they are. `gate` is required for
-    /// SwiGLU and ignored for relu^2.
+    /// (`moe_expert_up`, `moe_expert_up_f32w` for f32 weights); the other ranks' rows are left
+    /// as they are. `gate` is required for SwiGLU (in the storage of `up`) and ignored for
+    /// relu^2.
     #[allow(clippy::too_many_arguments)] // the kernel's own buffers and sizes
     pub fn moe_expert_up(
         &self,
         x: DevSlice<'_, f32>,
-        up: DevSlice<'_, bf16>,
-        gate: Option<DevSlice<'_, bf16>>,
+        up: Weights<'_>,
+        gate: Option<Weights<'_>>,
         s: &MoeSortBuffers<'_>,
         act: DevSlice<'_, f32>,
         activation: ExpertActivation,
@@ -227,14 +227,17 @@ impl CudaDevice {
         experts: ExpertShard,
         (hidden, inter): (usize, usize),
     ) -> Result<(), BackendError> {
-        let id = KernelId::MoeExpertUp;
+        let id = up.kernel((KernelId::MoeExpertUp, KernelId::MoeExpertUpF32));
         let (pairs, num_experts) = (num_tokens * top_k, experts.num_experts);
         let (first, num_local) = experts.check(id)?;
         fits(id, "x", &x, num_tokens * hidden)?;
-        fits(id, "up", &up, experts.num_local * inter * hidden)?;
+        up.fits(id, "up", experts.num_local * inter * hidden)?;
         let gate = match (activation, gate) {
             (ExpertActivation::SwiGlu, Some(g)) => {
-                fits(id, "gate", &g, experts.num_local * inter * hidden)?;
+                if g.kernel((KernelId::MoeExpertUp, KernelId::MoeExpertUpF32)) != id {
+                    return Err(bad(id, "gate and up weights in different storage"));
+                }
+                g.fits(id, "gate", experts.num_local * inter * hidden)?;
                 g.addr()
             }
             (ExpertActivation::SwiGlu, None) => return Err(bad(id, "SwiGLU needs gate weights")),
@@ -265,22 +268,22 @@ impl CudaDevice {
     }
 
     /// The down projections of every sorted row of this rank's experts with their weights
-    /// `[num_local, hidden, inter]` into `out` `[max_sorted_rows, hidden]` (`moe_expert_down`);
-    /// the other ranks' rows are left as they are.
+    /// `[num_local, hidden, inter]` into `out` `[max_sorted_rows, hidden]` (`moe_expert_down`,
+    /// `moe_expert_down_f32w` for f32 weights); the other ranks' rows are left as they are.
     pub fn moe_expert_down(
         &self,
         act: DevSlice<'_, f32>,
-        down: DevSlice<'_, bf16>,
+        down: Weights<'_>,
         s: &MoeSortBuffers<'_>,
         out: DevSlice<'_, f32>,
         (num_pairs, experts): (usize, ExpertShard),
         (hidden, inter): (usize, usize),
     ) -> Result<(), BackendError> {
-        let id = KernelId::MoeExpertDown;
+        let id = down.kernel((KernelId::MoeExpertDown, KernelId::MoeExpertDownF32));
         let (first, num_local) = experts.check(id)?;
         let rows = cfg::moe_max_sorted_rows(num_pairs, experts.num_experts);
         fits(id, "act", &act, rows * inter)?;
-        fits(id, "down", &down, experts.num_local * hidden * inter)?;
+        down.fits(id, "down", experts.num_local * hidden * inter)?;
         fits(id, "out", &out, rows * hidden)?;
         let sh = shape(id, cfg::moe_expert(hidden, num_pairs, experts.num_experts))?;
         let (act, down, sorted, tiles, num_tiles, out) = (
