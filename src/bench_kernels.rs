@@ -1,5 +1,6 @@
-//! `routed bench kernels`: the device's matrix product and attention at a model's shapes, timed
-//! on their own, with the bytes they must move and the flops they do (`docs/performance.md`).
+//! `routed bench kernels`: the device's matrix product, a MoE layer's expert work and decode
+//! attention at a model's shapes, timed on their own, with the bytes they must move and the flops
+//! they do (`docs/gpu.md`).
 //!
 //! Each case is uploaded once, then [`LAUNCHES`] launches of its kernel are captured into a CUDA
 //! graph, and every run replays the graph and waits for it: the per-launch time excludes the
@@ -12,11 +13,14 @@ use routed_backend::{
     Device, DeviceSpec,
     cuda::{
         ArenaLayout, CudaDevice, DeviceArena, DeviceElem, Span,
-        launch::attention_items,
-        ops::{AttentionBuffers, AttentionParams},
+        launch::{attention_items, moe_max_sorted_rows, moe_max_tiles},
+        ops::{
+            AttentionBuffers, AttentionParams, ExpertActivation, ExpertShard, MoeSortBuffers,
+            Weights,
+        },
     },
 };
-use routed_model::ModelConfig;
+use routed_model::{FfnActivation, ModelConfig};
 use serde_json::{Value, json};
 use std::{path::Path, time::Instant};
 
@@ -63,6 +67,26 @@ pub fn run(
             let runs = time_gemm(&dev, (m, n, k), repeats)?;
             records.push(report(&case, runs));
         }
+        if let Some(moe) = &config.moe {
+            let h = config.hidden_size;
+            let ids = route(m, moe.num_experts, moe.top_k);
+            let touched = {
+                let mut seen = vec![false; moe.num_experts];
+                ids.iter().for_each(|&e| seen[e as usize] = true);
+                seen.iter().filter(|&&s| s).count()
+            };
+            let gated = moe.activation == FfnActivation::SwiGlu;
+            let matrices = if gated { 3 } else { 2 };
+            let pairs = m * moe.top_k;
+            let case = Case {
+                scenario: format!("moe_experts_m{m}"),
+                kernel: "moe sort, up, down, combine",
+                bytes: (touched * matrices * moe.expert_intermediate * h * 2 + 8 * m * h) as f64,
+                flops: (2 * pairs * matrices * moe.expert_intermediate * h) as f64,
+            };
+            let runs = time_moe(&dev, moe, h, &ids, repeats)?;
+            records.push(report(&case, runs));
+        }
         if let Some(a) = &config.attention {
             for ctx in CONTEXTS.into_iter().filter(|&c| c <= config.max_position_embeddings) {
                 let kv = (m * ctx * a.num_kv_heads * a.head_dim * 2 * 2) as f64;
@@ -79,6 +103,23 @@ pub fn run(
         }
     }
     Ok(records)
+}
+
+/// `top_k` distinct experts for each of `num_tokens` tokens, spread uniformly (a balanced
+/// router), deterministic.
+fn route(num_tokens: usize, num_experts: usize, top_k: usize) -> Vec<i32> {
+    let mut draws = crate::bench::xorshift(7);
+    let mut ids = Vec::with_capacity(num_tokens * top_k);
+    for _ in 0..num_tokens {
+        let first = ids.len();
+        while ids.len() < first + top_k.min(num_experts) {
+            let e = (draws.next().expect("endless") % num_experts as u64) as i32;
+            if !ids[first..].contains(&e) {
+                ids.push(e);
+            }
+        }
+    }
+    ids
 }
 
 /// The model's products as `(name, outputs, inputs)`: the attention's query and output
@@ -163,6 +204,58 @@ fn time_gemm(
     upload(&mut arena, w, &fill(n * k, 2, bf16::from_f32))?;
     let (x, w, out) = (arena.get(x)?, arena.get(w)?, arena.get(out)?);
     time_graph(dev, repeats, || dev.gemm_bf16(x, w, out, m, n, k))
+}
+
+/// One MoE layer's expert work for the routing `ids` (the router left out): the sort, the grouped
+/// up and down products of every expert, and the combine.
+fn time_moe(
+    dev: &CudaDevice,
+    moe: &routed_model::MoeConfig,
+    h: usize,
+    ids: &[i32],
+    repeats: usize,
+) -> Result<Vec<f64>> {
+    let (e, k, inter) = (moe.num_experts, moe.top_k, moe.expert_intermediate);
+    let (pairs, tokens) = (ids.len(), ids.len() / k);
+    let (rows, tiles) = (moe_max_sorted_rows(pairs, e), moe_max_tiles(pairs, e));
+    let gated = moe.activation == FfnActivation::SwiGlu;
+    let mut layout = ArenaLayout::new("bench");
+    let (x, out) = (layout.push::<f32>(tokens * h), layout.push::<f32>(tokens * h));
+    let (up, down) = (layout.push::<bf16>(e * inter * h), layout.push::<bf16>(e * inter * h));
+    let gate = layout.push::<bf16>(if gated { e * inter * h } else { 0 });
+    let (id_span, weights) = (layout.push::<i32>(pairs), layout.push::<f32>(pairs));
+    let (sorted, pair_rows) = (layout.push::<i32>(rows), layout.push::<i32>(pairs));
+    let (tile_experts, num_tiles) = (layout.push::<i32>(tiles), layout.push::<i32>(1));
+    let (counts, starts) = (layout.push::<i32>(e), layout.push::<i32>(e + 1));
+    let (act, expert_out) = (layout.push::<f32>(rows * inter), layout.push::<f32>(rows * h));
+    let mut arena = DeviceArena::new(dev, &layout)?;
+    upload(&mut arena, x, &fill(tokens * h, 6, |v| v))?;
+    for (i, span) in [up, down, gate].into_iter().enumerate() {
+        upload(&mut arena, span, &fill(span.len(), 7 + i as u64, bf16::from_f32))?;
+    }
+    upload(&mut arena, id_span, ids)?;
+    upload(&mut arena, weights, &vec![1.0 / k as f32; pairs])?;
+    let sort = MoeSortBuffers {
+        sorted_pairs: arena.get(sorted)?,
+        pair_rows: arena.get(pair_rows)?,
+        tile_experts: arena.get(tile_experts)?,
+        num_tiles: arena.get(num_tiles)?,
+        expert_counts: arena.get(counts)?,
+        expert_starts: arena.get(starts)?,
+    };
+    let (x, out, act, expert_out) =
+        (arena.get(x)?, arena.get(out)?, arena.get(act)?, arena.get(expert_out)?);
+    let (ids, weights) = (arena.get(id_span)?, arena.get(weights)?);
+    let (up, down) = (Weights::Bf16(arena.get(up)?), Weights::Bf16(arena.get(down)?));
+    let gate = gated.then(|| arena.get(gate).map(Weights::Bf16)).transpose()?;
+    let activation = if gated { ExpertActivation::SwiGlu } else { ExpertActivation::Relu2 };
+    let shard = ExpertShard::all(e);
+    time_graph(dev, repeats, || {
+        dev.moe_sort(ids, &sort, pairs, e)?;
+        dev.moe_expert_up(x, up, gate, &sort, act, activation, (tokens, k), shard, (h, inter))?;
+        dev.moe_expert_down(act, down, &sort, expert_out, (pairs, shard), (h, inter))?;
+        dev.moe_combine(expert_out, sort.pair_rows, weights, None, out, (tokens, k), h)
+    })
 }
 
 /// Decode attention: `num_seqs` sequences of `ctx` tokens each, one query each, over a paged

@@ -55,7 +55,8 @@ fn bench_compares_decode_graphs_with_eager_steps() {
 
 /// `routed bench kernels` times every product of the model's shapes and decode attention, and its
 /// records carry the bytes and flops each case must move and compute (qwen3_moe's golden
-/// checkpoint: hidden 64, 4 query and 2 KV heads of 16, experts 16 wide, vocabulary 512).
+/// checkpoint: hidden 64, 4 query and 2 KV heads of 16, 8 experts 16 wide, top 2, vocabulary
+/// 512).
 #[test]
 fn bench_kernels_times_the_models_products_and_attention() {
     let Some(device) = cuda_device() else { return };
@@ -71,6 +72,12 @@ fn bench_kernels_times_the_models_products_and_attention() {
         assert_eq!(r["bytes"], (2 * n * k + 4 * 2 * k + 4 * 2 * n) as f64, "{r}");
         assert_eq!(r["flops"], (2 * 2 * n * k) as f64, "{r}");
     }
+    // A MoE layer's experts for 2 tokens, 2 experts each of 8: the bf16 up, gate and down
+    // matrices (16 x 64) of the 2 to 4 experts hit, and the f32 input and output rows.
+    let r = find("moe_experts_m2");
+    let per_expert = 3 * 16 * 64 * 2;
+    let bytes = r["bytes"].as_f64().unwrap() as usize - 8 * 2 * 64;
+    assert!(bytes.is_multiple_of(per_expert) && (2..=4).contains(&(bytes / per_expert)), "{r}");
     // Two sequences of 512 tokens: bf16 keys and values of 2 heads of 16, f32 queries and outputs.
     let r = find("attn_decode_b2_ctx512");
     assert_eq!(r["bytes"], (2 * 512 * 2 * 16 * 2 * 2 + 2 * 4 * 16 * 4 * 2) as f64, "{r}");
