@@ -107,6 +107,16 @@ async fn a_prefix_hit_on_the_gpu_reproduces_the_cold_run() {
     }
 }
 
+/// Whether two lists of alternatives (best first) name the same tokens in the same order with
+/// `close` logprobs.
+fn alternatives_equal(
+    a: &[(u32, f32)],
+    b: &[(u32, f32)],
+    close: impl Fn(f32, f32) -> bool,
+) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.0 == y.0 && close(x.1, y.1))
+}
+
 /// `dir` with every bf16 tensor of its checkpoint widened to f32 (exactly), in a new folder.
 fn widened_to_f32(dir: &std::path::Path) -> tempfile::TempDir {
     use safetensors::{Dtype, SafeTensors, tensor::TensorView};
@@ -229,10 +239,10 @@ fn token_bits(o: &Outcome) -> Vec<(u32, u32)> {
 }
 
 /// What the device computes of a token (the choice after bias, penalties and min-p; the logprob,
-/// up to 20 alternatives) equals the host sampler's: the same request with prompt logprobs, which
-/// sends its logits rows to the host, gives the same tokens and alternatives, and logprobs within
-/// the device's normaliser tolerance (1e-4). (The rank the device computes and the edited logits
-/// are checked exactly by the backend's op tests.)
+/// up to 20 alternatives; prompt logprobs) equals the host sampler's on the same logits: an
+/// engine with `device_sampling` off copies every row's logits to the host and runs the CPU
+/// worker's sampler. The same tokens, alternatives and ranks, and logprobs within the device's
+/// normaliser tolerance (1e-4). (The edited logits are checked exactly by the backend's op tests.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampling_on_the_device_equals_the_host_sampler() {
     let test = "sampling_on_the_device_equals_the_host_sampler";
@@ -265,41 +275,49 @@ async fn sampling_on_the_device_equals_the_host_sampler() {
             },
         ),
         ("a bias that decides", SamplingParams { logit_bias: vec![(7, 100.0)], ..greedy(4) }),
+        ("prompt logprobs", SamplingParams { prompt_logprobs: Some(3), ..greedy(4) }),
     ];
+    let close = |a: f32, b: f32| (a - b).abs() < 1e-4;
     for arch in ["qwen3_moe", "granitemoehybrid"] {
-        let Some(gpu) = cuda_engine(arch, test, |_| {}) else { return };
+        // Small steps: the prompt's logprobs come in several chunks.
+        let Some(gpu) = cuda_engine(arch, test, |c| c.max_num_batched_tokens = 9) else { return };
+        let host = cuda_engine(arch, test, |c| {
+            c.max_num_batched_tokens = 9;
+            c.device_sampling = false;
+        })
+        .expect("starts as above");
         let prompt = Golden::open(arch).prompt("main");
         for (case, params) in &cases {
-            let host = SamplingParams { prompt_logprobs: Some(0), ..params.clone() };
-            let on_device = run(&gpu, GenerateRequest::new(prompt.clone(), params.clone())).await;
-            let on_host = run(&gpu, GenerateRequest::new(prompt.clone(), host)).await;
-            let (n, what) = (params.logprobs.unwrap_or(0), format!("{arch}, {case}"));
-            assert!(on_device.error.is_none() && on_host.error.is_none(), "{what}");
-            assert_eq!(on_device.tokens.len(), on_host.tokens.len(), "{what}");
+            let request = GenerateRequest::new(prompt.clone(), params.clone());
+            let (got, want) = (run(&gpu, request.clone()).await, run(&host, request).await);
+            let what = format!("{arch}, {case}");
+            assert!(got.error.is_none() && want.error.is_none(), "{what}");
             if params.logit_bias.iter().any(|&(_, b)| b >= 100.0) {
-                assert!(on_device.tokens.iter().all(|t| t.token == 7), "{what}: the bias rules");
+                assert!(got.tokens.iter().all(|t| t.token == 7), "{what}: the bias rules");
             }
             if params.needs_history() {
                 let plain = run(&gpu, GenerateRequest::new(prompt.clone(), greedy(10))).await;
                 let tokens = |o: &Outcome| o.tokens.iter().map(|t| t.token).collect::<Vec<_>>();
-                assert_ne!(
-                    tokens(&on_device),
-                    tokens(&plain),
-                    "{what}: the penalty changes tokens"
-                );
+                assert_ne!(tokens(&got), tokens(&plain), "{what}: the penalty changes tokens");
             }
-            for (d, h) in on_device.tokens.iter().zip(&on_host.tokens) {
+            assert_eq!(got.tokens.len(), want.tokens.len(), "{what}");
+            for (d, h) in got.tokens.iter().zip(&want.tokens) {
                 assert_eq!(d.token, h.token, "{what}");
-                assert!((d.logprob - h.logprob).abs() < 1e-4, "{what}: {d:?} vs {h:?}");
-                let ids = |t: &routed::runtime::TokenEvent| -> Vec<u32> {
-                    t.top_logprobs.iter().map(|a| a.0).collect()
-                };
-                assert_eq!((ids(d), d.top_logprobs.len()), (ids(h), n as usize), "{what}");
-                for (a, b) in d.top_logprobs.iter().zip(&h.top_logprobs) {
-                    assert!((a.1 - b.1).abs() < 1e-4, "{what}: {a:?} vs {b:?}");
-                }
+                assert!(close(d.logprob, h.logprob), "{what}: {d:?} vs {h:?}");
+                assert!(alternatives_equal(&d.top_logprobs, &h.top_logprobs, close), "{what}");
+            }
+            let (got, want) = (&got.finals[0].prompt_logprobs, &want.finals[0].prompt_logprobs);
+            assert_eq!(got.is_some(), params.prompt_logprobs.is_some(), "{what}");
+            let count = |p: &Option<Vec<_>>| p.as_ref().map(Vec::len);
+            assert_eq!(count(got), count(want), "{what}: prompt logprobs");
+            for (i, (d, h)) in got.iter().flatten().zip(want.iter().flatten()).enumerate() {
+                assert_eq!((d.token, d.rank), (h.token, h.rank), "{what}: prompt position {i}");
+                assert!(close(d.logprob, h.logprob), "{what}: prompt position {i}");
+                let agree = alternatives_equal(&d.top_logprobs, &h.top_logprobs, close);
+                assert!(agree, "{what}: prompt position {i}: {d:?} vs {h:?}");
             }
         }
         gpu.shutdown().await;
+        host.shutdown().await;
     }
 }

@@ -1,20 +1,23 @@
 //! A step's inputs packed into one contiguous buffer of 4-byte words, for a device worker to
-//! upload in one copy from pinned memory into a buffer at a fixed device address.
+//! upload from pinned memory into a buffer at a fixed device address: one copy, two when the step
+//! has logit edits.
 //!
 //! [`StepInputLayout`] is the offsets table: a section per input, each at a fixed word offset
 //! (aligned to [`SECTION_ALIGN_WORDS`]) sized for the worker's [`StepCapacity`], so the device
-//! views of the sections never move (what CUDA graphs need). The block tables come last and are
-//! packed with the step's own row stride (its longest table), so a step uploads only the prefix
-//! of the buffer it uses ([`PackedStep::num_words`]), however large the tables could be.
+//! views of the sections never move (what CUDA graphs need). The block tables come after every
+//! fixed section and are packed with the step's own row stride (its longest table), so a step
+//! uploads only the prefix of the buffer it uses ([`PackedStep::num_words`]), however large the
+//! tables could be; the logit edits come last, uploaded only as far as the step has any
+//! ([`PackedStep::edit_words`]).
 //!
 //! [`StepPacker::pack`] fills the buffer from a [`StepPlan`] and checks every index the device
 //! cannot check (token ids, blocks, state and snapshot slots, positions), as the CPU model does
 //! before a forward. It allocates nothing per token: its scratch is reused across steps.
 //!
 //! Logits rows: the step's final hidden rows that need logits are gathered into rows of a logits
-//! buffer, greedy samples first, then seeded samples, then rows the host finishes (prompt
-//! logprobs, and rows whose bias and penalties do not fit the step's edit list), in plan order
-//! within each group. The gather pairs `(token row, logits row)` count logits rows within chunks
+//! buffer, greedy samples first, then seeded samples, then prompt positions scored on the device
+//! (prompt logprobs: each row's next prompt token), then rows the host finishes (rows whose bias
+//! and penalties do not fit the step's edit list), in plan order within each group. The gather pairs `(token row, logits row)` count logits rows within chunks
 //! of [`PackGeometry::logits_chunk_rows`], the rows the logits buffer holds at once. A device
 //! row's logit bias and penalties go as per-token edits ([`crate::logit_edits`]), device rows'
 //! edits one after another with a start per device row.
@@ -113,13 +116,16 @@ pub struct StepInputLayout {
     pub logit_rows: Section,
     /// Sampling parameters of the seeded-sample rows, `[max_seqs]` of [`SAMPLE_PARAMS_WORDS`].
     pub sample_params: Section,
+    /// The token each scored row predicts (the next prompt token), `[max_tokens]` u32.
+    pub score_targets: Section,
     /// Offsets into `logit_edits` per device row (greedy rows, then seeded), `[max_seqs + 1]`.
     pub edit_starts: Section,
-    /// The device rows' logit edits, `[max_logit_edits]` of [`LOGIT_EDIT_WORDS`].
-    pub logit_edits: Section,
-    /// Block tables, `[num_seqs, stride]` with the step's stride; last, so a step uploads only
-    /// what it uses.
+    /// Block tables, `[num_seqs, stride]` with the step's stride; after the fixed sections, so a
+    /// step uploads only what it uses.
     pub block_tables: Section,
+    /// The device rows' logit edits, `[max_logit_edits]` of [`LOGIT_EDIT_WORDS`]; last, uploaded
+    /// only as far as a step has edits.
+    pub logit_edits: Section,
 }
 
 impl StepInputLayout {
@@ -146,15 +152,16 @@ impl StepInputLayout {
             taps: push(2 * c.max_taps),
             logit_rows: push(2 * (c.max_tokens + c.max_seqs)),
             sample_params: push(SAMPLE_PARAMS_WORDS * c.max_seqs),
+            score_targets: push(c.max_tokens),
             edit_starts: push(c.max_seqs + 1),
-            logit_edits: push(LOGIT_EDIT_WORDS * c.max_logit_edits),
             block_tables: push(c.max_seqs * c.max_blocks_per_seq),
+            logit_edits: push(LOGIT_EDIT_WORDS * c.max_logit_edits),
         }
     }
 
     /// Words of the whole buffer.
     pub fn num_words(&self) -> usize {
-        self.block_tables.end()
+        self.logit_edits.end()
     }
 }
 
@@ -227,6 +234,21 @@ pub enum LogitUse {
     },
 }
 
+/// A sequence's prompt positions scored on the device (its prompt logprobs this step).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScoreUse {
+    /// The sequence's index in the plan.
+    pub seq: usize,
+    /// Its first scored row, counted over every logits row of the step.
+    pub first: usize,
+    /// Rows scored: row `r` predicts prompt token `first_position + r`.
+    pub len: usize,
+    /// The prompt position the first row predicts.
+    pub first_position: usize,
+    /// Alternatives it asked for.
+    pub num_top: usize,
+}
+
 /// The counts of one packed step: the kernels' `num_*` arguments.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PackedStep {
@@ -244,6 +266,10 @@ pub struct PackedStep {
     pub num_greedy: usize,
     /// Seeded-sample rows (the next `num_sampled` logits rows).
     pub num_sampled: usize,
+    /// Prompt positions scored on the device (the next `num_scored` logits rows).
+    pub num_scored: usize,
+    /// Alternatives every scored row gets: the most any scored sequence asks for.
+    pub num_score_top: usize,
     /// Rows the host finishes (the rest).
     pub num_host_rows: usize,
     /// Whether a device row reports logprobs: then every device row gets its token's rank.
@@ -259,9 +285,15 @@ pub struct PackedStep {
 }
 
 impl PackedStep {
+    /// The words of the logit edits section this step uses, uploaded besides the first
+    /// [`PackedStep::num_words`].
+    pub fn edit_words(&self, layout: &StepInputLayout) -> Section {
+        Section { offset: layout.logit_edits.offset, len: self.num_logit_edits * LOGIT_EDIT_WORDS }
+    }
+
     /// Logits rows of the step.
     pub fn num_logit_rows(&self) -> usize {
-        self.num_greedy + self.num_sampled + self.num_host_rows
+        self.num_greedy + self.num_sampled + self.num_scored + self.num_host_rows
     }
 }
 
@@ -270,18 +302,24 @@ pub struct StepPacker {
     layout: StepInputLayout,
     geometry: PackGeometry,
     uses: Vec<LogitUse>,
+    scores: Vec<ScoreUse>,
+    /// The scored rows' targets, in order.
+    targets: Vec<u32>,
     /// Token row of each logits row, per group, before they are laid out.
-    rows: [Vec<usize>; 3],
+    rows: [Vec<usize>; 4],
     /// The logit edits of the greedy and the seeded rows, before they are laid out.
     edits: [Vec<LogitEdit>; 2],
     /// Edits per row of those groups.
     edit_counts: [Vec<usize>; 2],
     builder: EditBuilder,
+    /// Every row that wants logits goes to the host ([`StepPacker::sample_on_host`]).
+    host_only: bool,
 }
 
 const GREEDY: usize = 0;
 const SAMPLED: usize = 1;
-const HOST: usize = 2;
+const SCORED: usize = 2;
+const HOST: usize = 3;
 
 impl StepPacker {
     /// A packer for `capacity` over `geometry`.
@@ -290,11 +328,20 @@ impl StepPacker {
             layout: StepInputLayout::new(capacity, geometry.attention),
             geometry,
             uses: Vec::with_capacity(capacity.max_seqs),
+            scores: Vec::with_capacity(capacity.max_seqs),
+            targets: Vec::with_capacity(capacity.max_tokens),
             rows: std::array::from_fn(|_| Vec::with_capacity(capacity.max_seqs)),
             edits: std::array::from_fn(|_| Vec::with_capacity(capacity.max_logit_edits)),
             edit_counts: std::array::from_fn(|_| Vec::with_capacity(capacity.max_seqs)),
             builder: EditBuilder::default(),
+            host_only: false,
         }
+    }
+
+    /// From now on, every row that wants logits goes to the host, prompt logprobs included: the
+    /// device only computes logits (to check the device's sampling against the host's).
+    pub fn sample_on_host(&mut self) {
+        self.host_only = true;
     }
 
     /// The offsets table.
@@ -305,6 +352,11 @@ impl StepPacker {
     /// Where each sequence of the last packed step has its logits rows, in plan order.
     pub fn logit_uses(&self) -> &[LogitUse] {
         &self.uses
+    }
+
+    /// The prompt positions the last packed step scores on the device, in plan order.
+    pub fn score_uses(&self) -> &[ScoreUse] {
+        &self.scores
     }
 
     /// Packs `plan` into `words` (at least [`StepInputLayout::num_words`] long). `wants_logits`
@@ -356,6 +408,8 @@ impl StepPacker {
         p.block_table_stride = stride;
         p.num_words = self.layout.block_tables.offset + p.num_seqs * p.block_table_stride;
         self.uses.clear();
+        self.scores.clear();
+        self.targets.clear();
         self.rows.iter_mut().for_each(Vec::clear);
         self.edits.iter_mut().for_each(Vec::clear);
         self.edit_counts.iter_mut().for_each(Vec::clear);
@@ -363,6 +417,9 @@ impl StepPacker {
             self.check_seq(i, s)?;
             self.pack_seq(i, s, &mut p, words);
             let rows = p.num_tokens..p.num_tokens + s.token_ids.len();
+            if wants_logits && !self.host_only {
+                self.score(i, s, rows.start);
+            }
             let want = if wants_logits { self.logit_kind(s) } else { None };
             self.uses.push(match want {
                 None => LogitUse::None,
@@ -390,15 +447,30 @@ impl StepPacker {
         Ok(p)
     }
 
-    /// Which group a sequence's logits go to, and whether it wants every row of its chunk. A
-    /// device row's logit edits join its group's list; a row whose edits do not fit the step's
-    /// list (or cannot be edits) is finished on the host.
+    /// The rows of sequence `i` (its tokens from token row `t0`) that score prompt positions:
+    /// row `r` of a chunk starting at position `p0` predicts prompt token `p0 + r + 1`, as far as
+    /// the prompt goes (the CPU worker's prompt logprobs).
+    fn score(&mut self, i: usize, s: &ScheduledSeq, t0: usize) {
+        let (Some(n), Some(context)) = (s.prompt_logprobs, &s.context) else { return };
+        let first_position = s.num_computed_tokens + 1;
+        let targets = context.prompt.get(first_position..).unwrap_or_default();
+        let len = s.token_ids.len().min(targets.len());
+        let first = self.rows[SCORED].len();
+        self.rows[SCORED].extend(t0..t0 + len);
+        self.targets.extend_from_slice(&targets[..len]);
+        let num_top = n as usize;
+        self.scores.push(ScoreUse { seq: i, first, len, first_position, num_top });
+    }
+
+    /// Which group a sequence's sampled row goes to, and whether every row of its chunk goes
+    /// there (prompt logprobs on the host). A device row's logit edits join its group's list; a
+    /// row whose edits do not fit the step's list (or cannot be edits) is finished on the host.
     fn logit_kind(&mut self, s: &ScheduledSeq) -> Option<(usize, bool)> {
-        if s.prompt_logprobs.is_some() {
+        if self.host_only && s.prompt_logprobs.is_some() {
             return Some((HOST, true));
         }
         let (params, _) = s.sample.as_ref()?;
-        if !on_device(params) {
+        if self.host_only || !on_device(params) {
             return Some((HOST, false));
         }
         let kind = if params.is_greedy() { GREEDY } else { SAMPLED };
@@ -529,13 +601,21 @@ impl StepPacker {
         }
     }
 
-    /// The logits gather pairs, greedy then sampled then host rows, and the sampled rows'
-    /// parameters; host uses are shifted past the device rows.
+    /// The logits gather pairs, greedy then sampled then scored then host rows, the sampled
+    /// rows' parameters and the scored rows' targets; scored and host uses are shifted past the
+    /// rows before them.
     fn pack_logits(&mut self, plan: &StepPlan, p: &mut PackedStep, words: &mut [u32]) {
         let l = &self.layout;
         let chunk = self.geometry.logits_chunk_rows.max(1);
-        [p.num_greedy, p.num_sampled, p.num_host_rows] = self.rows.each_ref().map(Vec::len);
+        [p.num_greedy, p.num_sampled, p.num_scored, p.num_host_rows] =
+            self.rows.each_ref().map(Vec::len);
         let device_rows = p.num_greedy + p.num_sampled;
+        for score in &mut self.scores {
+            score.first += device_rows;
+            p.num_score_top = p.num_score_top.max(score.num_top);
+        }
+        let targets = &mut words[l.score_targets.offset..][..self.targets.len()];
+        targets.copy_from_slice(&self.targets);
         let all = self.rows.iter().flatten();
         for (r, &token_row) in all.enumerate() {
             put(words, l.logit_rows.offset + 2 * r, token_row);
@@ -555,7 +635,7 @@ impl StepPacker {
                     let at = l.sample_params.offset + SAMPLE_PARAMS_WORDS * *row;
                     sample_params(params, *index, &mut words[at..at + SAMPLE_PARAMS_WORDS]);
                 }
-                LogitUse::Host { first, .. } => *first += device_rows,
+                LogitUse::Host { first, .. } => *first += device_rows + p.num_scored,
                 _ => {}
             }
         }

@@ -77,9 +77,10 @@ fn sections_are_aligned_disjoint_and_sized_for_the_capacity() {
         (l.taps, 12),
         (l.logit_rows, 2 * (64 + 8)),
         (l.sample_params, 8 * SAMPLE_PARAMS_WORDS),
+        (l.score_targets, 64),
         (l.edit_starts, 9),
-        (l.logit_edits, 6 * LOGIT_EDIT_WORDS),
         (l.block_tables, 80),
+        (l.logit_edits, 6 * LOGIT_EDIT_WORDS),
     ];
     for pair in all.windows(2) {
         assert!(pair[0].0.end() <= pair[1].0.offset, "{:?} overlaps {:?}", pair[0], pair[1]);
@@ -88,7 +89,7 @@ fn sections_are_aligned_disjoint_and_sized_for_the_capacity() {
         assert_eq!(s.len, len);
         assert_eq!(s.offset % SECTION_ALIGN_WORDS, 0);
     }
-    assert_eq!(l.num_words(), l.block_tables.end(), "the block tables come last");
+    assert_eq!(l.num_words(), l.logit_edits.end(), "the logit edits come last");
     let no_attention = StepInputLayout::new(CAPACITY, None);
     assert_eq!(no_attention.attention_items.len, 0);
 }
@@ -103,6 +104,7 @@ fn a_mixed_step_is_packed_section_by_section() {
     chunk.restore_from = Some(SnapshotSlotId(2));
     chunk.snapshots = vec![(4, SnapshotSlotId(1)), (8, SnapshotSlotId(4))];
     chunk.prompt_logprobs = Some(0);
+    chunk.context = Some(SeqContext { prompt: Arc::new((10..22).collect()), output: vec![] });
     let seeded = SamplingParams {
         temperature: 0.7,
         top_p: 0.9,
@@ -148,25 +150,35 @@ fn a_mixed_step_is_packed_section_by_section() {
     assert_eq!(section(&words, l.state_copies, 4), [2, 3, -1, 7]);
     assert_eq!((p.num_taps, section(&words, l.tap_starts, 6)), (2, vec![0, 2, 2, 2, 2, 2]));
     assert_eq!(section(&words, l.taps, 4), [4, 1, 8, 4]);
-    // Logits rows: greedy (tokens 5 and 7), seeded (token 6), then the host's: the chunk's five.
-    assert_eq!((p.num_greedy, p.num_sampled, p.num_host_rows), (2, 1, 5));
+    // Logits rows: greedy (the chunk's last row 4, tokens 5 and 7), seeded (token 6), then the
+    // chunk's five rows scored against the next prompt tokens.
+    assert_eq!((p.num_greedy, p.num_sampled, p.num_scored, p.num_host_rows), (3, 1, 5, 0));
     assert!(!p.wants_ranks && p.num_top_logprobs == 0, "no device row reports logprobs");
-    assert_eq!(section(&words, l.logit_rows, 16), [5, 0, 7, 1, 6, 2, 0, 3, 1, 4, 2, 5, 3, 6, 4, 7]);
+    assert_eq!(
+        section(&words, l.logit_rows, 18),
+        [4, 0, 5, 1, 7, 2, 6, 3, 0, 4, 1, 5, 2, 6, 3, 7, 4, 8]
+    );
     assert_eq!(
         packer.logit_uses(),
         [
-            LogitUse::Host { first: 3, len: 5 },
             LogitUse::Greedy { row: 0 },
-            LogitUse::Sampled { row: 0 },
             LogitUse::Greedy { row: 1 },
+            LogitUse::Sampled { row: 0 },
+            LogitUse::Greedy { row: 2 },
             LogitUse::None,
         ]
     );
+    // Positions 4..9 predict prompt tokens 5..10.
+    let scored = ScoreUse { seq: 0, first: 4, len: 5, first_position: 5, num_top: 0 };
+    assert_eq!(packer.score_uses(), [scored]);
+    assert_eq!(section(&words, l.score_targets, 5), [15, 16, 17, 18, 19]);
     let params = &words[l.sample_params.offset..l.sample_params.offset + SAMPLE_PARAMS_WORDS];
     assert_eq!(params, [2, 1, 9, 0, 0.7f32.to_bits(), 0.9f32.to_bits(), 20, 0]);
     // The penalised row's edits: the output's tokens 3 and 9, device rows in order.
     assert_eq!(p.num_logit_edits, 2);
-    assert_eq!(section(&words, l.edit_starts, 4), [0, 0, 2, 2]);
+    let edits = p.edit_words(&l);
+    assert_eq!((edits.offset, edits.len), (l.logit_edits.offset, 2 * LOGIT_EDIT_WORDS));
+    assert_eq!(section(&words, l.edit_starts, 5), [0, 0, 0, 2, 2]);
     let edit = |e: usize| &words[l.logit_edits.offset + e * LOGIT_EDIT_WORDS..][..LOGIT_EDIT_WORDS];
     let (one, half) = (1f32.to_bits(), 0.5f32.to_bits());
     assert_eq!(edit(0), [3, crate::logit_edits::EDIT_PENALTIES, 0, one, 0, half]);
@@ -202,10 +214,13 @@ fn logits_rows_count_within_their_chunk_and_a_smaller_step_uploads_less() {
     let mut words = words_of(&packer);
     let mut big = sampled(seq(0, &[1, 2, 3, 4, 5], &[1, 2]), SamplingParams::greedy(1), 0);
     big.prompt_logprobs = Some(1);
+    big.context = Some(SeqContext { prompt: Arc::new(vec![1, 2, 3, 4, 5]), output: vec![] });
     let plan = StepPlan { seqs: vec![big], ..StepPlan::default() };
     let first = packer.pack(&plan, true, &mut words).unwrap();
     let l = packer.layout().clone();
-    assert_eq!(section(&words, l.logit_rows, 10), [0, 0, 1, 1, 2, 0, 3, 1, 4, 0]);
+    // The greedy last row, then four scored rows (the last position predicts no prompt token).
+    assert_eq!((first.num_greedy, first.num_scored, first.num_score_top), (1, 4, 1));
+    assert_eq!(section(&words, l.logit_rows, 10), [4, 0, 0, 1, 1, 0, 2, 1, 3, 0]);
     let plan = StepPlan {
         seqs: vec![sampled(seq(1, &[7], &[1]), SamplingParams::greedy(1), 1)],
         ..StepPlan::default()

@@ -74,6 +74,11 @@ pub struct EngineConfig {
     /// first step of that size); `false` launches every step eagerly. Both give the same bits.
     /// No effect on the CPU.
     pub cuda_graphs: bool,
+    /// On a CUDA device, tokens are chosen (bias, penalties, min-p, top-k, top-p, seeded draws)
+    /// and logprobs and prompt logprobs computed on the device; `false` copies every row's logits
+    /// to the host and runs the CPU worker's sampler instead (slower: for checking the device's
+    /// sampling against the host's on the same logits). No effect on the CPU.
+    pub device_sampling: bool,
 }
 
 impl EngineConfig {
@@ -102,6 +107,7 @@ impl EngineConfig {
             matmul_precision: MatmulPrecision::F32,
             seed: 0,
             cuda_graphs: true,
+            device_sampling: true,
         }
     }
 }

@@ -176,6 +176,7 @@ fn load_cuda_workers(
             },
             max_model_len: config.max_model_len.unwrap_or(model.config().max_position_embeddings),
             cuda_graphs: config.cuda_graphs,
+            device_sampling: config.device_sampling,
         };
         let worker = CudaWorker::new(dev, &model, limits).map_err(|e| e.to_string())?;
         Ok::<_, String>(Box::new(worker) as Box<dyn Worker>)

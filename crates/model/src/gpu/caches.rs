@@ -42,6 +42,8 @@ pub struct GpuCacheShape {
     /// Logits rows computed at once; at least `capacity.max_seqs`, so every device-sampled row
     /// fits the first chunk.
     pub logits_chunk_rows: usize,
+    /// Tokens and logprobs are computed on the device; `false` sends every row to the host.
+    pub device_sampling: bool,
 }
 
 /// Activation buffers for the largest step.
@@ -186,7 +188,10 @@ fn reserve(config: &ModelConfig, weights: &GpuWeights, shape: &GpuCacheShape) ->
         let layers = config.moe_layer_ids().len();
         RoutingBuffer::reserve(&mut l, layers, n, m.top_k)
     });
-    let packer = StepPacker::new(shape.capacity, geometry(config, shape));
+    let mut packer = StepPacker::new(shape.capacity, geometry(config, shape));
+    if !shape.device_sampling {
+        packer.sample_on_host();
+    }
     let inputs = l.push::<u32>(packer.layout().num_words());
     let rope = config.attention.as_ref().filter(|a| a.rope_theta.is_some()).map(|a| {
         // `[max_positions, head_dim / 2, (cos, sin)]`.
@@ -347,5 +352,10 @@ impl GpuCaches {
     /// Where each sequence of the last step has its logits rows.
     pub fn logit_uses(&self) -> &[routed_backend::step_inputs::LogitUse] {
         self.packer.logit_uses()
+    }
+
+    /// The prompt positions the last step scored on the device.
+    pub fn score_uses(&self) -> &[routed_backend::step_inputs::ScoreUse] {
+        self.packer.score_uses()
     }
 }

@@ -41,6 +41,7 @@ pub(crate) struct StepViews<'a> {
     pub taps: DevSlice<'a, i32>,
     pub logit_rows: DevSlice<'a, i32>,
     pub sample_params: DevSlice<'a, SampleParams>,
+    pub score_targets: DevSlice<'a, u32>,
     pub edit_starts: DevSlice<'a, i32>,
     pub logit_edits: DevSlice<'a, u32>,
     pub block_tables: DevSlice<'a, i32>,
@@ -72,6 +73,7 @@ impl<'a> StepViews<'a> {
             taps: cast(view(l.taps)?)?,
             logit_rows: cast(view(l.logit_rows)?)?,
             sample_params: cast(view(l.sample_params)?)?,
+            score_targets: view(l.score_targets)?,
             edit_starts: cast(view(l.edit_starts)?)?,
             logit_edits: view(l.logit_edits)?,
             block_tables: cast(view(l.block_tables)?)?,
@@ -166,8 +168,14 @@ impl GpuModel {
         };
         let step = packed.map_err(|e| ModelError::BadInput(e.to_string()))?;
         let arena = caches.arena.clone();
-        let upload = arena.get(caches.inputs)?.sub(0, step.num_words).expect("packed in place");
-        caches.staging.copy_to(upload, self.dev.compute_stream())?;
+        let inputs = arena.get(caches.inputs)?;
+        let stream = self.dev.compute_stream();
+        caches.staging.copy_to(inputs.sub(0, step.num_words).expect("packed in place"), stream)?;
+        let edits = step.edit_words(caches.packer.layout());
+        if edits.len > 0 {
+            let to = inputs.sub(edits.offset, edits.len).expect("packed in place");
+            caches.staging.copy_to_at(to, edits.offset, stream)?;
+        }
         Ok(step)
     }
 }

@@ -1,6 +1,7 @@
 //! The logits of a step: the rows that want them gathered from the final norm's output, the LM
 //! head over them in chunks of the logits buffer, the greedy and seeded samples with their
-//! logprobs on the device, and the rows the host finishes copied back.
+//! logprobs on the device, the prompt positions scored on the device (prompt logprobs), and the
+//! rows the host finishes copied back.
 
 use super::{GpuModel, caches::GpuCaches, forward::StepViews, weights::GpuMatrixData};
 use crate::error::Result;
@@ -19,6 +20,14 @@ pub struct LogitsOut {
     pub top: Vec<(u32, f32)>,
     /// Alternatives per device row in `top`.
     pub num_top: usize,
+    /// Each scored row's target's logprob under the raw distribution, in scored-row order.
+    pub score_logprobs: Vec<f32>,
+    /// Each scored row's target's rank.
+    pub score_ranks: Vec<u32>,
+    /// Each scored row's `num_score_top` most likely tokens with their logprobs, row after row.
+    pub score_top: Vec<(u32, f32)>,
+    /// Alternatives per scored row in `score_top`.
+    pub num_score_top: usize,
     /// The rows the host finishes, `[num_host_rows, vocab]`, in logits-row order.
     pub host_logits: Vec<f32>,
 }
@@ -37,9 +46,14 @@ impl GpuModel {
         out.ranks.clear();
         out.top.clear();
         out.num_top = 0;
+        out.score_logprobs.clear();
+        out.score_ranks.clear();
+        out.score_top.clear();
+        out.num_score_top = step.num_score_top.min(self.config.vocab_size);
         out.host_logits.clear();
         let (total, chunk) = (step.num_logit_rows(), caches.shape.logits_chunk_rows);
         let device_rows = step.num_greedy + step.num_sampled;
+        let scored = device_rows..device_rows + step.num_scored;
         let vocab = self.config.vocab_size;
         for start in (0..total).step_by(chunk.max(1)) {
             let rows = chunk.min(total - start);
@@ -47,7 +61,13 @@ impl GpuModel {
             if start == 0 && device_rows > 0 {
                 self.sample_on_device(caches, step, out)?;
             }
-            let first_host = device_rows.max(start) - start;
+            // The chunk's scored rows, as rows of the chunk.
+            let here =
+                scored.start.max(start) - start..scored.end.min(start + rows).max(start) - start;
+            if !here.is_empty() {
+                self.score_on_device(caches, here.clone(), start + here.start - scored.start, out)?;
+            }
+            let first_host = scored.end.max(start) - start;
             if first_host < rows {
                 let logits = caches.arena.get(caches.act.logits)?;
                 let part = logits.sub(first_host * vocab, (rows - first_host) * vocab);
@@ -128,6 +148,43 @@ impl GpuModel {
         if step.wants_ranks {
             self.top_logprobs_on_device(caches, step, out)?;
         }
+        Ok(())
+    }
+
+    /// Rows `rows` of the logits chunk, scored rows from `first` on: each row's target (its next
+    /// prompt token) with its logprob, rank and the step's number of alternatives, copied to the
+    /// host (the host sampler's `score`, with the device's normaliser).
+    fn score_on_device(
+        &self,
+        caches: &mut GpuCaches,
+        rows: std::ops::Range<usize>,
+        first: usize,
+        out: &mut LogitsOut,
+    ) -> Result<()> {
+        let (dev, vocab, n) = (&self.dev, self.config.vocab_size, out.num_score_top);
+        let (arena, act) = (caches.arena.clone(), &caches.act);
+        let v = StepViews::new(&arena, caches.inputs, caches.packer.layout())?;
+        let (at, len) = (rows.start, rows.len());
+        let fit = "the scored rows fit the chunk";
+        let logits = arena.get(act.logits)?.sub(at * vocab, len * vocab).expect(fit);
+        let log_z = arena.get(act.log_z)?.sub(at, len).expect(fit);
+        let logprobs = arena.get(act.logprobs)?.sub(at, len).expect(fit);
+        let ranks = arena.get(act.ranks)?.sub(at, len).expect(fit);
+        let ids = arena.get(act.top_ids)?.sub(at * n, len * n).expect(fit);
+        let lps = arena.get(act.top_logprobs)?.sub(at * n, len * n).expect(fit);
+        let targets = v.score_targets.sub(first, len).expect("packed with the step");
+        dev.log_softmax(logits, None, log_z, len, vocab)?;
+        dev.gather_logprob(logits, targets, log_z, logprobs, len, vocab)?;
+        dev.top_logprobs(logits, targets, log_z, (ids, lps, n), ranks, len, vocab)?;
+        let stream = dev.compute_stream();
+        caches.logprobs_host.copy_from(logprobs, stream)?;
+        caches.ranks_host.copy_from(ranks, stream)?;
+        caches.top_ids_host.copy_from(ids, stream)?;
+        caches.top_logprobs_host.copy_from(lps, stream)?;
+        out.score_logprobs.extend_from_slice(&caches.logprobs_host.wait()?[..len]);
+        out.score_ranks.extend_from_slice(&caches.ranks_host.wait()?[..len]);
+        let (ids, lps) = (caches.top_ids_host.wait()?, caches.top_logprobs_host.wait()?);
+        out.score_top.extend(ids[..len * n].iter().copied().zip(lps[..len * n].iter().copied()));
         Ok(())
     }
 

@@ -4,9 +4,9 @@
 //! live and snapshot states, the routing buffer and every activation live in pools allocated once
 //! ([`GpuCaches`]). A step is one upload of the packed step inputs from page-locked memory, the
 //! forward on the compute stream, and the sampled ids with their logprobs back; a row's bias and
-//! penalties are applied on the device as per-token edits, min-p inside the sampling kernel.
-//! Rows that need the host (prompt logprobs, edits past the step's list) come back as logits and
-//! go through the CPU sampler. Prefix caching follows the
+//! penalties are applied on the device as per-token edits, min-p inside the sampling kernel, and
+//! prompt logprobs are scored there too. Rows that need the host (edits past the step's list,
+//! every row with `device_sampling` off) come back as logits and go through the CPU sampler. Prefix caching follows the
 //! CPU rules: snapshots at the positions the plan names (taps in the conv and scan kernels),
 //! restores by copy, and the dummy forward on the scratch block and scratch state only.
 //!
@@ -35,15 +35,15 @@ use crate::routing_ring::{CopyEngine, CopyError, SlotId};
 use routed_backend::{
     BackendError,
     cuda::{CudaDevice, Event, host::PinnedBuffer},
-    step_inputs::{LogitUse, StepCapacity},
+    step_inputs::{LogitUse, ScoreUse, StepCapacity},
 };
 use routed_model::{
     Model, ModelConfig, Sampler,
     gpu::{GpuCacheShape, GpuCaches, GpuModel, LogitsOut, RoutingSource},
 };
 use routed_types::{
-    BlockGeneration, BlockId, BlockRef, RoutingMeta, SampledToken, ScheduledSeq, SeqId, StepOutput,
-    StepPlan,
+    BlockGeneration, BlockId, BlockRef, PromptLogprobs, RoutingMeta, SampledToken, ScheduledSeq,
+    SeqId, StepOutput, StepPlan,
 };
 use std::{
     ops::Range,
@@ -123,11 +123,12 @@ impl CudaWorker {
             },
             max_positions: shape.max_model_len,
             logits_chunk_rows: max_seqs.max(64),
+            device_sampling: self.limits.device_sampling,
         }
     }
 
     /// The step's sampled tokens and prompt logprobs from the device rows and the host rows.
-    fn outputs(&mut self, plan: &StepPlan, uses: &[LogitUse]) -> StepOutput {
+    fn outputs(&mut self, plan: &StepPlan, uses: &[LogitUse], scores: &[ScoreUse]) -> StepOutput {
         let vocab = self.model.config().vocab_size;
         let num_greedy = uses.iter().filter(|u| matches!(u, LogitUse::Greedy { .. })).count();
         let device_rows = self.logits.sampled.len();
@@ -141,8 +142,11 @@ impl CudaWorker {
             .collect();
         let host = &self.logits.host_logits;
         let mut sampled = sampling::sample(plan, host, &host_rows, vocab, &mut self.sampler);
-        let prompt_logprobs = sampling::prompt_logprobs(plan, host, &host_rows, vocab);
         let l = &self.logits;
+        let prompt_logprobs = match self.limits.device_sampling {
+            true => scores.iter().map(|u| prompt_logprobs(plan, u, l)).collect(),
+            false => sampling::prompt_logprobs(plan, host, &host_rows, vocab),
+        };
         for ((out, used), seq) in sampled.iter_mut().zip(uses).zip(&plan.seqs) {
             let row = match *used {
                 LogitUse::Greedy { row } => row,
@@ -167,6 +171,23 @@ impl CudaWorker {
         }
         StepOutput { step_id: plan.step_id, sampled, prompt_logprobs }
     }
+}
+
+/// A sequence's prompt logprobs as the device scored them: entry `r` is prompt token
+/// `first_position + r` with its logprob, rank and the alternatives the request asked for.
+fn prompt_logprobs(plan: &StepPlan, u: &ScoreUse, l: &LogitsOut) -> PromptLogprobs {
+    let prompt = &plan.seqs[u.seq].context.as_ref().expect("scored rows have a context").prompt;
+    let first = u.first - l.sampled.len();
+    let entries = (first..first + u.len)
+        .zip(&prompt[u.first_position..])
+        .map(|(row, &token)| SampledToken {
+            token,
+            logprob: l.score_logprobs[row],
+            top_logprobs: l.score_top[row * l.num_score_top..][..u.num_top].to_vec(),
+            rank: Some(l.score_ranks[row]),
+        })
+        .collect();
+    PromptLogprobs { seq_index: u.seq, first_position: u.first_position, entries }
 }
 
 /// The KV slot of every token of the step, in batch order.
@@ -334,8 +355,8 @@ impl Worker for CudaWorker {
         self.model.synchronize()?;
         guard.disarm();
         let block_size = caches.block_size;
-        let uses = caches.gpu.logit_uses().to_vec();
-        let output = self.outputs(plan, &uses);
+        let (uses, scores) = (caches.gpu.logit_uses().to_vec(), caches.gpu.score_uses().to_vec());
+        let output = self.outputs(plan, &uses, &scores);
         Ok(ExecutedStep {
             output,
             slot_mapping: slot_mapping(plan, block_size),

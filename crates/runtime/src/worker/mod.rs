@@ -97,6 +97,8 @@ pub struct CudaLimits {
     pub max_model_len: usize,
     /// Whether decode steps replay CUDA graphs (else every step is launched eagerly).
     pub cuda_graphs: bool,
+    /// Whether tokens and logprobs are computed on the device (else on the host, from logits).
+    pub device_sampling: bool,
 }
 
 /// One executed step: what the scheduler gets, and what the copy worker needs to store the step's

@@ -1,5 +1,6 @@
 //! Sampling and prompt logprobs on the host, from rows of logits: what the CPU worker does for
-//! every row and the CUDA worker for the rows the device kernels do not finish.
+//! every row, and the CUDA worker for the rows the device kernels do not finish (every row with
+//! device sampling off).
 
 use rayon::prelude::*;
 use routed_model::Sampler;
