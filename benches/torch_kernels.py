@@ -8,7 +8,9 @@ The same cases under the same scenario names as `routed bench kernels` (see benc
 `gemm_<proj>_m<M>` is F.linear of bf16 activations [M, k] by the bf16 weight [n, k] (the
 projections: q_proj, o_proj, expert_up, shared_up, lm_head, as the model's config has them), and
 `attn_decode_b<B>_ctx<L>` is scaled_dot_product_attention of one bf16 query per sequence over L
-contiguous bf16 keys and values (grouped heads as the config says). Each case is captured as a
+contiguous bf16 keys and values (grouped heads as the config says), and `argmax_b<B>`,
+`log_softmax_b<B>`, `sample_b<B>` and `sample_top_p_b<B>` choose tokens from B rows of f32 logits
+as vLLM's sampler does (softmax and multinomial; top-k, sort and cumulative sum for top-p). Each case is captured as a
 CUDA graph of 20 launches and timed per replay with CUDA events, as routed times its kernels, so
 neither side pays its host's launch cost. A `hbm_copy` record gives the device's copy bandwidth
 (a 1 GiB device-to-device copy, bytes read plus written): the roofline the others are read
@@ -83,6 +85,33 @@ def copy_bandwidth(torch, dev, repeats):
     return 2 * src.numel() * src.element_size(), time_graph(torch, lambda: dst.copy_(src), repeats)
 
 
+def sampling(torch, F, model, m, vocab, dev, repeats, name):
+    """Token selection from m rows of f32 logits, as vLLM's sampler does it: argmax, log-softmax,
+    a temperature-1 draw (softmax, multinomial), and a draw after top-k 50 and top-p 0.9 (sort,
+    cumulative sum, mask)."""
+    gen = torch.Generator(device=dev).manual_seed(1)
+    logits = torch.rand(m, vocab, generator=gen, device=dev).sub_(0.5).mul_(16.0)
+
+    def top_p():
+        x = logits / 0.7
+        kth = torch.topk(x, 50, dim=-1).values[:, -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+        probs, idx = torch.sort(torch.softmax(x, -1), dim=-1, descending=True)
+        drop = probs.cumsum(-1) - probs > 0.9
+        probs = probs.masked_fill(drop, 0.0)
+        return idx.gather(-1, torch.multinomial(probs, 1))
+
+    cases = [
+        ("argmax", "argmax", lambda: torch.argmax(logits, -1)),
+        ("log_softmax", "log_softmax", lambda: torch.log_softmax(logits, -1)),
+        ("sample", "softmax+multinomial", lambda: torch.multinomial(torch.softmax(logits, -1), 1)),
+        ("sample_top_p", "topk+sort+cumsum+multinomial", top_p),
+    ]
+    nbytes = 4 * m * vocab
+    return [record(model, f"{case}_b{m}", kernel, nbytes, 0, time_graph(torch, fn, repeats), name)
+            for case, kernel, fn in cases]
+
+
 def record(model, scenario, kernel, nbytes, flops, runs, device):
     us = statistics.median(runs)
     return {
@@ -135,6 +164,7 @@ def main():
                 nbytes = m * ctx * kv_heads * d * 2 * 2 + m * heads * d * 2 * 2
                 flops = 4 * m * ctx * heads * d
                 records.append(record(model, f"attn_decode_b{m}_ctx{ctx}", "sdpa", nbytes, flops, runs, name))
+        records += sampling(torch, F, model, m, cfg["vocab_size"], dev, args.repeats, name)
     print("| case | kernel | us | GB/s | TFLOP/s |")
     print("|---|---|---:|---:|---:|")
     for r in records:

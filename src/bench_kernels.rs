@@ -1,5 +1,5 @@
-//! `routed bench kernels`: the device's matrix product, a MoE layer's expert work and decode
-//! attention at a model's shapes, timed on their own, with the bytes they must move and the flops
+//! `routed bench kernels`: the device's matrix product, a MoE layer's expert work, decode
+//! attention and token selection at a model's shapes, timed on their own, with the bytes they must move and the flops
 //! they do (`docs/gpu.md`).
 //!
 //! Each case is uploaded once, then [`LAUNCHES`] launches of its kernel are captured into a CUDA
@@ -13,6 +13,7 @@ use routed_backend::{
     Device, DeviceSpec,
     cuda::{
         ArenaLayout, CudaDevice, DeviceArena, DeviceElem, Span,
+        host::SampleParams,
         launch::{attention_items, moe_max_sorted_rows, moe_max_tiles},
         ops::{
             AttentionBuffers, AttentionParams, ExpertActivation, ExpertShard, MoeSortBuffers,
@@ -40,7 +41,8 @@ struct Case {
 }
 
 /// Times every case of the model in `dir` on `spec` with `batch_sizes` rows (tokens for the
-/// products, sequences for the attention), `repeats` graph replays each.
+/// products and the experts, sequences for the attention and the sampling), `repeats` graph
+/// replays each.
 pub fn run(
     spec: DeviceSpec,
     dir: &Path,
@@ -57,52 +59,126 @@ pub fn run(
     println!("|---|---|---:|---:|---:|");
     let mut records = Vec::new();
     for &m in batch_sizes {
-        for (what, n, k) in products(&config) {
-            let case = Case {
-                scenario: format!("gemm_{what}_m{m}"),
-                kernel: "gemm_bf16w_f32",
-                bytes: (2 * n * k + 4 * m * k + 4 * m * n) as f64,
-                flops: (2 * m * n * k) as f64,
-            };
-            let runs = time_gemm(&dev, (m, n, k), repeats)?;
-            records.push(report(&case, runs));
-        }
-        if let Some(moe) = &config.moe {
-            let h = config.hidden_size;
-            let ids = route(m, moe.num_experts, moe.top_k);
-            let touched = {
-                let mut seen = vec![false; moe.num_experts];
-                ids.iter().for_each(|&e| seen[e as usize] = true);
-                seen.iter().filter(|&&s| s).count()
-            };
-            let gated = moe.activation == FfnActivation::SwiGlu;
-            let matrices = if gated { 3 } else { 2 };
-            let pairs = m * moe.top_k;
-            let case = Case {
-                scenario: format!("moe_experts_m{m}"),
-                kernel: "moe sort, up, down, combine",
-                bytes: (touched * matrices * moe.expert_intermediate * h * 2 + 8 * m * h) as f64,
-                flops: (2 * pairs * matrices * moe.expert_intermediate * h) as f64,
-            };
-            let runs = time_moe(&dev, moe, h, &ids, repeats)?;
-            records.push(report(&case, runs));
-        }
-        if let Some(a) = &config.attention {
-            for ctx in CONTEXTS.into_iter().filter(|&c| c <= config.max_position_embeddings) {
-                let kv = (m * ctx * a.num_kv_heads * a.head_dim * 2 * 2) as f64;
-                let qo = (m * a.num_heads * a.head_dim * 4 * 2) as f64;
-                let case = Case {
-                    scenario: format!("attn_decode_b{m}_ctx{ctx}"),
-                    kernel: "paged_attention_bf16kv",
-                    bytes: kv + qo,
-                    flops: (4 * m * ctx * a.num_heads * a.head_dim) as f64,
-                };
-                let runs = time_attention(&dev, a, (m, ctx), repeats)?;
-                records.push(report(&case, runs));
-            }
-        }
+        records.extend(product_cases(&dev, &config, m, repeats)?);
+        records.extend(expert_case(&dev, &config, m, repeats)?);
+        records.extend(attention_cases(&dev, &config, m, repeats)?);
+        records.extend(sampling_cases(&dev, &config, m, repeats)?);
     }
     Ok(records)
+}
+
+/// The model's products with `m` rows.
+fn product_cases(
+    dev: &CudaDevice,
+    c: &ModelConfig,
+    m: usize,
+    repeats: usize,
+) -> Result<Vec<Value>> {
+    let mut records = Vec::new();
+    for (what, n, k) in products(c) {
+        let case = Case {
+            scenario: format!("gemm_{what}_m{m}"),
+            kernel: "gemm_bf16w_f32",
+            bytes: (2 * n * k + 4 * m * k + 4 * m * n) as f64,
+            flops: (2 * m * n * k) as f64,
+        };
+        records.push(report(&case, time_gemm(dev, (m, n, k), repeats)?));
+    }
+    Ok(records)
+}
+
+/// A MoE layer's expert work for `m` tokens routed uniformly; its bytes are the experts touched.
+fn expert_case(dev: &CudaDevice, c: &ModelConfig, m: usize, repeats: usize) -> Result<Vec<Value>> {
+    let Some(moe) = &c.moe else { return Ok(Vec::new()) };
+    let h = c.hidden_size;
+    let ids = route(m, moe.num_experts, moe.top_k);
+    let mut seen = vec![false; moe.num_experts];
+    ids.iter().for_each(|&e| seen[e as usize] = true);
+    let touched = seen.iter().filter(|&&s| s).count();
+    let matrices = if moe.activation == FfnActivation::SwiGlu { 3 } else { 2 };
+    let case = Case {
+        scenario: format!("moe_experts_m{m}"),
+        kernel: "moe sort, up, down, combine",
+        bytes: (touched * matrices * moe.expert_intermediate * h * 2 + 8 * m * h) as f64,
+        flops: (2 * ids.len() * matrices * moe.expert_intermediate * h) as f64,
+    };
+    Ok(vec![report(&case, time_moe(dev, moe, h, &ids, repeats)?)])
+}
+
+/// Decode attention of `m` sequences over each context length the model allows.
+fn attention_cases(
+    dev: &CudaDevice,
+    c: &ModelConfig,
+    m: usize,
+    repeats: usize,
+) -> Result<Vec<Value>> {
+    let Some(a) = &c.attention else { return Ok(Vec::new()) };
+    let mut records = Vec::new();
+    for ctx in CONTEXTS.into_iter().filter(|&n| n <= c.max_position_embeddings) {
+        let kv = (m * ctx * a.num_kv_heads * a.head_dim * 2 * 2) as f64;
+        let qo = (m * a.num_heads * a.head_dim * 4 * 2) as f64;
+        let case = Case {
+            scenario: format!("attn_decode_b{m}_ctx{ctx}"),
+            kernel: "paged_attention_bf16kv",
+            bytes: kv + qo,
+            flops: (4 * m * ctx * a.num_heads * a.head_dim) as f64,
+        };
+        records.push(report(&case, time_attention(dev, a, (m, ctx), repeats)?));
+    }
+    Ok(records)
+}
+
+/// Choosing tokens from `m` rows of logits: greedy, the normaliser, and seeded samples (plain
+/// temperature; and with top-k 50 and top-p 0.9, which cut by bisection too). Bytes: the rows,
+/// read once (each kernel reads them more often).
+fn sampling_cases(
+    dev: &CudaDevice,
+    c: &ModelConfig,
+    m: usize,
+    repeats: usize,
+) -> Result<Vec<Value>> {
+    let vocab = c.vocab_size;
+    let mut layout = ArenaLayout::new("bench");
+    let (logits, params) = (layout.push::<f32>(m * vocab), layout.push::<SampleParams>(2 * m));
+    let (ids, log_z) = (layout.push::<u32>(m), layout.push::<f32>(m));
+    let mut arena = DeviceArena::new(dev, &layout)?;
+    // Logits spread over 16 nats, roughly as a trained model's rows are.
+    upload(&mut arena, logits, &fill(m * vocab, 9, |v| 16.0 * v))?;
+    let param = |r: usize, cut: bool| SampleParams {
+        seed: r as u64,
+        index: 0,
+        temperature: if cut { 0.7 } else { 1.0 },
+        top_p: if cut { 0.9 } else { 1.0 },
+        top_k: if cut { 50 } else { 0 },
+        min_p: 0.0,
+    };
+    let all: Vec<_> =
+        (0..m).map(|r| param(r, false)).chain((0..m).map(|r| param(r, true))).collect();
+    upload(&mut arena, params, &all)?;
+    let (logits, ids, log_z) = (arena.get(logits)?, arena.get(ids)?, arena.get(log_z)?);
+    let (plain, cut) = (arena.get(params)?.sub(0, m), arena.get(params)?.sub(m, m));
+    let (plain, cut) = (plain.context("sized")?, cut.context("sized")?);
+    let bytes = (4 * m * vocab) as f64;
+    let case =
+        |name: &str, kernel| Case { scenario: format!("{name}_b{m}"), kernel, bytes, flops: 0.0 };
+    Ok(vec![
+        report(
+            &case("argmax", "argmax_f32"),
+            time_graph(dev, repeats, || dev.argmax(logits, ids, m, vocab))?,
+        ),
+        report(
+            &case("log_softmax", "log_softmax_f32"),
+            time_graph(dev, repeats, || dev.log_softmax(logits, None, log_z, m, vocab))?,
+        ),
+        report(
+            &case("sample", "sample_f32"),
+            time_graph(dev, repeats, || dev.sample(logits, plain, ids, m, vocab))?,
+        ),
+        report(
+            &case("sample_top_p", "sample_f32"),
+            time_graph(dev, repeats, || dev.sample(logits, cut, ids, m, vocab))?,
+        ),
+    ])
 }
 
 /// `top_k` distinct experts for each of `num_tokens` tokens, spread uniformly (a balanced

@@ -53,8 +53,8 @@ fn bench_compares_decode_graphs_with_eager_steps() {
     }
 }
 
-/// `routed bench kernels` times every product of the model's shapes and decode attention, and its
-/// records carry the bytes and flops each case must move and compute (qwen3_moe's golden
+/// `routed bench kernels` times every product of the model's shapes, a MoE layer's experts, decode
+/// attention and token selection, and its records carry the bytes and flops each case must move and compute (qwen3_moe's golden
 /// checkpoint: hidden 64, 4 query and 2 KV heads of 16, 8 experts 16 wide, top 2, vocabulary
 /// 512).
 #[test]
@@ -78,6 +78,10 @@ fn bench_kernels_times_the_models_products_and_attention() {
     let per_expert = 3 * 16 * 64 * 2;
     let bytes = r["bytes"].as_f64().unwrap() as usize - 8 * 2 * 64;
     assert!(bytes.is_multiple_of(per_expert) && (2..=4).contains(&(bytes / per_expert)), "{r}");
+    // Choosing tokens from 2 rows of 512 f32 logits.
+    for scenario in ["argmax_b2", "log_softmax_b2", "sample_b2", "sample_top_p_b2"] {
+        assert_eq!(find(scenario)["bytes"], (2 * 512 * 4) as f64, "{scenario}");
+    }
     // Two sequences of 512 tokens: bf16 keys and values of 2 heads of 16, f32 queries and outputs.
     let r = find("attn_decode_b2_ctx512");
     assert_eq!(r["bytes"], (2 * 512 * 2 * 16 * 2 * 2 + 2 * 4 * 16 * 4 * 2) as f64, "{r}");
