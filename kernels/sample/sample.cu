@@ -118,18 +118,6 @@ __device__ __forceinline__ u64 rank_key(float logit, int i) {
     return ((u64)total_order_key(logit) << 32) | (u64)(0xffffffffu - (u32)i);
 }
 
-// The largest key v such that pred(v) holds, for a predicate that holds at 0 and, once false,
-// stays false for larger keys: settled one bit at a time from the top.
-template <typename Pred>
-__device__ u64 largest_key(Pred pred) {
-    u64 prefix = 0;
-    for (int bit = 63; bit >= 0; --bit) {
-        u64 cand = prefix | (1ull << bit);
-        if (pred(cand)) prefix = cand;
-    }
-    return prefix;
-}
-
 // The largest rank key over the block; every thread gets it.
 __device__ u64 block_max_key(u64 v, u64* scratch) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -146,13 +134,68 @@ __device__ u64 block_max_key(u64 v, u64* scratch) {
     return scratch[SAMPLE_WARPS];
 }
 
+#define SEARCH_WAYS 8
+
+// The largest rank key v in [lo, hi] with S(v) > target (strict) or S(v) >= target, where
+// S(v) = above + the sum of weight(i) over the row's tokens with v <= key <= hi: the cut of a
+// prefix of the candidates in rank order. S is non-increasing in v and S(lo) must pass. With
+// `relative`, the target is target * S(lo) (a share of the interval's weight, known after the
+// first pass).
+//
+// Each pass splits the interval at SEARCH_WAYS pivots and sums, per pivot, the weight and the
+// number of tokens from it to hi, and per bucket the largest key: the interval becomes the bucket
+// holding the cut, and a bucket holding one token is the answer. A pass reads the whole row but
+// weighs only the tokens inside the interval, which after the first pass are few. Every sum is a
+// fixed tree over the block, so the cut depends on the row alone.
+template <typename Weight>
+__device__ u64 search_cut(
+    const float* row, int vocab, u64 lo, u64 hi, double above, double target, bool relative,
+    bool strict, Weight weight, double* dscratch, u64* uscratch) {
+    for (bool first = true; lo < hi; first = false) {
+        const u64 span = hi - lo, step = span / SEARCH_WAYS + 1;
+        u64 pivot[SEARCH_WAYS];
+        for (int j = 0; j < SEARCH_WAYS; ++j) pivot[j] = (u64)j * step <= span ? lo + (u64)j * step : ~0ull;
+        double mass[SEARCH_WAYS];
+        u64 count[SEARCH_WAYS], top[SEARCH_WAYS];
+        for (int j = 0; j < SEARCH_WAYS; ++j) mass[j] = 0.0, count[j] = 0, top[j] = 0;
+        for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
+            const u64 k = rank_key(row[i], i);
+            if (k < lo || k > hi) continue;
+            const double w = weight(i);
+            for (int j = 0; j < SEARCH_WAYS; ++j) {
+                const bool from = pivot[j] != ~0ull && k >= pivot[j];
+                const bool below_next = j + 1 == SEARCH_WAYS || pivot[j + 1] == ~0ull || k < pivot[j + 1];
+                if (from) mass[j] += w, count[j] += 1;
+                if (from && below_next && k > top[j]) top[j] = k;
+            }
+        }
+        for (int j = 0; j < SEARCH_WAYS; ++j) {
+            mass[j] = block_sum(mass[j], dscratch);
+            count[j] = block_sum(count[j], uscratch);
+            top[j] = block_max_key(top[j], uscratch);
+        }
+        if (first && relative) target *= above + mass[0];
+        int pick = 0;
+        for (int j = 1; j < SEARCH_WAYS; ++j) {
+            const double s = above + mass[j];
+            if (pivot[j] != ~0ull && (strict ? s > target : s >= target)) pick = j;
+        }
+        const bool last = pick + 1 == SEARCH_WAYS || pivot[pick + 1] == ~0ull;
+        const u64 in_bucket = count[pick] - (last ? 0 : count[pick + 1]);
+        if (in_bucket == 1) return top[pick];
+        lo = pivot[pick];
+        if (!last) hi = pivot[pick + 1] - 1, above += mass[pick + 1];
+    }
+    return lo;
+}
+
 // Seeded sampling as the CPU sampler defines it: candidates in rank order, the first top_k of
 // them, probabilities exp((logit - max) / temperature), those at least min_p (relative to the
 // most likely's, which is 1: a head of the order), the shortest head whose mass reaches top_p of
 // the total, then the first candidate whose cumulative mass exceeds u * (kept mass). Instead of
-// sorting, each cut is found by bisection over rank keys with block-wide sums (masses in f64):
-// the token equals the CPU's except when u lands within rounding of a boundary of the CDF or the
-// top-p cut.
+// sorting, each cut is found by a search over rank keys with block-wide sums (search_cut; masses
+// in f64): the token equals the CPU's except when u lands within rounding of a boundary of the
+// CDF or the top-p cut.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     const float* __restrict__ logits,          // device [num_rows, vocab]
     const SampleParams* __restrict__ params,   // device [num_rows]
@@ -164,25 +207,19 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     const float* row = logits + (u64)blockIdx.x * vocab;
     const SampleParams pr = params[blockIdx.x];
     float mx = neg_inf();
-    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) mx = fmaxf(mx, row[i]);
+    u64 top = 0;
+    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
+        mx = fmaxf(mx, row[i]);
+        top = max(top, rank_key(row[i], i));
+    }
     mx = block_max(mx, fscratch);
+    top = block_max_key(top, uscratch);
     const float inv_t = dvd(1.0f, pr.temperature);
-    auto count_from = [&](u64 v) {
-        u64 n = 0;
-        for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) n += rank_key(row[i], i) >= v;
-        return block_sum(n, uscratch);
-    };
-    // Mass of the candidates with key >= max(v, floor).
-    auto mass_from = [&](u64 v, u64 floor) {
-        u64 lo = v > floor ? v : floor;
-        double m = 0.0;
-        for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS)
-            if (rank_key(row[i], i) >= lo) m += (double)expf(mul(sub(row[i], mx), inv_t));
-        return block_sum(m, dscratch);
-    };
+    auto one = [](int) { return 1.0; };
+    auto prob = [&](int i) { return (double)expf(mul(sub(row[i], mx), inv_t)); };
     u64 floor = 0;
     if (pr.top_k > 0 && pr.top_k < (u32)vocab)
-        floor = largest_key([&](u64 v) { return count_from(v) >= pr.top_k; });
+        floor = search_cut(row, vocab, 0, top, 0.0, (double)pr.top_k, false, false, one, dscratch, uscratch);
     if (pr.min_p > 0.0f) {
         // The last kept candidate is the smallest key whose probability reaches min_p; the most
         // likely token (probability 1) always does, as the CPU keeps at least one.
@@ -194,12 +231,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
         }
         floor = ~block_max_key(~last, uscratch);
     }
-    if (pr.top_p < 1.0f) {
-        const double threshold = (double)pr.top_p * mass_from(0, floor);
-        floor = largest_key([&](u64 v) { return mass_from(v, floor) >= threshold; });
-    }
-    const double target = uniform(pr.seed, pr.index) * mass_from(0, floor);
-    const u64 chosen = largest_key([&](u64 v) { return mass_from(v, floor) > target; });
+    if (pr.top_p < 1.0f)
+        floor = search_cut(row, vocab, floor, top, 0.0, (double)pr.top_p, true, false, prob, dscratch, uscratch);
+    const double u = uniform(pr.seed, pr.index);
+    const u64 chosen = search_cut(row, vocab, floor, top, 0.0, u, true, true, prob, dscratch, uscratch);
     if (threadIdx.x == 0) out[blockIdx.x] = 0xffffffffu - (u32)(chosen & 0xffffffffull);
 }
 
