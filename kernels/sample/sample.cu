@@ -136,6 +136,46 @@ __device__ u64 block_max_key(u64 v, u64* scratch) {
 
 #define SEARCH_WAYS 8
 
+// Each thread's SEARCH_WAYS masses, counts and largest keys reduced over the block, the result in
+// every thread: butterflies within each warp (whose lanes all end with the same value, addition
+// being commutative), then every thread folds the warps' partials in warp order. Fixed trees, two
+// barriers for all 3 * SEARCH_WAYS values.
+struct SearchScratch {
+    double mass[SEARCH_WAYS][SAMPLE_WARPS];
+    u64 count[SEARCH_WAYS][SAMPLE_WARPS];
+    u64 top[SEARCH_WAYS][SAMPLE_WARPS];
+};
+
+__device__ void block_reduce_ways(
+    double (&mass)[SEARCH_WAYS], u64 (&count)[SEARCH_WAYS], u64 (&top)[SEARCH_WAYS],
+    SearchScratch* sh) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int j = 0; j < SEARCH_WAYS; ++j) {
+        for (int o = 16; o > 0; o >>= 1) {
+            mass[j] += __shfl_xor_sync(FULL_MASK, mass[j], o);
+            count[j] += __shfl_xor_sync(FULL_MASK, count[j], o);
+            top[j] = max(top[j], __shfl_xor_sync(FULL_MASK, top[j], o));
+        }
+    }
+    __syncthreads();  // the scratch is free again
+    if (lane == 0) {
+        for (int j = 0; j < SEARCH_WAYS; ++j) {
+            sh->mass[j][warp] = mass[j];
+            sh->count[j][warp] = count[j];
+            sh->top[j][warp] = top[j];
+        }
+    }
+    __syncthreads();
+    for (int j = 0; j < SEARCH_WAYS; ++j) {
+        mass[j] = 0.0, count[j] = 0, top[j] = 0;
+        for (int w = 0; w < SAMPLE_WARPS; ++w) {
+            mass[j] += sh->mass[j][w];
+            count[j] += sh->count[j][w];
+            top[j] = max(top[j], sh->top[j][w]);
+        }
+    }
+}
+
 // The largest rank key v in [lo, hi] with S(v) > target (strict) or S(v) >= target, where
 // S(v) = above + the sum of weight(i) over the row's tokens with v <= key <= hi: the cut of a
 // prefix of the candidates in rank order. S is non-increasing in v and S(lo) must pass. With
@@ -146,11 +186,11 @@ __device__ u64 block_max_key(u64 v, u64* scratch) {
 // number of tokens from it to hi, and per bucket the largest key: the interval becomes the bucket
 // holding the cut, and a bucket holding one token is the answer. A pass reads the whole row but
 // weighs only the tokens inside the interval, which after the first pass are few. Every sum is a
-// fixed tree over the block, so the cut depends on the row alone.
+// fixed tree over the block (block_reduce_ways), so the cut depends on the row alone.
 template <typename Weight>
 __device__ u64 search_cut(
     const float* row, int vocab, u64 lo, u64 hi, double above, double target, bool relative,
-    bool strict, Weight weight, double* dscratch, u64* uscratch) {
+    bool strict, Weight weight, SearchScratch* sh) {
     for (bool first = true; lo < hi; first = false) {
         const u64 span = hi - lo, step = span / SEARCH_WAYS + 1;
         u64 pivot[SEARCH_WAYS];
@@ -169,11 +209,7 @@ __device__ u64 search_cut(
                 if (from && below_next && k > top[j]) top[j] = k;
             }
         }
-        for (int j = 0; j < SEARCH_WAYS; ++j) {
-            mass[j] = block_sum(mass[j], dscratch);
-            count[j] = block_sum(count[j], uscratch);
-            top[j] = block_max_key(top[j], uscratch);
-        }
+        block_reduce_ways(mass, count, top, sh);
         if (first && relative) target *= above + mass[0];
         int pick = 0;
         for (int j = 1; j < SEARCH_WAYS; ++j) {
@@ -203,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     int vocab) {
     __shared__ float fscratch[SAMPLE_WARPS + 1];
     __shared__ u64 uscratch[SAMPLE_WARPS + 1];
-    __shared__ double dscratch[SAMPLE_WARPS + 1];
+    __shared__ SearchScratch sh;
     const float* row = logits + (u64)blockIdx.x * vocab;
     const SampleParams pr = params[blockIdx.x];
     float mx = neg_inf();
@@ -219,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     auto prob = [&](int i) { return (double)expf(mul(sub(row[i], mx), inv_t)); };
     u64 floor = 0;
     if (pr.top_k > 0 && pr.top_k < (u32)vocab)
-        floor = search_cut(row, vocab, 0, top, 0.0, (double)pr.top_k, false, false, one, dscratch, uscratch);
+        floor = search_cut(row, vocab, 0, top, 0.0, (double)pr.top_k, false, false, one, &sh);
     if (pr.min_p > 0.0f) {
         // The last kept candidate is the smallest key whose probability reaches min_p; the most
         // likely token (probability 1) always does, as the CPU keeps at least one.
@@ -232,9 +268,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
         floor = ~block_max_key(~last, uscratch);
     }
     if (pr.top_p < 1.0f)
-        floor = search_cut(row, vocab, floor, top, 0.0, (double)pr.top_p, true, false, prob, dscratch, uscratch);
+        floor = search_cut(row, vocab, floor, top, 0.0, (double)pr.top_p, true, false, prob, &sh);
     const double u = uniform(pr.seed, pr.index);
-    const u64 chosen = search_cut(row, vocab, floor, top, 0.0, u, true, true, prob, dscratch, uscratch);
+    const u64 chosen = search_cut(row, vocab, floor, top, 0.0, u, true, true, prob, &sh);
     if (threadIdx.x == 0) out[blockIdx.x] = 0xffffffffu - (u32)(chosen & 0xffffffffull);
 }
 

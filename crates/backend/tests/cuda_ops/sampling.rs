@@ -118,6 +118,50 @@ fn seeded_samples_equal_the_cpu_sampler_and_do_not_depend_on_the_batch() {
     }
 }
 
+/// Coarse logits (many ties, which only the token ids order) and masked tokens (-inf): the
+/// sampler's search must narrow down to the id part of the rank keys and never pick a masked
+/// token.
+#[test]
+fn seeded_samples_with_ties_and_masked_tokens_equal_the_cpu_sampler() {
+    let Some(dev) = gpu_or_skip("seeded_samples_with_ties_and_masked_tokens_equal_the_cpu_sampler")
+    else {
+        return;
+    };
+    let (rows, vocab) = (60, 2000);
+    let mut rng = Rng::new(44);
+    let mut logits: Vec<f32> =
+        (0..rows * vocab).map(|_| rng.below(24) as f32 * 0.25 - 3.0).collect();
+    for _ in 0..rows * 300 {
+        logits[rng.below(rows * vocab)] = f32::NEG_INFINITY;
+    }
+    let params: Vec<SampleParams> = (0..rows)
+        .map(|r| SampleParams {
+            seed: rng.next_u64(),
+            index: r as u64,
+            temperature: [0.6, 1.0, 1.5][r % 3],
+            top_p: [1.0, 0.8, 0.5][r % 3],
+            top_k: [0, 7, 300, 0][r % 4],
+            min_p: [0.0, 0.0, 0.05, 0.0, 0.3][r % 5],
+        })
+        .collect();
+    let mut p = Plan::new(dev);
+    let (ls, ps, out) = (p.input(&logits), p.input(&params), p.output::<u32>(rows));
+    let m = p.alloc();
+    dev.sample(m.get(ls), m.get(ps), m.get(out), rows, vocab).unwrap();
+    let got = m.read(out);
+    let mut num_clear = 0;
+    for r in 0..rows {
+        let row = &logits[r * vocab..(r + 1) * vocab];
+        assert!(row[got[r] as usize].is_finite(), "row {r}: a masked token");
+        let (want, clear) = reference(row, &params[r]);
+        if clear {
+            assert_eq!(got[r], want, "row {r} ({:?})", params[r]);
+            num_clear += 1;
+        }
+    }
+    assert!(num_clear >= rows / 2, "only {num_clear} of {rows} draws were clear of a boundary");
+}
+
 #[test]
 fn chosen_logprobs_are_the_logit_minus_the_normaliser() {
     let Some(dev) = gpu_or_skip("chosen_logprobs_are_the_logit_minus_the_normaliser") else {
