@@ -2,7 +2,8 @@
 
 use super::*;
 use routed_types::{
-    BlockGeneration, BlockId, BlockRef, ScheduledSeq, SeqContext, SeqId, SnapshotSlotId,
+    BlockGeneration, BlockId, BlockRef, MAX_LOGPROBS, SamplingParams, ScheduledSeq, SeqContext,
+    SeqId, SnapshotSlotId,
 };
 use std::sync::Arc;
 
