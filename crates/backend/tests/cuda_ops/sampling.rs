@@ -66,6 +66,22 @@ fn reference(logits: &[f32], p: &SampleParams) -> (u32, bool) {
     (*order.last().unwrap(), false)
 }
 
+/// Checks each row's draw against the CPU sampler's where that is clear of a boundary, and that
+/// no draw is a masked token; returns how many were clear.
+fn check_draws(logits: &[f32], params: &[SampleParams], got: &[u32], vocab: usize) -> usize {
+    let mut num_clear = 0;
+    for (r, (p, &token)) in params.iter().zip(got).enumerate() {
+        let row = &logits[r * vocab..(r + 1) * vocab];
+        assert!(row[token as usize].is_finite(), "row {r}: a masked token");
+        let (want, clear) = reference(row, p);
+        if clear {
+            assert_eq!(token, want, "row {r} ({p:?})");
+            num_clear += 1;
+        }
+    }
+    num_clear
+}
+
 #[test]
 fn seeded_samples_equal_the_cpu_sampler_and_do_not_depend_on_the_batch() {
     let Some(dev) =
@@ -91,14 +107,7 @@ fn seeded_samples_equal_the_cpu_sampler_and_do_not_depend_on_the_batch() {
     let m = p.alloc();
     dev.sample(m.get(ls), m.get(ps), m.get(out), rows, vocab).unwrap();
     let got = m.read(out);
-    let mut num_clear = 0;
-    for r in 0..rows {
-        let (want, clear) = reference(&logits[r * vocab..(r + 1) * vocab], &params[r]);
-        if clear {
-            assert_eq!(got[r], want, "row {r} ({:?})", params[r]);
-            num_clear += 1;
-        }
-    }
+    let num_clear = check_draws(&logits, &params, &got, vocab);
     // Rows without a top-k cut spread their mass over 3000 tokens (about 3e-4 of it each), so
     // the 1e-4 margins on both sides of a draw leave out about a third of those rows; three in
     // four rows clear keeps the comparison from being vacuous.
@@ -148,17 +157,7 @@ fn seeded_samples_with_ties_and_masked_tokens_equal_the_cpu_sampler() {
     let (ls, ps, out) = (p.input(&logits), p.input(&params), p.output::<u32>(rows));
     let m = p.alloc();
     dev.sample(m.get(ls), m.get(ps), m.get(out), rows, vocab).unwrap();
-    let got = m.read(out);
-    let mut num_clear = 0;
-    for r in 0..rows {
-        let row = &logits[r * vocab..(r + 1) * vocab];
-        assert!(row[got[r] as usize].is_finite(), "row {r}: a masked token");
-        let (want, clear) = reference(row, &params[r]);
-        if clear {
-            assert_eq!(got[r], want, "row {r} ({:?})", params[r]);
-            num_clear += 1;
-        }
-    }
+    let num_clear = check_draws(&logits, &params, &m.read(out), vocab);
     assert!(num_clear >= rows / 2, "only {num_clear} of {rows} draws were clear of a boundary");
 }
 
