@@ -254,6 +254,12 @@ impl Scheduler {
                 seq.blocks.extend(table);
             }
             let Some(seq) = self.seqs.get_mut(&grant.seq_id) else { continue };
+            if seq.status != SeqStatus::Running {
+                // Aborted while the cache manager was granting it (its live state is gone and its
+                // final output already lists its tokens): it computes nothing more; the blocks
+                // granted go back with the rest when its rows have been read.
+                continue;
+            }
             seq.num_computed_tokens = grant.end();
             seq.ever_computed = true;
             let sample = (grant.end() == seq.num_tokens())

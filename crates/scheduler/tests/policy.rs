@@ -173,6 +173,32 @@ fn eos_stops_a_sequence() {
     ));
 }
 
+/// An abort can arrive while the cache manager grants the step its sequence was a candidate of:
+/// the sequence stops where it is and must not run in that step (its live state is free again,
+/// and its final output is already on its way without the step's token).
+#[test]
+fn a_sequence_aborted_while_its_step_is_granted_is_left_out_of_the_plan() {
+    let mut s = scheduler(4, true);
+    s.add(vec![new_seq(seq(1), 3, 10), new_seq(seq(2), 3, 10)]).unwrap();
+    s.begin_step();
+    let first =
+        vec![(grant(seq(1), true, 0, 3), blocks(&[1])), (grant(seq(2), true, 0, 3), blocks(&[2]))];
+    s.build_plan(granted(first, vec![]));
+    s.apply_output(&[seq(1), seq(2)], &sampled(&[Some(5), Some(6)]), &mut no_text);
+    s.begin_step();
+    // The abort lands between the step's candidates and its grants.
+    assert!(s.stop_keeping_blocks(seq(1)));
+    let plan = s.build_plan(granted(
+        vec![(grant(seq(1), false, 3, 1), blocks(&[3])), (grant(seq(2), false, 3, 1), vec![])],
+        vec![],
+    ));
+    let planned: Vec<SeqId> = plan.seqs.iter().map(|p| p.seq_id).collect();
+    assert_eq!(planned, [seq(2)], "only the running sequence computes");
+    let aborted = s.seq(seq(1)).unwrap();
+    assert_eq!((aborted.num_computed_tokens, &aborted.output[..]), (3, &[5][..]));
+    assert_eq!(aborted.status, SeqStatus::Finishing);
+}
+
 #[test]
 fn a_finished_sequence_keeps_its_blocks_until_its_rows_are_read() {
     let mut s = scheduler(4, false);

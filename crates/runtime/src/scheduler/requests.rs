@@ -204,7 +204,9 @@ impl SchedulerActor {
     /// Ends every open sequence of `request` with `finish_reason: abort`. A sequence in the step
     /// now in flight is aborted once that step's output is applied (the abort waits in
     /// `pending_aborts`), so its rows are all stored and the token that step samples is streamed
-    /// like any other; a sequence that computed tokens returns their routing rows.
+    /// like any other; a sequence that computed tokens returns their routing rows. A sequence whose
+    /// step the cache manager is still granting stops at once: the policy leaves it out of that
+    /// step's plan.
     pub(super) fn abort(&mut self, request: RequestId, ctx: &mut Context<Self>) {
         let Some(g) = self.groups.get(&request) else { return };
         let n = g.n;
