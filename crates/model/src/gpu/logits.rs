@@ -5,7 +5,7 @@
 
 use super::{GpuModel, caches::GpuCaches, forward::StepViews, weights::GpuMatrixData};
 use crate::error::Result;
-use routed_backend::step_inputs::PackedStep;
+use routed_backend::{cuda::DevSlice, step_inputs::PackedStep};
 
 /// What the host gets back from a step's logits.
 #[derive(Debug, Default)]
@@ -161,7 +161,7 @@ impl GpuModel {
         first: usize,
         out: &mut LogitsOut,
     ) -> Result<()> {
-        let (dev, vocab, n) = (&self.dev, self.config.vocab_size, out.num_score_top);
+        let (dev, vocab) = (&self.dev, self.config.vocab_size);
         let (arena, act) = (caches.arena.clone(), &caches.act);
         let v = StepViews::new(&arena, caches.inputs, caches.packer.layout())?;
         let (at, len) = (rows.start, rows.len());
@@ -169,23 +169,14 @@ impl GpuModel {
         let logits = arena.get(act.logits)?.sub(at * vocab, len * vocab).expect(fit);
         let log_z = arena.get(act.log_z)?.sub(at, len).expect(fit);
         let logprobs = arena.get(act.logprobs)?.sub(at, len).expect(fit);
-        let ranks = arena.get(act.ranks)?.sub(at, len).expect(fit);
-        let ids = arena.get(act.top_ids)?.sub(at * n, len * n).expect(fit);
-        let lps = arena.get(act.top_logprobs)?.sub(at * n, len * n).expect(fit);
         let targets = v.score_targets.sub(first, len).expect("packed with the step");
         dev.log_softmax(logits, None, log_z, len, vocab)?;
         dev.gather_logprob(logits, targets, log_z, logprobs, len, vocab)?;
-        dev.top_logprobs(logits, targets, log_z, (ids, lps, n), ranks, len, vocab)?;
-        let stream = dev.compute_stream();
-        caches.logprobs_host.copy_from(logprobs, stream)?;
-        caches.ranks_host.copy_from(ranks, stream)?;
-        caches.top_ids_host.copy_from(ids, stream)?;
-        caches.top_logprobs_host.copy_from(lps, stream)?;
+        caches.logprobs_host.copy_from(logprobs, dev.compute_stream())?;
         out.score_logprobs.extend_from_slice(&caches.logprobs_host.wait()?[..len]);
-        out.score_ranks.extend_from_slice(&caches.ranks_host.wait()?[..len]);
-        let (ids, lps) = (caches.top_ids_host.wait()?, caches.top_logprobs_host.wait()?);
-        out.score_top.extend(ids[..len * n].iter().copied().zip(lps[..len * n].iter().copied()));
-        Ok(())
+        let n = out.num_score_top;
+        let into = (&mut out.score_ranks, &mut out.score_top);
+        self.ranks_on_device(caches, (at, len), targets, n, into)
     }
 
     /// The rank of every device row's token and the most alternatives a device row asked for,
@@ -196,24 +187,42 @@ impl GpuModel {
         step: &PackedStep,
         out: &mut LogitsOut,
     ) -> Result<()> {
+        let arena = caches.arena.clone();
+        let rows = step.num_greedy + step.num_sampled;
+        let n = step.num_top_logprobs.min(self.config.vocab_size);
+        let sampled = arena.get(caches.act.sampled)?.sub(0, rows).expect("sized");
+        self.ranks_on_device(caches, (0, rows), sampled, n, (&mut out.ranks, &mut out.top))?;
+        out.num_top = n;
+        Ok(())
+    }
+
+    /// Rows `at..at + len` of the logits chunk, whose normalisers are in place: the rank of each
+    /// row's `chosen` token and the row's `n` most likely tokens with their logprobs
+    /// (`top_logprobs_f32`), appended to `ranks` and, `n` per row, to `top`.
+    fn ranks_on_device(
+        &self,
+        caches: &mut GpuCaches,
+        (at, len): (usize, usize),
+        chosen: DevSlice<'_, u32>,
+        n: usize,
+        (ranks_out, top_out): (&mut Vec<u32>, &mut Vec<(u32, f32)>),
+    ) -> Result<()> {
         let (dev, vocab) = (&self.dev, self.config.vocab_size);
         let (arena, act) = (caches.arena.clone(), &caches.act);
-        let (rows, n) = (step.num_greedy + step.num_sampled, step.num_top_logprobs.min(vocab));
-        let fit = "the device rows fit the first chunk";
-        let ranks = arena.get(act.ranks)?.sub(0, rows).expect(fit);
-        let ids = arena.get(act.top_ids)?.sub(0, rows * n).expect(fit);
-        let lps = arena.get(act.top_logprobs)?.sub(0, rows * n).expect(fit);
-        let (logits, sampled, log_z) =
-            (arena.get(act.logits)?, arena.get(act.sampled)?, arena.get(act.log_z)?);
-        dev.top_logprobs(logits, sampled, log_z, (ids, lps, n), ranks, rows, vocab)?;
+        let fit = "the rows fit the chunk";
+        let logits = arena.get(act.logits)?.sub(at * vocab, len * vocab).expect(fit);
+        let log_z = arena.get(act.log_z)?.sub(at, len).expect(fit);
+        let ranks = arena.get(act.ranks)?.sub(at, len).expect(fit);
+        let ids = arena.get(act.top_ids)?.sub(at * n, len * n).expect(fit);
+        let lps = arena.get(act.top_logprobs)?.sub(at * n, len * n).expect(fit);
+        dev.top_logprobs(logits, chosen, log_z, (ids, lps, n), ranks, len, vocab)?;
         let stream = dev.compute_stream();
         caches.ranks_host.copy_from(ranks, stream)?;
         caches.top_ids_host.copy_from(ids, stream)?;
         caches.top_logprobs_host.copy_from(lps, stream)?;
-        out.ranks.extend_from_slice(&caches.ranks_host.wait()?[..rows]);
+        ranks_out.extend_from_slice(&caches.ranks_host.wait()?[..len]);
         let (ids, lps) = (caches.top_ids_host.wait()?, caches.top_logprobs_host.wait()?);
-        out.top.extend(ids[..rows * n].iter().copied().zip(lps[..rows * n].iter().copied()));
-        out.num_top = n;
+        top_out.extend(ids[..len * n].iter().copied().zip(lps[..len * n].iter().copied()));
         Ok(())
     }
 }

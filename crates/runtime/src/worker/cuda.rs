@@ -126,51 +126,58 @@ impl CudaWorker {
             device_sampling: self.limits.device_sampling,
         }
     }
+}
 
-    /// The step's sampled tokens and prompt logprobs from the device rows and the host rows.
-    fn outputs(&mut self, plan: &StepPlan, uses: &[LogitUse], scores: &[ScoreUse]) -> StepOutput {
-        let vocab = self.model.config().vocab_size;
-        let num_greedy = uses.iter().filter(|u| matches!(u, LogitUse::Greedy { .. })).count();
-        let device_rows = self.logits.sampled.len();
-        // Host rows through the CPU worker's own sampling code, over the rows fetched.
-        let host_rows: Vec<Range<usize>> = uses
-            .iter()
-            .map(|u| match *u {
-                LogitUse::Host { first, len } => first - device_rows..first - device_rows + len,
-                _ => 0..0,
-            })
-            .collect();
-        let host = &self.logits.host_logits;
-        let mut sampled = sampling::sample(plan, host, &host_rows, vocab, &mut self.sampler);
-        let l = &self.logits;
-        let prompt_logprobs = match self.limits.device_sampling {
-            true => scores.iter().map(|u| prompt_logprobs(plan, u, l)).collect(),
-            false => sampling::prompt_logprobs(plan, host, &host_rows, vocab),
+/// The step's sampled tokens and prompt logprobs from the device rows (`l`) and the host rows,
+/// which go through the CPU worker's sampling code; `uses` and `scores` say where each sequence's
+/// rows are (the packer's).
+fn outputs(
+    plan: &StepPlan,
+    (uses, scores): (&[LogitUse], &[ScoreUse]),
+    l: &LogitsOut,
+    sampler: &mut Sampler,
+    vocab: usize,
+    device_sampling: bool,
+) -> StepOutput {
+    let num_greedy = uses.iter().filter(|u| matches!(u, LogitUse::Greedy { .. })).count();
+    let device_rows = l.sampled.len();
+    // Host rows through the CPU worker's own sampling code, over the rows fetched.
+    let host_rows: Vec<Range<usize>> = uses
+        .iter()
+        .map(|u| match *u {
+            LogitUse::Host { first, len } => first - device_rows..first - device_rows + len,
+            _ => 0..0,
+        })
+        .collect();
+    let host = &l.host_logits;
+    let mut sampled = sampling::sample(plan, host, &host_rows, vocab, sampler);
+    let prompt_logprobs = match device_sampling {
+        true => scores.iter().map(|u| prompt_logprobs(plan, u, l)).collect(),
+        false => sampling::prompt_logprobs(plan, host, &host_rows, vocab),
+    };
+    for ((out, used), seq) in sampled.iter_mut().zip(uses).zip(&plan.seqs) {
+        let row = match *used {
+            LogitUse::Greedy { row } => row,
+            LogitUse::Sampled { row } => num_greedy + row,
+            _ => continue,
         };
-        for ((out, used), seq) in sampled.iter_mut().zip(uses).zip(&plan.seqs) {
-            let row = match *used {
-                LogitUse::Greedy { row } => row,
-                LogitUse::Sampled { row } => num_greedy + row,
-                _ => continue,
-            };
-            // The rank and alternatives only where the request asked for logprobs, as on the CPU.
-            let asked = seq.sample.as_ref().and_then(|(params, _)| params.logprobs);
-            let (top_logprobs, rank) = match asked {
-                Some(n) => {
-                    let alternatives = &l.top[row * l.num_top..][..(n as usize).min(l.num_top)];
-                    (alternatives.to_vec(), Some(l.ranks[row]))
-                }
-                None => (Vec::new(), None),
-            };
-            *out = Some(SampledToken {
-                token: l.sampled[row],
-                logprob: l.logprobs[row],
-                top_logprobs,
-                rank,
-            });
-        }
-        StepOutput { step_id: plan.step_id, sampled, prompt_logprobs }
+        // The rank and alternatives only where the request asked for logprobs, as on the CPU.
+        let asked = seq.sample.as_ref().and_then(|(params, _)| params.logprobs);
+        let (top_logprobs, rank) = match asked {
+            Some(n) => {
+                let alternatives = &l.top[row * l.num_top..][..(n as usize).min(l.num_top)];
+                (alternatives.to_vec(), Some(l.ranks[row]))
+            }
+            None => (Vec::new(), None),
+        };
+        *out = Some(SampledToken {
+            token: l.sampled[row],
+            logprob: l.logprobs[row],
+            top_logprobs,
+            rank,
+        });
     }
+    StepOutput { step_id: plan.step_id, sampled, prompt_logprobs }
 }
 
 /// A sequence's prompt logprobs as the device scored them: entry `r` is prompt token
@@ -355,8 +362,10 @@ impl Worker for CudaWorker {
         self.model.synchronize()?;
         guard.disarm();
         let block_size = caches.block_size;
-        let (uses, scores) = (caches.gpu.logit_uses().to_vec(), caches.gpu.score_uses().to_vec());
-        let output = self.outputs(plan, &uses, &scores);
+        let uses = (caches.gpu.logit_uses(), caches.gpu.score_uses());
+        let vocab = self.model.config().vocab_size;
+        let device_sampling = self.limits.device_sampling;
+        let output = outputs(plan, uses, &self.logits, &mut self.sampler, vocab, device_sampling);
         Ok(ExecutedStep {
             output,
             slot_mapping: slot_mapping(plan, block_size),
