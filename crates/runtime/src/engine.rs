@@ -56,6 +56,9 @@ impl Engine {
         config: EngineConfig,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<EngineHandle, EngineError> {
+        if config.expert_parallel_size == 0 {
+            return Err(EngineError::Load("the expert parallel size must be at least 1".into()));
+        }
         let Ranks { workers, collectives: ranks } = match config.device {
             DeviceSpec::Cpu => load_cpu_workers(&config, progress)?,
             _ => load_cuda_workers(&config, progress)?,
@@ -98,25 +101,13 @@ fn load_cpu_workers(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Ranks, EngineError> {
     let num_ranks = config.expert_parallel_size;
-    if num_ranks == 0 {
-        return Err(EngineError::Load("the expert parallel size must be at least 1".into()));
-    }
     let threads = config
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let per_rank = (threads / num_ranks).max(1);
     let dir = config.model.dir();
     let ranks = InProcessGroup::ranks(num_ranks);
-    let models: Vec<_> = std::thread::scope(|s| {
-        let others: Vec<_> = ranks[1..]
-            .iter()
-            .map(|c| s.spawn(move || Model::load_rank(dir, c.clone(), &mut |_, _| {})))
-            .collect();
-        let first = Model::load_rank(dir, ranks[0].clone(), progress);
-        std::iter::once(first)
-            .chain(others.into_iter().map(|h| h.join().expect("a loading thread panicked")))
-            .collect()
-    });
+    let models = load_side_by_side(ranks.clone(), progress, |c, p| Model::load_rank(dir, c, p));
     let workers = models
         .into_iter()
         .map(|model| {
@@ -139,9 +130,6 @@ fn load_cuda_workers(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Ranks, EngineError> {
     let num_ranks = config.expert_parallel_size;
-    if num_ranks == 0 {
-        return Err(EngineError::Load("the expert parallel size must be at least 1".into()));
-    }
     if config.matmul_precision != MatmulPrecision::F32 {
         return Err(EngineError::Load(format!(
             "--matmul-precision {} selects the CPU kernels' arithmetic; the CUDA runner has its own",
@@ -164,7 +152,7 @@ fn load_cuda_workers(
         .collect::<Result<Vec<_>, _>>()?;
     let dir = config.model.dir();
     let ranks = InProcessGroup::ranks(num_ranks);
-    let load = |dev, ranks: Arc<dyn Collective>, progress: &mut dyn FnMut(usize, usize)| {
+    let load = |(dev, ranks), progress: &mut dyn FnMut(usize, usize)| {
         let model = Model::load_rank(dir, ranks, progress).map_err(|e| e.to_string())?;
         let limits = CudaLimits {
             max_tokens_per_step: config.max_num_batched_tokens.max(1),
@@ -181,20 +169,29 @@ fn load_cuda_workers(
         let worker = CudaWorker::new(dev, &model, limits).map_err(|e| e.to_string())?;
         Ok::<_, String>(Box::new(worker) as Box<dyn Worker>)
     };
-    let mut devices = devices.into_iter();
-    let first_dev = devices.next().expect("at least one rank");
-    let workers: Vec<_> = std::thread::scope(|s| {
-        let others: Vec<_> = devices
-            .zip(&ranks[1..])
-            .map(|(dev, c)| s.spawn(|| load(dev, c.clone(), &mut |_, _| {})))
-            .collect();
-        let first = load(first_dev, ranks[0].clone(), progress);
+    let inputs = devices.into_iter().zip(ranks.iter().cloned()).collect();
+    let workers = load_side_by_side(inputs, progress, load);
+    let workers = workers.into_iter().collect::<Result<_, _>>().map_err(EngineError::Load)?;
+    Ok(Ranks { workers, collectives: ranks })
+}
+
+/// Runs `load` for every rank's input at once: rank 0 on this thread, reporting `progress`, the
+/// others on threads of their own. The results come back in rank order.
+fn load_side_by_side<I: Send, T: Send>(
+    inputs: Vec<I>,
+    progress: &mut dyn FnMut(usize, usize),
+    load: impl Fn(I, &mut dyn FnMut(usize, usize)) -> T + Sync,
+) -> Vec<T> {
+    let mut inputs = inputs.into_iter();
+    let first = inputs.next().expect("at least one rank");
+    let load = &load;
+    std::thread::scope(|s| {
+        let others: Vec<_> = inputs.map(|i| s.spawn(move || load(i, &mut |_, _| {}))).collect();
+        let first = load(first, progress);
         std::iter::once(first)
             .chain(others.into_iter().map(|h| h.join().expect("a loading thread panicked")))
             .collect()
-    });
-    let workers = workers.into_iter().collect::<Result<_, _>>().map_err(EngineError::Load)?;
-    Ok(Ranks { workers, collectives: ranks })
+    })
 }
 
 /// How many KV blocks the engine uses, and why.
