@@ -59,7 +59,7 @@ tests() {
     if [ "$DEVICE" = cuda-sim ]; then export ROUTED_CUDA_SIM=1; fi
     run_test cuda_ops
     export ROUTED_TEST_DEVICE=$DEVICE
-    for t in engine_cuda serve_cuda engine engine_api engine_sampling engine_routing_cap; do
+    for t in engine_cuda worker_cuda serve_cuda engine engine_api engine_sampling engine_routing_cap; do
         run_test "$t"
     done
 }

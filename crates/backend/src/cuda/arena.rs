@@ -5,7 +5,7 @@
 //! The arithmetic ([`ArenaLayout`], [`Span`]) is plain host code; [`DeviceArena`] is the
 //! allocation, and [`DevSlice`] a span resolved to a device address for a kernel launch.
 
-use super::CudaDevice;
+use super::{CudaDevice, stream::SimStream};
 use crate::BackendError;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::{
@@ -227,8 +227,19 @@ pub struct DeviceArena {
 enum Memory {
     /// Device memory, allocated and copied on the compute stream.
     Driver { buf: CudaSlice<u8>, stream: Arc<CudaStream> },
-    /// The simulator's device memory: host memory.
-    Host(HostBlock),
+    /// The simulator's device memory: host memory, and the compute stream its uploads and
+    /// downloads are ordered with.
+    Host(HostBlock, SimStream),
+}
+
+impl Drop for DeviceArena {
+    fn drop(&mut self) {
+        // Queued simulated launches and copies address this memory: they run before it is freed
+        // (the driver orders a free on the stream itself). A fault here has nobody to go to.
+        if let Memory::Host(_, sim) = &self.memory {
+            let _ = sim.finish_device();
+        }
+    }
 }
 
 impl DeviceArena {
@@ -239,18 +250,20 @@ impl DeviceArena {
         let refused = |e: String| {
             BackendError::Memory(format!("allocating {bytes} bytes for {}: {e}", layout.name))
         };
-        let (memory, base) = match dev.compute_stream().cuda() {
-            Some(stream) => {
+        let compute = dev.compute_stream();
+        let (memory, base) = match (compute.cuda(), compute.simulated()) {
+            (Some(stream), _) => {
                 let buf = stream.alloc_zeros::<u8>(bytes).map_err(|e| refused(e.to_string()))?;
                 let (base, _) = buf.device_ptr(stream);
                 (Memory::Driver { buf, stream: stream.clone() }, base)
             }
-            None => {
+            (None, Some(sim)) => {
                 let block =
                     HostBlock::zeroed(bytes).ok_or_else(|| refused("out of memory".into()))?;
                 let base = block.ptr.as_ptr() as u64;
-                (Memory::Host(block), base)
+                (Memory::Host(block, sim.clone()), base)
             }
+            (None, None) => return Err(refused("the device has no compute stream".into())),
         };
         Ok(Self { id: layout.id, name: layout.name, memory, base, num_bytes: bytes })
     }
@@ -297,7 +310,9 @@ impl DeviceArena {
             Memory::Driver { buf, stream } => stream
                 .memcpy_htod(as_bytes(data), &mut buf.slice_mut(range))
                 .map_err(|e| BackendError::Memory(format!("upload to {}: {e}", self.name))),
-            Memory::Host(block) => {
+            Memory::Host(block, sim) => {
+                // In stream order: after the launches queued so far.
+                sim.synchronize()?;
                 block.bytes_mut()[range].copy_from_slice(as_bytes(data));
                 Ok(())
             }
@@ -314,7 +329,10 @@ impl DeviceArena {
                 .memcpy_dtoh(&buf.slice(range), as_bytes_mut(&mut out))
                 .and_then(|()| stream.synchronize())
                 .map_err(|e| BackendError::Memory(format!("download from {}: {e}", self.name)))?,
-            Memory::Host(block) => as_bytes_mut(&mut out).copy_from_slice(&block.bytes()[range]),
+            Memory::Host(block, sim) => {
+                sim.synchronize()?;
+                as_bytes_mut(&mut out).copy_from_slice(&block.bytes()[range]);
+            }
         }
         Ok(out)
     }

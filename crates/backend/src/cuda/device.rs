@@ -14,7 +14,7 @@ use super::{
     compile::{self, Arch},
     launch::Shape,
     libs::{self, CudaLibrary},
-    sim::SimKernels,
+    sim::{SimKernels, queue},
     source::{KernelId, UNITS},
     stream::{Event, Stream},
 };
@@ -125,17 +125,19 @@ impl CudaDevice {
         Ok(Self { inner: Arc::new(inner) })
     }
 
-    /// The CUDA simulator ([`super::sim`]): every kernel built for the host by its C++ compiler
-    /// and run on the calling thread. Fails (naming the compiler) when no compiler can build them.
+    /// The CUDA simulator ([`super::sim`]): every kernel built for the host by its C++ compiler,
+    /// launches and copies queued per stream and run when waited for. Fails (naming the compiler) when no compiler can build them.
     pub fn simulated() -> Result<Self, BackendError> {
+        let kernels = SimKernels::load()?;
+        let queues = kernels.queues().clone();
         let inner = Inner {
             ordinal: 0,
             name: "CUDA simulator".to_owned(),
             arch: Arch::simulator(),
             driver_version: 0,
-            compute: Stream::sim(),
-            copy: Stream::sim(),
-            engine: Engine::Sim(SimKernels::load()?),
+            compute: Stream::sim(queues.clone(), queue::COMPUTE),
+            copy: Stream::sim(queues, queue::COPY),
+            engine: Engine::Sim(kernels),
         };
         Ok(Self { inner: Arc::new(inner) })
     }
@@ -197,7 +199,7 @@ impl CudaDevice {
     ) -> Result<Event, BackendError> {
         match &self.inner.engine {
             Engine::Driver(d) => d.ctx.new_event(flags).map(Event::driver).map_err(driver_err),
-            Engine::Sim(_) => Ok(Event::sim()),
+            Engine::Sim(sim) => Ok(Event::sim(sim.queues().clone())),
         }
     }
 

@@ -18,13 +18,14 @@ use cudarc::driver::{
     CudaGraph,
     sys::{CUgraphInstantiate_flags, CUstreamCaptureMode},
 };
+use std::sync::Arc;
 
 /// A captured sequence of launches on the compute stream.
 pub struct Graph(GraphKind);
 
 enum GraphKind {
     Driver(DriverGraph),
-    Sim(Vec<RecordedLaunch>),
+    Sim(Arc<[RecordedLaunch]>),
 }
 
 struct DriverGraph(CudaGraph);
@@ -73,7 +74,7 @@ impl CudaDevice {
                 let recorded = record();
                 let launches = sim.end_capture();
                 recorded?;
-                Ok(Graph(GraphKind::Sim(launches)))
+                Ok(Graph(GraphKind::Sim(launches.into())))
             }
         }
     }
@@ -82,7 +83,10 @@ impl CudaDevice {
     pub fn replay(&self, graph: &Graph) -> Result<(), BackendError> {
         match (self.engine(), &graph.0) {
             (Engine::Driver(_), GraphKind::Driver(g)) => g.0.launch().map_err(driver_err),
-            (Engine::Sim(sim), GraphKind::Sim(launches)) => sim.replay(launches),
+            (Engine::Sim(sim), GraphKind::Sim(launches)) => {
+                sim.replay(launches);
+                Ok(())
+            }
             _ => Err(BackendError::Driver("a graph replayed on another kind of device".into())),
         }
     }

@@ -5,6 +5,8 @@ use super::{
     CudaDevice, Event, Stream,
     arena::{DevSlice, DeviceElem},
     device::driver_err,
+    sim::queue::SendPtr,
+    stream::SimStream,
 };
 use crate::BackendError;
 use cudarc::driver::{
@@ -18,7 +20,8 @@ use cudarc::driver::{
 /// Allocated with flags 0, not cudarc's `alloc_pinned` (write-combined memory, which the CPU reads
 /// slowly). With event tracking off, cudarc does not order reads of the buffer after the copy, so
 /// the buffer records its own event after each copy and [`PinnedBuffer::wait`] blocks on it. On
-/// the simulator it is ordinary memory and a copy is done when it is queued.
+/// the simulator it is ordinary memory, and a copy runs when its stream's work is waited for.
+/// Dropping the buffer waits for its copies.
 pub struct PinnedBuffer<T: DeviceElem> {
     host: HostMemory<T>,
     copied: Event,
@@ -26,7 +29,20 @@ pub struct PinnedBuffer<T: DeviceElem> {
 
 enum HostMemory<T: DeviceElem> {
     Pinned(PinnedHostSlice<T>),
-    Plain(Vec<T>),
+    /// The simulator's: host memory, and the device's queues (which must run the copies that
+    /// address it before it is freed).
+    Plain(Vec<T>, SimStream),
+}
+
+impl<T: DeviceElem> Drop for PinnedBuffer<T> {
+    fn drop(&mut self) {
+        // A copy still landing in freed memory would write into whatever is there next. Nobody
+        // is left to hear of a failure.
+        let _ = self.copied.synchronize();
+        if let HostMemory::Plain(_, sim) = &self.host {
+            let _ = sim.finish_device();
+        }
+    }
 }
 
 impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> PinnedBuffer<T> {
@@ -36,14 +52,15 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
         len.checked_mul(size_of::<T>())
             .filter(|&b| b < isize::MAX as usize)
             .ok_or_else(|| BackendError::Memory(format!("a pinned buffer of {len} elements")))?;
-        let host = match dev.cuda_context() {
+        let host = match (dev.cuda_context(), dev.compute_stream().simulated()) {
             // SAFETY: flags 0 is plain page-locked memory; the contents are set before they are
             // read (`wait` is the only reader and follows a copy), and every bit pattern is a
             // valid `T`.
-            Some(ctx) => HostMemory::Pinned(
+            (Some(ctx), _) => HostMemory::Pinned(
                 unsafe { ctx.alloc_pinned_with_flags::<T>(len, 0) }.map_err(driver_err)?,
             ),
-            None => HostMemory::Plain(vec![T::default(); len]),
+            (None, Some(sim)) => HostMemory::Plain(vec![T::default(); len], sim.clone()),
+            (None, None) => return Err(mixed()),
         };
         let copied = dev.event_with(Some(CUevent_flags::CU_EVENT_BLOCKING_SYNC))?;
         Ok(Self { host, copied })
@@ -53,7 +70,7 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
     pub fn len(&self) -> usize {
         match &self.host {
             HostMemory::Pinned(h) => h.len(),
-            HostMemory::Plain(v) => v.len(),
+            HostMemory::Plain(v, _) => v.len(),
         }
     }
 
@@ -145,15 +162,26 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
                     .result()
                     .map_err(driver_err)
             }
-            (HostMemory::Plain(host), None) => {
-                for (r, run) in host[at..end].chunks_exact_mut(width).enumerate() {
-                    let from = src.sub(r * pitch, width).expect("checked above");
-                    // SAFETY: a simulated device's addresses are host memory of its arenas, and
-                    // `from` is a range of `width` elements of one.
-                    let from =
-                        unsafe { std::slice::from_raw_parts(from.addr() as *const T, width) };
-                    run.copy_from_slice(from);
-                }
+            (HostMemory::Plain(host, _), None) => {
+                let Some(sim) = stream.simulated() else { return Err(mixed()) };
+                let to = SendPtr(host[at..end].as_mut_ptr());
+                let from = SendPtr(src.addr() as *mut T);
+                sim.push(Box::new(move || {
+                    for r in 0..rows {
+                        // SAFETY: run r of the source lies inside a simulated arena's host memory
+                        // and the destination inside the buffer (both checked when queued); the
+                        // buffer and the arena finish their device's queues before they are
+                        // freed.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                from.get().add(r * pitch),
+                                to.get().add(r * width),
+                                width,
+                            )
+                        };
+                    }
+                    Ok(())
+                }));
                 Ok(())
             }
             _ => Err(mixed()),
@@ -197,11 +225,17 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
                 unsafe { result::memcpy_htod_async(dst.addr(), src, stream.cu_stream()) }
                     .map_err(driver_err)?;
             }
-            (HostMemory::Plain(host), None) => {
-                // SAFETY: a simulated device's addresses are host memory of its arenas, and
-                // `dst` is a range of `dst.len()` elements of one, disjoint from `host`.
-                let to = unsafe { std::slice::from_raw_parts_mut(dst.addr() as *mut T, dst.len()) };
-                to.copy_from_slice(&host[range]);
+            (HostMemory::Plain(host, _), None) => {
+                let Some(sim) = stream.simulated() else { return Err(mixed()) };
+                let from = SendPtr(host[range].as_ptr().cast_mut());
+                let (to, len) = (SendPtr(dst.addr() as *mut T), dst.len());
+                // SAFETY: `dst` is a range of `len` elements of a simulated arena's host memory,
+                // disjoint from the buffer's elements `range`; both finish their device's queues
+                // before they are freed.
+                sim.push(Box::new(move || {
+                    unsafe { std::ptr::copy_nonoverlapping(from.get(), to.get(), len) };
+                    Ok(())
+                }));
             }
             _ => return Err(mixed()),
         }
@@ -224,7 +258,7 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
         self.copied.synchronize()?;
         match &self.host {
             HostMemory::Pinned(h) => h.as_slice().map_err(driver_err),
-            HostMemory::Plain(v) => Ok(v),
+            HostMemory::Plain(v, _) => Ok(v),
         }
     }
 
@@ -233,7 +267,7 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
         self.copied.synchronize()?;
         match &mut self.host {
             HostMemory::Pinned(h) => h.as_mut_slice().map_err(driver_err),
-            HostMemory::Plain(v) => Ok(v),
+            HostMemory::Plain(v, _) => Ok(v),
         }
     }
 }

@@ -1,13 +1,16 @@
 //! Streams and events of a device: the driver's, or the simulator's.
 //!
-//! The simulator does the work of a launch or a copy when it is queued, so its streams have
-//! nothing to wait for and its events are complete as soon as they are recorded; code written
-//! against these types orders its work the same way on both.
+//! The simulator's streams are queues that run their work only when it is waited for
+//! ([`super::sim::queue`]), so code written against these types must order its work with events
+//! and synchronisations exactly as on a GPU: a missing wait shows on the simulator too.
 
-use super::device::driver_err;
+use super::{
+    device::driver_err,
+    sim::queue::{Mark, SimQueues, Work},
+};
 use crate::BackendError;
 use cudarc::driver::{CudaEvent, CudaStream};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A stream: the device's compute stream or its copy stream.
 #[derive(Clone, Debug)]
@@ -16,7 +19,32 @@ pub struct Stream(StreamKind);
 #[derive(Clone, Debug)]
 enum StreamKind {
     Driver(Arc<CudaStream>),
-    Sim,
+    Sim(SimStream),
+}
+
+/// One of a simulated device's queues.
+#[derive(Clone, Debug)]
+pub(crate) struct SimStream {
+    queues: Arc<SimQueues>,
+    index: usize,
+}
+
+impl SimStream {
+    /// Queues `work` (a launch or a copy) behind the stream's earlier work.
+    pub(crate) fn push(&self, work: Work) {
+        self.queues.push(self.index, work);
+    }
+
+    /// Runs everything queued on the stream.
+    pub(crate) fn synchronize(&self) -> Result<(), BackendError> {
+        self.queues.synchronize(self.index)
+    }
+
+    /// Runs everything queued on every stream of the device (before memory that queued work may
+    /// address is freed).
+    pub(crate) fn finish_device(&self) -> Result<(), BackendError> {
+        self.queues.finish()
+    }
 }
 
 impl Stream {
@@ -24,23 +52,39 @@ impl Stream {
         Self(StreamKind::Driver(stream))
     }
 
-    pub(crate) fn sim() -> Self {
-        Self(StreamKind::Sim)
+    pub(crate) fn sim(queues: Arc<SimQueues>, index: usize) -> Self {
+        Self(StreamKind::Sim(SimStream { queues, index }))
     }
 
     /// The driver's stream, or `None` on the simulator.
     pub(crate) fn cuda(&self) -> Option<&Arc<CudaStream>> {
         match &self.0 {
             StreamKind::Driver(s) => Some(s),
-            StreamKind::Sim => None,
+            StreamKind::Sim(_) => None,
         }
     }
 
-    /// Makes the work queued on this stream from now on wait for `event`.
+    /// The simulator's queue, or `None` on a GPU.
+    pub(crate) fn simulated(&self) -> Option<&SimStream> {
+        match &self.0 {
+            StreamKind::Driver(_) => None,
+            StreamKind::Sim(s) => Some(s),
+        }
+    }
+
+    /// Makes the work queued on this stream from now on wait for `event` (for the work recorded
+    /// before it; an event never recorded is no wait).
     pub fn wait(&self, event: &Event) -> Result<(), BackendError> {
         match (&self.0, &event.0) {
-            (StreamKind::Driver(s), Some(e)) => s.wait(e).map_err(driver_err),
-            (StreamKind::Sim, None) => Ok(()),
+            (StreamKind::Driver(s), EventKind::Driver(e)) => s.wait(e).map_err(driver_err),
+            (StreamKind::Sim(s), EventKind::Sim(mark, queues))
+                if Arc::ptr_eq(queues, &s.queues) =>
+            {
+                if let Some(mark) = *mark.lock().unwrap_or_else(|e| e.into_inner()) {
+                    s.queues.push_wait(s.index, mark);
+                }
+                Ok(())
+            }
             _ => Err(mixed()),
         }
     }
@@ -49,42 +93,58 @@ impl Stream {
     pub fn synchronize(&self) -> Result<(), BackendError> {
         match &self.0 {
             StreamKind::Driver(s) => s.synchronize().map_err(driver_err),
-            StreamKind::Sim => Ok(()),
+            StreamKind::Sim(s) => s.synchronize(),
         }
     }
 }
 
 /// An event: recorded on one stream, waited on by another stream or by the host.
 #[derive(Debug)]
-pub struct Event(Option<CudaEvent>);
+pub struct Event(EventKind);
+
+#[derive(Debug)]
+enum EventKind {
+    Driver(CudaEvent),
+    /// The point of the stream it was last recorded on, and that stream's queues.
+    Sim(Mutex<Option<Mark>>, Arc<SimQueues>),
+}
 
 impl Event {
     pub(crate) fn driver(event: CudaEvent) -> Self {
-        Self(Some(event))
+        Self(EventKind::Driver(event))
     }
 
-    pub(crate) fn sim() -> Self {
-        Self(None)
+    pub(crate) fn sim(queues: Arc<SimQueues>) -> Self {
+        Self(EventKind::Sim(Mutex::new(None), queues))
     }
 
     /// Records the event after the work queued on `stream` so far.
     pub fn record(&self, stream: &Stream) -> Result<(), BackendError> {
         match (&self.0, &stream.0) {
-            (Some(e), StreamKind::Driver(s)) => e.record(s).map_err(driver_err),
-            (None, StreamKind::Sim) => Ok(()),
+            (EventKind::Driver(e), StreamKind::Driver(s)) => e.record(s).map_err(driver_err),
+            (EventKind::Sim(mark, queues), StreamKind::Sim(s))
+                if Arc::ptr_eq(queues, &s.queues) =>
+            {
+                *mark.lock().unwrap_or_else(|e| e.into_inner()) = Some(queues.mark(s.index));
+                Ok(())
+            }
             _ => Err(mixed()),
         }
     }
 
-    /// Blocks the calling thread until the recorded work is done.
+    /// Blocks the calling thread until the recorded work is done (at once for an event never
+    /// recorded).
     pub fn synchronize(&self) -> Result<(), BackendError> {
         match &self.0 {
-            Some(e) => e.synchronize().map_err(driver_err),
-            None => Ok(()),
+            EventKind::Driver(e) => e.synchronize().map_err(driver_err),
+            EventKind::Sim(mark, queues) => {
+                let mark = *mark.lock().unwrap_or_else(|e| e.into_inner());
+                mark.map_or(Ok(()), |m| queues.run_to(m))
+            }
         }
     }
 }
 
 fn mixed() -> BackendError {
-    BackendError::Driver("a simulated stream or event used with a device's".into())
+    BackendError::Driver("a stream or event used with another device's".into())
 }

@@ -8,13 +8,16 @@
 //! around them; it does not check what only a device shows (the device's `expf`, the memory model,
 //! races between blocks, speed), so a run on a GPU is still the test of those.
 //!
-//! A device opened with [`CudaDevice::simulated`](super::CudaDevice::simulated) launches here:
-//! synchronously, on the calling thread, blocks one after another. Its "device memory" is host
-//! memory, and its streams and events have nothing to wait for.
+//! A device opened with [`CudaDevice::simulated`](super::CudaDevice::simulated) launches here.
+//! Its "device memory" is host memory; its streams are queues ([`queue`]) whose launches and
+//! copies run only once something waits for them, on the thread that waits, blocks one after
+//! another, so a missing event or synchronisation shows as wrong data, as on a GPU.
 //!
 //! Each unit becomes one shared library, cached like the CUBINs (`<unit>-<key>.so`, the key a
 //! hash of the generated source, the compiler's version and the flags). The compiler is `$CXX`,
 //! else `c++`.
+
+pub(crate) mod queue;
 
 use super::{
     compile::{cache_dir, hash_fields, store, tmp_suffix},
@@ -22,11 +25,13 @@ use super::{
     source::{KernelId, KernelUnit, UNITS},
 };
 use crate::BackendError;
+use queue::{COMPUTE, SimQueues};
 use rayon::prelude::*;
 use std::{
     ffi::{c_char, c_int, c_void},
     path::{Path, PathBuf},
     process::Command,
+    sync::Arc,
 };
 
 /// The simulator's runtime, compiled in front of every unit.
@@ -51,12 +56,21 @@ struct SimConfig {
 /// `routed_sim_<kernel>(config, args, err, err_len)`: 0, or 1 with a message in `err`.
 type Entry = unsafe extern "C" fn(*const SimConfig, *mut *mut c_void, *mut c_char, usize) -> c_int;
 
-/// Every kernel, built for the host and loaded.
+/// Every kernel, built for the host and loaded, and the device's stream queues.
 pub(crate) struct SimKernels {
     /// Indexed by [`KernelId::index`].
-    entries: Vec<Entry>,
+    entries: Arc<[Entry]>,
+    queues: Arc<SimQueues>,
     /// Keeps the entries' code mapped.
     _libraries: Vec<libloading::Library>,
+}
+
+impl Drop for SimKernels {
+    fn drop(&mut self) {
+        // Queued launches call into the libraries: run them while the code is mapped. A fault
+        // here has nobody left to report to.
+        let _ = self.queues.finish();
+    }
 }
 
 impl std::fmt::Debug for SimKernels {
@@ -94,17 +108,25 @@ impl SimKernels {
             .map(|(e, id)| {
                 e.ok_or_else(|| BackendError::Simulator(format!("{} was not built", id.name())))
             })
-            .collect::<Result<_, _>>()?;
-        Ok(Self { entries, _libraries: libraries })
+            .collect::<Result<Vec<_>, _>>()?
+            .into();
+        Ok(Self { entries, queues: SimQueues::new(), _libraries: libraries })
     }
 
-    /// Runs kernel `id` over `shape` with `args` (pointers to each argument's value, in the
-    /// kernel's parameter order, as for `cuLaunchKernel`; `sizes` are the values' sizes), or,
-    /// while this thread captures a graph, records the launch with copies of the values.
+    /// The device's stream queues.
+    pub(crate) fn queues(&self) -> &Arc<SimQueues> {
+        &self.queues
+    }
+
+    /// Queues kernel `id` over `shape` with `args` (pointers to each argument's value, in the
+    /// kernel's parameter order, as for `cuLaunchKernel`; `sizes` are the values' sizes) on the
+    /// compute stream, or, while this thread captures a graph, records it instead. Either way the
+    /// values are copied now, as the driver does.
     ///
     /// # Safety
     /// `args` must match the kernel's parameters in number, order and type, and every device
-    /// address among them must be host memory of the right size (a simulated arena's).
+    /// address among them must be host memory of the right size (a simulated arena's) that stays
+    /// allocated until the launch has run.
     pub(crate) unsafe fn launch(
         &self,
         id: KernelId,
@@ -112,38 +134,29 @@ impl SimKernels {
         args: &mut [*mut c_void],
         sizes: &[usize],
     ) -> Result<(), BackendError> {
-        let recorded = RECORDING.with_borrow_mut(|recording| {
-            let launches = recording.as_mut()?;
-            let args = args.iter().zip(sizes).map(|(&arg, &size)| {
-                let mut words = vec![0u64; size.div_ceil(8)];
-                // SAFETY: `arg` points at a value of `size` bytes (the caller's contract), and
-                // `words` holds at least that many.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(arg.cast::<u8>(), words.as_mut_ptr().cast(), size)
-                };
-                words
-            });
-            launches.push(RecordedLaunch { id, shape: *shape, args: args.collect() });
-            Some(())
+        let values = args.iter().zip(sizes).map(|(&arg, &size)| {
+            let mut words = vec![0u64; size.div_ceil(8)];
+            // SAFETY: `arg` points at a value of `size` bytes (the caller's contract), and
+            // `words` holds at least that many.
+            unsafe {
+                std::ptr::copy_nonoverlapping(arg.cast::<u8>(), words.as_mut_ptr().cast(), size)
+            };
+            words
         });
-        if recorded.is_some() {
-            return Ok(());
+        let launch = RecordedLaunch { id, shape: *shape, args: values.collect() };
+        let launch = RECORDING.with_borrow_mut(|recording| match recording.as_mut() {
+            Some(launches) => {
+                launches.push(launch);
+                None
+            }
+            None => Some(launch),
+        });
+        if let Some(launch) = launch {
+            let entries = self.entries.clone();
+            // SAFETY: the caller's contract, which holds until the work has run.
+            self.queues.push(COMPUTE, Box::new(move || unsafe { run(&entries, &launch) }));
         }
-        let config = SimConfig {
-            grid: [shape.grid.0, shape.grid.1, shape.grid.2],
-            block: [shape.block.0, shape.block.1, shape.block.2],
-            smem: shape.smem,
-        };
-        let mut err = [0u8; 512];
-        let entry = self.entries[id.index()];
-        // SAFETY: the caller's contract; `err` is writable for its length and comes back
-        // NUL-terminated.
-        let rc = unsafe { entry(&config, args.as_mut_ptr(), err.as_mut_ptr().cast(), err.len()) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());
-        Err(BackendError::Simulator(String::from_utf8_lossy(&err[..end]).into_owned()))
+        Ok(())
     }
 
     /// Starts recording this thread's launches instead of running them (a graph capture).
@@ -162,18 +175,47 @@ impl SimKernels {
         RECORDING.with_borrow_mut(Option::take).unwrap_or_default()
     }
 
-    /// Runs recorded launches in order, with the argument values they had when recorded.
-    pub(crate) fn replay(&self, launches: &[RecordedLaunch]) -> Result<(), BackendError> {
-        for l in launches {
-            let mut args: Vec<*mut c_void> =
-                l.args.iter().map(|words| words.as_ptr().cast_mut().cast()).collect();
-            let sizes: Vec<usize> = l.args.iter().map(|words| words.len() * 8).collect();
-            // SAFETY: the arguments were recorded from a launch that met `launch`'s contract,
-            // and the memory they address (an arena's) outlives the graph.
-            unsafe { self.launch(l.id, &l.shape, &mut args, &sizes)? };
-        }
-        Ok(())
+    /// Queues recorded launches on the compute stream, in order, with the argument values they
+    /// had when recorded.
+    pub(crate) fn replay(&self, launches: &Arc<[RecordedLaunch]>) {
+        let (entries, launches) = (self.entries.clone(), launches.clone());
+        self.queues.push(
+            COMPUTE,
+            Box::new(move || {
+                launches.iter().try_for_each(|l| {
+                    // SAFETY: the arguments were recorded from a launch that met `launch`'s
+                    // contract, and the memory they address (an arena's) outlives the graph.
+                    unsafe { run(&entries, l) }
+                })
+            }),
+        );
     }
+}
+
+/// Runs a launch: its blocks one after another, on the calling thread.
+///
+/// # Safety
+/// As [`SimKernels::launch`]: the recorded values match the kernel's parameters and address live
+/// host memory of the right sizes.
+unsafe fn run(entries: &[Entry], l: &RecordedLaunch) -> Result<(), BackendError> {
+    let mut args: Vec<*mut c_void> =
+        l.args.iter().map(|words| words.as_ptr().cast_mut().cast()).collect();
+    let config = SimConfig {
+        grid: [l.shape.grid.0, l.shape.grid.1, l.shape.grid.2],
+        block: [l.shape.block.0, l.shape.block.1, l.shape.block.2],
+        smem: l.shape.smem,
+    };
+    let mut err = [0u8; 512];
+    // SAFETY: the caller's contract; `err` is writable for its length and comes back
+    // NUL-terminated.
+    let rc = unsafe {
+        entries[l.id.index()](&config, args.as_mut_ptr(), err.as_mut_ptr().cast(), err.len())
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());
+    Err(BackendError::Simulator(String::from_utf8_lossy(&err[..end]).into_owned()))
 }
 
 /// A launch recorded while capturing a graph: the argument values copied then (each in 8-byte
