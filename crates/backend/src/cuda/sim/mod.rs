@@ -391,10 +391,46 @@ extern "C" __global__ void unwritten_smem(float* out) {
     extern __shared__ float smem[];
     out[threadIdx.x] = smem[threadIdx.x];
 }
+
+// Thread 0 of each block broadcasts a value through shared memory, with or without the barrier
+// the readers need.
+extern "C" __global__ void broadcast(int* out, int with_barrier) {
+    extern __shared__ float smem[];
+    if (threadIdx.x == 0) smem[0] = 7.0f;
+    if (with_barrier) __syncthreads();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = smem[0] == 7.0f;
+}
+
+// Thread 0 of warp 0 gathers the warps' values, with or without the barrier before it reads.
+extern "C" __global__ void gather(int* out, int with_barrier) {
+    extern __shared__ float smem[];
+    if (threadIdx.x % 32 == 0) smem[threadIdx.x / 32] = 1.0f;
+    if (with_barrier) __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (unsigned w = 0; w < blockDim.x / 32; ++w) s += smem[w];
+        out[blockIdx.x] = s == (float)(blockDim.x / 32);
+    }
+}
+
+// Each block reads what the block before it wrote in the same launch (which no GPU orders).
+extern "C" __global__ void reads_lower_block(int* flags, int* out) {
+    if (threadIdx.x != 0) return;
+    flags[blockIdx.x] = 1;
+    if (blockIdx.x > 0) out[blockIdx.x] = flags[blockIdx.x - 1];
+}
 "#;
 
-    const PROBE_KERNELS: [&str; 5] =
-        ["shuffles", "block_sum", "exited_lane", "divergent_barrier", "unwritten_smem"];
+    const PROBE_KERNELS: [&str; 8] = [
+        "shuffles",
+        "block_sum",
+        "exited_lane",
+        "divergent_barrier",
+        "unwritten_smem",
+        "broadcast",
+        "gather",
+        "reads_lower_block",
+    ];
 
     struct Probes {
         lib: libloading::Library,
@@ -426,9 +462,19 @@ extern "C" __global__ void unwritten_smem(float* out) {
             smem: u32,
             bufs: &mut [*mut T],
         ) -> Result<(), String> {
-            let config = SimConfig { grid: [blocks, 1, 1], block: [threads, 1, 1], smem };
             let mut args: Vec<*mut c_void> =
                 bufs.iter_mut().map(|p| (p as *mut *mut T).cast()).collect();
+            self.run_args(kernel, (blocks, threads, smem), &mut args)
+        }
+
+        /// Runs `kernel` with `args` pointing at its arguments' values.
+        fn run_args(
+            &self,
+            kernel: &str,
+            (blocks, threads, smem): (u32, u32, u32),
+            args: &mut [*mut c_void],
+        ) -> Result<(), String> {
+            let config = SimConfig { grid: [blocks, 1, 1], block: [threads, 1, 1], smem };
             let mut err = [0u8; 512];
             // SAFETY: the probe's export has the `Entry` type and takes these buffers.
             let rc = unsafe {
@@ -478,6 +524,39 @@ extern "C" __global__ void unwritten_smem(float* out) {
         assert!(err.contains("exited_lane") && err.contains("deadlocks"), "{err}");
         let err = probes.run("divergent_barrier", 1, 64, 0, &mut [out.as_mut_ptr()]).unwrap_err();
         assert!(err.contains("divergent_barrier") && err.contains("__syncthreads"), "{err}");
+    }
+
+    /// Runs a probe whose second argument is `with_barrier`, over `blocks` blocks of 64 threads.
+    fn run_with_barrier(probes: &Probes, kernel: &str, blocks: u32, with: bool) -> Vec<i32> {
+        let mut out = vec![-1i32; blocks as usize * 64];
+        let (mut ptr, mut flag) = (out.as_mut_ptr(), i32::from(with));
+        let mut args: [*mut c_void; 2] =
+            [(&mut ptr as *mut *mut i32).cast(), (&mut flag as *mut i32).cast()];
+        probes.run_args(kernel, (blocks, 64, 64 * 4), &mut args).unwrap();
+        out
+    }
+
+    #[test]
+    fn threads_between_barriers_run_in_both_orders() {
+        let probes = Probes::build();
+        // Two blocks: one runs its threads in reverse, where readers of a broadcast come before
+        // thread 0; the other in order, where thread 0 gathers before the other warps wrote.
+        for (kernel, outputs) in [("broadcast", 2 * 64), ("gather", 2)] {
+            let with = run_with_barrier(&probes, kernel, 2, true);
+            assert!(with[..outputs].iter().all(|&v| v == 1), "{kernel} with its barrier: {with:?}");
+            let without = run_with_barrier(&probes, kernel, 2, false);
+            assert!(without[..outputs].contains(&0), "{kernel} without its barrier went unnoticed");
+        }
+    }
+
+    #[test]
+    fn blocks_run_last_first() {
+        let probes = Probes::build();
+        let (mut flags, mut out) = (vec![0i32; 4], vec![-1i32; 4]);
+        probes
+            .run("reads_lower_block", 4, 32, 0, &mut [flags.as_mut_ptr(), out.as_mut_ptr()])
+            .unwrap();
+        assert_eq!(out[1..], [0, 0, 0], "every block ran before the one below it");
     }
 
     #[test]

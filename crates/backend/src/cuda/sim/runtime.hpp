@@ -7,8 +7,10 @@
 // lanes of the mask, the values exchanged while every lane of the mask waits, with the `width`
 // segments of the CUDA semantics); shared memory per block (dynamic shared memory starts as NaN
 // bytes, so a read before a write shows); IEEE single arithmetic without contraction (the build
-// passes -ffp-contract=off, as NVRTC gets --fmad=false). What it does not: concurrency between
-// blocks (they run one after another), the device's expf/logf (the host libm's, within 2 ulp of
+// passes -ffp-contract=off, as NVRTC gets --fmad=false). Blocks run last first and threads between
+// barriers in forward or reverse order, so a kernel that leans on an order the GPU does not give
+// reads data before it is written. What it does not: concurrency between blocks (they run one
+// after another), the device's expf/logf (the host libm's, within 2 ulp of
 // them), the memory model, timing.
 //
 // A deadlock (a barrier some threads never reach, a shuffle whose mask names a lane that has
@@ -277,11 +279,17 @@ static void deadlock() {
     }
 }
 
-// Runs one block to the end (or to an error).
-static void run_block() {
+// Runs one block to the end (or to an error). Between two barriers a GPU runs a block's threads in
+// no order the kernel may rely on; the simulator runs each ready fiber to its next barrier, lowest
+// thread first or, with `reverse`, highest first, so that a write another thread reads without a
+// barrier in between is missed in one of the two orders (a broadcast from thread 0 is read before
+// it is written in reverse order; partial sums gathered by thread 0 in forward order).
+static void run_block(bool reverse) {
+    size_t n = L->fibers.size();
     for (;;) {
         bool ran = false;
-        for (Fiber& f : L->fibers) {
+        for (size_t i = 0; i < n; ++i) {
+            Fiber& f = L->fibers[reverse ? n - 1 - i : i];
             if (f.wait != Wait::Ready) continue;
             resume(&f);
             ran = true;
@@ -346,24 +354,27 @@ static int launch(const char* name, void (*kernel)(A...), const Config* c, void*
             return 1;
         }
     }
-    for (unsigned bz = 0; bz < c->grid[2] && !err[0]; ++bz)
-        for (unsigned by = 0; by < c->grid[1] && !err[0]; ++by)
-            for (unsigned bx = 0; bx < c->grid[0] && !err[0]; ++bx) {
-                blockIdx = dim3{bx, by, bz};
-                // NaN bytes: a read of dynamic shared memory before any write shows in the output.
-                memset(launch.dynamic_smem.data(), 0xff, launch.dynamic_smem.size());
-                for (size_t i = 0; i < threads; ++i) {
-                    Fiber& f = launch.fibers[i];
-                    f = Fiber{};
-                    f.tid = dim3{(unsigned)(i % c->block[0]), (unsigned)(i / c->block[0] % c->block[1]),
-                                 (unsigned)(i / ((size_t)c->block[0] * c->block[1]))};
-                    f.lane = (int)(i % 32);
-                    f.warp = (int)(i / 32);
-                    f.wait = Wait::Ready;
-                    f.sp = initial_sp(stacks.top(i));
-                }
-                run_block();
-            }
+    // Blocks run last first: a GPU gives them no order, and a block that reads what a lower one
+    // of the same launch writes is then reading it before it is written. Even blocks (so every
+    // one-block launch) run their threads in reverse order, odd ones in order (see run_block).
+    size_t num_blocks = (size_t)c->grid[0] * c->grid[1] * c->grid[2];
+    for (size_t b = num_blocks; b-- > 0 && !err[0];) {
+        blockIdx = dim3{(unsigned)(b % c->grid[0]), (unsigned)(b / c->grid[0] % c->grid[1]),
+                        (unsigned)(b / ((size_t)c->grid[0] * c->grid[1]))};
+        // NaN bytes: a read of dynamic shared memory before any write shows in the output.
+        memset(launch.dynamic_smem.data(), 0xff, launch.dynamic_smem.size());
+        for (size_t i = 0; i < threads; ++i) {
+            Fiber& f = launch.fibers[i];
+            f = Fiber{};
+            f.tid = dim3{(unsigned)(i % c->block[0]), (unsigned)(i / c->block[0] % c->block[1]),
+                         (unsigned)(i / ((size_t)c->block[0] * c->block[1]))};
+            f.lane = (int)(i % 32);
+            f.warp = (int)(i / 32);
+            f.wait = Wait::Ready;
+            f.sp = initial_sp(stacks.top(i));
+        }
+        run_block(b % 2 == 0);
+    }
     L = outer;
     return err[0] ? 1 : 0;
 }
