@@ -216,13 +216,10 @@ impl PoolSize {
     ) -> Result<Self, EngineError> {
         let block_size = config.block_size.max(1);
         let num_usable = config.num_kv_blocks.unwrap_or_else(|| {
-            // The budget, and on devices also what the fullest one's free memory holds: every
-            // rank keeps the same blocks.
-            let per_block = workers[0].kv_block_bytes(block_size).max(1);
+            let per_block = workers[0].kv_block_bytes(block_size);
             let budget = (config.kv_cache_memory_gb * 1e9) as usize;
-            let free = workers.iter().filter_map(|w| w.kv_memory_limit(block_size)).min();
-            let bytes = free.map_or(budget, |free| budget.min(free));
-            (bytes / per_block).clamp(16, MAX_AUTO_BLOCKS)
+            let free = workers.iter().filter_map(|w| w.kv_memory_limit(block_size));
+            auto_blocks(budget, per_block, free)
         });
         let cap =
             config.routing_cache_max_bytes.filter(|_| config.enable_routing_capture && is_moe);
@@ -260,6 +257,13 @@ impl PoolSize {
         }
         wanted.min(capacity)
     }
+}
+
+/// The KV blocks `budget` bytes buy at `per_block` bytes each, and on devices no more than the
+/// fullest one's `free` memory (each rank's limit) holds: every rank keeps the same blocks.
+fn auto_blocks(budget: usize, per_block: usize, free: impl Iterator<Item = usize>) -> usize {
+    let bytes = free.min().map_or(budget, |free| budget.min(free));
+    (bytes / per_block.max(1)).clamp(16, MAX_AUTO_BLOCKS)
 }
 
 /// Everything the actors are built from, prepared outside the actor system so errors return
@@ -516,5 +520,23 @@ impl Drop for RequestStream {
         if self.num_open > 0 {
             self.scheduler.do_send(Abort(self.id));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn automatic_pools_fit_the_fullest_device() {
+        let mib = 1 << 20;
+        // The CPU: the budget alone.
+        assert_eq!(auto_blocks(100 * mib, mib, std::iter::empty()), 100);
+        // Devices: the rank with the least free memory decides, below the budget.
+        assert_eq!(auto_blocks(100 * mib, mib, [80 * mib, 30 * mib, 60 * mib].into_iter()), 30);
+        assert_eq!(auto_blocks(20 * mib, mib, [80 * mib, 30 * mib].into_iter()), 20);
+        // Never fewer than 16 blocks, never more than the cap.
+        assert_eq!(auto_blocks(100 * mib, mib, [mib].into_iter()), 16);
+        assert_eq!(auto_blocks(usize::MAX, 1, std::iter::empty()), MAX_AUTO_BLOCKS);
     }
 }
