@@ -14,10 +14,13 @@ use routed_backend::{
     cuda::{
         ArenaLayout, CudaDevice, DeviceArena, DeviceElem, Span,
         host::SampleParams,
-        launch::{attention_items, moe_max_sorted_rows, moe_max_tiles},
+        launch::{
+            ATTN_PARTITION_TILES, attention_items, attention_parts, moe_max_sorted_rows,
+            moe_max_tiles,
+        },
         ops::{
-            AttentionBuffers, AttentionParams, ExpertActivation, ExpertShard, MoeSortBuffers,
-            Weights,
+            AttentionBuffers, AttentionParams, AttentionSplit, ExpertActivation, ExpertShard,
+            MoeSortBuffers, Weights,
         },
     },
 };
@@ -117,13 +120,20 @@ fn attention_cases(
     for ctx in CONTEXTS.into_iter().filter(|&n| n <= c.max_position_embeddings) {
         let kv = (m * ctx * a.num_kv_heads * a.head_dim * 2 * 2) as f64;
         let qo = (m * a.num_heads * a.head_dim * 4 * 2) as f64;
-        let case = Case {
-            scenario: format!("attn_decode_b{m}_ctx{ctx}"),
-            kernel: "paged_attention_bf16kv",
-            bytes: kv + qo,
-            flops: (4 * m * ctx * a.num_heads * a.head_dim) as f64,
-        };
-        records.push(report(&case, time_attention(dev, a, (m, ctx), repeats)?));
+        // Every partition of a row in one CTA, and each in its own CTA with the fold after (the
+        // same bits; the engine splits decode steps of up to SPLIT_MAX_SEQS sequences).
+        for (split, name, kernel) in [
+            (false, "attn_decode", "paged_attention_bf16kv"),
+            (true, "attn_split_decode", "paged_attention_bf16kv, attention_combine_f32"),
+        ] {
+            let case = Case {
+                scenario: format!("{name}_b{m}_ctx{ctx}"),
+                kernel,
+                bytes: kv + qo,
+                flops: (4 * m * ctx * a.num_heads * a.head_dim) as f64,
+            };
+            records.push(report(&case, time_attention(dev, a, (m, ctx), split, repeats)?));
+        }
     }
     Ok(records)
 }
@@ -335,11 +345,12 @@ fn time_moe(
 }
 
 /// Decode attention: `num_seqs` sequences of `ctx` tokens each, one query each, over a paged
-/// cache of contiguous blocks.
+/// cache of contiguous blocks; with `split`, a CTA per partition and the fold after.
 fn time_attention(
     dev: &CudaDevice,
     a: &routed_model::AttentionConfig,
     (num_seqs, ctx): (usize, usize),
+    split: bool,
     repeats: usize,
 ) -> Result<Vec<f64>> {
     let blocks_per_seq = ctx.div_ceil(BLOCK_SIZE);
@@ -353,6 +364,9 @@ fn time_attention(
     let tables = layout.push::<i32>(num_seqs * blocks_per_seq);
     let (positions, starts) = (layout.push::<i32>(num_seqs), layout.push::<i32>(num_seqs + 1));
     let item_span = layout.push::<i32>(2 * items.len());
+    let num_parts = attention_parts(ctx, ATTN_PARTITION_TILES);
+    let partials_len = AttentionSplit::partials_len(num_seqs, a.num_heads, a.head_dim, num_parts);
+    let partials = layout.push::<f32>(partials_len);
     let mut arena = DeviceArena::new(dev, &layout)?;
     upload(&mut arena, q, &fill(q_len, 3, |v| v))?;
     upload(&mut arena, k_cache, &fill(slots * width, 4, bf16::from_f32))?;
@@ -370,6 +384,7 @@ fn time_attention(
         max_blocks_per_seq: blocks_per_seq,
         sliding_window: None,
         scale: a.scale,
+        partition_tiles: ATTN_PARTITION_TILES,
     };
     let buffers = AttentionBuffers {
         q: arena.get(q)?,
@@ -382,7 +397,8 @@ fn time_attention(
         out: arena.get(out)?,
     };
     let num_items = items.len();
+    let split = split.then_some(AttentionSplit { partials: arena.get(partials)?, num_parts });
     time_graph(dev, repeats, || {
-        dev.paged_attention(&params, &buffers, num_seqs, num_seqs, num_items)
+        dev.paged_attention(&params, &buffers, (num_seqs, num_seqs, num_items), split)
     })
 }

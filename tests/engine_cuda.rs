@@ -233,6 +233,42 @@ async fn prefill_chunk_sizes_change_no_bit() {
     }
 }
 
+/// Decode past the first attention partition (512 positions) with one sequence splits each
+/// attention layer over the keys' partitions, a CTA each, folded after; the same positions scored
+/// in a prefill take every partition in one CTA. The logprobs must be the same bits: those of
+/// tokens 1..6 decoded after a 600-token prompt, and those of the same tokens as a prompt's.
+/// (Not Nemotron-H: its checkpoint clamps `dt` at prompt positions only, as transformers does, so
+/// a token computes differently as a prompt token.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_over_split_partitions_gives_the_prefills_bits() {
+    let test = "decode_over_split_partitions_gives_the_prefills_bits";
+    let cases = [("qwen3_moe", true), ("qwen3_moe", false), ("granitemoehybrid", true)];
+    for (arch, graphs) in cases {
+        let Some(gpu) = cuda_engine(arch, test, |c| c.cuda_graphs = graphs) else { return };
+        let prompt: Vec<u32> = (0..600u32).map(|i| i * 37 % 509).collect();
+        let decoded = run(&gpu, request(&prompt, 6)).await;
+        let tokens: Vec<u32> = decoded.tokens.iter().map(|t| t.token).collect();
+        let scored = [&prompt[..], &tokens[..]].concat();
+        let params = SamplingParams { prompt_logprobs: Some(0), ..greedy(1) };
+        let prefilled = run(&gpu, GenerateRequest::new(scored, params)).await;
+        let entries = prefilled.finals[0].prompt_logprobs.as_ref().expect("asked for");
+        // Token i was sampled from the row at position 599 + i, which in the second request
+        // scores its prompt token 600 + i: entry 599 + i.
+        for (i, t) in decoded.tokens.iter().enumerate().skip(1) {
+            let entry = &entries[599 + i];
+            assert_eq!(entry.token, t.token, "{arch} (graphs {graphs}): token {i}");
+            assert_eq!(
+                entry.logprob.to_bits(),
+                t.logprob.to_bits(),
+                "{arch} (graphs {graphs}): token {i}, decoded {} vs prefilled {}",
+                t.logprob,
+                entry.logprob
+            );
+        }
+        gpu.shutdown().await;
+    }
+}
+
 /// Each streamed token with the bits of its logprob.
 fn token_bits(o: &Outcome) -> Vec<(u32, u32)> {
     o.tokens.iter().map(|t| (t.token, t.logprob.to_bits())).collect()

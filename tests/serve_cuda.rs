@@ -82,9 +82,12 @@ fn bench_kernels_times_the_models_products_and_attention() {
     for scenario in ["argmax_b2", "log_softmax_b2", "sample_b2", "sample_top_p_b2"] {
         assert_eq!(find(scenario)["bytes"], (2 * 512 * 4) as f64, "{scenario}");
     }
-    // Two sequences of 512 tokens: bf16 keys and values of 2 heads of 16, f32 queries and outputs.
-    let r = find("attn_decode_b2_ctx512");
-    assert_eq!(r["bytes"], (2 * 512 * 2 * 16 * 2 * 2 + 2 * 4 * 16 * 4 * 2) as f64, "{r}");
+    // Two sequences of 512 tokens: bf16 keys and values of 2 heads of 16, f32 queries and outputs;
+    // the same case with the keys' partitions split over CTAs.
+    for scenario in ["attn_decode_b2_ctx512", "attn_split_decode_b2_ctx512"] {
+        let r = find(scenario);
+        assert_eq!(r["bytes"], (2 * 512 * 2 * 16 * 2 * 2 + 2 * 4 * 16 * 4 * 2) as f64, "{r}");
+    }
     for r in &records {
         assert!(r["us"].as_f64().is_some_and(|us| us > 0.0), "{r}");
         assert_eq!(r["runs_us"].as_array().map(Vec::len), Some(2), "{r}");

@@ -12,12 +12,24 @@
 // sees in which tile depends only on its position and the window, so a row's bits do not depend
 // on the other rows of its CTA, on the chunking of the prompt or on the batch.
 //
+// Partitions: the tiles are grouped into partitions of part_tiles tiles, also aligned at absolute
+// position 0. A row's online softmax starts afresh in each partition, and the partitions' results
+// (max, sum, accumulator) are folded in partition order (fold_partition): a row with one partition
+// gets exactly the plain online softmax. A CTA either takes every partition of its rows in turn
+// (partials null: prefill chunks, large batches) or only partition blockIdx.z, writing its
+// results to `partials` for attention_combine_f32 to fold (split: decode of a few sequences over
+// long contexts, where one CTA per KV head and sequence would leave most of the GPU idle). Both
+// fold the same values with the same operations in the same order, so a row's bits do not
+// depend on whether its context was split either.
+//
 // Sliding window: a query at position p sees keys max(0, p + 1 - window) ..= p (window 0: all).
 // Attention without RoPE (Nemotron-H) is this kernel with the rotary kernel not called.
 //
-// Block: 128 threads (4 warps). Grid: (num_work_items, num_kv_heads); a work item is
-// (sequence, first row), rows of a sequence numbered token-major, ATTN_ROWS per item.
+// Block: 128 threads (4 warps). Grid: (num_work_items, num_kv_heads, 1 or the partitions); a work
+// item is (sequence, first row), rows of a sequence numbered token-major, ATTN_ROWS per item.
 // Dynamic shared memory: attention_smem_floats(head_dim) * 4 bytes; head_dim <= 128.
+// Partials: [num_tokens, num_heads, max_parts, 2 + head_dim], (max, sum, accumulator) per row and
+// partition.
 
 #define ATTN_TILE 32
 #define ATTN_ROWS 16
@@ -30,11 +42,44 @@ struct AttnRows {
     int head[ATTN_ROWS];
     int pos[ATTN_ROWS];
     int first[ATTN_ROWS];
+    // The partition under way: running max and sum, this tile's rescale, whether the tile has keys.
     float m[ATTN_ROWS];
     float l[ATTN_ROWS];
     float corr[ATTN_ROWS];
     int active[ATTN_ROWS];
+    // The partitions done, folded (whole mode): max, sum, the weights of the last fold and its
+    // kind (fold_partition).
+    float run_m[ATTN_ROWS];
+    float run_l[ATTN_ROWS];
+    float c_run[ATTN_ROWS];
+    float c_part[ATTN_ROWS];
+    int fold[ATTN_ROWS];
 };
+
+// Folds a partition's max and sum into the running (m, l) of a row. Returns 1 for the row's first
+// partition (taken as it is: weights 0 and 1) and 2 otherwise; c_run and c_part are the weights of
+// the running and the partition's accumulators (fold_acc).
+__device__ __forceinline__ int fold_partition(
+    float& m, float& l, float m_part, float l_part, float& c_run, float& c_part) {
+    if (m == neg_inf()) {
+        m = m_part;
+        l = l_part;
+        c_run = 0.0f;
+        c_part = 1.0f;
+        return 1;
+    }
+    float m_new = fmaxf(m, m_part);
+    c_run = exp_nonpositive(sub(m, m_new));
+    c_part = exp_nonpositive(sub(m_part, m_new));
+    l = add(mul(l, c_run), mul(l_part, c_part));
+    m = m_new;
+    return 2;
+}
+
+// An accumulator after fold_partition returned `kind` with these weights.
+__device__ __forceinline__ float fold_acc(int kind, float acc_run, float acc_part, float c_run, float c_part) {
+    return kind == 1 ? acc_part : add(mul(acc_run, c_run), mul(acc_part, c_part));
+}
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) paged_attention_bf16kv(
     const float* __restrict__ q,             // device [num_tokens, num_heads, head_dim]
@@ -45,6 +90,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) paged_attention_bf16k
     const int* __restrict__ seq_starts,      // device [num_seqs + 1], token offsets in the step
     const int* __restrict__ items,           // device [num_work_items, 2] (sequence, first row)
     float* __restrict__ out,                 // device [num_tokens, num_heads, head_dim]
+    float* __restrict__ partials,            // device, see above; null: whole mode
+    int max_parts,                           // partitions per row in `partials`
+    int part_tiles,                          // tiles per partition
     int num_heads,
     int num_kv_heads,
     int head_dim,
@@ -75,8 +123,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) paged_attention_bf16k
         rows.head[tid] = kvh * group + r % group;
         rows.pos[tid] = pos;
         rows.first[tid] = !live ? 0x7fffffff : (window > 0 ? max(0, pos + 1 - window) : 0);
-        rows.m[tid] = neg_inf();
-        rows.l[tid] = 0.0f;
+        rows.run_m[tid] = neg_inf();
+        rows.run_l[tid] = 0.0f;
     }
     __syncthreads();
     for (int idx = tid; idx < ATTN_ROWS * head_dim; idx += ATTN_THREADS) {
@@ -89,68 +137,125 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) paged_attention_bf16k
         min_first = min(min_first, rows.first[r]);
         max_pos = max(max_pos, rows.pos[r]);
     }
-    float acc[ATTN_ACC_PER_THREAD];
+    const int tile_lo = min_first / ATTN_TILE, tile_hi = max_pos / ATTN_TILE;
+    int part_lo = tile_lo / part_tiles, part_hi = tile_hi / part_tiles;
+    const bool split = partials != nullptr;
+    if (split) {
+        // The same for every thread: the CTA leaves together, before any barrier.
+        if ((int)blockIdx.z < part_lo || (int)blockIdx.z > part_hi) return;
+        part_lo = part_hi = blockIdx.z;
+    }
+    float acc[ATTN_ACC_PER_THREAD], acc_run[ATTN_ACC_PER_THREAD];
 #pragma unroll
-    for (int j = 0; j < ATTN_ACC_PER_THREAD; ++j) acc[j] = 0.0f;
+    for (int j = 0; j < ATTN_ACC_PER_THREAD; ++j) acc_run[j] = 0.0f;
     const int* table = block_tables + (u64)seq * max_blocks_per_seq;
 
-    for (int tile = min_first / ATTN_TILE; tile <= max_pos / ATTN_TILE; ++tile) {
-        const int base = tile * ATTN_TILE;
-        __syncthreads();  // the previous tile's K, V and P are no longer read
-        for (int idx = tid; idx < ATTN_TILE * head_dim; idx += ATTN_THREADS) {
-            int j = idx / head_dim, d = idx % head_dim, kp = base + j;
-            float kv = 0.0f, vv = 0.0f;
-            if (kp >= min_first && kp <= max_pos) {
-                u64 slot = (u64)table[kp / block_size] * block_size + kp % block_size;
-                u64 at = (slot * num_kv_heads + kvh) * head_dim + d;
-                kv = bf16_to_f32(k_cache[at]);
-                vv = bf16_to_f32(v_cache[at]);
-            }
-            ks[j * (head_dim + 1) + d] = kv;
-            vs[j * head_dim + d] = vv;
+    for (int part = part_lo; part <= part_hi; ++part) {
+        __syncthreads();  // the previous partition's fold has read its m and l
+        if (tid < ATTN_ROWS) {
+            rows.m[tid] = neg_inf();
+            rows.l[tid] = 0.0f;
         }
-        __syncthreads();
-        // Scores and the online-softmax update: warp w takes rows w, w + 4, ...; lane j is key j.
-        for (int r = warp; r < ATTN_ROWS; r += ATTN_THREADS / 32) {
-            int kp = base + lane;
-            bool valid = r < num_rows && kp >= rows.first[r] && kp <= rows.pos[r];
-            float s = neg_inf();
-            if (valid) {
-                float dot = 0.0f;
-                for (int d = 0; d < head_dim; ++d)
-                    dot = add(dot, mul(qs[r * head_dim + d], ks[lane * (head_dim + 1) + d]));
-                s = mul(dot, scale);
+#pragma unroll
+        for (int j = 0; j < ATTN_ACC_PER_THREAD; ++j) acc[j] = 0.0f;
+        const int t_begin = max(tile_lo, part * part_tiles);
+        const int t_end = min(tile_hi, part * part_tiles + part_tiles - 1);
+        for (int tile = t_begin; tile <= t_end; ++tile) {
+            const int base = tile * ATTN_TILE;
+            __syncthreads();  // the previous tile's K, V and P are no longer read
+            for (int idx = tid; idx < ATTN_TILE * head_dim; idx += ATTN_THREADS) {
+                int j = idx / head_dim, d = idx % head_dim, kp = base + j;
+                float kv = 0.0f, vv = 0.0f;
+                if (kp >= min_first && kp <= max_pos) {
+                    u64 slot = (u64)table[kp / block_size] * block_size + kp % block_size;
+                    u64 at = (slot * num_kv_heads + kvh) * head_dim + d;
+                    kv = bf16_to_f32(k_cache[at]);
+                    vv = bf16_to_f32(v_cache[at]);
+                }
+                ks[j * (head_dim + 1) + d] = kv;
+                vs[j * head_dim + d] = vv;
             }
-            float tile_max = warp_max(s);
-            if (tile_max == neg_inf()) {
-                if (lane == 0) rows.active[r] = 0;
-                continue;
+            __syncthreads();
+            // Scores and the online-softmax update: warp w takes rows w, w + 4, ...; lane j is
+            // key j.
+            for (int r = warp; r < ATTN_ROWS; r += ATTN_THREADS / 32) {
+                int kp = base + lane;
+                bool valid = r < num_rows && kp >= rows.first[r] && kp <= rows.pos[r];
+                float s = neg_inf();
+                if (valid) {
+                    float dot = 0.0f;
+                    for (int d = 0; d < head_dim; ++d)
+                        dot = add(dot, mul(qs[r * head_dim + d], ks[lane * (head_dim + 1) + d]));
+                    s = mul(dot, scale);
+                }
+                float tile_max = warp_max(s);
+                if (tile_max == neg_inf()) {
+                    if (lane == 0) rows.active[r] = 0;
+                    continue;
+                }
+                float m_old = rows.m[r];
+                float m_new = fmaxf(m_old, tile_max);
+                float p = valid ? exp_nonpositive(sub(s, m_new)) : 0.0f;
+                ps[r * ATTN_TILE + lane] = p;
+                float tile_sum = warp_sum(p);
+                if (lane == 0) {
+                    float corr = m_old == neg_inf() ? 0.0f : exp_nonpositive(sub(m_old, m_new));
+                    rows.l[r] = add(mul(rows.l[r], corr), tile_sum);
+                    rows.m[r] = m_new;
+                    rows.corr[r] = corr;
+                    rows.active[r] = 1;
+                }
             }
-            float m_old = rows.m[r];
-            float m_new = fmaxf(m_old, tile_max);
-            float p = valid ? exp_nonpositive(sub(s, m_new)) : 0.0f;
-            ps[r * ATTN_TILE + lane] = p;
-            float tile_sum = warp_sum(p);
-            if (lane == 0) {
-                float corr = m_old == neg_inf() ? 0.0f : exp_nonpositive(sub(m_old, m_new));
-                rows.l[r] = add(mul(rows.l[r], corr), tile_sum);
-                rows.m[r] = m_new;
-                rows.corr[r] = corr;
-                rows.active[r] = 1;
+            __syncthreads();
+#pragma unroll
+            for (int j = 0; j < ATTN_ACC_PER_THREAD; ++j) {
+                int idx = tid + ATTN_THREADS * j;
+                if (idx >= ATTN_ROWS * head_dim) break;
+                int r = idx / head_dim, d = idx % head_dim;
+                if (!rows.active[r]) continue;
+                float t = 0.0f;
+                for (int key = 0; key < ATTN_TILE; ++key)
+                    t = add(t, mul(ps[r * ATTN_TILE + key], vs[key * head_dim + d]));
+                acc[j] = add(mul(acc[j], rows.corr[r]), t);
             }
+        }
+        __syncthreads();  // the partition's m and l are final
+        if (split) break;
+        // Whole mode: fold the partition into the row's running result (rows without a key in
+        // it keep theirs).
+        if (tid < ATTN_ROWS) {
+            rows.fold[tid] = rows.m[tid] == neg_inf()
+                ? 0
+                : fold_partition(rows.run_m[tid], rows.run_l[tid], rows.m[tid], rows.l[tid],
+                                 rows.c_run[tid], rows.c_part[tid]);
         }
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < ATTN_ACC_PER_THREAD; ++j) {
             int idx = tid + ATTN_THREADS * j;
             if (idx >= ATTN_ROWS * head_dim) break;
-            int r = idx / head_dim, d = idx % head_dim;
-            if (!rows.active[r]) continue;
-            float t = 0.0f;
-            for (int key = 0; key < ATTN_TILE; ++key)
-                t = add(t, mul(ps[r * ATTN_TILE + key], vs[key * head_dim + d]));
-            acc[j] = add(mul(acc[j], rows.corr[r]), t);
+            int r = idx / head_dim;
+            if (rows.fold[r])
+                acc_run[j] = fold_acc(rows.fold[r], acc_run[j], acc[j], rows.c_run[r], rows.c_part[r]);
         }
+    }
+    if (split) {
+        // This partition's results of the rows with a key in it; the combine reads exactly those.
+        const int p = blockIdx.z;
+#pragma unroll
+        for (int j = 0; j < ATTN_ACC_PER_THREAD; ++j) {
+            int idx = tid + ATTN_THREADS * j;
+            if (idx >= ATTN_ROWS * head_dim) break;
+            int r = idx / head_dim, d = idx % head_dim;
+            if (r >= num_rows || rows.m[r] == neg_inf()) continue;
+            u64 at = (((u64)rows.token[r] * num_heads + rows.head[r]) * max_parts + p) * (head_dim + 2);
+            partials[at + 2 + d] = acc[j];
+            if (d == 0) {
+                partials[at] = rows.m[r];
+                partials[at + 1] = rows.l[r];
+            }
+        }
+        return;
     }
 #pragma unroll
     for (int j = 0; j < ATTN_ACC_PER_THREAD; ++j) {
@@ -159,6 +264,35 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) paged_attention_bf16k
         int r = idx / head_dim, d = idx % head_dim;
         if (r < num_rows)
             out[((u64)rows.token[r] * num_heads + rows.head[r]) * head_dim + d] =
-                dvd(acc[j], rows.l[r]);
+                dvd(acc_run[j], rows.run_l[r]);
     }
+}
+
+// The partitions of split attention folded per (token, query head), in partition order, with the
+// whole mode's fold: bit for bit what one CTA taking the partitions in turn writes. Every
+// partition holding one of the row's keys was written by paged_attention_bf16kv.
+//
+// Block: ATTN_MAX_HEAD_DIM threads, thread d for element d. Grid: (num_tokens, num_heads).
+extern "C" __global__ void __launch_bounds__(ATTN_MAX_HEAD_DIM) attention_combine_f32(
+    const float* __restrict__ partials,  // device [num_tokens, num_heads, max_parts, 2 + head_dim]
+    const int* __restrict__ positions,   // device [num_tokens]
+    float* __restrict__ out,             // device [num_tokens, num_heads, head_dim]
+    int num_heads,
+    int head_dim,
+    int max_parts,
+    int part_tiles,
+    int window) {
+    const int tok = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+    const int pos = positions[tok];
+    const int first = window > 0 ? max(0, pos + 1 - window) : 0;
+    const int part_len = part_tiles * ATTN_TILE;
+    const float* row = partials + ((u64)tok * num_heads + head) * max_parts * (head_dim + 2);
+    float m = neg_inf(), l = 0.0f, acc = 0.0f;
+    for (int p = first / part_len; p <= pos / part_len; ++p) {
+        const float* part = row + (u64)p * (head_dim + 2);
+        float c_run, c_part;
+        int kind = fold_partition(m, l, part[0], part[1], c_run, c_part);
+        if (d < head_dim) acc = fold_acc(kind, acc, part[2 + d], c_run, c_part);
+    }
+    if (d < head_dim) out[((u64)tok * num_heads + head) * head_dim + d] = dvd(acc, l);
 }

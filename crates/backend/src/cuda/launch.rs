@@ -18,6 +18,10 @@ pub const ATTN_ROWS: usize = 16;
 pub const ATTN_THREADS: usize = 128;
 /// Largest head width the attention kernel takes (`ATTN_MAX_HEAD_DIM`).
 pub const ATTN_MAX_HEAD_DIM: usize = 128;
+/// Tiles per attention partition in the engine: 512 positions. A row's bits depend on it (its
+/// online softmax restarts at every partition), never on whether the partitions were split over
+/// CTAs.
+pub const ATTN_PARTITION_TILES: usize = 16;
 /// Tokens (warps) per router block (`ROUTER_WARPS`).
 pub const ROUTER_WARPS: usize = 4;
 /// Most expert groups the grouped router takes (`ROUTER_MAX_GROUPS`).
@@ -51,12 +55,17 @@ pub struct Shape {
 
 impl Shape {
     fn new(grid: (usize, usize), block: usize, smem: usize) -> Option<Self> {
-        let g = (u32::try_from(grid.0).ok()?, u32::try_from(grid.1).ok()?);
-        // The driver's limits: 2^31 - 1 blocks in x, 65535 in y.
-        if g.0 == 0 || g.1 == 0 || g.0 > i32::MAX as u32 || g.1 > 65_535 {
+        Self::new3((grid.0, grid.1, 1), block, smem)
+    }
+
+    fn new3(grid: (usize, usize, usize), block: usize, smem: usize) -> Option<Self> {
+        let g =
+            (u32::try_from(grid.0).ok()?, u32::try_from(grid.1).ok()?, u32::try_from(grid.2).ok()?);
+        // The driver's limits: 2^31 - 1 blocks in x, 65535 in y and z.
+        if g.0 == 0 || g.1 == 0 || g.2 == 0 || g.0 > i32::MAX as u32 || g.1.max(g.2) > 65_535 {
             return None;
         }
-        Some(Self { grid: (g.0, g.1, 1), block: (block as u32, 1, 1), smem: smem as u32 })
+        Some(Self { grid: g, block: (block as u32, 1, 1), smem: smem as u32 })
     }
 
     /// Whether the block needs more dynamic shared memory than the default limit.
@@ -114,10 +123,28 @@ pub fn attention_items(seq_lens: &[usize], group: usize) -> Vec<[i32; 2]> {
     items
 }
 
-/// Attention over `num_items` work items and `num_kv_heads` heads.
-pub fn attention(num_items: usize, num_kv_heads: usize, head_dim: usize) -> Option<Shape> {
+/// Attention over `num_items` work items and `num_kv_heads` heads, each CTA taking every
+/// partition of its rows (`num_parts` 1) or one of `num_parts` (split).
+pub fn attention(
+    num_items: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    num_parts: usize,
+) -> Option<Shape> {
     (head_dim <= ATTN_MAX_HEAD_DIM).then_some(())?;
-    Shape::new((num_items, num_kv_heads), ATTN_THREADS, attention_smem_bytes(head_dim))
+    let grid = (num_items, num_kv_heads, num_parts);
+    Shape::new3(grid, ATTN_THREADS, attention_smem_bytes(head_dim))
+}
+
+/// The fold of split attention's partitions: a block per (token, query head).
+pub fn attention_combine(num_tokens: usize, num_heads: usize, head_dim: usize) -> Option<Shape> {
+    (head_dim <= ATTN_MAX_HEAD_DIM).then_some(())?;
+    Shape::new((num_tokens, num_heads), ATTN_MAX_HEAD_DIM, 0)
+}
+
+/// Partitions of `part_tiles` tiles that positions below `max_positions` fall in.
+pub fn attention_parts(max_positions: usize, part_tiles: usize) -> usize {
+    max_positions.div_ceil(ATTN_TILE * part_tiles.max(1)).max(1)
 }
 
 /// Floats of router scratch per warp: scores, choices, taken flags (bytes), group scores, ids.
@@ -251,10 +278,15 @@ mod tests {
         assert_eq!(attention_items(&[1, 5, 1], 4), vec![[0, 0], [1, 0], [1, 16], [2, 0]]);
         assert_eq!(attention_items(&[3], 16), vec![[0, 0], [0, 16], [0, 32]]);
         assert!(attention_items(&[], 4).is_empty());
-        let s = attention(4, 2, 128).unwrap();
+        let s = attention(4, 2, 128, 1).unwrap();
         assert_eq!((s.grid, s.block.0), ((4, 2, 1), 128));
         assert!(!s.needs_smem_opt_in(), "head_dim 128 fits the default shared memory");
-        assert!(attention(4, 2, 256).is_none());
+        assert!(attention(4, 2, 256, 1).is_none());
+        assert_eq!(attention(4, 2, 64, 80).unwrap().grid, (4, 2, 80));
+        assert!(attention(4, 2, 64, 70_000).is_none(), "65535 blocks in z at most");
+        assert_eq!(attention_parts(512, ATTN_PARTITION_TILES), 1);
+        assert_eq!(attention_parts(513, ATTN_PARTITION_TILES), 2);
+        assert_eq!(attention_parts(40_960, ATTN_PARTITION_TILES), 80);
     }
 
     #[test]

@@ -124,6 +124,7 @@ kernel_ids! {
     GemmBf16 = "gemm_bf16w_f32" in GEMM;
     GemmF32 = "gemm_f32w_f32" in GEMM;
     PagedAttention = "paged_attention_bf16kv" in ATTENTION;
+    AttentionCombine = "attention_combine_f32" in ATTENTION;
     KvWrite = "kv_write_bf16" in KV_WRITE;
     StateCopy = "state_copy_f32" in STATE_COPY;
     MoeRouter = "moe_router_topk" in ROUTER;

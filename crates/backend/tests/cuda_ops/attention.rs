@@ -1,6 +1,6 @@
 //! Attention over the paged cache: against the CPU's math, and bitwise the same whether a
-//! sequence's tokens run as one prefill, in chunks of different lengths, one at a time, or batched
-//! with other sequences.
+//! sequence's tokens run as one prefill, in chunks of different lengths, one at a time, batched
+//! with other sequences, or with their keys' partitions split over CTAs and folded after.
 
 use super::support::*;
 use half::bf16;
@@ -8,8 +8,8 @@ use routed_backend::{
     cpu,
     cuda::{
         ArenaLayout, CudaDevice, DeviceArena,
-        launch::attention_items,
-        ops::{AttentionBuffers, AttentionParams},
+        launch::{attention_items, attention_parts},
+        ops::{AttentionBuffers, AttentionParams, AttentionSplit},
         pools::KvPool,
     },
 };
@@ -90,12 +90,14 @@ impl Cache {
 }
 
 /// One step: `chunks` of `(sequence, first position, tokens)`. Writes the chunks' keys and values,
-/// runs attention, and returns each chunk's outputs `[tokens, heads, hd]`.
+/// runs attention (split over the partitions when `split`), and returns each chunk's outputs
+/// `[tokens, heads, hd]`.
 fn step(
     dev: &'static CudaDevice,
     case: &Case,
     cache: &Cache,
     chunks: &[(usize, usize, usize)],
+    split: bool,
 ) -> Vec<Vec<f32>> {
     let p = &case.p;
     let (width, qw) = (p.num_kv_heads * p.head_dim, p.num_heads * p.head_dim);
@@ -121,6 +123,10 @@ fn step(
         (plan.input(&q), plan.input(&k), plan.input(&v), plan.input(&pos), plan.input(&slots));
     let (sts, tbs, its, out) =
         (plan.input(&starts), plan.input(&tables), plan.input(&items), plan.output::<f32>(n * qw));
+    let max_pos = pos.iter().max().map_or(0, |&p| p as usize);
+    let num_parts = attention_parts(max_pos + 1, p.partition_tiles);
+    let parts =
+        plan.output::<f32>(AttentionSplit::partials_len(n, p.num_heads, p.head_dim, num_parts));
     let m = plan.alloc();
     let (kc, vc) =
         (cache.arena.get(cache.kv.k[0]).unwrap(), cache.arena.get(cache.kv.v[0]).unwrap());
@@ -135,7 +141,8 @@ fn step(
         items: m.get(its),
         out: m.get(out),
     };
-    dev.paged_attention(p, &bufs, n, chunks.len(), items.len() / 2).unwrap();
+    let split = split.then(|| AttentionSplit { partials: m.get(parts), num_parts });
+    dev.paged_attention(p, &bufs, (n, chunks.len(), items.len() / 2), split).unwrap();
     let all = m.read(out);
     let mut at = 0;
     lens.iter()
@@ -149,7 +156,12 @@ fn step(
 
 /// Runs each sequence's tokens in the given chunk lengths (sequences interleaved in each step)
 /// and returns every sequence's outputs `[len, heads, hd]`.
-fn run_chunked(dev: &'static CudaDevice, case: &Case, chunk_lens: &[usize]) -> Vec<Vec<f32>> {
+fn run_chunked(
+    dev: &'static CudaDevice,
+    case: &Case,
+    chunk_lens: &[usize],
+    split: bool,
+) -> Vec<Vec<f32>> {
     let cache = Cache::new(dev, case);
     let lens: Vec<usize> =
         case.seqs.iter().map(|s| s.k.len() / (case.p.num_kv_heads * case.p.head_dim)).collect();
@@ -163,7 +175,7 @@ fn run_chunked(dev: &'static CudaDevice, case: &Case, chunk_lens: &[usize]) -> V
                 (s, done[s], chunk_lens[(round + s) % chunk_lens.len()].min(lens[s] - done[s]))
             })
             .collect();
-        for (&(s, _, len), out) in chunks.iter().zip(step(dev, case, &cache, &chunks)) {
+        for (&(s, _, len), out) in chunks.iter().zip(step(dev, case, &cache, &chunks, split)) {
             outs[s].extend(out);
             done[s] += len;
         }
@@ -175,7 +187,7 @@ fn run_chunked(dev: &'static CudaDevice, case: &Case, chunk_lens: &[usize]) -> V
 fn check(name: &str, p: AttentionParams, lens: &[usize], seed: u64) {
     let Some(dev) = gpu_or_skip(name) else { return };
     let case = Case::new(p, lens, &mut Rng::new(seed));
-    let whole = run_chunked(dev, &case, &[usize::MAX]);
+    let whole = run_chunked(dev, &case, &[usize::MAX], false);
     let (hd, heads) = (p.head_dim, p.num_heads);
     for (s, out) in whole.iter().enumerate() {
         let scale = max_abs(&case.seqs[s].v);
@@ -188,15 +200,23 @@ fn check(name: &str, p: AttentionParams, lens: &[usize], seed: u64) {
         }
     }
     for chunking in [vec![1], vec![7, 16, 1, 33], vec![5, 64], vec![32]] {
-        let got = run_chunked(dev, &case, &chunking);
+        let got = run_chunked(dev, &case, &chunking, false);
         for (s, (g, w)) in got.iter().zip(&whole).enumerate() {
             assert_bits(&format!("{name}: seq {s} in chunks {chunking:?}"), g, w);
+        }
+    }
+    // Each partition in a CTA of its own, folded by the combine: the same bits, for decode rows
+    // and prefill chunks alike.
+    for chunking in [vec![1], vec![usize::MAX], vec![7, 16, 1, 33]] {
+        let got = run_chunked(dev, &case, &chunking, true);
+        for (s, (g, w)) in got.iter().zip(&whole).enumerate() {
+            assert_bits(&format!("{name}: seq {s} split, in chunks {chunking:?}"), g, w);
         }
     }
     // A sequence alone gives the bits it has in the batch.
     for (s, (seq, want)) in case.seqs.iter().zip(&whole).enumerate() {
         let alone = Case { p, seqs: vec![clone_seq(seq)] };
-        let got = run_chunked(dev, &alone, &[usize::MAX]);
+        let got = run_chunked(dev, &alone, &[usize::MAX], false);
         assert_bits(&format!("{name}: seq {s} alone"), &got[0], want);
     }
 }
@@ -215,6 +235,8 @@ fn grouped_query_attention_matches_the_cpu_however_tokens_are_batched() {
         max_blocks_per_seq: 8,
         sliding_window: None,
         scale: 0.125,
+        // Partitions of 32 positions: the longest sequence folds 4.
+        partition_tiles: 1,
     };
     check(
         "grouped_query_attention_matches_the_cpu_however_tokens_are_batched",
@@ -234,6 +256,8 @@ fn sliding_window_attention_with_wide_heads_matches_the_cpu() {
         max_blocks_per_seq: 6,
         sliding_window: Some(40),
         scale: 1.0 / 128f32.sqrt(),
+        // Partitions of 64 positions: windows that straddle two, and windows inside one.
+        partition_tiles: 2,
     };
     check("sliding_window_attention_with_wide_heads_matches_the_cpu", p, &[90, 41, 1], 12);
 }

@@ -8,6 +8,7 @@ use crate::{
     error::Result,
     gpu::{
         exchange::Exchange,
+        forward::ATTENTION_SPLIT_MAX_SEQS,
         weights::{GpuBlock, GpuWeights},
     },
 };
@@ -16,7 +17,8 @@ use routed_backend::{
     cuda::{
         ArenaLayout, CudaDevice, DeviceArena, Graph, Span,
         host::{PinnedBuffer, rope_table},
-        launch::{moe_max_sorted_rows, moe_max_tiles},
+        launch::{ATTN_PARTITION_TILES, attention_parts, moe_max_sorted_rows, moe_max_tiles},
+        ops::AttentionSplit,
         pools::{KvPool, RoutingBuffer, StatePool},
     },
     step_inputs::{AttentionTiling, PackGeometry, StepCapacity, StepPacker},
@@ -55,6 +57,9 @@ pub(crate) struct Activations {
     pub k: Span<f32>,
     pub v: Span<f32>,
     pub attn: Span<f32>,
+    /// Split attention's partition results, `[ATTENTION_SPLIT_MAX_SEQS, num_heads, parts,
+    /// 2 + head_dim]` with the partitions of `max_positions`.
+    pub attn_partials: Span<f32>,
     pub proj: Span<f32>,
     pub xbc: Span<f32>,
     pub y: Span<f32>,
@@ -95,9 +100,9 @@ pub(crate) struct MoeScratch {
 
 /// A worker's device pools and host buffers.
 pub struct GpuCaches {
-    /// The decode graphs captured so far, by (padded batch, routing captured): they hold the
-    /// addresses of the buffers below.
-    pub(crate) graphs: HashMap<(usize, bool), Graph>,
+    /// The decode graphs captured so far, by (padded batch, routing captured, attention split):
+    /// they hold the addresses of the buffers below.
+    pub(crate) graphs: HashMap<(usize, bool, bool), Graph>,
     pub(crate) shape: GpuCacheShape,
     pub(crate) arena: Arc<DeviceArena>,
     pub(crate) kv: KvPool,
@@ -236,6 +241,11 @@ fn activations(
         k: l.push(n * attn_kv),
         v: l.push(n * attn_kv),
         attn: l.push(n * attn_q),
+        attn_partials: l.push(config.attention.as_ref().map_or(0, |a| {
+            let parts = attention_parts(shape.max_positions, ATTN_PARTITION_TILES);
+            let seqs = ATTENTION_SPLIT_MAX_SEQS.min(n);
+            AttentionSplit::partials_len(seqs, a.num_heads, a.head_dim, parts)
+        })),
         proj: l.push(n * proj),
         xbc: l.push(n * conv_dim),
         y: l.push(n * d_inner),

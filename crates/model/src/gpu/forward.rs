@@ -18,14 +18,31 @@ use routed_backend::{
     cuda::{
         DevSlice, DeviceArena, DeviceElem, Span,
         host::SampleParams,
+        launch::{ATTN_PARTITION_TILES, ATTN_TILE, attention_parts},
         ops::{
-            AttentionBuffers, AttentionParams, ConvParams, ExpertActivation, MambaSeqs,
-            MoeSortBuffers, RouterParams, ScanParams, ScanWeights, Weights,
+            AttentionBuffers, AttentionParams, AttentionSplit, ConvParams, ExpertActivation,
+            MambaSeqs, MoeSortBuffers, RouterParams, ScanParams, ScanWeights, Weights,
         },
     },
     step_inputs::{PackedStep, Section, StepInputLayout},
 };
 use routed_types::{ScheduledSeq, StepPlan};
+
+/// Decode steps of up to this many sequences split attention over the keys' partitions: their
+/// CTAs would otherwise be one per sequence and KV head, each reading its whole context alone
+/// (4 CTAs for one sequence of a model with 4 KV heads, on a GPU of 132 SMs). Larger batches
+/// have CTAs enough. Either way a row's bits are the same.
+pub(crate) const ATTENTION_SPLIT_MAX_SEQS: usize = 16;
+
+/// Whether a step splits attention: a decode step of a few sequences, one of which has keys in
+/// more than one partition.
+fn splits_attention(plan: &StepPlan, num_seqs: usize) -> bool {
+    let decode = plan.seqs.iter().all(|s| s.token_ids.len() == 1);
+    let partition = ATTN_TILE * ATTN_PARTITION_TILES;
+    decode
+        && num_seqs <= ATTENTION_SPLIT_MAX_SEQS
+        && plan.seqs.iter().any(|s| s.num_computed_tokens >= partition)
+}
 
 /// The sections of the uploaded step inputs as the kernels read them.
 pub(crate) struct StepViews<'a> {
@@ -90,6 +107,8 @@ struct Ctx<'a> {
     v: StepViews<'a>,
     step: PackedStep,
     capture_routing: bool,
+    /// Partitions attention is split over (`None`: every CTA takes all of its rows').
+    split_parts: Option<usize>,
 }
 
 impl GpuModel {
@@ -105,7 +124,13 @@ impl GpuModel {
     ) -> Result<PackedStep> {
         let step = self.upload_step(caches, plan, None, wants_logits)?;
         let arena = caches.arena.clone();
-        Ctx::new(self, &arena, caches, step, capture_routing)?.run()?;
+        let mut ctx = Ctx::new(self, &arena, caches, step, capture_routing)?;
+        if splits_attention(plan, step.num_seqs) {
+            // Only the partitions the step's positions reach.
+            let end = plan.seqs.iter().map(|s| s.num_computed_tokens + 1).max().unwrap_or(1);
+            ctx.split_parts = Some(attention_parts(end, ATTN_PARTITION_TILES));
+        }
+        ctx.run()?;
         Ok(step)
     }
 
@@ -138,10 +163,14 @@ impl GpuModel {
                     .into(),
             ));
         }
-        let key = (step.num_tokens, capture_routing);
+        // A graph's grid is fixed: split, it spans every partition of the positions there are.
+        let split = splits_attention(plan, step.num_seqs);
+        let key = (step.num_tokens, capture_routing, split);
         if !caches.graphs.contains_key(&key) {
             let arena = caches.arena.clone();
-            let ctx = Ctx::new(self, &arena, caches, step, capture_routing)?;
+            let mut ctx = Ctx::new(self, &arena, caches, step, capture_routing)?;
+            let parts = attention_parts(caches.shape.max_positions, ATTN_PARTITION_TILES);
+            ctx.split_parts = split.then_some(parts);
             let graph = self.dev.capture(|| ctx.run())?;
             caches.graphs.insert(key, graph);
         }
@@ -189,7 +218,16 @@ impl<'a> Ctx<'a> {
         capture_routing: bool,
     ) -> Result<Self> {
         let v = StepViews::new(arena, caches.inputs, caches.packer.layout())?;
-        Ok(Ctx { model, arena, caches, act: &caches.act, v, step, capture_routing })
+        Ok(Ctx {
+            model,
+            arena,
+            caches,
+            act: &caches.act,
+            v,
+            step,
+            capture_routing,
+            split_parts: None,
+        })
     }
 }
 
@@ -286,6 +324,7 @@ impl Ctx<'_> {
             max_blocks_per_seq: self.step.block_table_stride,
             sliding_window: c.sliding_window,
             scale: c.scale,
+            partition_tiles: ATTN_PARTITION_TILES,
         };
         let buffers = AttentionBuffers {
             q,
@@ -298,7 +337,13 @@ impl Ctx<'_> {
             out: heads,
         };
         let s = &self.step;
-        dev.paged_attention(&params, &buffers, n, s.num_seqs, s.num_attention_items)?;
+        let split = match self.split_parts {
+            Some(num_parts) => {
+                Some(AttentionSplit { partials: self.f32(act.attn_partials)?, num_parts })
+            }
+            None => None,
+        };
+        dev.paged_attention(&params, &buffers, (n, s.num_seqs, s.num_attention_items), split)?;
         self.gemm(heads, &b.o, out)
     }
 

@@ -24,6 +24,30 @@ pub struct AttentionParams {
     pub sliding_window: Option<usize>,
     /// Multiplier of `q . k`.
     pub scale: f32,
+    /// Tiles per partition ([`cfg::ATTN_PARTITION_TILES`] in the engine): a row's online
+    /// softmax restarts at every partition and the partitions are folded in order.
+    pub partition_tiles: usize,
+}
+
+/// Where split attention writes each partition's results before they are folded.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionSplit<'a> {
+    /// `[num_tokens, num_heads, num_parts, 2 + head_dim]`.
+    pub partials: DevSlice<'a, f32>,
+    /// Partitions per row in `partials`; positions must stay below `num_parts` partitions.
+    pub num_parts: usize,
+}
+
+impl AttentionSplit<'_> {
+    /// Floats of `partials` for `num_tokens` rows of `num_heads` heads.
+    pub fn partials_len(
+        num_tokens: usize,
+        num_heads: usize,
+        head_dim: usize,
+        parts: usize,
+    ) -> usize {
+        num_tokens * num_heads * parts * (2 + head_dim)
+    }
 }
 
 /// The buffers of one attention launch.
@@ -76,16 +100,21 @@ impl CudaDevice {
     }
 
     /// Attention of the step's queries over the paged cache (`paged_attention_bf16kv`). The
-    /// step's keys and values must already be written ([`CudaDevice::kv_write`]).
+    /// step's keys and values must already be written ([`CudaDevice::kv_write`]). With `split`,
+    /// each CTA takes one partition of its rows' keys and `attention_combine_f32` folds them:
+    /// the same bits as without, from more CTAs (for decode of a few sequences over long
+    /// contexts).
     pub fn paged_attention(
         &self,
         p: &AttentionParams,
         b: &AttentionBuffers<'_>,
-        num_tokens: usize,
-        num_seqs: usize,
-        num_items: usize,
+        (num_tokens, num_seqs, num_items): (usize, usize, usize),
+        split: Option<AttentionSplit<'_>>,
     ) -> Result<(), BackendError> {
         let id = KernelId::PagedAttention;
+        if p.partition_tiles == 0 {
+            return Err(bad(id, "partitions of no tile"));
+        }
         if p.num_kv_heads == 0 || !p.num_heads.is_multiple_of(p.num_kv_heads) {
             return Err(bad(id, "num_heads must be a multiple of num_kv_heads"));
         }
@@ -107,7 +136,15 @@ impl CudaDevice {
         {
             return Err(bad(id, "the caches must be whole blocks of the same size"));
         }
-        let sh = shape(id, cfg::attention(num_items, p.num_kv_heads, p.head_dim))?;
+        let num_parts = split.map_or(1, |s| s.num_parts);
+        if let Some(s) = split {
+            let need = AttentionSplit::partials_len(num_tokens, p.num_heads, p.head_dim, num_parts);
+            fits(id, "partials", &s.partials, need)?;
+        }
+        let sh = shape(id, cfg::attention(num_items, p.num_kv_heads, p.head_dim, num_parts))?;
+        let partials = split.map_or(0, |s| s.partials.addr());
+        let (max_parts, part_tiles) =
+            (int(id, "num_parts", num_parts)?, int(id, "partition_tiles", p.partition_tiles)?);
         let (q, kc, vc, tables, pos, starts, items, out) = (
             b.q.addr(),
             b.k_cache.addr(),
@@ -133,10 +170,16 @@ impl CudaDevice {
             id,
             sh,
             [
-                q, kc, vc, tables, pos, starts, items, out, heads, kv_heads, head_dim, block_size,
-                max_blocks, window, scale,
+                q, kc, vc, tables, pos, starts, items, out, partials, max_parts, part_tiles, heads,
+                kv_heads, head_dim, block_size, max_blocks, window, scale,
             ]
-        )
+        )?;
+        if split.is_none() {
+            return Ok(());
+        }
+        let id = KernelId::AttentionCombine;
+        let sh = shape(id, cfg::attention_combine(num_tokens, p.num_heads, p.head_dim))?;
+        launch!(self, id, sh, [partials, pos, out, heads, head_dim, max_parts, part_tiles, window])
     }
 
     /// Copies whole state slots: for each of `num_pairs` pairs `(src, dst)`, slot `dst` of `dst`

@@ -14,7 +14,7 @@ mod moe;
 mod sample;
 mod ssm;
 
-pub use attention::{AttentionBuffers, AttentionParams};
+pub use attention::{AttentionBuffers, AttentionParams, AttentionSplit};
 pub use moe::{ExpertActivation, ExpertShard, MoeSortBuffers, RouterKind, RouterParams};
 pub use ssm::{ConvParams, MambaSeqs, ScanParams, ScanWeights};
 
