@@ -468,3 +468,47 @@ impl Ctx<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use routed_types::{BlockGeneration, BlockId, BlockRef, SeqId};
+
+    /// A sequence with `computed` tokens cached and `len` to compute.
+    fn seq(computed: usize, len: usize) -> ScheduledSeq {
+        ScheduledSeq {
+            seq_id: SeqId(computed as u64),
+            token_ids: vec![1; len],
+            num_computed_tokens: computed,
+            num_prompt_tokens: computed + len,
+            block_table: vec![BlockRef::new(BlockId(0), BlockGeneration(0))],
+            live_state: None,
+            restore_from: None,
+            snapshots: Vec::new(),
+            sample: None,
+            context: None,
+            prompt_logprobs: None,
+        }
+    }
+
+    fn plan(seqs: Vec<ScheduledSeq>) -> StepPlan {
+        StepPlan { seqs, ..StepPlan::default() }
+    }
+
+    #[test]
+    fn decode_of_a_few_long_sequences_splits_attention() {
+        let partition = ATTN_TILE * ATTN_PARTITION_TILES;
+        // One sequence past the first partition, alone or beside short ones.
+        assert!(splits_attention(&plan(vec![seq(partition, 1)]), 1));
+        assert!(splits_attention(&plan(vec![seq(3, 1), seq(partition + 90, 1)]), 2));
+        // Within the first partition there is nothing to split.
+        assert!(!splits_attention(&plan(vec![seq(partition - 1, 1)]), 1));
+        // A prefill chunk in the step, or more sequences than the threshold: every CTA takes all
+        // its rows' partitions.
+        assert!(!splits_attention(&plan(vec![seq(partition, 1), seq(0, 5)]), 2));
+        let many = vec![seq(partition, 1); ATTENTION_SPLIT_MAX_SEQS + 1];
+        assert!(!splits_attention(&plan(many), ATTENTION_SPLIT_MAX_SEQS + 1));
+        // The padded batch of a graph counts.
+        assert!(!splits_attention(&plan(vec![seq(partition, 1)]), ATTENTION_SPLIT_MAX_SEQS + 1));
+    }
+}
