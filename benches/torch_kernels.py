@@ -10,12 +10,12 @@ projections: q_proj, o_proj, expert_up, shared_up, lm_head, as the model's confi
 `attn_decode_b<B>_ctx<L>` is scaled_dot_product_attention of one bf16 query per sequence over L
 contiguous bf16 keys and values (grouped heads as the config says), and `argmax_b<B>`,
 `log_softmax_b<B>`, `sample_b<B>` and `sample_top_p_b<B>` choose tokens from B rows of f32 logits
-as vLLM's sampler does (softmax and multinomial; top-k, sort and cumulative sum for top-p). Each case is captured as a
-CUDA graph of 20 launches and timed per replay with CUDA events, as routed times its kernels, so
-neither side pays its host's launch cost. A `hbm_copy` record gives the device's copy bandwidth
-(a 1 GiB device-to-device copy, bytes read plus written): the roofline the others are read
-against. Records: engine "torch", dtype "bf16", `us` (median per launch), `gb_per_s` (the bytes
-the case must move, over `us`), `tflops`, `runs_us`.
+as vLLM's sampler does (softmax and multinomial; top-k, sort and cumulative sum for top-p). Each
+case is captured as a CUDA graph of 20 launches and timed per replay with CUDA events, as routed
+times its kernels, so neither side pays its host's launch cost. A `hbm_copy` record gives the
+device's copy bandwidth (a 1 GiB device-to-device copy, bytes read plus written): the roofline the
+others are read against. Records: engine "torch", dtype "bf16", `us` (median per launch),
+`gb_per_s` (the bytes the case must move, over `us`), `tflops`, `runs_us`.
 """
 
 import argparse

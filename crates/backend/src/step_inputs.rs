@@ -17,8 +17,9 @@
 //! Logits rows: the step's final hidden rows that need logits are gathered into rows of a logits
 //! buffer, greedy samples first, then seeded samples, then prompt positions scored on the device
 //! (prompt logprobs: each row's next prompt token), then rows the host finishes (rows whose bias
-//! and penalties do not fit the step's edit list), in plan order within each group. The gather pairs `(token row, logits row)` count logits rows within chunks
-//! of [`PackGeometry::logits_chunk_rows`], the rows the logits buffer holds at once. A device
+//! and penalties do not fit the step's edit list), in plan order within each group. The gather
+//! pairs `(token row, logits row)` count logits rows within chunks of
+//! [`PackGeometry::logits_chunk_rows`], the rows the logits buffer holds at once. A device
 //! row's logit bias and penalties go as per-token edits ([`crate::logit_edits`]), device rows'
 //! edits one after another with a start per device row.
 

@@ -126,7 +126,8 @@ impl CudaDevice {
     }
 
     /// The CUDA simulator ([`super::sim`]): every kernel built for the host by its C++ compiler,
-    /// launches and copies queued per stream and run when waited for. Fails (naming the compiler) when no compiler can build them.
+    /// launches and copies queued per stream and run when waited for. Fails (naming the
+    /// compiler) when no compiler can build them.
     pub fn simulated() -> Result<Self, BackendError> {
         let kernels = SimKernels::load()?;
         let queues = kernels.queues().clone();
