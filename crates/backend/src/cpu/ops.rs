@@ -27,7 +27,7 @@ fn inv_rms(x: &[f32], eps: f32) -> f32 {
     1.0 / (sum_sq / x.len() as f32 + eps).sqrt()
 }
 
-/// `x * sigmoid(x)`, with the polynomial `exp` of [`exp_nonpositive`] at `-|x|` (so it never
+/// `x * sigmoid(x)`, with the polynomial `exp` of `exp_nonpositive` at `-|x|` (so it never
 /// overflows): `x / (1 + e)` for `x >= 0`, `x * e / (1 + e)` below. Branch-free, so the slice
 /// versions vectorise; every version gives the same bits.
 #[inline(always)]

@@ -1,7 +1,7 @@
 //! The CUDA device, through cudarc with dynamic loading: the binary builds and starts on machines
 //! without CUDA, and only opening a device needs the driver and NVRTC.
 //!
-//! * [`device`]: opening a device (probes first, then context, streams, kernels).
+//! * `device`: opening a device (probes first, then context, streams, kernels).
 //! * [`libs`]: finding the driver, NVRTC and cuBLAS without letting cudarc panic.
 //! * [`source`] and [`compile`]: the embedded `kernels/` sources, the [`KernelId`] table, NVRTC to
 //!   CUBIN with an on-disk cache.

@@ -1,7 +1,7 @@
 //! Streams and events of a device: the driver's, or the simulator's.
 //!
 //! The simulator's streams are queues that run their work only when it is waited for
-//! ([`super::sim::queue`]), so code written against these types must order its work with events
+//! (`sim/queue.rs`), so code written against these types must order its work with events
 //! and synchronisations exactly as on a GPU: a missing wait shows on the simulator too.
 
 use super::{

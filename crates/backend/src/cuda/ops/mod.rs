@@ -1,4 +1,4 @@
-//! Typed launch wrappers, one per kernel, as methods of [`CudaDevice`]. Each checks the sizes it
+//! Typed launch wrappers, one per kernel, as methods of [`CudaDevice`](super::CudaDevice). Each checks the sizes it
 //! can see on the host (buffer lengths against the shape, limits of the kernel) and then makes the
 //! single launch; the argument order of a kernel is written down only in its wrapper. Every launch
 //! goes on the compute stream.

@@ -9,7 +9,7 @@
 //! races between blocks, speed), so a run on a GPU is still the test of those.
 //!
 //! A device opened with [`CudaDevice::simulated`](super::CudaDevice::simulated) launches here.
-//! Its "device memory" is host memory; its streams are queues ([`queue`]) whose launches and
+//! Its "device memory" is host memory; its streams are queues (`queue.rs`) whose launches and
 //! copies run only once something waits for them, on the thread that waits, blocks one after
 //! another, so a missing event or synchronisation shows as wrong data, as on a GPU.
 //!
