@@ -1,7 +1,7 @@
-//! Typed launch wrappers, one per kernel, as methods of [`CudaDevice`](super::CudaDevice). Each checks the sizes it
-//! can see on the host (buffer lengths against the shape, limits of the kernel) and then makes the
-//! single launch; the argument order of a kernel is written down only in its wrapper. Every launch
-//! goes on the compute stream.
+//! Typed launch wrappers, one per kernel, as methods of [`CudaDevice`](super::CudaDevice). Each
+//! checks the sizes it can see on the host (buffer lengths against the shape, limits of the
+//! kernel) and then makes the single launch; the argument order of a kernel is written down only
+//! in its wrapper. Every launch goes on the compute stream.
 //!
 //! Buffers are [`DevSlice`]s of the pools. Device-side indices (token ids, slots, block tables,
 //! positions) cannot be checked here; the host code that fills the step inputs validates them, as
