@@ -68,21 +68,8 @@ fn worker(arch: &str, test: &str) -> Option<CudaWorker> {
 /// A prefill of `prompt` on blocks `first..`, routing captured, nothing sampled.
 fn prefill(step: u64, prompt: &[u32], first: u32) -> StepPlan {
     let blocks = prompt.len().div_ceil(BLOCK_SIZE) as u32;
-    let seq = ScheduledSeq {
-        seq_id: SeqId(first as u64),
-        token_ids: prompt.to_vec(),
-        num_computed_tokens: 0,
-        num_prompt_tokens: prompt.len(),
-        block_table: (first..first + blocks)
-            .map(|b| BlockRef::new(BlockId(b), BlockGeneration(1)))
-            .collect(),
-        live_state: None,
-        restore_from: None,
-        snapshots: Vec::new(),
-        sample: None,
-        context: None,
-        prompt_logprobs: None,
-    };
+    let table = (first..first + blocks).map(|b| BlockRef::new(BlockId(b), BlockGeneration(1)));
+    let seq = ScheduledSeq::prompt_chunk(SeqId(first as u64), prompt.to_vec(), 0, table.collect());
     StepPlan { step_id: StepId(step), seqs: vec![seq], capture_routing: true }
 }
 

@@ -29,21 +29,12 @@ fn geometry() -> PackGeometry {
 }
 
 fn seq(computed: usize, tokens: &[u32], blocks: &[u32]) -> ScheduledSeq {
+    let table = blocks.iter().map(|&b| BlockRef::new(BlockId(b), BlockGeneration(1))).collect();
+    let seq_id = SeqId(blocks[0] as u64);
+    let live_state = Some(blocks[0] % 8);
     ScheduledSeq {
-        seq_id: SeqId(blocks[0] as u64),
-        token_ids: tokens.to_vec(),
-        num_computed_tokens: computed,
-        num_prompt_tokens: computed + tokens.len(),
-        block_table: blocks
-            .iter()
-            .map(|&b| BlockRef::new(BlockId(b), BlockGeneration(1)))
-            .collect(),
-        live_state: Some(blocks[0] % 8),
-        restore_from: None,
-        snapshots: Vec::new(),
-        sample: None,
-        context: None,
-        prompt_logprobs: None,
+        live_state,
+        ..ScheduledSeq::prompt_chunk(seq_id, tokens.to_vec(), computed, table)
     }
 }
 

@@ -40,6 +40,31 @@ pub struct ScheduledSeq {
     pub prompt_logprobs: Option<u32>,
 }
 
+impl ScheduledSeq {
+    /// Prompt tokens `token_ids` after `num_computed_tokens` cached ones, on `block_table`: no
+    /// state slot, snapshot, sampling, context or prompt logprobs (set those after, as needed).
+    pub fn prompt_chunk(
+        seq_id: SeqId,
+        token_ids: Vec<TokenId>,
+        num_computed_tokens: usize,
+        block_table: Vec<BlockRef>,
+    ) -> Self {
+        Self {
+            seq_id,
+            num_prompt_tokens: num_computed_tokens + token_ids.len(),
+            token_ids,
+            num_computed_tokens,
+            block_table,
+            live_state: None,
+            restore_from: None,
+            snapshots: Vec::new(),
+            sample: None,
+            context: None,
+            prompt_logprobs: None,
+        }
+    }
+}
+
 /// A sequence's tokens beyond the step's own, for the samplers and prompt logprobs that need them.
 #[derive(Clone, Debug, Default)]
 pub struct SeqContext {

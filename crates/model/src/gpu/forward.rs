@@ -476,19 +476,8 @@ mod tests {
 
     /// A sequence with `computed` tokens cached and `len` to compute.
     fn seq(computed: usize, len: usize) -> ScheduledSeq {
-        ScheduledSeq {
-            seq_id: SeqId(computed as u64),
-            token_ids: vec![1; len],
-            num_computed_tokens: computed,
-            num_prompt_tokens: computed + len,
-            block_table: vec![BlockRef::new(BlockId(0), BlockGeneration(0))],
-            live_state: None,
-            restore_from: None,
-            snapshots: Vec::new(),
-            sample: None,
-            context: None,
-            prompt_logprobs: None,
-        }
+        let table = vec![BlockRef::new(BlockId(0), BlockGeneration(0))];
+        ScheduledSeq::prompt_chunk(SeqId(computed as u64), vec![1; len], computed, table)
     }
 
     fn plan(seqs: Vec<ScheduledSeq>) -> StepPlan {

@@ -237,18 +237,10 @@ fn graph_batch(plan: &StepPlan, largest: usize) -> Option<usize> {
 
 /// One token at position 0 on the scratch block (and the scratch state slot of a hybrid model).
 fn dummy_plan(shape: &CacheShape, hybrid: bool) -> StepPlan {
+    let table = vec![BlockRef::new(shape.scratch_block, BlockGeneration(0))];
     let seq = ScheduledSeq {
-        seq_id: SeqId(0),
-        token_ids: vec![0],
-        num_computed_tokens: 0,
-        num_prompt_tokens: 1,
-        block_table: vec![BlockRef::new(shape.scratch_block, BlockGeneration(0))],
         live_state: hybrid.then_some(shape.num_live_states as u32),
-        restore_from: None,
-        snapshots: Vec::new(),
-        sample: None,
-        context: None,
-        prompt_logprobs: None,
+        ..ScheduledSeq::prompt_chunk(SeqId(0), vec![0], 0, table)
     };
     StepPlan { seqs: vec![seq], ..StepPlan::default() }
 }

@@ -235,22 +235,9 @@ mod tests {
 
     /// A sequence of `len` tokens after `computed`, on the blocks of `table`, without sampling.
     pub(super) fn seq(computed: usize, len: usize, table: &[u32]) -> ScheduledSeq {
-        ScheduledSeq {
-            seq_id: SeqId(table[0] as u64),
-            token_ids: vec![1; len],
-            num_computed_tokens: computed,
-            num_prompt_tokens: computed + len,
-            block_table: table
-                .iter()
-                .map(|&b| BlockRef::new(BlockId(b), BlockGeneration(b + 100)))
-                .collect(),
-            live_state: None,
-            restore_from: None,
-            snapshots: Vec::new(),
-            sample: None,
-            context: None,
-            prompt_logprobs: None,
-        }
+        let blocks =
+            table.iter().map(|&b| BlockRef::new(BlockId(b), BlockGeneration(b + 100))).collect();
+        ScheduledSeq::prompt_chunk(SeqId(table[0] as u64), vec![1; len], computed, blocks)
     }
 
     #[test]
