@@ -11,7 +11,6 @@
 // (e, e + blockDim, ... for more experts than threads), scanning the ids in pair order from
 // shared memory in chunks: no atomics, so the order is fixed by the data alone.
 
-#define MOE_TILE_ROWS 4
 #define MOE_SORT_THREADS 1024
 #define MOE_SORT_CHUNK 4096
 

@@ -11,17 +11,6 @@
 // are left as they are, to be filled by the exchange between ranks.
 // Block: 128 threads. Grid: (ceil(cols / (GEMM_HALF_WARPS * GEMM_RN)), max_tiles).
 
-#define MOE_TILE_ROWS 4
-#define MOE_ACT_SWIGLU 0
-#define MOE_ACT_RELU2 1
-
-// The tile's expert among this rank's, or -1 when another rank holds it.
-__device__ __forceinline__ int local_expert(
-    const int* tile_experts, int tile, int first_local, int num_local) {
-    int e = tile_experts[tile] - first_local;
-    return e >= 0 && e < num_local ? e : -1;
-}
-
 // The tile's input rows: row r of the sorted layout reads input row row_of(r); padding is null.
 template <typename RowOf>
 __device__ __forceinline__ bool tile_rows(
@@ -78,9 +67,7 @@ __device__ __forceinline__ void expert_up(
             float u = fold16(up[m][n]);
             float g = activation == MOE_ACT_SWIGLU ? fold16(gate[m][n]) : 0.0f;
             if (lane != 0 || !xs[m] || !ups[n]) continue;
-            float r = fmaxf(u, 0.0f);
-            float a = activation == MOE_ACT_SWIGLU ? mul(u, silu(g)) : mul(r, r);
-            act[(u64)(tile * MOE_TILE_ROWS + m) * inter + n0 + n] = a;
+            act[(u64)(tile * MOE_TILE_ROWS + m) * inter + n0 + n] = expert_activation(activation, u, g);
         }
     }
 }

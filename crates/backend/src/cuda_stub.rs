@@ -35,4 +35,14 @@ impl CudaDevice {
     pub fn name(&self) -> &str {
         match self.never {}
     }
+
+    /// The architecture name.
+    pub fn arch(&self) -> &str {
+        match self.never {}
+    }
+
+    /// Whether it has bf16 tensor cores.
+    pub fn has_bf16_mma(&self) -> bool {
+        match self.never {}
+    }
 }

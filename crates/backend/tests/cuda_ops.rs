@@ -9,6 +9,7 @@ mod cuda_ops {
     pub mod dense;
     pub mod graphs;
     pub mod mamba;
+    pub mod mma;
     pub mod moe;
     pub mod sampling;
     pub mod support;

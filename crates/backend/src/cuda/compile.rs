@@ -38,6 +38,14 @@ impl Arch {
         Self("sim".to_owned())
     }
 
+    /// Whether it has bf16 tensor cores (`mma.sync` with bf16 inputs: sm_80 and later). The
+    /// simulator has them.
+    pub fn has_bf16_mma(&self) -> bool {
+        let Some(digits) = self.0.strip_prefix("sm_") else { return self.0 == "sim" };
+        let end = digits.find(|c: char| !c.is_ascii_digit()).unwrap_or(digits.len());
+        digits[..end].parse::<u32>().is_ok_and(|v| v >= 80)
+    }
+
     /// The name, as NVRTC's `--gpu-architecture` takes it.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -214,6 +222,14 @@ mod tests {
         assert_ne!(base, cache_key("src", &arch, (13, 1)));
         assert_ne!(base, cache_key("src", &arch, (12, 0)));
         assert_eq!(arch.as_str(), "sm_90");
+    }
+
+    #[test]
+    fn bf16_tensor_cores_from_sm_80() {
+        let has = |major, minor| Arch::from_capability(major, minor).has_bf16_mma();
+        assert!(!has(7, 5) && has(8, 0) && has(8, 6) && has(9, 0) && has(10, 0) && has(12, 0));
+        assert!(Arch::simulator().has_bf16_mma());
+        assert!(Arch("sm_90a".into()).has_bf16_mma() && !Arch("compute_75".into()).has_bf16_mma());
     }
 
     #[test]

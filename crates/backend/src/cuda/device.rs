@@ -164,6 +164,11 @@ impl CudaDevice {
         self.inner.arch.as_str()
     }
 
+    /// Whether the products in bf16 precision can run (bf16 tensor cores: sm_80 and later).
+    pub fn has_bf16_mma(&self) -> bool {
+        self.inner.arch.has_bf16_mma()
+    }
+
     /// The driver's CUDA version (`13000` for 13.0; 0 for the simulator).
     pub fn driver_version(&self) -> i32 {
         self.inner.driver_version

@@ -8,6 +8,14 @@ pub const GEMM_RM: usize = 4;
 pub const GEMM_RN: usize = 4;
 /// Half-warps per block of the matrix products (`GEMM_HALF_WARPS`).
 pub const GEMM_HALF_WARPS: usize = 8;
+/// Warps per block of the tensor-core products (`MMA_WARPS`).
+pub const MMA_WARPS: usize = 4;
+/// Output columns per warp of the tensor-core products (`MMA_COLS`): the instruction's 16 rows.
+pub const MMA_COLS: usize = 16;
+/// Input rows per tensor-core instruction (`MMA_ROWS`): its 8 columns.
+pub const MMA_ROWS: usize = 8;
+/// Groups of `MMA_ROWS` input rows per warp of the dense tensor-core product (`MMA_ROW_GROUPS`).
+pub const MMA_ROW_GROUPS: usize = 4;
 /// Rows per block of the row norms (`NORM_ROWS_PER_BLOCK`).
 pub const NORM_ROWS_PER_BLOCK: usize = 8;
 /// Keys per attention tile, aligned at absolute position 0 (`ATTN_TILE`).
@@ -78,6 +86,13 @@ impl Shape {
 pub fn gemm(m: usize, n: usize) -> Option<Shape> {
     let cols_per_block = GEMM_HALF_WARPS * GEMM_RN;
     Shape::new((n.div_ceil(cols_per_block), m.div_ceil(GEMM_RM)), GEMM_HALF_WARPS * 16, 0)
+}
+
+/// The tensor-core matrix product of `m` rows by `n` columns: warps of `MMA_COLS` columns by
+/// `MMA_ROW_GROUPS * MMA_ROWS` rows.
+pub fn gemm_mma(m: usize, n: usize) -> Option<Shape> {
+    let (cols_per_block, rows_per_block) = (MMA_WARPS * MMA_COLS, MMA_ROW_GROUPS * MMA_ROWS);
+    Shape::new((n.div_ceil(cols_per_block), m.div_ceil(rows_per_block)), MMA_WARPS * 32, 0)
 }
 
 /// A row norm over `rows` rows (also the gated norm, with one row per token and group).
@@ -181,6 +196,12 @@ pub fn moe_expert(cols: usize, num_pairs: usize, num_experts: usize) -> Option<S
     Shape::new((cols.div_ceil(cols_per_block), tiles), GEMM_HALF_WARPS * 16, 0)
 }
 
+/// A grouped tensor-core expert product with `cols` outputs per row, over the worst-case tiles.
+pub fn moe_expert_mma(cols: usize, num_pairs: usize, num_experts: usize) -> Option<Shape> {
+    let tiles = moe_max_tiles(num_pairs, num_experts);
+    Shape::new((cols.div_ceil(MMA_WARPS * MMA_COLS), tiles), MMA_WARPS * 32, 0)
+}
+
 /// The conv1d: a thread per channel, a block row per sequence.
 pub fn conv1d(conv_dim: usize, num_seqs: usize) -> Option<Shape> {
     Shape::new((conv_dim.div_ceil(128), num_seqs), 128, 0)
@@ -244,6 +265,10 @@ mod tests {
             ("GEMM_RM", GEMM_RM),
             ("GEMM_RN", GEMM_RN),
             ("GEMM_HALF_WARPS", GEMM_HALF_WARPS),
+            ("MMA_WARPS", MMA_WARPS),
+            ("MMA_COLS", MMA_COLS),
+            ("MMA_ROWS", MMA_ROWS),
+            ("MMA_ROW_GROUPS", MMA_ROW_GROUPS),
             ("NORM_ROWS_PER_BLOCK", NORM_ROWS_PER_BLOCK),
             ("ATTN_TILE", ATTN_TILE),
             ("ATTN_ROWS", ATTN_ROWS),
@@ -270,6 +295,11 @@ mod tests {
         assert_eq!(s.grid, (2, 129, 1));
         assert!(gemm(0, 8).is_none() && gemm(8, 0).is_none());
         assert!(gemm(65_536 * GEMM_RM, 8).is_none(), "grid y over the driver's limit");
+        // 64 columns and 32 rows per block of the tensor-core product.
+        let s = gemm_mma(1, 4096).unwrap();
+        assert_eq!((s.grid, s.block), ((64, 1, 1), (128, 1, 1)));
+        assert_eq!(gemm_mma(513, 65).unwrap().grid, (2, 17, 1));
+        assert!(gemm_mma(0, 8).is_none() && gemm_mma(8, 0).is_none());
     }
 
     #[test]
@@ -298,6 +328,7 @@ mod tests {
         assert_eq!(moe_max_sorted_rows(8, 2), 16);
         assert_eq!(moe_max_tiles(8, 2), 4);
         assert_eq!(moe_expert(2048, 8, 2).unwrap().grid, (64, 4, 1));
+        assert_eq!(moe_expert_mma(2048, 8, 2).unwrap().grid, (32, 4, 1));
     }
 
     #[test]

@@ -16,6 +16,8 @@ macro_rules! kernel_file {
 const PRELUDE: &str = kernel_file!("common/prelude.cuh");
 /// The product tile shared by the dense and the MoE matrix products.
 const DOT_TILE: &str = kernel_file!("gemm/dot_tile.cuh");
+const MMA_TILE: &str = kernel_file!("gemm/mma_tile.cuh");
+const EXPERT_TILES: &str = kernel_file!("moe/expert_tiles.cuh");
 /// The step's sequences as the Mamba kernels see them.
 const SSM_SEQS: &str = kernel_file!("ssm/seqs.cuh");
 
@@ -65,12 +67,14 @@ units! {
     ROPE = "common/rope.cu" [];
     ACTIVATION = "common/activation.cu" [];
     GEMM = "gemm/gemm.cu" [DOT_TILE];
+    GEMM_MMA = "gemm/gemm_mma.cu" [MMA_TILE];
     ATTENTION = "attention/paged_attention.cu" [];
     KV_WRITE = "cache/kv_write.cu" [];
     STATE_COPY = "cache/state_copy.cu" [];
     ROUTER = "moe/router.cu" [];
-    ALIGN = "moe/align.cu" [];
-    EXPERTS = "moe/experts.cu" [DOT_TILE];
+    ALIGN = "moe/align.cu" [EXPERT_TILES];
+    EXPERTS = "moe/experts.cu" [DOT_TILE, EXPERT_TILES];
+    EXPERTS_MMA = "moe/experts_mma.cu" [MMA_TILE, EXPERT_TILES];
     COMBINE = "moe/combine.cu" [];
     CONV1D = "ssm/conv1d.cu" [SSM_SEQS];
     SCAN = "ssm/scan.cu" [SSM_SEQS];
@@ -123,6 +127,7 @@ kernel_ids! {
     Scale = "scale_f32" in ACTIVATION;
     GemmBf16 = "gemm_bf16w_f32" in GEMM;
     GemmF32 = "gemm_f32w_f32" in GEMM;
+    GemmBf16Mma = "gemm_bf16w_mma" in GEMM_MMA;
     PagedAttention = "paged_attention_bf16kv" in ATTENTION;
     AttentionCombine = "attention_combine_f32" in ATTENTION;
     KvWrite = "kv_write_bf16" in KV_WRITE;
@@ -133,6 +138,8 @@ kernel_ids! {
     MoeExpertUpF32 = "moe_expert_up_f32w" in EXPERTS;
     MoeExpertDown = "moe_expert_down" in EXPERTS;
     MoeExpertDownF32 = "moe_expert_down_f32w" in EXPERTS;
+    MoeExpertUpMma = "moe_expert_up_mma" in EXPERTS_MMA;
+    MoeExpertDownMma = "moe_expert_down_mma" in EXPERTS_MMA;
     MoeCombine = "moe_combine" in COMBINE;
     MambaConv1d = "mamba_conv1d" in CONV1D;
     MambaScan = "mamba_scan" in SCAN;
@@ -231,7 +238,7 @@ mod tests {
                 );
             }
             let used = bodies.contains(&text.as_str())
-                || [PRELUDE, DOT_TILE, SSM_SEQS].contains(&text.as_str());
+                || [PRELUDE, DOT_TILE, MMA_TILE, EXPERT_TILES, SSM_SEQS].contains(&text.as_str());
             assert!(used, "{rel} is in kernels/ but no unit compiles it");
         }
         for unit in UNITS {

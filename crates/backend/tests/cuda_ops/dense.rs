@@ -8,7 +8,8 @@ use routed_backend::{
     cuda::{host::rope_table, ops::Weights},
 };
 
-const ROWS: usize = 512;
+/// Rows of the full batch of the row-invariance tests.
+pub const ROWS: usize = 512;
 
 #[test]
 fn embedding_gathers_rows_exactly() {
@@ -40,7 +41,7 @@ fn embedding_gathers_rows_exactly() {
 /// Runs `launch(rows, offset)` for the first `b` rows of every batch size and for single rows at
 /// several offsets; `read` returns the outputs of rows `offset..offset + rows`. Every result must
 /// equal the same rows of the full batch bit for bit.
-fn check_row_invariance(
+pub fn check_row_invariance(
     what: &str,
     width: usize,
     full: &[f32],

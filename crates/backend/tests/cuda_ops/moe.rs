@@ -83,7 +83,7 @@ fn route(
 
 /// Logits on a grid of distinct values 0.05 apart, shuffled per token: every score margin is
 /// clear.
-fn clear_logits(rng: &mut Rng, n: usize, experts: usize) -> Vec<f32> {
+pub fn clear_logits(rng: &mut Rng, n: usize, experts: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(n * experts);
     for _ in 0..n {
         let mut row: Vec<f32> = (0..experts).map(|e| e as f32 * 0.05 - 1.5).collect();
@@ -199,18 +199,29 @@ fn pinned_buffers_copy_at_an_offset() {
 }
 
 /// The MoE block's weights: experts `[E, I, H]` (gate, up) and `[E, H, I]` (down).
-struct Experts {
-    gate: Vec<bf16>,
-    up: Vec<bf16>,
-    down: Vec<bf16>,
-    e: usize,
-    h: usize,
-    i: usize,
-    /// Upload the weights widened to f32 (the f32 kernels), not as bf16.
-    f32_storage: bool,
+pub struct Experts {
+    pub gate: Vec<bf16>,
+    pub up: Vec<bf16>,
+    pub down: Vec<bf16>,
+    pub e: usize,
+    pub h: usize,
+    pub i: usize,
+    /// How the weights are uploaded, and so which expert kernels run.
+    pub storage: Storage,
 }
 
-/// A weight buffer in the storage [`Experts::f32_storage`] picks.
+/// The expert kernels a run takes, by the weights' storage and arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Storage {
+    /// bf16, the CPU's arithmetic.
+    Bf16,
+    /// bf16 in bf16 precision: the tensor-core kernels.
+    Bf16Mma,
+    /// Widened to f32.
+    F32,
+}
+
+/// A weight buffer in the storage [`Experts::storage`] picks.
 #[derive(Clone, Copy)]
 enum WeightSpan {
     Bf16(Span<bf16>),
@@ -219,7 +230,7 @@ enum WeightSpan {
 
 impl Experts {
     /// `e` experts of width `i` over `h`, weights uniform in [-0.3, 0.3).
-    fn random(rng: &mut Rng, e: usize, h: usize, i: usize) -> Self {
+    pub fn random(rng: &mut Rng, e: usize, h: usize, i: usize) -> Self {
         Self {
             gate: rng.bf16_vec(e * i * h, -0.3, 0.3),
             up: rng.bf16_vec(e * i * h, -0.3, 0.3),
@@ -227,7 +238,7 @@ impl Experts {
             e,
             h,
             i,
-            f32_storage: false,
+            storage: Storage::Bf16,
         }
     }
 
@@ -263,19 +274,23 @@ impl Experts {
 }
 
 /// What [`moe_forward`] read back.
-struct MoeRun {
-    out: Vec<f32>,
-    ids: Vec<i32>,
-    weights: Vec<f32>,
+pub struct MoeRun {
+    pub out: Vec<f32>,
+    pub ids: Vec<i32>,
+    pub weights: Vec<f32>,
+    /// The pair of each sorted row, -1 for padding.
+    pub sorted_pairs: Vec<i32>,
+    /// The activated up projections' rows, in sorted order.
+    pub act: Vec<f32>,
     /// The expert products' rows, in sorted order.
-    expert_out: Vec<f32>,
+    pub expert_out: Vec<f32>,
     /// Each expert's first sorted row, and the end.
-    expert_starts: Vec<i32>,
+    pub expert_starts: Vec<i32>,
 }
 
 /// Router, sort, the experts of `shard` and combine for the first `n` tokens.
 #[allow(clippy::too_many_arguments)] // the block's inputs and shape
-fn moe_forward(
+pub fn moe_forward(
     dev: &'static CudaDevice,
     ex: &Experts,
     x: &[f32],
@@ -292,9 +307,11 @@ fn moe_forward(
         w[shard.first * per..(shard.first + shard.num_local) * per].to_vec()
     };
     let mut p = Plan::new(dev);
-    let mut weights = |w: &[bf16]| match ex.f32_storage {
-        true => WeightSpan::F32(p.input(&local(w).iter().map(|v| v.to_f32()).collect::<Vec<_>>())),
-        false => WeightSpan::Bf16(p.input(&local(w))),
+    let mut weights = |w: &[bf16]| match ex.storage {
+        Storage::F32 => {
+            WeightSpan::F32(p.input(&local(w).iter().map(|v| v.to_f32()).collect::<Vec<_>>()))
+        }
+        Storage::Bf16 | Storage::Bf16Mma => WeightSpan::Bf16(p.input(&local(w))),
     };
     let (gs, us, ds) = (weights(&ex.gate), weights(&ex.up), weights(&ex.down));
     let (xs, ls) = (p.input(&x[..n * h]), p.input(&logits[..n * e]));
@@ -321,9 +338,10 @@ fn moe_forward(
         expert_starts: m.get(starts),
     };
     dev.moe_sort(m.get(ids), &sort, pairs, e).unwrap();
-    let get = |s: WeightSpan| match s {
-        WeightSpan::Bf16(s) => Weights::Bf16(m.get(s)),
-        WeightSpan::F32(s) => Weights::F32(m.get(s)),
+    let get = |s: WeightSpan| match (s, ex.storage) {
+        (WeightSpan::Bf16(s), Storage::Bf16Mma) => Weights::Bf16Mma(m.get(s)),
+        (WeightSpan::Bf16(s), _) => Weights::Bf16(m.get(s)),
+        (WeightSpan::F32(s), _) => Weights::F32(m.get(s)),
     };
     let gate = (act == ExpertActivation::SwiGlu).then(|| get(gs));
     let (x, up, a) = (m.get(xs), get(us), m.get(acts));
@@ -336,6 +354,8 @@ fn moe_forward(
         out: m.read(out),
         ids: got_ids,
         weights: m.read(ws),
+        sorted_pairs,
+        act: m.read(acts),
         expert_out: m.read(eout),
         expert_starts: m.read(starts),
     }
@@ -422,9 +442,9 @@ fn f32_expert_weights_give_the_bf16_kernels_bits() {
     let x = rng.vec(n * h, -1.0, 1.0);
     let logits = clear_logits(&mut rng, n, e);
     for act in [ExpertActivation::SwiGlu, ExpertActivation::Relu2] {
-        ex.f32_storage = false;
+        ex.storage = Storage::Bf16;
         let want = moe_forward(dev, &ex, &x, &logits, n, k, act, ExpertShard::all(e));
-        ex.f32_storage = true;
+        ex.storage = Storage::F32;
         let got = moe_forward(dev, &ex, &x, &logits, n, k, act, ExpertShard::all(e));
         assert_bits(&format!("{act:?}: f32 storage"), &got.out, &want.out);
         assert!(want.out.iter().any(|&v| v != 0.0), "{act:?}: the outputs are not all zero");

@@ -8,7 +8,8 @@ use crate::{
 
 impl CudaDevice {
     /// `out[t] = table[ids[t]] * scale` for `num_tokens` tokens (`embed_gather_bf16`, or
-    /// `embed_gather_f32` for an f32 table).
+    /// `embed_gather_f32` for an f32 table; a gather has no products, so a bf16 table's arithmetic
+    /// does not matter).
     pub fn embed_gather(
         &self,
         table: Weights<'_>,
@@ -18,7 +19,8 @@ impl CudaDevice {
         hidden: usize,
         scale: f32,
     ) -> Result<(), BackendError> {
-        let id = table.kernel((KernelId::EmbedGather, KernelId::EmbedGatherF32));
+        let id =
+            table.kernel([KernelId::EmbedGather, KernelId::EmbedGather, KernelId::EmbedGatherF32]);
         table.fits(id, "table", hidden)?;
         fits(id, "ids", &ids, num_tokens)?;
         fits(id, "out", &out, num_tokens * hidden)?;

@@ -87,13 +87,20 @@ pub(crate) fn shape(kernel: KernelId, shape: Option<Shape>) -> Result<Shape, Bac
     shape.ok_or_else(|| bad(kernel, "the sizes exceed the kernel's launch limits"))
 }
 
-/// Weights in either storage the kernels read: bf16 (as checkpoints usually store them) or f32
-/// (f32 and f16 checkpoints, which the loader keeps in f32). Kernels that take weights come in
-/// one variant per storage, with the same arithmetic after the load.
+/// Weights in either storage the kernels read, bf16 (as checkpoints usually store them) or f32
+/// (f32 and f16 checkpoints, which the loader keeps in f32), and the arithmetic of their products.
+/// Kernels that take weights come in one variant each: the CPU's arithmetic after the load for
+/// either storage, or bf16 precision on tensor cores.
 #[derive(Clone, Copy, Debug)]
 pub enum Weights<'a> {
-    /// bf16 values.
+    /// bf16 values, products in `f32` (the weights widened exactly, the CPU's order and bits).
     Bf16(DevSlice<'a, half::bf16>),
+    /// bf16 values, products in bf16 precision (`--matmul-precision bf16`): the inputs rounded to
+    /// bf16, multiplied on tensor cores with `f32` sums, in an order fixed per output but not the
+    /// CPU's. Needs bf16 tensor cores ([`CudaDevice::has_bf16_mma`]).
+    ///
+    /// [`CudaDevice::has_bf16_mma`]: super::CudaDevice::has_bf16_mma
+    Bf16Mma(DevSlice<'a, half::bf16>),
     /// f32 values.
     F32(DevSlice<'a, f32>),
 }
@@ -102,7 +109,7 @@ impl Weights<'_> {
     /// Elements.
     pub fn len(&self) -> usize {
         match self {
-            Self::Bf16(s) => s.len(),
+            Self::Bf16(s) | Self::Bf16Mma(s) => s.len(),
             Self::F32(s) => s.len(),
         }
     }
@@ -115,15 +122,17 @@ impl Weights<'_> {
     /// The device address.
     pub fn addr(&self) -> u64 {
         match self {
-            Self::Bf16(s) => s.addr(),
+            Self::Bf16(s) | Self::Bf16Mma(s) => s.addr(),
             Self::F32(s) => s.addr(),
         }
     }
 
-    /// The kernel variant for this storage.
-    fn kernel(&self, (bf16, f32): (KernelId, KernelId)) -> KernelId {
+    /// The kernel variant for this storage and arithmetic, of the variants `[bf16, bf16 on
+    /// tensor cores, f32]`.
+    fn kernel(&self, [bf16, mma, f32]: [KernelId; 3]) -> KernelId {
         match self {
             Self::Bf16(_) => bf16,
+            Self::Bf16Mma(_) => mma,
             Self::F32(_) => f32,
         }
     }

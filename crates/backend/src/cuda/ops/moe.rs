@@ -227,15 +227,17 @@ impl CudaDevice {
         experts: ExpertShard,
         (hidden, inter): (usize, usize),
     ) -> Result<(), BackendError> {
-        let id = up.kernel((KernelId::MoeExpertUp, KernelId::MoeExpertUpF32));
+        const UP: [KernelId; 3] =
+            [KernelId::MoeExpertUp, KernelId::MoeExpertUpMma, KernelId::MoeExpertUpF32];
+        let id = up.kernel(UP);
         let (pairs, num_experts) = (num_tokens * top_k, experts.num_experts);
         let (first, num_local) = experts.check(id)?;
         fits(id, "x", &x, num_tokens * hidden)?;
         up.fits(id, "up", experts.num_local * inter * hidden)?;
         let gate = match (activation, gate) {
             (ExpertActivation::SwiGlu, Some(g)) => {
-                if g.kernel((KernelId::MoeExpertUp, KernelId::MoeExpertUpF32)) != id {
-                    return Err(bad(id, "gate and up weights in different storage"));
+                if g.kernel(UP) != id {
+                    return Err(bad(id, "gate and up weights in different storage or arithmetic"));
                 }
                 g.fits(id, "gate", experts.num_local * inter * hidden)?;
                 g.addr()
@@ -244,7 +246,7 @@ impl CudaDevice {
             (ExpertActivation::Relu2, _) => 0,
         };
         fits(id, "act", &act, cfg::moe_max_sorted_rows(pairs, num_experts) * inter)?;
-        let sh = shape(id, cfg::moe_expert(inter, pairs, num_experts))?;
+        let sh = self.expert_shape(id, inter, pairs, num_experts)?;
         let (x, up, sorted, tiles, num_tiles, act) = (
             x.addr(),
             up.addr(),
@@ -279,13 +281,17 @@ impl CudaDevice {
         (num_pairs, experts): (usize, ExpertShard),
         (hidden, inter): (usize, usize),
     ) -> Result<(), BackendError> {
-        let id = down.kernel((KernelId::MoeExpertDown, KernelId::MoeExpertDownF32));
+        let id = down.kernel([
+            KernelId::MoeExpertDown,
+            KernelId::MoeExpertDownMma,
+            KernelId::MoeExpertDownF32,
+        ]);
         let (first, num_local) = experts.check(id)?;
         let rows = cfg::moe_max_sorted_rows(num_pairs, experts.num_experts);
         fits(id, "act", &act, rows * inter)?;
         down.fits(id, "down", experts.num_local * hidden * inter)?;
         fits(id, "out", &out, rows * hidden)?;
-        let sh = shape(id, cfg::moe_expert(hidden, num_pairs, experts.num_experts))?;
+        let sh = self.expert_shape(id, hidden, num_pairs, experts.num_experts)?;
         let (act, down, sorted, tiles, num_tiles, out) = (
             act.addr(),
             down.addr(),
@@ -301,6 +307,22 @@ impl CudaDevice {
             sh,
             [act, down, sorted, tiles, num_tiles, out, hidden, inter, first, num_local]
         )
+    }
+
+    /// The grid of expert kernel `id` with `cols` outputs per row; the tensor-core kernels also
+    /// check that the device has bf16 tensor cores.
+    fn expert_shape(
+        &self,
+        id: KernelId,
+        cols: usize,
+        num_pairs: usize,
+        num_experts: usize,
+    ) -> Result<cfg::Shape, BackendError> {
+        if matches!(id, KernelId::MoeExpertUpMma | KernelId::MoeExpertDownMma) {
+            self.check_mma(id)?;
+            return shape(id, cfg::moe_expert_mma(cols, num_pairs, num_experts));
+        }
+        shape(id, cfg::moe_expert(cols, num_pairs, num_experts))
     }
 
     /// Each token's output: its experts' rows weighted in rank order, plus the shared expert's

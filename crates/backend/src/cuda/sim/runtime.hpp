@@ -5,7 +5,8 @@
 // What it reproduces: the launch grid and the built-in indices; __syncthreads (a block barrier
 // over the threads that have not exited); __syncwarp and the warp shuffles (a barrier over the
 // lanes of the mask, the values exchanged while every lane of the mask waits, with the `width`
-// segments of the CUDA semantics); shared memory per block (dynamic shared memory starts as NaN
+// segments of the CUDA semantics); the bf16 tensor-core instruction of the products in bf16
+// precision (mma_bf16_16816, the operands exchanged between the lanes as a shuffle does); shared memory per block (dynamic shared memory starts as NaN
 // bytes, so a read before a write shows); IEEE single arithmetic without contraction (the build
 // passes -ffp-contract=off, as NVRTC gets --fmad=false). Blocks run last first and threads between
 // barriers in forward or reverse order, so a kernel that leans on an order the GPU does not give
@@ -441,6 +442,55 @@ static inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 3
     int lane = sim::L->cur->lane;
     int src = (lane & (width - 1)) < (int)delta ? lane : lane - (int)delta;
     return sim::shuffle(mask, v, src);
+}
+
+// mma.sync.m16n8k16 with bf16 inputs and f32 accumulation (gemm/mma_tile.cuh), a warp
+// collective: every lane posts its fragments, the warp meets, each lane computes its four
+// outputs from everyone's fragments, and the warp meets again before any lane may post anew.
+// The operand layout is the PTX ISA's; inside a tile the sums are taken in ascending k (the
+// hardware's own order is its own, so tests compare the results with a summation bound).
+#define ROUTED_SIM 1
+
+namespace sim {
+struct MmaLane {
+    unsigned a[4], b[2];
+};
+// [warp][lane] of the running block (at most 1024 threads).
+static thread_local MmaLane mma_lanes[32][32];
+
+static inline float bf16_half(unsigned pair, int upper) {
+    unsigned bits = (upper ? pair >> 16 : pair & 0xffffu) << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+}  // namespace sim
+
+static inline void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                                  const float (&c)[4]) {
+    sim::Fiber* f = sim::L->cur;
+    sim::MmaLane& me = sim::mma_lanes[f->warp][f->lane];
+    memcpy(me.a, a, sizeof me.a);
+    memcpy(me.b, b, sizeof me.b);
+    float sums[4];
+    memcpy(sums, c, sizeof sums);
+    __syncwarp();
+    const sim::MmaLane* lanes = sim::mma_lanes[f->warp];
+    const int g = f->lane / 4, t = f->lane % 4;
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        for (int k = 0; k < 16; ++k) {
+            // A[row][k]: lane (row % 8) * 4 + (k % 8) / 2, register (k / 8) * 2 + row / 8.
+            const sim::MmaLane& al = lanes[(row % 8) * 4 + (k % 8) / 2];
+            const float av = sim::bf16_half(al.a[(k / 8) * 2 + row / 8], k & 1);
+            // B[k][col]: lane col * 4 + (k % 8) / 2, register k / 8.
+            const sim::MmaLane& bl = lanes[col * 4 + (k % 8) / 2];
+            const float bv = sim::bf16_half(bl.b[k / 8], k & 1);
+            sums[i] = sums[i] + av * bv;
+        }
+    }
+    __syncwarp();
+    memcpy(d, sums, sizeof sums);
 }
 
 static inline float __fmul_rn(float a, float b) { return a * b; }

@@ -1,0 +1,131 @@
+// The tensor-core product tile shared by the dense and the grouped (MoE) products in bf16
+// precision (`--matmul-precision bf16`); compiled in front of both.
+//
+// Arithmetic: the inputs are rounded to bf16 (to nearest, ties to even: f32_to_bf16, as the CPU's
+// bf16 mode rounds them) and multiplied with the bf16 weights by mma.sync.m16n8k16 with f32
+// accumulation. The weights are the instruction's A operand (16 output columns by 16 of k) and the
+// input rows its B operand (16 of k by 8 rows): a decode step's few rows then fill an 8-wide
+// operand instead of a 16-high one.
+//
+// Reduction order: a warp walks k in ascending steps of MMA_K, two instructions per step, each
+// accumulating onto the running sums; what an instruction does inside is the hardware's, the same
+// on every call. An output therefore depends on its input row and its weight row only: never on
+// the other rows of its operand, the number of rows, the tile or the grid (no split-K), so a
+// row's bits never depend on the batch. They are not the CPU's bits (its bf16 mode adds in
+// another order): tests hold them to a summation bound instead.
+//
+// Which k an operand element stands for: in step s, lane l (group g = l / 4, t = l % 4) loads
+// the 8 consecutive elements at s * MMA_K + 8t of its weight rows and of its input row, and gives
+// the first instruction elements 0-3 and the second elements 4-7, in the slots the instruction
+// calls k = 2t, 2t + 1, 2t + 8, 2t + 9. A and B are permuted alike, so every product pairs the
+// right elements, and every load is 16 (weights) or 32 (inputs) contiguous bytes.
+
+#define MMA_WARPS 4
+#define MMA_COLS 16
+#define MMA_ROWS 8
+#define MMA_K 32
+
+struct alignas(16) u32x4 {
+    u32 x, y, z, w;
+};
+struct alignas(16) f32x4 {
+    float x, y, z, w;
+};
+
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
+}
+
+// d = a . b + c over one m16n8k16 tile, bf16 inputs, f32 accumulation, in the operand layout of
+// the PTX ISA (a: 4 registers of bf16 pairs, b: 2, c and d: 4 floats per lane). The simulator's
+// runtime provides its own, which exchanges the fragments between the warp's lanes.
+#ifndef ROUTED_SIM
+__device__ __forceinline__ void mma_bf16_16816(
+    float (&d)[4], const u32 (&a)[4], const u32 (&b)[2], const float (&c)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    // bf16 tensor cores arrived with sm_80; the host never launches this below it.
+    __trap();
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]),
+          "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#endif
+}
+#endif
+
+// The 8 weights at [c, c + 8) of row `p` as bf16 pairs (zero past k, or all zero for a null row).
+__device__ __forceinline__ void load_w8(const bf16_t* p, int c, int k, bool vec, u32 (&v)[4]) {
+    if (p && vec && c + 8 <= k) {
+        u32x4 q = *reinterpret_cast<const u32x4*>(p + c);
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+        return;
+    }
+    for (int j = 0; j < 4; ++j) {
+        u32 lo = p && c + 2 * j < k ? p[c + 2 * j] : 0u;
+        u32 hi = p && c + 2 * j + 1 < k ? p[c + 2 * j + 1] : 0u;
+        v[j] = lo | (hi << 16);
+    }
+}
+
+// The 8 inputs at [c, c + 8) of row `p`, rounded to bf16 pairs (zero past k or for a null row).
+__device__ __forceinline__ void load_x8(const float* p, int c, int k, bool vec, u32 (&v)[4]) {
+    float e[8];
+    if (p && vec && c + 8 <= k) {
+        f32x4 q0 = *reinterpret_cast<const f32x4*>(p + c);
+        f32x4 q1 = *reinterpret_cast<const f32x4*>(p + c + 4);
+        e[0] = q0.x, e[1] = q0.y, e[2] = q0.z, e[3] = q0.w;
+        e[4] = q1.x, e[5] = q1.y, e[6] = q1.z, e[7] = q1.w;
+    } else {
+        for (int j = 0; j < 8; ++j) e[j] = p && c + j < k ? p[c + j] : 0.0f;
+    }
+    for (int j = 0; j < 4; ++j) v[j] = pack_bf16x2(e[2 * j], e[2 * j + 1]);
+}
+
+// Whether 16-byte loads are safe: k keeps every row 16-byte aligned and the bases are.
+__device__ __forceinline__ bool mma_vec_ok(const void* x, const void* w, int k) {
+    return k % 8 == 0 && (u64)x % 16 == 0 && (u64)w % 16 == 0;
+}
+
+// The running sums of one warp over all of k: `nw` weight row pairs (lane's rows g and g + 8 of
+// each: w_lo[j], w_hi[j], null past the matrix) against `RT` groups of 8 input rows (the lane's
+// row g of group r: xs[r], null when absent; group r takes part only if has[r], the same on every
+// lane, since the instruction needs the whole warp). acc[j][r] holds the lane's four outputs:
+// (column g, rows 2t and 2t + 1) and (column g + 8, the same rows).
+template <int NW, int RT>
+__device__ __forceinline__ void mma_tile(
+    const bf16_t* const (&w_lo)[NW],
+    const bf16_t* const (&w_hi)[NW],
+    const float* const (&xs)[RT],
+    const bool (&has)[RT],
+    int k,
+    bool vec,
+    float (&acc)[NW][RT][4]) {
+    const int t = (threadIdx.x % 32) % 4;
+    for (int j = 0; j < NW; ++j)
+        for (int r = 0; r < RT; ++r)
+            for (int i = 0; i < 4; ++i) acc[j][r][i] = 0.0f;
+    for (int k0 = 0; k0 < k; k0 += MMA_K) {
+        const int c = k0 + 8 * t;
+        u32 lo[NW][4], hi[NW][4];
+        for (int j = 0; j < NW; ++j) {
+            load_w8(w_lo[j], c, k, vec, lo[j]);
+            load_w8(w_hi[j], c, k, vec, hi[j]);
+        }
+        for (int r = 0; r < RT; ++r) {
+            if (!has[r]) continue;
+            u32 xv[4];
+            load_x8(xs[r], c, k, vec, xv);
+            const u32 b0[2] = {xv[0], xv[1]};
+            const u32 b1[2] = {xv[2], xv[3]};
+            for (int j = 0; j < NW; ++j) {
+                const u32 a0[4] = {lo[j][0], hi[j][0], lo[j][1], hi[j][1]};
+                const u32 a1[4] = {lo[j][2], hi[j][2], lo[j][3], hi[j][3]};
+                mma_bf16_16816(acc[j][r], a0, b0, acc[j][r]);
+                mma_bf16_16816(acc[j][r], a1, b1, acc[j][r]);
+            }
+        }
+    }
+}
