@@ -66,8 +66,9 @@ pub struct EngineArgs {
     /// experts. Results are bitwise the same for every N; N must divide the number of experts.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     pub expert_parallel_size: u16,
-    /// Arithmetic of the CPU products with bf16 weights: f32 (exact, the default) or bf16
-    /// (inputs rounded to bf16 for AVX-512 BF16 dot products: faster, still deterministic).
+    /// Arithmetic of the products with bf16 weights: f32 (exact, the default) or bf16 (inputs
+    /// rounded to bf16: AVX-512 BF16 dot products on the CPU, tensor cores on a CUDA device;
+    /// faster, still deterministic and batch invariant).
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
     pub matmul_precision: String,
     /// Default sampling seed.

@@ -8,48 +8,14 @@
 
 mod common;
 
-use common::{Outcome, engine, greedy, request, run, test_config};
+use common::{Outcome, cuda_engine, engine, greedy, request, run, token_bits};
 use futures_util::future::join_all;
-use routed::runtime::EngineError;
+use routed::GenerateRequest;
 use routed::types::SamplingParams;
-use routed::{Engine, EngineConfig, EngineHandle, GenerateRequest};
 use routed_backend::DeviceSpec;
 use routed_test_support::Golden;
 
 const ARCHS: [&str; 4] = ["qwen3_moe", "mixtral", "nemotron_h", "granitemoehybrid"];
-
-/// An engine on `cuda:0`, else on the CUDA simulator, with `common::test_config`'s settings
-/// tweaked, or
-/// `None` (with the reason printed) in a build without CUDA. `ROUTED_CUDA_SIM=1` takes the
-/// simulator even where a GPU is present.
-fn cuda_engine(arch: &str, test: &str, tweak: impl Fn(&mut EngineConfig)) -> Option<EngineHandle> {
-    let start = |device: DeviceSpec| {
-        let mut config = test_config(arch);
-        config.device = device;
-        tweak(&mut config);
-        Engine::start(config)
-    };
-    let gpu = match std::env::var("ROUTED_CUDA_SIM").is_ok_and(|v| v == "1") {
-        true => Err(EngineError::Load("CUDA: ROUTED_CUDA_SIM=1".into())),
-        false => start(DeviceSpec::Cuda(0)),
-    };
-    let no_gpu = match gpu {
-        Ok(handle) => return Some(handle),
-        Err(EngineError::Load(why)) if why.contains("CUDA") => why,
-        Err(e) => panic!("{arch}: the CUDA engine failed to start: {e}"),
-    };
-    match start(DeviceSpec::CudaSim) {
-        Ok(handle) => {
-            eprintln!("{test}: no GPU ({no_gpu}); {arch} runs on the CUDA simulator");
-            Some(handle)
-        }
-        Err(EngineError::Load(why)) if why.contains("no CUDA support") => {
-            eprintln!("skipping {test}: {why}");
-            None
-        }
-        Err(e) => panic!("{arch}: the CUDA engine failed to start on the simulator: {e}"),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn greedy_tokens_and_routing_rows_match_the_cpu_engine() {
@@ -267,11 +233,6 @@ async fn decode_over_split_partitions_gives_the_prefills_bits() {
         }
         gpu.shutdown().await;
     }
-}
-
-/// Each streamed token with the bits of its logprob.
-fn token_bits(o: &Outcome) -> Vec<(u32, u32)> {
-    o.tokens.iter().map(|t| (t.token, t.logprob.to_bits())).collect()
 }
 
 /// What the device computes of a token (the choice after bias, penalties and min-p; the logprob,

@@ -5,6 +5,7 @@ use futures_util::StreamExt;
 use routed::runtime::{EngineError, FinalOutput, TokenEvent};
 use routed::types::{SamplingParams, TokenId};
 use routed::{Engine, EngineConfig, EngineHandle, GenerateRequest, ModelSource, RequestEvent};
+use routed_backend::DeviceSpec;
 pub mod http;
 
 use routed_test_support::golden_root;
@@ -90,4 +91,45 @@ pub async fn collect(mut stream: routed::runtime::RequestStream) -> Outcome {
 /// A greedy request for `prompt`.
 pub fn request(prompt: &[TokenId], max_tokens: u32) -> GenerateRequest {
     GenerateRequest::new(prompt.to_vec(), greedy(max_tokens))
+}
+
+/// An engine on `cuda:0`, else on the CUDA simulator, with [`test_config`]'s settings tweaked, or
+/// `None` (with the reason printed) in a build without CUDA. `ROUTED_CUDA_SIM=1` takes the
+/// simulator even where a GPU is present.
+pub fn cuda_engine(
+    arch: &str,
+    test: &str,
+    tweak: impl Fn(&mut EngineConfig),
+) -> Option<EngineHandle> {
+    let start = |device: DeviceSpec| {
+        let mut config = test_config(arch);
+        config.device = device;
+        tweak(&mut config);
+        Engine::start(config)
+    };
+    let gpu = match std::env::var("ROUTED_CUDA_SIM").is_ok_and(|v| v == "1") {
+        true => Err(EngineError::Load("CUDA: ROUTED_CUDA_SIM=1".into())),
+        false => start(DeviceSpec::Cuda(0)),
+    };
+    let no_gpu = match gpu {
+        Ok(handle) => return Some(handle),
+        Err(EngineError::Load(why)) if why.contains("CUDA") => why,
+        Err(e) => panic!("{arch}: the CUDA engine failed to start: {e}"),
+    };
+    match start(DeviceSpec::CudaSim) {
+        Ok(handle) => {
+            eprintln!("{test}: no GPU ({no_gpu}); {arch} runs on the CUDA simulator");
+            Some(handle)
+        }
+        Err(EngineError::Load(why)) if why.contains("no CUDA support") => {
+            eprintln!("skipping {test}: {why}");
+            None
+        }
+        Err(e) => panic!("{arch}: the CUDA engine failed to start on the simulator: {e}"),
+    }
+}
+
+/// Each streamed token with the bits of its logprob.
+pub fn token_bits(o: &Outcome) -> Vec<(u32, u32)> {
+    o.tokens.iter().map(|t| (t.token, t.logprob.to_bits())).collect()
 }

@@ -130,12 +130,6 @@ fn load_cuda_workers(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Ranks, EngineError> {
     let num_ranks = config.expert_parallel_size;
-    if config.matmul_precision != MatmulPrecision::F32 {
-        return Err(EngineError::Load(format!(
-            "--matmul-precision {} selects the CPU kernels' arithmetic; the CUDA runner has its own",
-            config.matmul_precision.as_str()
-        )));
-    }
     // Every device first: a missing GPU fails before anything loads.
     let devices = (0..num_ranks)
         .map(|rank| {
@@ -150,10 +144,20 @@ fn load_cuda_workers(
             }
         })
         .collect::<Result<Vec<_>, _>>()?;
+    if config.matmul_precision == MatmulPrecision::Bf16
+        && let Some(rank) = devices.iter().position(|d| !d.has_bf16_mma())
+    {
+        return Err(EngineError::Load(format!(
+            "--matmul-precision bf16 runs on bf16 tensor cores (sm_80 and later); {} is {}",
+            config.device.for_rank(rank),
+            devices[rank].arch()
+        )));
+    }
     let dir = config.model.dir();
     let ranks = InProcessGroup::ranks(num_ranks);
     let load = |(dev, ranks), progress: &mut dyn FnMut(usize, usize)| {
-        let model = Model::load_rank(dir, ranks, progress).map_err(|e| e.to_string())?;
+        let mut model = Model::load_rank(dir, ranks, progress).map_err(|e| e.to_string())?;
+        model.set_matmul_precision(config.matmul_precision);
         let limits = CudaLimits {
             max_tokens_per_step: config.max_num_batched_tokens.max(1),
             max_num_seqs: config.max_num_seqs.max(1),

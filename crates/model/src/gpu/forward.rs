@@ -240,22 +240,15 @@ impl Ctx<'_> {
         self.model.weights.get(s)
     }
 
-    /// A matrix's values for the kernels that take either storage.
+    /// A matrix's values for the kernels that take any storage and arithmetic.
     fn weights(&self, d: GpuMatrixData) -> Result<Weights<'_>> {
-        Ok(match d {
-            GpuMatrixData::Bf16(s) => Weights::Bf16(self.weight(s)?),
-            GpuMatrixData::F32(s) => Weights::F32(self.weight(s)?),
-        })
+        self.model.weights.values(d)
     }
 
-    /// `out[m, rows] = x[m, cols] . w`, whatever the matrix's storage.
+    /// `out[m, rows] = x[m, cols] . w`, whatever the matrix's storage and arithmetic.
     fn gemm(&self, x: DevSlice<'_, f32>, w: &GpuMatrix, out: DevSlice<'_, f32>) -> Result<()> {
-        let (dev, m) = (&self.model.dev, self.step.num_tokens);
-        match w.data {
-            GpuMatrixData::Bf16(s) => dev.gemm_bf16(x, self.weight(s)?, out, m, w.rows, w.cols)?,
-            GpuMatrixData::F32(s) => dev.gemm_f32(x, self.weight(s)?, out, m, w.rows, w.cols)?,
-        }
-        Ok(())
+        let m = self.step.num_tokens;
+        Ok(self.model.dev.gemm_weights(x, self.weights(w.data)?, out, (m, w.rows, w.cols))?)
     }
 
     fn run(&self) -> Result<()> {

@@ -3,7 +3,7 @@
 //! logprobs on the device, the prompt positions scored on the device (prompt logprobs), and the
 //! rows the host finishes copied back.
 
-use super::{GpuModel, caches::GpuCaches, forward::StepViews, weights::GpuMatrixData};
+use super::{GpuModel, caches::GpuCaches, forward::StepViews};
 use crate::error::Result;
 use routed_backend::{cuda::DevSlice, step_inputs::PackedStep};
 
@@ -90,14 +90,8 @@ impl GpuModel {
         // A gather of whole rows is a state copy with rows as slots.
         dev.state_copy(normed, selected, pairs, rows, h)?;
         let head = &self.weights.lm_head;
-        match head.data {
-            GpuMatrixData::Bf16(s) => {
-                dev.gemm_bf16(selected, self.weights.get(s)?, logits, rows, head.rows, head.cols)?
-            }
-            GpuMatrixData::F32(s) => {
-                dev.gemm_f32(selected, self.weights.get(s)?, logits, rows, head.rows, head.cols)?
-            }
-        }
+        let w = self.weights.values(head.data)?;
+        dev.gemm_weights(selected, w, logits, (rows, head.rows, head.cols))?;
         let scaling = self.config.multipliers.logits_scaling;
         if scaling != 1.0 {
             dev.scale(logits, 1.0 / scaling, rows * vocab)?;

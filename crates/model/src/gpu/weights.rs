@@ -14,10 +14,10 @@ use crate::{
 };
 use half::bf16;
 use routed_backend::{
-    cpu::{Matrix, MatrixData},
+    cpu::{MatmulPrecision, Matrix, MatrixData},
     cuda::{
         ArenaLayout, CudaDevice, DevSlice, DeviceArena, DeviceElem, Span,
-        ops::{ExpertShard, RouterKind},
+        ops::{ExpertShard, RouterKind, Weights},
     },
 };
 
@@ -29,11 +29,24 @@ pub(crate) struct GpuMatrix {
     pub cols: usize,
 }
 
-/// A matrix's storage on the device.
+/// A matrix's storage on the device, and the arithmetic of its products.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum GpuMatrixData {
+    /// bf16, products in `f32` (the CPU's bits).
     Bf16(Span<bf16>),
+    /// bf16, products in bf16 precision on tensor cores (`--matmul-precision bf16`).
+    Bf16Mma(Span<bf16>),
     F32(Span<f32>),
+}
+
+impl GpuMatrixData {
+    /// bf16 values in the arithmetic `precision` asks for.
+    fn bf16(span: Span<bf16>, precision: MatmulPrecision) -> Self {
+        match precision {
+            MatmulPrecision::F32 => Self::Bf16(span),
+            MatmulPrecision::Bf16 => Self::Bf16Mma(span),
+        }
+    }
 }
 
 pub(crate) struct GpuAttention {
@@ -129,7 +142,7 @@ impl<'m> Plan<'m> {
             MatrixData::Bf16(v) => {
                 let span = self.layout.push::<bf16>(v.len());
                 self.fills.push(Box::new(move |a| a.upload(span, v).map_err(|e| e.to_string())));
-                GpuMatrixData::Bf16(span)
+                GpuMatrixData::bf16(span, m.precision())
             }
             MatrixData::F32(v) => GpuMatrixData::F32(self.vector(v)),
         };
@@ -137,17 +150,21 @@ impl<'m> Plan<'m> {
     }
 
     /// The same projection of every expert given, stacked `[experts, rows, cols]` in the
-    /// experts' storage (bf16, or f32 for an f32 or f16 checkpoint), which must be one for all.
+    /// experts' storage (bf16, or f32 for an f32 or f16 checkpoint) and arithmetic, which must be
+    /// one for all.
     fn stacked(&mut self, what: &str, parts: Vec<&'m Matrix>) -> Result<GpuMatrixData> {
         let per = parts.first().map_or(0, |m| m.rows() * m.cols());
         let bf16 = parts.first().is_none_or(|m| matches!(m.data(), MatrixData::Bf16(_)));
+        let precision = parts.first().map_or(MatmulPrecision::F32, |m| m.precision());
         let data = match bf16 {
-            true => GpuMatrixData::Bf16(self.layout.push::<bf16>(per * parts.len())),
+            true => GpuMatrixData::bf16(self.layout.push::<bf16>(per * parts.len()), precision),
             false => GpuMatrixData::F32(self.layout.push::<f32>(per * parts.len())),
         };
         for (e, m) in parts.into_iter().enumerate() {
             let fill: Fill<'m> = match (data, m.data()) {
-                (GpuMatrixData::Bf16(span), MatrixData::Bf16(v)) => {
+                (GpuMatrixData::Bf16(span) | GpuMatrixData::Bf16Mma(span), MatrixData::Bf16(v))
+                    if m.precision() == precision =>
+                {
                     let part = span.sub(e * per, per).expect("every expert has the same shape");
                     Box::new(move |a| a.upload(part, v).map_err(|e| e.to_string()))
                 }
@@ -157,8 +174,8 @@ impl<'m> Plan<'m> {
                 }
                 _ => {
                     return Err(unsupported(format!(
-                        "expert {what} weights partly bf16, partly f32 (the experts of a layer \
-                         are stacked in one storage)"
+                        "expert {what} weights in more than one storage or precision (the \
+                         experts of a layer are stacked in one)"
                     )));
                 }
             };
@@ -212,6 +229,15 @@ impl GpuWeights {
     /// A span of the weights, for a launch.
     pub fn get<T: DeviceElem>(&self, span: Span<T>) -> Result<DevSlice<'_, T>> {
         Ok(self.arena.get(span)?)
+    }
+
+    /// A matrix's values, for the kernels that take any storage and arithmetic.
+    pub fn values(&self, data: GpuMatrixData) -> Result<Weights<'_>> {
+        Ok(match data {
+            GpuMatrixData::Bf16(s) => Weights::Bf16(self.get(s)?),
+            GpuMatrixData::Bf16Mma(s) => Weights::Bf16Mma(self.get(s)?),
+            GpuMatrixData::F32(s) => Weights::F32(self.get(s)?),
+        })
     }
 }
 
