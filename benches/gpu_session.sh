@@ -59,7 +59,8 @@ tests() {
     if [ "$DEVICE" = cuda-sim ]; then export ROUTED_CUDA_SIM=1; fi
     run_test cuda_ops
     export ROUTED_TEST_DEVICE=$DEVICE
-    for t in engine_cuda worker_cuda serve_cuda engine engine_api engine_sampling engine_routing_cap; do
+    for t in engine_cuda engine_cuda_bf16 worker_cuda serve_cuda engine engine_api engine_sampling \
+        engine_routing_cap; do
         run_test "$t"
     done
 }
@@ -79,6 +80,15 @@ bench() {
         "$KIT/bin/routed" bench prefix-hit --model "$models/$m" --device "$DEVICE" \
             --prompt-len 512 --json "$OUT/routed-$m-prefill.json" >>"$OUT/routed-$m.log" 2>&1
         summary+=("routed prefill $m: rc $?")
+        # bf16 precision on tensor cores (records with dtype bf16-tc).
+        "$KIT/bin/routed" bench throughput --model "$models/$m" --device "$DEVICE" \
+            --matmul-precision bf16 --batch-sizes 1,8,64,256 --prompt-len 16 --output-len 65 \
+            --json "$OUT/routed-$m-throughput-tc.json" >>"$OUT/routed-$m.log" 2>&1
+        summary+=("routed throughput bf16-tc $m: rc $?")
+        "$KIT/bin/routed" bench prefix-hit --model "$models/$m" --device "$DEVICE" \
+            --matmul-precision bf16 --prompt-len 512 \
+            --json "$OUT/routed-$m-prefill-tc.json" >>"$OUT/routed-$m.log" 2>&1
+        summary+=("routed prefill bf16-tc $m: rc $?")
         # Routing capture on vs off, and graphs vs eager decode, in interleaved pairs.
         for scenario in routing-overhead cuda-graphs; do
             "$KIT/bin/routed" bench "$scenario" --model "$models/$m" --device "$DEVICE" \

@@ -4,7 +4,10 @@
 use crate::cli::EngineArgs;
 use anyhow::{Context, Result};
 use futures_util::{StreamExt, future::join_all};
-use routed::{EngineHandle, GenerateRequest, RequestEvent, types::SamplingParams, types::TokenId};
+use routed::{
+    EngineHandle, GenerateRequest, RequestEvent, runtime::MatmulPrecision, types::SamplingParams,
+    types::TokenId,
+};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -118,11 +121,13 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         eager.shutdown().await;
     }
     engine.shutdown().await;
-    // The arithmetic of the products, as the baselines' records name theirs: on a CUDA device,
-    // bf16 weights (accumulated in f32, as transformers' bf16 products are).
-    let dtype = match on_cpu {
-        true => engine_args.config()?.matmul_precision.as_str(),
-        false => "bf16",
+    // The arithmetic of the products, as the baselines' records name theirs: on the CPU the
+    // precision; on a CUDA device bf16 weights accumulated in f32 (as transformers' bf16 products
+    // are), the inputs exact ("bf16") or rounded to bf16 for tensor cores ("bf16-tc").
+    let dtype = match (on_cpu, engine_args.config()?.matmul_precision) {
+        (true, precision) => precision.as_str(),
+        (false, MatmulPrecision::F32) => "bf16",
+        (false, MatmulPrecision::Bf16) => "bf16-tc",
     };
     for r in &mut records {
         r["engine"] = json!("routed");

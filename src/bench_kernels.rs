@@ -79,13 +79,18 @@ fn product_cases(
 ) -> Result<Vec<Value>> {
     let mut records = Vec::new();
     for (what, n, k) in products(c) {
-        let case = Case {
-            scenario: format!("gemm_{what}_m{m}"),
-            kernel: "gemm_bf16w_f32",
-            bytes: (2 * n * k + 4 * m * k + 4 * m * n) as f64,
-            flops: (2 * m * n * k) as f64,
-        };
-        records.push(report(&case, time_gemm(dev, (m, n, k), repeats)?));
+        // The CPU's arithmetic, then bf16 precision on tensor cores.
+        for (prefix, kernel, mma) in
+            [("gemm", "gemm_bf16w_f32", false), ("gemm_mma", "gemm_bf16w_mma", true)]
+        {
+            let case = Case {
+                scenario: format!("{prefix}_{what}_m{m}"),
+                kernel,
+                bytes: (2 * n * k + 4 * m * k + 4 * m * n) as f64,
+                flops: (2 * m * n * k) as f64,
+            };
+            records.push(report(&case, time_gemm(dev, (m, n, k), mma, repeats)?));
+        }
     }
     Ok(records)
 }
@@ -99,13 +104,20 @@ fn expert_case(dev: &CudaDevice, c: &ModelConfig, m: usize, repeats: usize) -> R
     ids.iter().for_each(|&e| seen[e as usize] = true);
     let touched = seen.iter().filter(|&&s| s).count();
     let matrices = if moe.activation == FfnActivation::SwiGlu { 3 } else { 2 };
-    let case = Case {
-        scenario: format!("moe_experts_m{m}"),
-        kernel: "moe sort, up, down, combine",
-        bytes: (touched * matrices * moe.expert_intermediate * h * 2 + 8 * m * h) as f64,
-        flops: (2 * ids.len() * matrices * moe.expert_intermediate * h) as f64,
-    };
-    Ok(vec![report(&case, time_moe(dev, moe, h, &ids, repeats)?)])
+    let mut records = Vec::new();
+    for (prefix, kernel, mma) in [
+        ("moe_experts", "moe sort, up, down, combine", false),
+        ("moe_experts_mma", "moe sort, up, down (mma), combine", true),
+    ] {
+        let case = Case {
+            scenario: format!("{prefix}_m{m}"),
+            kernel,
+            bytes: (touched * matrices * moe.expert_intermediate * h * 2 + 8 * m * h) as f64,
+            flops: (2 * ids.len() * matrices * moe.expert_intermediate * h) as f64,
+        };
+        records.push(report(&case, time_moe(dev, moe, h, (&ids, mma), repeats)?));
+    }
+    Ok(records)
 }
 
 /// Decode attention of `m` sequences over each context length the model allows.
@@ -278,9 +290,11 @@ fn time_graph(
         .collect()
 }
 
+/// The product of `m` rows by the weight `[n, k]`, on tensor cores with `mma`.
 fn time_gemm(
     dev: &CudaDevice,
     (m, n, k): (usize, usize, usize),
+    mma: bool,
     repeats: usize,
 ) -> Result<Vec<f64>> {
     let mut layout = ArenaLayout::new("bench");
@@ -289,16 +303,17 @@ fn time_gemm(
     upload(&mut arena, x, &fill(m * k, 1, |v| v))?;
     upload(&mut arena, w, &fill(n * k, 2, bf16::from_f32))?;
     let (x, w, out) = (arena.get(x)?, arena.get(w)?, arena.get(out)?);
-    time_graph(dev, repeats, || dev.gemm_bf16(x, w, out, m, n, k))
+    let w = if mma { Weights::Bf16Mma(w) } else { Weights::Bf16(w) };
+    time_graph(dev, repeats, || dev.gemm_weights(x, w, out, (m, n, k)))
 }
 
 /// One MoE layer's expert work for the routing `ids` (the router left out): the sort, the grouped
-/// up and down products of every expert, and the combine.
+/// up and down products of every expert (on tensor cores with `mma`), and the combine.
 fn time_moe(
     dev: &CudaDevice,
     moe: &routed_model::MoeConfig,
     h: usize,
-    ids: &[i32],
+    (ids, mma): (&[i32], bool),
     repeats: usize,
 ) -> Result<Vec<f64>> {
     let (e, k, inter) = (moe.num_experts, moe.top_k, moe.expert_intermediate);
@@ -332,8 +347,9 @@ fn time_moe(
     let (x, out, act, expert_out) =
         (arena.get(x)?, arena.get(out)?, arena.get(act)?, arena.get(expert_out)?);
     let (ids, weights) = (arena.get(id_span)?, arena.get(weights)?);
-    let (up, down) = (Weights::Bf16(arena.get(up)?), Weights::Bf16(arena.get(down)?));
-    let gate = gated.then(|| arena.get(gate).map(Weights::Bf16)).transpose()?;
+    let bf16 = if mma { Weights::Bf16Mma } else { Weights::Bf16 };
+    let (up, down) = (bf16(arena.get(up)?), bf16(arena.get(down)?));
+    let gate = gated.then(|| arena.get(gate).map(bf16)).transpose()?;
     let activation = if gated { ExpertActivation::SwiGlu } else { ExpertActivation::Relu2 };
     let shard = ExpertShard::all(e);
     time_graph(dev, repeats, || {

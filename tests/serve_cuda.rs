@@ -64,20 +64,25 @@ fn bench_kernels_times_the_models_products_and_attention() {
     let find = |scenario: &str| {
         records.iter().find(|r| r["scenario"] == scenario).unwrap_or_else(|| panic!("{scenario}"))
     };
-    // m = 2 rows: bf16 weights [n, k], f32 inputs [m, k] and outputs [m, n].
-    for (scenario, n, k) in
-        [("gemm_q_proj_m2", 64, 64), ("gemm_expert_up_m2", 16, 64), ("gemm_lm_head_m2", 512, 64)]
-    {
-        let r = find(scenario);
-        assert_eq!(r["bytes"], (2 * n * k + 4 * 2 * k + 4 * 2 * n) as f64, "{r}");
-        assert_eq!(r["flops"], (2 * 2 * n * k) as f64, "{r}");
+    // m = 2 rows: bf16 weights [n, k], f32 inputs [m, k] and outputs [m, n]; in the CPU's order
+    // and on tensor cores.
+    for (case, n, k) in [("q_proj_m2", 64, 64), ("expert_up_m2", 16, 64), ("lm_head_m2", 512, 64)] {
+        for (prefix, kernel) in [("gemm", "gemm_bf16w_f32"), ("gemm_mma", "gemm_bf16w_mma")] {
+            let r = find(&format!("{prefix}_{case}"));
+            assert_eq!(r["kernel"], kernel, "{r}");
+            assert_eq!(r["bytes"], (2 * n * k + 4 * 2 * k + 4 * 2 * n) as f64, "{r}");
+            assert_eq!(r["flops"], (2 * 2 * n * k) as f64, "{r}");
+        }
     }
     // A MoE layer's experts for 2 tokens, 2 experts each of 8: the bf16 up, gate and down
     // matrices (16 x 64) of the 2 to 4 experts hit, and the f32 input and output rows.
-    let r = find("moe_experts_m2");
-    let per_expert = 3 * 16 * 64 * 2;
-    let bytes = r["bytes"].as_f64().unwrap() as usize - 8 * 2 * 64;
-    assert!(bytes.is_multiple_of(per_expert) && (2..=4).contains(&(bytes / per_expert)), "{r}");
+    for scenario in ["moe_experts_m2", "moe_experts_mma_m2"] {
+        let r = find(scenario);
+        let per_expert = 3 * 16 * 64 * 2;
+        let bytes = r["bytes"].as_f64().unwrap() as usize - 8 * 2 * 64;
+        let experts = bytes / per_expert;
+        assert!(bytes.is_multiple_of(per_expert) && (2..=4).contains(&experts), "{r}");
+    }
     // Choosing tokens from 2 rows of 512 f32 logits.
     for scenario in ["argmax_b2", "log_softmax_b2", "sample_b2", "sample_top_p_b2"] {
         assert_eq!(find(scenario)["bytes"], (2 * 512 * 4) as f64, "{scenario}");
