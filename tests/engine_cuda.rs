@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{Outcome, cuda_engine, engine, greedy, request, run, token_bits};
+use common::{Outcome, cuda_engine, engine, greedy, mixed_requests, request, run, token_bits};
 use futures_util::future::join_all;
 use routed::GenerateRequest;
 use routed::types::SamplingParams;
@@ -146,24 +146,7 @@ async fn decode_graphs_give_the_eager_steps_bits() {
     for arch in ARCHS {
         let Some(graphed) = cuda_engine(arch, test, |c| c.cuda_graphs = true) else { return };
         let eager = cuda_engine(arch, test, |c| c.cuda_graphs = false).expect("starts as above");
-        let g = Golden::open(arch);
-        let (main, long) = (g.prompt("main"), g.prompt("long"));
-        let requests: Vec<GenerateRequest> = (0..9)
-            .map(|i| {
-                let prompt = if i % 2 == 0 { &main[i..] } else { &long[..4 + i] };
-                let params = match i % 3 {
-                    0 => SamplingParams {
-                        temperature: 0.9,
-                        seed: 7 + i as u64,
-                        max_tokens: 3 + i as u32,
-                        ignore_eos: true,
-                        ..Default::default()
-                    },
-                    _ => greedy(3 + i as u32),
-                };
-                GenerateRequest::new(prompt.to_vec(), params)
-            })
-            .collect();
+        let requests = mixed_requests(&Golden::open(arch));
         let got = join_all(requests.iter().map(|r| run(&graphed, r.clone()))).await;
         let want = join_all(requests.iter().map(|r| run(&eager, r.clone()))).await;
         for (i, (got, want)) in got.iter().zip(&want).enumerate() {

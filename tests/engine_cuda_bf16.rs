@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{cuda_engine, greedy, run, token_bits};
+use common::{cuda_engine, greedy, mixed_requests, run, token_bits};
 use futures_util::future::join_all;
 use routed::runtime::MatmulPrecision;
 use routed::types::SamplingParams;
@@ -93,24 +93,7 @@ async fn bf16_precision_changes_no_bit_with_batching_chunking_or_graphs() {
             c.max_num_batched_tokens = 3;
         })
         .expect("starts as above");
-        let g = Golden::open(arch);
-        let (main, long) = (g.prompt("main"), g.prompt("long"));
-        let requests: Vec<GenerateRequest> = (0..9)
-            .map(|i| {
-                let prompt = if i % 2 == 0 { &main[i..] } else { &long[..4 + 3 * i] };
-                let params = match i % 3 {
-                    0 => SamplingParams {
-                        temperature: 0.9,
-                        seed: 3 + i as u64,
-                        max_tokens: 3 + i as u32,
-                        ignore_eos: true,
-                        ..Default::default()
-                    },
-                    _ => greedy(3 + i as u32),
-                };
-                GenerateRequest::new(prompt.to_vec(), params)
-            })
-            .collect();
+        let requests = mixed_requests(&Golden::open(arch));
         let batched = join_all(requests.iter().map(|r| run(&graphed, r.clone()))).await;
         for (i, (request, got)) in requests.iter().zip(&batched).enumerate() {
             let alone = run(&eager, request.clone()).await;

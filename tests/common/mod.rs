@@ -133,3 +133,25 @@ pub fn cuda_engine(
 pub fn token_bits(o: &Outcome) -> Vec<(u32, u32)> {
     o.tokens.iter().map(|t| (t.token, t.logprob.to_bits())).collect()
 }
+
+/// Nine requests for the golden prompts of `g`, of different lengths, greedy and seeded, as
+/// concurrent requests they make decode batches of every size from 9 down to 1.
+pub fn mixed_requests(g: &routed_test_support::Golden) -> Vec<GenerateRequest> {
+    let (main, long) = (g.prompt("main"), g.prompt("long"));
+    (0..9)
+        .map(|i| {
+            let prompt = if i % 2 == 0 { &main[i..] } else { &long[..4 + i] };
+            let params = match i % 3 {
+                0 => SamplingParams {
+                    temperature: 0.9,
+                    seed: 7 + i as u64,
+                    max_tokens: 3 + i as u32,
+                    ignore_eos: true,
+                    ..Default::default()
+                },
+                _ => greedy(3 + i as u32),
+            };
+            GenerateRequest::new(prompt.to_vec(), params)
+        })
+        .collect()
+}
