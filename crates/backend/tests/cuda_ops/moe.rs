@@ -458,35 +458,41 @@ fn relu2_experts_equal_the_cpu_block_whatever_the_batch() {
 
 /// Under expert parallelism each rank runs only its slice of the experts (weights stacked from
 /// its first expert): its rows are bitwise the single rank's, the other ranks' rows are left
-/// untouched, and the ranks' slices of the sorted rows tile the whole.
+/// untouched, and the ranks' slices of the sorted rows tile the whole; with either kernels.
 #[test]
 fn expert_slices_compute_their_own_rows_only() {
     let Some(dev) = gpu_or_skip("expert_slices_compute_their_own_rows_only") else { return };
     let (n, e, k, h, i, num_ranks) = (37, 16, 4, 48, 24, 4);
     let mut rng = Rng::new(25);
-    let ex = Experts::random(&mut rng, e, h, i);
+    let mut ex = Experts::random(&mut rng, e, h, i);
     let x = rng.vec(n * h, -1.0, 1.0);
     let logits = clear_logits(&mut rng, n, e);
     let act = ExpertActivation::SwiGlu;
-    let full = moe_forward(dev, &ex, &x, &logits, n, k, act, ExpertShard::all(e));
-    let starts: Vec<usize> = full.expert_starts.iter().map(|&s| s as usize).collect();
-    let per = e / num_ranks;
-    let mut gathered = vec![0.0f32; full.expert_out.len()];
-    for r in 0..num_ranks {
-        let shard = ExpertShard { num_experts: e, first: r * per, num_local: per };
-        let run = moe_forward(dev, &ex, &x, &logits, n, k, act, shard);
-        assert_eq!(run.expert_starts, full.expert_starts, "rank {r}: the same sort");
-        let own = starts[r * per] * h..starts[(r + 1) * per] * h;
-        assert!(!own.is_empty(), "rank {r} has rows (clear logits spread the experts)");
-        for (at, &v) in run.expert_out.iter().enumerate() {
-            if !own.contains(&at) {
-                assert_eq!(v.to_bits(), 0, "rank {r} wrote element {at}, another rank's row");
+    // The CPU's arithmetic, then the tensor-core kernels.
+    for storage in [Storage::Bf16, Storage::Bf16Mma] {
+        ex.storage = storage;
+        let full = moe_forward(dev, &ex, &x, &logits, n, k, act, ExpertShard::all(e));
+        let starts: Vec<usize> = full.expert_starts.iter().map(|&s| s as usize).collect();
+        let per = e / num_ranks;
+        let mut gathered = vec![0.0f32; full.expert_out.len()];
+        for r in 0..num_ranks {
+            let what = format!("{storage:?} rank {r}");
+            let shard = ExpertShard { num_experts: e, first: r * per, num_local: per };
+            let run = moe_forward(dev, &ex, &x, &logits, n, k, act, shard);
+            assert_eq!(run.expert_starts, full.expert_starts, "{what}: the same sort");
+            let own = starts[r * per] * h..starts[(r + 1) * per] * h;
+            assert!(!own.is_empty(), "{what} has rows (clear logits spread the experts)");
+            for (at, &v) in run.expert_out.iter().enumerate() {
+                if !own.contains(&at) {
+                    assert_eq!(v.to_bits(), 0, "{what} wrote element {at}, another rank's row");
+                }
             }
+            gathered[own.clone()].copy_from_slice(&run.expert_out[own]);
         }
-        gathered[own.clone()].copy_from_slice(&run.expert_out[own]);
+        let used = starts[e] * h;
+        let all = &full.expert_out[..used];
+        assert_bits(&format!("{storage:?}: the ranks' rows put together"), &gathered[..used], all);
     }
-    let used = starts[e] * h;
-    assert_bits("the ranks' rows put together", &gathered[..used], &full.expert_out[..used]);
 }
 
 #[test]
