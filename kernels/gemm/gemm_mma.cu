@@ -6,8 +6,6 @@
 // groups of MMA_ROWS input rows. Grid: (ceil(n / (MMA_WARPS * MMA_COLS)),
 // ceil(m / (MMA_ROW_GROUPS * MMA_ROWS))).
 
-#define MMA_ROW_GROUPS 4
-
 extern "C" __global__ void __launch_bounds__(128) gemm_bf16w_mma(
     const float* __restrict__ x,   // device [m, k]
     const bf16_t* __restrict__ w,  // device [n, k]

@@ -24,6 +24,8 @@
 #define MMA_COLS 16
 #define MMA_ROWS 8
 #define MMA_K 32
+// Groups of MMA_ROWS input rows a warp takes at once in the dense and the expert products.
+#define MMA_ROW_GROUPS 4
 
 struct alignas(16) u32x4 {
     u32 x, y, z, w;

@@ -14,7 +14,8 @@ pub const MMA_WARPS: usize = 4;
 pub const MMA_COLS: usize = 16;
 /// Input rows per tensor-core instruction (`MMA_ROWS`): its 8 columns.
 pub const MMA_ROWS: usize = 8;
-/// Groups of `MMA_ROWS` input rows per warp of the dense tensor-core product (`MMA_ROW_GROUPS`).
+/// Groups of `MMA_ROWS` input rows a warp of the tensor-core products takes at once
+/// (`MMA_ROW_GROUPS`).
 pub const MMA_ROW_GROUPS: usize = 4;
 /// Rows per block of the row norms (`NORM_ROWS_PER_BLOCK`).
 pub const NORM_ROWS_PER_BLOCK: usize = 8;
@@ -196,10 +197,10 @@ pub fn moe_expert(cols: usize, num_pairs: usize, num_experts: usize) -> Option<S
     Shape::new((cols.div_ceil(cols_per_block), tiles), GEMM_HALF_WARPS * 16, 0)
 }
 
-/// A grouped tensor-core expert product with `cols` outputs per row, over the worst-case tiles.
-pub fn moe_expert_mma(cols: usize, num_pairs: usize, num_experts: usize) -> Option<Shape> {
-    let tiles = moe_max_tiles(num_pairs, num_experts);
-    Shape::new((cols.div_ceil(MMA_WARPS * MMA_COLS), tiles), MMA_WARPS * 32, 0)
+/// A grouped tensor-core expert product with `cols` outputs per row: a block row per expert of
+/// the rank, whatever the routing.
+pub fn moe_expert_mma(cols: usize, num_local: usize) -> Option<Shape> {
+    Shape::new((cols.div_ceil(MMA_WARPS * MMA_COLS), num_local), MMA_WARPS * 32, 0)
 }
 
 /// The conv1d: a thread per channel, a block row per sequence.
@@ -328,7 +329,7 @@ mod tests {
         assert_eq!(moe_max_sorted_rows(8, 2), 16);
         assert_eq!(moe_max_tiles(8, 2), 4);
         assert_eq!(moe_expert(2048, 8, 2).unwrap().grid, (64, 4, 1));
-        assert_eq!(moe_expert_mma(2048, 8, 2).unwrap().grid, (32, 4, 1));
+        assert_eq!(moe_expert_mma(2048, 128).unwrap().grid, (32, 128, 1));
     }
 
     #[test]

@@ -246,18 +246,21 @@ impl CudaDevice {
             (ExpertActivation::Relu2, _) => 0,
         };
         fits(id, "act", &act, cfg::moe_max_sorted_rows(pairs, num_experts) * inter)?;
-        let sh = self.expert_shape(id, inter, pairs, num_experts)?;
-        let (x, up, sorted, tiles, num_tiles, act) = (
-            x.addr(),
-            up.addr(),
-            s.sorted_pairs.addr(),
-            s.tile_experts.addr(),
-            s.num_tiles.addr(),
-            act.addr(),
-        );
+        let sh = self.expert_shape(id, inter, (pairs, experts), s)?;
+        let (x, up, sorted, act) = (x.addr(), up.addr(), s.sorted_pairs.addr(), act.addr());
         let (top_k, hidden, inter) =
             (int(id, "top_k", top_k)?, int(id, "hidden", hidden)?, int(id, "inter", inter)?);
         let activation = activation as i32;
+        if id == KernelId::MoeExpertUpMma {
+            let starts = s.expert_starts.addr();
+            return launch!(
+                self,
+                id,
+                sh,
+                [x, up, gate, sorted, starts, act, top_k, hidden, inter, activation, first]
+            );
+        }
+        let (tiles, num_tiles) = (s.tile_experts.addr(), s.num_tiles.addr());
         launch!(
             self,
             id,
@@ -291,16 +294,14 @@ impl CudaDevice {
         fits(id, "act", &act, rows * inter)?;
         down.fits(id, "down", experts.num_local * hidden * inter)?;
         fits(id, "out", &out, rows * hidden)?;
-        let sh = self.expert_shape(id, hidden, num_pairs, experts.num_experts)?;
-        let (act, down, sorted, tiles, num_tiles, out) = (
-            act.addr(),
-            down.addr(),
-            s.sorted_pairs.addr(),
-            s.tile_experts.addr(),
-            s.num_tiles.addr(),
-            out.addr(),
-        );
+        let sh = self.expert_shape(id, hidden, (num_pairs, experts), s)?;
+        let (act, down, sorted, out) = (act.addr(), down.addr(), s.sorted_pairs.addr(), out.addr());
         let (hidden, inter) = (int(id, "hidden", hidden)?, int(id, "inter", inter)?);
+        if id == KernelId::MoeExpertDownMma {
+            let starts = s.expert_starts.addr();
+            return launch!(self, id, sh, [act, down, sorted, starts, out, hidden, inter, first]);
+        }
+        let (tiles, num_tiles) = (s.tile_experts.addr(), s.num_tiles.addr());
         launch!(
             self,
             id,
@@ -309,20 +310,22 @@ impl CudaDevice {
         )
     }
 
-    /// The grid of expert kernel `id` with `cols` outputs per row; the tensor-core kernels also
-    /// check that the device has bf16 tensor cores.
+    /// The grid of expert kernel `id` with `cols` outputs per row: over the worst case's tiles,
+    /// or for the tensor-core kernels over the rank's experts (which also need bf16 tensor cores
+    /// and the sort's expert starts).
     fn expert_shape(
         &self,
         id: KernelId,
         cols: usize,
-        num_pairs: usize,
-        num_experts: usize,
+        (num_pairs, experts): (usize, ExpertShard),
+        s: &MoeSortBuffers<'_>,
     ) -> Result<cfg::Shape, BackendError> {
         if matches!(id, KernelId::MoeExpertUpMma | KernelId::MoeExpertDownMma) {
             self.check_mma(id)?;
-            return shape(id, cfg::moe_expert_mma(cols, num_pairs, num_experts));
+            fits(id, "expert_starts", &s.expert_starts, experts.num_experts + 1)?;
+            return shape(id, cfg::moe_expert_mma(cols, experts.num_local));
         }
-        shape(id, cfg::moe_expert(cols, num_pairs, num_experts))
+        shape(id, cfg::moe_expert(cols, num_pairs, experts.num_experts))
     }
 
     /// Each token's output: its experts' rows weighted in rank order, plus the shared expert's
