@@ -27,7 +27,9 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16w_mma(
     }
     float acc[1][MMA_ROW_GROUPS][4];
     mma_tile(w_lo, w_hi, xs, has, k, mma_vec_ok(x, w, k), acc);
+#pragma unroll
     for (int r = 0; r < MMA_ROW_GROUPS; ++r) {
+#pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = m0 + r * MMA_ROWS + 2 * t + (i & 1);
             const int col = n0 + g + 8 * (i >> 1);

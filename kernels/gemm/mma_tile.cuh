@@ -109,19 +109,23 @@ __device__ __forceinline__ void mma_tile(
     for (int j = 0; j < NW; ++j)
         for (int r = 0; r < RT; ++r)
             for (int i = 0; i < 4; ++i) acc[j][r][i] = 0.0f;
+    // The fragment arrays are indexed by unrolled loops only, so that they stay in registers.
     for (int k0 = 0; k0 < k; k0 += MMA_K) {
         const int c = k0 + 8 * t;
         u32 lo[NW][4], hi[NW][4];
+#pragma unroll
         for (int j = 0; j < NW; ++j) {
             load_w8(w_lo[j], c, k, vec, lo[j]);
             load_w8(w_hi[j], c, k, vec, hi[j]);
         }
+#pragma unroll
         for (int r = 0; r < RT; ++r) {
             if (!has[r]) continue;
             u32 xv[4];
             load_x8(xs[r], c, k, vec, xv);
             const u32 b0[2] = {xv[0], xv[1]};
             const u32 b1[2] = {xv[2], xv[3]};
+#pragma unroll
             for (int j = 0; j < NW; ++j) {
                 const u32 a0[4] = {lo[j][0], hi[j][0], lo[j][1], hi[j][1]};
                 const u32 a1[4] = {lo[j][2], hi[j][2], lo[j][3], hi[j][3]};

@@ -51,7 +51,9 @@ template <typename Store>
 __device__ __forceinline__ void pass_outputs(
     const int* sorted_pairs, int base, int end, int n0, int cols, Store store) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
     for (int r = 0; r < MMA_ROW_GROUPS; ++r) {
+#pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = base + r * MMA_ROWS + 2 * t + (i & 1), col = n0 + g + 8 * (i >> 1);
             if (row < end && col < cols && sorted_pairs[row] >= 0) store(row, col, r, i);
