@@ -24,6 +24,8 @@
 #define MMA_COLS 16
 #define MMA_ROWS 8
 #define MMA_K 32
+// Steps whose weights are loaded ahead of their instructions.
+#define MMA_UNROLL 4
 // Groups of MMA_ROWS input rows a warp takes at once in the dense and the expert products.
 #define MMA_ROW_GROUPS 4
 
@@ -91,11 +93,51 @@ __device__ __forceinline__ bool mma_vec_ok(const void* x, const void* w, int k) 
     return k % 8 == 0 && (u64)x % 16 == 0 && (u64)w % 16 == 0;
 }
 
+// The lane's weights of one step at c: rows g and g + 8 of each of the NW matrices.
+template <int NW>
+__device__ __forceinline__ void load_step_weights(
+    const bf16_t* const (&w_lo)[NW], const bf16_t* const (&w_hi)[NW], int c, int k, bool vec,
+    u32 (&lo)[NW][4], u32 (&hi)[NW][4]) {
+#pragma unroll
+    for (int j = 0; j < NW; ++j) {
+        load_w8(w_lo[j], c, k, vec, lo[j]);
+        load_w8(w_hi[j], c, k, vec, hi[j]);
+    }
+}
+
+// One step at c: the input rows' elements loaded and rounded, then the step's two instructions
+// for every matrix and row group, onto the running sums.
+template <int NW, int RT>
+__device__ __forceinline__ void mma_step(
+    const u32 (&lo)[NW][4], const u32 (&hi)[NW][4], const float* const (&xs)[RT],
+    const bool (&has)[RT], int c, int k, bool vec, float (&acc)[NW][RT][4]) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+        if (!has[r]) continue;
+        u32 xv[4];
+        load_x8(xs[r], c, k, vec, xv);
+        const u32 b0[2] = {xv[0], xv[1]};
+        const u32 b1[2] = {xv[2], xv[3]};
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+            const u32 a0[4] = {lo[j][0], hi[j][0], lo[j][1], hi[j][1]};
+            const u32 a1[4] = {lo[j][2], hi[j][2], lo[j][3], hi[j][3]};
+            mma_bf16_16816(acc[j][r], a0, b0, acc[j][r]);
+            mma_bf16_16816(acc[j][r], a1, b1, acc[j][r]);
+        }
+    }
+}
+
 // The running sums of one warp over all of k: `nw` weight row pairs (lane's rows g and g + 8 of
 // each: w_lo[j], w_hi[j], null past the matrix) against `RT` groups of 8 input rows (the lane's
 // row g of group r: xs[r], null when absent; group r takes part only if has[r], the same on every
 // lane, since the instruction needs the whole warp). acc[j][r] holds the lane's four outputs:
 // (column g, rows 2t and 2t + 1) and (column g + 8, the same rows).
+//
+// The weights of MMA_UNROLL steps are loaded before the first of them is multiplied, so that a
+// decode step's thin product (a few warps per SM, bound by memory latency) has that many loads
+// in flight; the instructions still run step after step, so the sums are those of one step at a
+// time. The fragment arrays are indexed by unrolled loops only, so that they stay in registers.
 template <int NW, int RT>
 __device__ __forceinline__ void mma_tile(
     const bf16_t* const (&w_lo)[NW],
@@ -106,32 +148,26 @@ __device__ __forceinline__ void mma_tile(
     bool vec,
     float (&acc)[NW][RT][4]) {
     const int t = (threadIdx.x % 32) % 4;
+#pragma unroll
     for (int j = 0; j < NW; ++j)
+#pragma unroll
         for (int r = 0; r < RT; ++r)
+#pragma unroll
             for (int i = 0; i < 4; ++i) acc[j][r][i] = 0.0f;
-    // The fragment arrays are indexed by unrolled loops only, so that they stay in registers.
-    for (int k0 = 0; k0 < k; k0 += MMA_K) {
-        const int c = k0 + 8 * t;
+    int k0 = 0;
+    for (; k0 + MMA_UNROLL * MMA_K <= k; k0 += MMA_UNROLL * MMA_K) {
+        u32 lo[MMA_UNROLL][NW][4], hi[MMA_UNROLL][NW][4];
+#pragma unroll
+        for (int u = 0; u < MMA_UNROLL; ++u)
+            load_step_weights(w_lo, w_hi, k0 + u * MMA_K + 8 * t, k, vec, lo[u], hi[u]);
+#pragma unroll
+        for (int u = 0; u < MMA_UNROLL; ++u)
+            mma_step(lo[u], hi[u], xs, has, k0 + u * MMA_K + 8 * t, k, vec, acc);
+    }
+    // The last steps, one at a time.
+    for (; k0 < k; k0 += MMA_K) {
         u32 lo[NW][4], hi[NW][4];
-#pragma unroll
-        for (int j = 0; j < NW; ++j) {
-            load_w8(w_lo[j], c, k, vec, lo[j]);
-            load_w8(w_hi[j], c, k, vec, hi[j]);
-        }
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            if (!has[r]) continue;
-            u32 xv[4];
-            load_x8(xs[r], c, k, vec, xv);
-            const u32 b0[2] = {xv[0], xv[1]};
-            const u32 b1[2] = {xv[2], xv[3]};
-#pragma unroll
-            for (int j = 0; j < NW; ++j) {
-                const u32 a0[4] = {lo[j][0], hi[j][0], lo[j][1], hi[j][1]};
-                const u32 a1[4] = {lo[j][2], hi[j][2], lo[j][3], hi[j][3]};
-                mma_bf16_16816(acc[j][r], a0, b0, acc[j][r]);
-                mma_bf16_16816(acc[j][r], a1, b1, acc[j][r]);
-            }
-        }
+        load_step_weights(w_lo, w_hi, k0 + 8 * t, k, vec, lo, hi);
+        mma_step(lo, hi, xs, has, k0 + 8 * t, k, vec, acc);
     }
 }
