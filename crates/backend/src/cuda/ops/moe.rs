@@ -211,8 +211,8 @@ impl CudaDevice {
 
     /// The up (and gate) projections of every sorted row of this rank's experts with their
     /// weights `[num_local, inter, hidden]`, activated, into `act` `[max_sorted_rows, inter]`
-    /// (`moe_expert_up`, `moe_expert_up_f32w` for f32 weights); the other ranks' rows are left
-    /// as they are. `gate` is required for SwiGLU (in the storage of `up`) and ignored for
+    /// (`moe_expert_up`; `moe_expert_up_f32w` for f32 weights, `moe_expert_up_mma` for bf16
+    /// precision on tensor cores); the other ranks' rows are left as they are. `gate` is required for SwiGLU (in the storage of `up`) and ignored for
     /// relu^2.
     #[allow(clippy::too_many_arguments)] // the kernel's own buffers and sizes
     pub fn moe_expert_up(
@@ -273,8 +273,9 @@ impl CudaDevice {
     }
 
     /// The down projections of every sorted row of this rank's experts with their weights
-    /// `[num_local, hidden, inter]` into `out` `[max_sorted_rows, hidden]` (`moe_expert_down`,
-    /// `moe_expert_down_f32w` for f32 weights); the other ranks' rows are left as they are.
+    /// `[num_local, hidden, inter]` into `out` `[max_sorted_rows, hidden]` (`moe_expert_down`;
+    /// `moe_expert_down_f32w` for f32 weights, `moe_expert_down_mma` for bf16 precision on tensor
+    /// cores); the other ranks' rows are left as they are.
     pub fn moe_expert_down(
         &self,
         act: DevSlice<'_, f32>,
