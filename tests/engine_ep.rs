@@ -1,19 +1,20 @@
 //! Expert parallelism through the whole engine: with 2 and 4 ranks, each holding a slice of every
 //! MoE layer's experts, every request's tokens, logprobs (with top alternatives) and routing rows
 //! are bitwise those of a single rank, whatever the batching, the prefill chunking and the prefix
-//! hits; and idle heartbeats keep the ranks in lockstep without touching the prefix cache.
+//! hits, in either matmul precision; and idle heartbeats keep the ranks in lockstep without touching the prefix cache.
 
 mod common;
 
 use common::{Outcome, engine, greedy, run};
 use futures_util::future::join_all;
-use routed::runtime::EngineError;
+use routed::runtime::{EngineError, MatmulPrecision};
 use routed::types::{SamplingParams, TokenId};
 use routed::{EngineHandle, GenerateRequest};
 use routed_test_support::Golden;
 use std::time::Duration;
 
 const FAMILIES: [&str; 4] = ["qwen3_moe", "mixtral", "nemotron_h", "granitemoehybrid"];
+const PRECISIONS: [MatmulPrecision; 2] = [MatmulPrecision::F32, MatmulPrecision::Bf16];
 
 /// A workload that batches, chunks and hits the prefix cache: two waves of concurrent requests,
 /// the second repeating and extending the first's prompts.
@@ -71,26 +72,29 @@ fn assert_bitwise(what: &str, got: &[Outcome], want: &[Outcome]) {
     }
 }
 
+/// In both matmul precisions (on a CUDA device, bf16 is the tensor-core kernels).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_expert_parallel_size_gives_the_same_bits() {
-    for arch in FAMILIES {
+    for (arch, precision) in FAMILIES.into_iter().flat_map(|a| PRECISIONS.map(|p| (a, p))) {
         let g = Golden::open(arch);
         let mut reference = None;
         for ep in [1, 2, 4] {
             let handle = engine(arch, |c| {
                 c.expert_parallel_size = ep;
+                c.matmul_precision = precision;
                 // Small steps: prompts are chunked and requests share steps.
                 c.max_num_batched_tokens = 11;
             });
             assert_eq!(handle.model_info().expert_parallel_size, ep);
             let outs = run_workload(&handle, workload(&g)).await;
+            let what = format!("{arch} {} ep={ep}", precision.as_str());
             let hits: usize =
                 outs.iter().flat_map(|o| &o.finals).map(|f| f.num_cached_tokens).sum();
-            assert!(hits > 0, "{arch} ep={ep}: the second wave hits the prefix cache");
+            assert!(hits > 0, "{what}: the second wave hits the prefix cache");
             handle.shutdown().await;
             match &reference {
                 None => reference = Some(outs),
-                Some(want) => assert_bitwise(&format!("{arch} ep={ep}"), &outs, want),
+                Some(want) => assert_bitwise(&what, &outs, want),
             }
         }
     }
