@@ -304,7 +304,7 @@ fn time_gemm(
     upload(&mut arena, w, &fill(n * k, 2, bf16::from_f32))?;
     let (x, w, out) = (arena.get(x)?, arena.get(w)?, arena.get(out)?);
     let w = if mma { Weights::Bf16Mma(w) } else { Weights::Bf16(w) };
-    time_graph(dev, repeats, || dev.gemm_weights(x, w, out, (m, n, k)))
+    time_graph(dev, repeats, || dev.gemm(x, w, out, (m, n, k)))
 }
 
 /// One MoE layer's expert work for the routing `ids` (the router left out): the sort, the grouped

@@ -168,8 +168,8 @@ fn matrix_products_equal_cpu_linear_and_do_not_depend_on_the_batch() {
             let xv = m.get(xs).sub(at * k, rows * k).unwrap();
             let ov = m.get(out).sub(at * n, rows * n).unwrap();
             match bf {
-                true => dev.gemm_bf16(xv, m.get(w16s), ov, rows, n, k).unwrap(),
-                false => dev.gemm_f32(xv, m.get(w32s), ov, rows, n, k).unwrap(),
+                true => dev.gemm(xv, Weights::Bf16(m.get(w16s)), ov, (rows, n, k)).unwrap(),
+                false => dev.gemm(xv, Weights::F32(m.get(w32s)), ov, (rows, n, k)).unwrap(),
             }
             m.read(out)[at * n..(at + rows) * n].to_vec()
         };

@@ -5,6 +5,7 @@ use super::support::*;
 use routed_backend::{
     BackendError,
     cpu::{self, Matrix, MatrixData},
+    cuda::ops::Weights,
 };
 
 #[test]
@@ -19,7 +20,7 @@ fn a_replay_reads_the_buffers_as_they_are_now() {
     let (ys, zs) = (p.output::<f32>(m * n), p.output::<f32>(m * n));
     let mut mem = p.alloc();
     let step = |mem: &Mem| -> Result<(), BackendError> {
-        dev.gemm_bf16(mem.get(xs), mem.get(ws), mem.get(ys), m, n, k)?;
+        dev.gemm(mem.get(xs), Weights::Bf16(mem.get(ws)), mem.get(ys), (m, n, k))?;
         dev.rms_norm(mem.get(ys), mem.get(ns), mem.get(zs), m, n, n, 1e-6)
     };
     let graph = dev.capture(|| step(&mem)).unwrap();

@@ -11,7 +11,10 @@ use super::{
 use half::bf16;
 use routed_backend::{
     cpu::{self, MatmulPrecision, Matrix, MatrixData},
-    cuda::{CudaDevice, ops::ExpertActivation, ops::ExpertShard},
+    cuda::{
+        CudaDevice,
+        ops::{ExpertActivation, ExpertShard, Weights},
+    },
 };
 
 /// The largest error of an output whose `k` products (exact in f32: bf16 by bf16) sum to
@@ -29,7 +32,7 @@ fn dense_mma(dev: &'static CudaDevice, x: &[f32], w: &[bf16], n: usize, k: usize
     let mut p = Plan::new(dev);
     let (xs, ws, out) = (p.input(x), p.input(w), p.output::<f32>(m * n));
     let mem = p.alloc();
-    dev.gemm_bf16_mma(mem.get(xs), mem.get(ws), mem.get(out), m, n, k).unwrap();
+    dev.gemm(mem.get(xs), Weights::Bf16Mma(mem.get(ws)), mem.get(out), (m, n, k)).unwrap();
     mem.read(out)
 }
 
@@ -49,7 +52,7 @@ fn tensor_core_products_sum_the_rounded_inputs_products_whatever_the_batch() {
         let run = |rows: usize, at: usize| {
             let xv = m.get(xs).sub(at * k, rows * k).unwrap();
             let ov = m.get(out).sub(at * n, rows * n).unwrap();
-            dev.gemm_bf16_mma(xv, m.get(ws), ov, rows, n, k).unwrap();
+            dev.gemm(xv, Weights::Bf16Mma(m.get(ws)), ov, (rows, n, k)).unwrap();
             m.read(out)[at * n..(at + rows) * n].to_vec()
         };
         let full = run(ROWS, 0);

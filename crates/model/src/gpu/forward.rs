@@ -248,7 +248,7 @@ impl Ctx<'_> {
     /// `out[m, rows] = x[m, cols] . w`, whatever the matrix's storage and arithmetic.
     fn gemm(&self, x: DevSlice<'_, f32>, w: &GpuMatrix, out: DevSlice<'_, f32>) -> Result<()> {
         let m = self.step.num_tokens;
-        Ok(self.model.dev.gemm_weights(x, self.weights(w.data)?, out, (m, w.rows, w.cols))?)
+        Ok(self.model.dev.gemm(x, self.weights(w.data)?, out, (m, w.rows, w.cols))?)
     }
 
     fn run(&self) -> Result<()> {

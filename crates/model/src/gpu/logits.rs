@@ -91,7 +91,7 @@ impl GpuModel {
         dev.state_copy(normed, selected, pairs, rows, h)?;
         let head = &self.weights.lm_head;
         let w = self.weights.values(head.data)?;
-        dev.gemm_weights(selected, w, logits, (rows, head.rows, head.cols))?;
+        dev.gemm(selected, w, logits, (rows, head.rows, head.cols))?;
         let scaling = self.config.multipliers.logits_scaling;
         if scaling != 1.0 {
             dev.scale(logits, 1.0 / scaling, rows * vocab)?;

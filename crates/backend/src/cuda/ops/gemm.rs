@@ -5,55 +5,15 @@ use crate::{
     BackendError,
     cuda::{CudaDevice, DevSlice, KernelId, launch as cfg},
 };
-use half::bf16;
 
 impl CudaDevice {
-    /// `out[m, n] = x[m, :] . w[n, :]` with bf16 weights `[n, k]` (`gemm_bf16w_f32`): bit for bit
-    /// `cpu::linear` over the same values, whatever `m`.
-    pub fn gemm_bf16(
-        &self,
-        x: DevSlice<'_, f32>,
-        w: DevSlice<'_, bf16>,
-        out: DevSlice<'_, f32>,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), BackendError> {
-        self.gemm_weights(x, Weights::Bf16(w), out, (m, n, k))
-    }
-
-    /// `out[m, n] = bf16(x[m, :]) . w[n, :]` in bf16 precision on tensor cores
-    /// (`gemm_bf16w_mma`): the inputs rounded to bf16, `f32` sums in an order fixed per output,
-    /// so a row's bits never depend on `m` (they are not `cpu::linear`'s). Needs bf16 tensor cores
-    /// ([`CudaDevice::has_bf16_mma`]).
-    pub fn gemm_bf16_mma(
-        &self,
-        x: DevSlice<'_, f32>,
-        w: DevSlice<'_, bf16>,
-        out: DevSlice<'_, f32>,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), BackendError> {
-        self.gemm_weights(x, Weights::Bf16Mma(w), out, (m, n, k))
-    }
-
-    /// As [`CudaDevice::gemm_bf16`] with f32 weights (`gemm_f32w_f32`).
-    pub fn gemm_f32(
-        &self,
-        x: DevSlice<'_, f32>,
-        w: DevSlice<'_, f32>,
-        out: DevSlice<'_, f32>,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), BackendError> {
-        self.gemm_weights(x, Weights::F32(w), out, (m, n, k))
-    }
-
-    /// `out[m, n] = x[m, :] . w[n, :]` with the weights' storage and arithmetic: `m` input rows,
-    /// `n` outputs per row, inner dimension `k`.
-    pub fn gemm_weights(
+    /// `out[m, n] = x[m, :] . w[n, :]` for `m` input rows, `n` outputs per row, inner dimension
+    /// `k`, in the weights' storage and arithmetic: bf16 or f32 weights in the CPU's order
+    /// (`gemm_bf16w_f32`, `gemm_f32w_f32`: bit for bit `cpu::linear` over the same values,
+    /// whatever `m`), or bf16 weights in bf16 precision on tensor cores (`gemm_bf16w_mma`: the
+    /// inputs rounded to bf16, `f32` sums in an order fixed per output, so a row's bits never
+    /// depend on `m`, but they are not `cpu::linear`'s; needs [`CudaDevice::has_bf16_mma`]).
+    pub fn gemm(
         &self,
         x: DevSlice<'_, f32>,
         w: Weights<'_>,
