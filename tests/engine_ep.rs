@@ -1,15 +1,18 @@
 //! Expert parallelism through the whole engine: with 2 and 4 ranks, each holding a slice of every
 //! MoE layer's experts, every request's tokens, logprobs (with top alternatives) and routing rows
 //! are bitwise those of a single rank, whatever the batching, the prefill chunking and the prefix
-//! hits, in either matmul precision; and idle heartbeats keep the ranks in lockstep without touching the prefix cache.
+//! hits, in either matmul precision, with the expert rows exchanged between the devices or
+//! through host memory; and idle heartbeats keep the ranks in lockstep without touching the
+//! prefix cache.
 
 mod common;
 
-use common::{Outcome, engine, greedy, run};
+use common::{Outcome, engine, greedy, run, test_device};
 use futures_util::future::join_all;
 use routed::runtime::{EngineError, MatmulPrecision};
 use routed::types::{SamplingParams, TokenId};
 use routed::{EngineHandle, GenerateRequest};
+use routed_backend::DeviceSpec;
 use routed_test_support::Golden;
 use std::time::Duration;
 
@@ -72,25 +75,37 @@ fn assert_bitwise(what: &str, got: &[Outcome], want: &[Outcome]) {
     }
 }
 
-/// In both matmul precisions (on a CUDA device, bf16 is the tensor-core kernels).
+/// In both matmul precisions (on a CUDA device, bf16 is the tensor-core kernels). On the CUDA
+/// simulator the ranks' devices read each other's memory, so expert rows go straight between
+/// them; once more with 2 ranks in `f32`, they go through host memory, as on GPUs without peer
+/// access.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_expert_parallel_size_gives_the_same_bits() {
+    let sim = test_device() == DeviceSpec::CudaSim;
     for (arch, precision) in FAMILIES.into_iter().flat_map(|a| PRECISIONS.map(|p| (a, p))) {
         let g = Golden::open(arch);
         let mut reference = None;
-        for ep in [1, 2, 4] {
+        let host_exchange = sim && precision == MatmulPrecision::F32;
+        let runs = [(1, true), (2, true), (4, true), (2, false)];
+        for (ep, peer_exchange) in runs.into_iter().filter(|&(_, peer)| peer || host_exchange) {
             let handle = engine(arch, |c| {
                 c.expert_parallel_size = ep;
                 c.matmul_precision = precision;
+                c.peer_exchange = peer_exchange;
                 // Small steps: prompts are chunked and requests share steps.
                 c.max_num_batched_tokens = 11;
             });
             assert_eq!(handle.model_info().expert_parallel_size, ep);
             let outs = run_workload(&handle, workload(&g)).await;
-            let what = format!("{arch} {} ep={ep}", precision.as_str());
+            let what = format!("{arch} {} ep={ep} peer={peer_exchange}", precision.as_str());
             let hits: usize =
                 outs.iter().flat_map(|o| &o.finals).map(|f| f.num_cached_tokens).sum();
             assert!(hits > 0, "{what}: the second wave hits the prefix cache");
+            if sim && ep > 1 {
+                // Host time copying rows between the ranks: none when the devices exchange them.
+                let host_copies = handle.stats().await.unwrap().collective_exchange_seconds;
+                assert_eq!(host_copies > 0.0, !peer_exchange, "{what}: {host_copies} s");
+            }
             handle.shutdown().await;
             match &reference {
                 None => reference = Some(outs),

@@ -21,6 +21,16 @@ impl CudaDevice {
         Err(BackendError::CudaNotCompiled)
     }
 
+    /// Never called: no device exists in this build.
+    pub fn simulated_peer(&self) -> Result<Self, BackendError> {
+        match self.never {}
+    }
+
+    /// Never links: no device exists in this build.
+    pub fn link_peers(_devices: &[Self]) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+
     /// Never true: no device exists in this build.
     pub fn is_simulated(&self) -> bool {
         match self.never {}

@@ -79,6 +79,10 @@ pub struct EngineConfig {
     /// to the host and runs the CPU worker's sampler instead (slower: for checking the device's
     /// sampling against the host's on the same logits). No effect on the CPU.
     pub device_sampling: bool,
+    /// Under expert parallelism on GPUs that can read each other's memory (peer access between
+    /// every pair), the ranks' kernels copy each other's expert rows directly; `false` sends
+    /// them through host memory, as on GPUs without peer access. Both give the same bits.
+    pub peer_exchange: bool,
 }
 
 impl EngineConfig {
@@ -108,6 +112,7 @@ impl EngineConfig {
             seed: 0,
             cuda_graphs: true,
             device_sampling: true,
+            peer_exchange: true,
         }
     }
 }

@@ -22,6 +22,7 @@ use futures_util::Stream;
 use routed_backend::{
     Device, DeviceSpec,
     collective::{Collective, InProcessGroup},
+    cuda::CudaDevice,
 };
 use routed_cache::{CacheConfig, KvCacheManager, MambaCacheConfig};
 use routed_model::{Model, Tokenizer};
@@ -130,20 +131,20 @@ fn load_cuda_workers(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Ranks, EngineError> {
     let num_ranks = config.expert_parallel_size;
-    // Every device first: a missing GPU fails before anything loads.
-    let devices = (0..num_ranks)
-        .map(|rank| {
-            let spec = config.device.for_rank(rank);
-            match Device::open(spec) {
-                Ok(Device::Cuda(dev)) => Ok(dev),
-                Ok(Device::Cpu) => unreachable!("a CUDA spec opens a CUDA device"),
-                Err(e) if num_ranks > 1 => {
-                    Err(EngineError::Load(format!("rank {rank} of {num_ranks} on {spec}: {e}")))
-                }
-                Err(e) => Err(EngineError::Load(e.to_string())),
-            }
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let devices = open_cuda_devices(config)?;
+    if num_ranks > 1 && config.peer_exchange {
+        let linked = CudaDevice::link_peers(&devices).map_err(|e| {
+            EngineError::Load(format!("linking the {num_ranks} ranks' devices: {e}"))
+        })?;
+        if linked {
+            tracing::info!(num_ranks, "expert rows travel between the devices (peer access)");
+        } else {
+            tracing::info!(
+                num_ranks,
+                "expert rows travel through host memory: some pair of devices has no peer access"
+            );
+        }
+    }
     if config.matmul_precision == MatmulPrecision::Bf16
         && let Some(rank) = devices.iter().position(|d| !d.has_bf16_mma())
     {
@@ -177,6 +178,28 @@ fn load_cuda_workers(
     let workers = load_side_by_side(inputs, progress, load);
     let workers = workers.into_iter().collect::<Result<_, _>>().map_err(EngineError::Load)?;
     Ok(Ranks { workers, collectives: ranks })
+}
+
+/// Every rank's device, before anything loads (a missing GPU fails first, naming its rank). The
+/// simulator's ranks share their queues, as GPUs of one machine can wait on each other.
+fn open_cuda_devices(config: &EngineConfig) -> Result<Vec<CudaDevice>, EngineError> {
+    let num_ranks = config.expert_parallel_size;
+    let mut devices: Vec<CudaDevice> = Vec::with_capacity(num_ranks);
+    for rank in 0..num_ranks {
+        let spec = config.device.for_rank(rank);
+        let opened = match (spec, devices.last()) {
+            (DeviceSpec::CudaSim, Some(previous)) => previous.simulated_peer(),
+            _ => Device::open(spec).map(|d| match d {
+                Device::Cuda(dev) => dev,
+                Device::Cpu => unreachable!("a CUDA spec opens a CUDA device"),
+            }),
+        };
+        devices.push(opened.map_err(|e| match num_ranks {
+            1 => EngineError::Load(e.to_string()),
+            _ => EngineError::Load(format!("rank {rank} of {num_ranks} on {spec}: {e}")),
+        })?);
+    }
+    Ok(devices)
 }
 
 /// Runs `load` for every rank's input at once: rank 0 on this thread, reporting `progress`, the

@@ -14,14 +14,15 @@ use super::{
     compile::{self, Arch},
     launch::Shape,
     libs::{self, CudaLibrary},
-    sim::{SimKernels, queue},
+    peer::PeerLink,
+    sim::SimKernels,
     source::{KernelId, UNITS},
     stream::{Event, Stream},
 };
 use crate::BackendError;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, sys::CUfunction_attribute};
 use rayon::prelude::*;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Memory a simulated device reports as its own (what sizes the KV pool when no block count is
 /// given); the simulator's pools are host memory.
@@ -42,6 +43,9 @@ struct Inner {
     compute: Stream,
     copy: Stream,
     engine: Engine,
+    /// The expert-parallel group whose devices this one reads, once linked
+    /// ([`super::peer::link_peers`]).
+    peers: OnceLock<PeerLink>,
 }
 
 /// What runs the launches.
@@ -121,6 +125,7 @@ impl CudaDevice {
             compute: Stream::driver(compute.clone()),
             copy: Stream::driver(copy),
             engine: Engine::Driver(Driver { ctx, compute, kernels }),
+            peers: OnceLock::new(),
         };
         Ok(Self { inner: Arc::new(inner) })
     }
@@ -129,18 +134,54 @@ impl CudaDevice {
     /// launches and copies queued per stream and run when waited for. Fails (naming the
     /// compiler) when no compiler can build them.
     pub fn simulated() -> Result<Self, BackendError> {
-        let kernels = SimKernels::load()?;
+        Ok(Self::from_sim(SimKernels::load()?, 0))
+    }
+
+    /// Another simulated device beside this one (which must be simulated), the next ordinal,
+    /// whose streams share this one's queues: either can wait on the other's events, so the two
+    /// can join a peer group ([`super::peer::link_peers`]) as GPUs with peer access do.
+    pub fn simulated_peer(&self) -> Result<Self, BackendError> {
+        match &self.inner.engine {
+            Engine::Sim(sim) => Ok(Self::from_sim(sim.peer(), self.inner.ordinal + 1)),
+            Engine::Driver(_) => {
+                Err(BackendError::Simulator("a simulated peer of a GPU was asked for".into()))
+            }
+        }
+    }
+
+    fn from_sim(kernels: SimKernels, ordinal: usize) -> Self {
         let queues = kernels.queues().clone();
+        let (compute, copy) = kernels.streams();
         let inner = Inner {
-            ordinal: 0,
+            ordinal,
             name: "CUDA simulator".to_owned(),
             arch: Arch::simulator(),
             driver_version: 0,
-            compute: Stream::sim(queues.clone(), queue::COMPUTE),
-            copy: Stream::sim(queues, queue::COPY),
+            compute: Stream::sim(queues.clone(), compute),
+            copy: Stream::sim(queues, copy),
             engine: Engine::Sim(kernels),
+            peers: OnceLock::new(),
         };
-        Ok(Self { inner: Arc::new(inner) })
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// Joins `devices` (rank r at index r) into a group whose kernels read each other's memory
+    /// ([`super::peer::link_peers`]); `Ok(false)` when they cannot, and the ranks exchange
+    /// through host memory.
+    pub fn link_peers(devices: &[Self]) -> Result<bool, BackendError> {
+        super::peer::link_peers(devices)
+    }
+
+    /// The peer group this device reads the memory of, if it was linked into one.
+    pub fn peer_link(&self) -> Option<&PeerLink> {
+        self.inner.peers.get()
+    }
+
+    pub(crate) fn set_peer_link(&self, link: PeerLink) -> Result<(), BackendError> {
+        self.inner
+            .peers
+            .set(link)
+            .map_err(|_| BackendError::Driver("a device is already in a peer group".into()))
     }
 
     /// Whether this is the simulator rather than a GPU.

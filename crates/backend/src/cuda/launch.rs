@@ -111,6 +111,11 @@ pub fn elementwise(n: usize) -> Option<Shape> {
     Shape::new((n.div_ceil(ELEMENTWISE_THREADS), 1), ELEMENTWISE_THREADS, 0)
 }
 
+/// A block of [`ELEMENTWISE_THREADS`] per row of a buffer, its threads along the row.
+pub fn per_row(rows: usize) -> Option<Shape> {
+    Shape::new((rows, 1), ELEMENTWISE_THREADS, 0)
+}
+
 /// Rotary embedding: a block per (token, head), a thread per rotated pair.
 pub fn rope(num_tokens: usize, num_heads: usize, rot_dim: usize) -> Option<Shape> {
     let threads = (rot_dim / 2).div_ceil(32) * 32;

@@ -11,6 +11,7 @@
 //! * [`host`]: pinned host buffers and host-side tables the kernels read.
 //! * [`graph`]: CUDA graphs, a step's launches captured once and replayed.
 //! * [`stream`]: the streams and events that order work between streams and with the host.
+//! * [`peer`]: the GPUs of an expert-parallel group reading each other's memory.
 //! * [`sim`]: the CUDA simulator, the same kernels built for the host (CI has no GPU).
 //!
 //! Determinism: every kernel reduces in one fixed order whatever the batch (no split-K, attention
@@ -27,6 +28,7 @@ pub mod host;
 pub mod launch;
 pub mod libs;
 pub mod ops;
+pub mod peer;
 pub mod pools;
 pub mod sim;
 pub mod source;

@@ -141,6 +141,7 @@ kernel_ids! {
     MoeExpertUpMma = "moe_expert_up_mma" in EXPERTS_MMA;
     MoeExpertDownMma = "moe_expert_down_mma" in EXPERTS_MMA;
     MoeCombine = "moe_combine" in COMBINE;
+    MoeGatherPeerRows = "moe_gather_peer_rows" in COMBINE;
     MambaConv1d = "mamba_conv1d" in CONV1D;
     MambaScan = "mamba_scan" in SCAN;
     MambaGatedNorm = "mamba_gated_norm" in GATED_NORM;

@@ -311,16 +311,15 @@ impl GpuCaches {
         shape: GpuCacheShape,
     ) -> Result<Self> {
         let r = reserve(config, weights, &shape);
+        let mut arena = DeviceArena::new(dev, &r.layout)?;
         let exchange = match &config.moe {
             Some(m) if ranks.world_size() > 1 => {
-                let pairs = shape.capacity.max_tokens * m.top_k;
-                let rows = moe_max_sorted_rows(pairs, m.num_experts);
-                let (e, h) = (m.num_experts, config.hidden_size);
-                Some(RefCell::new(Exchange::new(dev, ranks.clone(), e, rows, h)?))
+                let expert_out = arena.get(r.act.moe.expert_out)?;
+                let sizes = (m.num_experts, config.hidden_size);
+                Some(RefCell::new(Exchange::new(dev, ranks.clone(), sizes, expert_out)?))
             }
             _ => None,
         };
-        let mut arena = DeviceArena::new(dev, &r.layout)?;
         if let (Some(span), Some(a)) = (r.rope, config.attention.as_ref()) {
             let theta = a.rope_theta.expect("a rotary table only with rope_theta");
             arena.upload(span, &rope_table(theta, a.head_dim, shape.max_positions))?;

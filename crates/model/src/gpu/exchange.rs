@@ -1,25 +1,173 @@
-//! The exchange of expert rows between the GPUs of an expert-parallel group, through page-locked
-//! host memory and the group's collective.
+//! The exchange of expert rows between the GPUs of an expert-parallel group: straight between
+//! the devices where they read each other's memory, else through page-locked host memory and the
+//! group's collective.
 //!
 //! Every rank routes the same tokens to the same experts (the router and everything before it is
 //! replicated and computed in the same order) and sorts the (token, rank) pairs the same way, so
 //! the sorted rows of rank r's experts are one contiguous run on every rank. After its expert
-//! products a rank copies its run to the host at the run's own offset, the collective's
-//! all-gather fills in the other runs, and they go back to the device around its own: every rank
-//! then combines exactly the rows one GPU would have computed, in the same order, and the result
-//! is bitwise that of a single GPU. The step waits on the host twice per MoE layer (for the
-//! run boundaries, then for the run), which is why decode steps of a group run eagerly rather
-//! than as CUDA graphs.
+//! products each rank fills in the other ranks' runs, so that every rank combines exactly the rows
+//! one GPU would have computed, in the same order, and the result is bitwise that of a single GPU.
+//!
+//! * [`PeerExchange`]: a kernel copies the other runs from the peers' buffers. The host orders
+//!   the ranks' streams and never waits for a device, but it meets the other ranks twice per MoE
+//!   layer, so a group's steps still run eagerly rather than as CUDA graphs.
+//! * [`HostExchange`]: the rank's run goes to the host at its own offset, the collective's
+//!   all-gather fills in the others', and they go back to the device around it. The step waits
+//!   on the host twice per MoE layer (for the run boundaries, then for the run).
 
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use routed_backend::{
+    BackendError,
     collective::Collective,
-    cuda::{CudaDevice, DevSlice, host::PinnedBuffer, ops::ExpertShard},
+    cuda::{
+        ArenaLayout, CudaDevice, DevSlice, DeviceArena, Span,
+        host::PinnedBuffer,
+        launch::moe_max_sorted_rows,
+        ops::ExpertShard,
+        peer::{PeerLink, PeerPhase},
+    },
 };
 use std::{ops::Range, sync::Arc};
 
-/// One rank's host buffers for the exchange, sized for the largest step.
-pub(crate) struct Exchange {
+/// How one rank gets the other ranks' expert rows.
+pub(crate) enum Exchange {
+    /// From the peers' device memory.
+    Peer(PeerExchange),
+    /// Through host memory.
+    Host(HostExchange),
+}
+
+impl Exchange {
+    /// The exchange of a rank whose expert rows are `expert_out` (`[max_sorted_rows, hidden]`):
+    /// between the devices if `dev` was linked to the other ranks' (which then read
+    /// `expert_out`), else through host memory.
+    pub fn new(
+        dev: &CudaDevice,
+        ranks: Arc<dyn Collective>,
+        (num_experts, hidden): (usize, usize),
+        expert_out: DevSlice<'_, f32>,
+    ) -> Result<Self> {
+        match dev.peer_link() {
+            Some(link) => Ok(Self::Peer(PeerExchange::new(dev, ranks, link.clone(), expert_out)?)),
+            None => {
+                let rows = expert_out.len() / hidden.max(1);
+                Ok(Self::Host(HostExchange::new(dev, ranks, num_experts, rows, hidden)?))
+            }
+        }
+    }
+
+    /// Fills the other ranks' rows of `expert_out` (sorted as `expert_starts` says, for a step of
+    /// `num_pairs` (token, rank) pairs) once this rank's expert products for `shard` are queued
+    /// on the compute stream, and returns with the combine free to be queued behind.
+    pub fn all_gather(
+        &mut self,
+        dev: &CudaDevice,
+        expert_starts: DevSlice<'_, i32>,
+        expert_out: DevSlice<'_, f32>,
+        (num_pairs, shard): (usize, ExpertShard),
+        hidden: usize,
+    ) -> Result<()> {
+        match self {
+            Self::Peer(p) => {
+                p.all_gather(dev, expert_starts, expert_out, (num_pairs, shard), hidden)
+            }
+            Self::Host(h) => h.all_gather(dev, expert_starts, expert_out, shard, hidden),
+        }
+    }
+}
+
+/// The exchange between GPUs that read each other's memory.
+///
+/// Per MoE layer, on the compute stream: this rank signals that its rows are written, and once
+/// every rank has signalled (a barrier on the host), waits for the others' signals, copies their
+/// runs from their buffers (`moe_gather_peer_rows`), signals that it has read them, and once every
+/// rank has done so, waits for the others' reads: a rank's next expert products, which overwrite
+/// its rows, are queued behind every other rank's copy of them.
+pub(crate) struct PeerExchange {
+    ranks: Arc<dyn Collective>,
+    link: PeerLink,
+    /// The device addresses of every rank's expert rows, `[world_size]`.
+    table: DeviceArena,
+    table_span: Span<u64>,
+    /// What `table` holds, and the addresses read now (the same but after a rank's pools were
+    /// made again).
+    uploaded: Vec<u64>,
+    current: Vec<u64>,
+}
+
+impl PeerExchange {
+    fn new(
+        dev: &CudaDevice,
+        ranks: Arc<dyn Collective>,
+        link: PeerLink,
+        expert_out: DevSlice<'_, f32>,
+    ) -> Result<Self> {
+        if (link.rank(), link.world_size()) != (ranks.rank(), ranks.world_size()) {
+            return Err(ModelError::BadInput(format!(
+                "the device is rank {} of a peer group of {}, the model rank {} of {}",
+                link.rank(),
+                link.world_size(),
+                ranks.rank(),
+                ranks.world_size()
+            )));
+        }
+        link.publish(expert_out);
+        let mut layout = ArenaLayout::new("peer expert rows");
+        let table_span = layout.push::<u64>(link.world_size());
+        Ok(Self {
+            table: DeviceArena::new(dev, &layout)?,
+            table_span,
+            uploaded: Vec::with_capacity(link.world_size()),
+            current: Vec::with_capacity(link.world_size()),
+            link,
+            ranks,
+        })
+    }
+
+    fn all_gather(
+        &mut self,
+        dev: &CudaDevice,
+        expert_starts: DevSlice<'_, i32>,
+        expert_out: DevSlice<'_, f32>,
+        (num_pairs, shard): (usize, ExpertShard),
+        hidden: usize,
+    ) -> Result<()> {
+        let (rank, world) = (self.link.rank(), self.link.world_size());
+        if shard.first != rank * shard.num_local {
+            return Err(ModelError::BadInput(format!(
+                "rank {rank} holds experts from {}, the exchange expects {}",
+                shard.first,
+                rank * shard.num_local
+            )));
+        }
+        let stream = dev.compute_stream();
+        self.link.signal(PeerPhase::Written, stream)?;
+        self.ranks.barrier()?;
+        self.link.wait_for_others(PeerPhase::Written, stream)?;
+        let rows = moe_max_sorted_rows(num_pairs, shard.num_experts);
+        self.link.buffers(rows * hidden, &mut self.current)?;
+        if self.current != self.uploaded {
+            self.table.upload(self.table_span, &self.current)?;
+            std::mem::swap(&mut self.uploaded, &mut self.current);
+        }
+        let peers = self.table.get(self.table_span)?;
+        dev.moe_gather_peer_rows(
+            expert_out,
+            peers,
+            expert_starts,
+            (num_pairs, shard),
+            (rank, world),
+            hidden,
+        )?;
+        self.link.signal(PeerPhase::Read, stream)?;
+        self.ranks.barrier()?;
+        self.link.wait_for_others(PeerPhase::Read, stream)?;
+        Ok(())
+    }
+}
+
+/// The exchange through host memory: one rank's host buffers, sized for the largest step.
+pub(crate) struct HostExchange {
     ranks: Arc<dyn Collective>,
     /// The sort's padded row starts of every expert, and the end, `[num_experts + 1]`.
     starts: PinnedBuffer<i32>,
@@ -29,9 +177,9 @@ pub(crate) struct Exchange {
     segments: Vec<Range<usize>>,
 }
 
-impl Exchange {
+impl HostExchange {
     /// Host buffers for `num_experts` experts and up to `max_sorted_rows` rows of `hidden`.
-    pub fn new(
+    fn new(
         dev: &CudaDevice,
         ranks: Arc<dyn Collective>,
         num_experts: usize,
@@ -46,10 +194,7 @@ impl Exchange {
         })
     }
 
-    /// Fills the other ranks' rows of `expert_out` (`[max_sorted_rows, hidden]`, sorted as
-    /// `expert_starts` says) once this rank's expert products for `shard` are queued on the
-    /// compute stream, and returns with the other ranks' rows queued back behind them.
-    pub fn all_gather(
+    fn all_gather(
         &mut self,
         dev: &CudaDevice,
         expert_starts: DevSlice<'_, i32>,
@@ -81,7 +226,7 @@ impl Exchange {
 
 fn slice<'a>(s: DevSlice<'a, f32>, range: &Range<usize>) -> Result<DevSlice<'a, f32>> {
     s.sub(range.start, range.len()).ok_or_else(|| {
-        crate::error::ModelError::Device(routed_backend::BackendError::Memory(format!(
+        ModelError::Device(BackendError::Memory(format!(
             "expert rows {range:?} past the buffer of {}",
             s.len()
         )))

@@ -150,8 +150,8 @@ impl GpuModel {
     ) -> Result<PackedStep> {
         if caches.exchange.is_some() {
             return Err(ModelError::BadInput(
-                "a rank of an expert-parallel group waits on the host inside a step, which no \
-                 graph holds: its steps run eagerly"
+                "a rank of an expert-parallel group meets the other ranks on the host inside a \
+                 step, which no graph holds: its steps run eagerly"
                     .into(),
             ));
         }
@@ -447,7 +447,7 @@ impl Ctx<'_> {
         if let Some(exchange) = &self.caches.exchange {
             // The other ranks' experts' rows.
             let mut exchange = exchange.borrow_mut();
-            exchange.all_gather(dev, sort.expert_starts, expert_out, b.shard, h)?;
+            exchange.all_gather(dev, sort.expert_starts, expert_out, (n * k, b.shard), h)?;
         }
         let shared = match &b.shared {
             Some(m) => {

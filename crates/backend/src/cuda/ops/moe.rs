@@ -358,4 +358,42 @@ impl CudaDevice {
         let (top_k, hidden) = (int(id, "top_k", top_k)?, int(id, "hidden", hidden)?);
         launch!(self, id, sh, [eo, rows, w, sh_addr, out, top_k, hidden])
     }
+
+    /// Under expert parallelism over GPUs that read each other's memory: copies every other
+    /// rank's run of the sorted expert rows from that rank's buffer (`peer_rows[q]`, the device
+    /// address of rank q's `expert_out`, as [`crate::cuda::peer::PeerLink::buffers`] gives
+    /// them) into this rank's `expert_out`, for a step of `num_pairs` (token, rank) pairs. Every
+    /// rank holds `shard.num_local` experts, rank q those from `q * shard.num_local`. The caller
+    /// orders the copy after the peers' expert kernels and their next writes after it
+    /// ([`crate::cuda::peer`]).
+    pub fn moe_gather_peer_rows(
+        &self,
+        expert_out: DevSlice<'_, f32>,
+        peer_rows: DevSlice<'_, u64>,
+        expert_starts: DevSlice<'_, i32>,
+        (num_pairs, shard): (usize, ExpertShard),
+        (rank, world_size): (usize, usize),
+        hidden: usize,
+    ) -> Result<(), BackendError> {
+        let id = KernelId::MoeGatherPeerRows;
+        if shard.num_local * world_size != shard.num_experts || rank >= world_size {
+            return Err(bad(
+                id,
+                format!(
+                    "rank {rank} of {world_size} holding {} of {} experts",
+                    shard.num_local, shard.num_experts
+                ),
+            ));
+        }
+        let rows = cfg::moe_max_sorted_rows(num_pairs, shard.num_experts);
+        fits(id, "expert_out", &expert_out, rows * hidden)?;
+        fits(id, "peer_rows", &peer_rows, world_size)?;
+        fits(id, "expert_starts", &expert_starts, shard.num_experts + 1)?;
+        let sh = shape(id, cfg::per_row(rows))?;
+        let (out, peers, starts) = (expert_out.addr(), peer_rows.addr(), expert_starts.addr());
+        let num_local = int(id, "num_local", shard.num_local)?;
+        let (world, hidden) = (int(id, "world_size", world_size)?, int(id, "hidden", hidden)?);
+        let rank = rank as i32; // Below world_size, an int.
+        launch!(self, id, sh, [out, peers, starts, num_local, rank, world, hidden])
+    }
 }

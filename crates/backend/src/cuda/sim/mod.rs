@@ -25,7 +25,7 @@ use super::{
     source::{KernelId, KernelUnit, UNITS},
 };
 use crate::BackendError;
-use queue::{COMPUTE, SimQueues};
+use queue::SimQueues;
 use rayon::prelude::*;
 use std::{
     ffi::{c_char, c_int, c_void},
@@ -60,9 +60,14 @@ type Entry = unsafe extern "C" fn(*const SimConfig, *mut *mut c_void, *mut c_cha
 pub(crate) struct SimKernels {
     /// Indexed by [`KernelId::index`].
     entries: Arc<[Entry]>,
+    /// The queues of this device's streams, shared with the devices of its group.
     queues: Arc<SimQueues>,
-    /// Keeps the entries' code mapped.
-    _libraries: Vec<libloading::Library>,
+    /// This device's compute stream among `queues`.
+    compute: usize,
+    /// Its copy stream.
+    copy: usize,
+    /// Keeps the entries' code mapped (shared with the group's other devices).
+    _libraries: Arc<[libloading::Library]>,
 }
 
 impl Drop for SimKernels {
@@ -110,12 +115,32 @@ impl SimKernels {
             })
             .collect::<Result<Vec<_>, _>>()?
             .into();
-        Ok(Self { entries, queues: SimQueues::new(), _libraries: libraries })
+        Ok(Self::with_queues(entries, libraries.into(), SimQueues::new()))
     }
 
-    /// The device's stream queues.
+    fn with_queues(
+        entries: Arc<[Entry]>,
+        libraries: Arc<[libloading::Library]>,
+        queues: Arc<SimQueues>,
+    ) -> Self {
+        let (compute, copy) = (queues.add_stream(), queues.add_stream());
+        Self { entries, queues, compute, copy, _libraries: libraries }
+    }
+
+    /// Another device with the same kernels whose streams share this one's queues, so that
+    /// either can wait on the other's events: a GPU of the same group.
+    pub(crate) fn peer(&self) -> Self {
+        Self::with_queues(self.entries.clone(), self._libraries.clone(), self.queues.clone())
+    }
+
+    /// The queues of the device's streams (and its group's).
     pub(crate) fn queues(&self) -> &Arc<SimQueues> {
         &self.queues
+    }
+
+    /// The device's (compute, copy) streams among [`SimKernels::queues`].
+    pub(crate) fn streams(&self) -> (usize, usize) {
+        (self.compute, self.copy)
     }
 
     /// Queues kernel `id` over `shape` with `args` (pointers to each argument's value, in the
@@ -154,7 +179,7 @@ impl SimKernels {
         if let Some(launch) = launch {
             let entries = self.entries.clone();
             // SAFETY: the caller's contract, which holds until the work has run.
-            self.queues.push(COMPUTE, Box::new(move || unsafe { run(&entries, &launch) }));
+            self.queues.push(self.compute, Box::new(move || unsafe { run(&entries, &launch) }));
         }
         Ok(())
     }
@@ -180,7 +205,7 @@ impl SimKernels {
     pub(crate) fn replay(&self, launches: &Arc<[RecordedLaunch]>) {
         let (entries, launches) = (self.entries.clone(), launches.clone());
         self.queues.push(
-            COMPUTE,
+            self.compute,
             Box::new(move || {
                 launches.iter().try_for_each(|l| {
                     // SAFETY: the arguments were recorded from a launch that met `launch`'s
