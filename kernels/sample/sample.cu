@@ -228,10 +228,11 @@ __device__ u64 search_cut(
 // Seeded sampling as the CPU sampler defines it: candidates in rank order, the first top_k of
 // them, probabilities exp((logit - max) / temperature), those at least min_p (relative to the
 // most likely's, which is 1: a head of the order), the shortest head whose mass reaches top_p of
-// the total, then the first candidate whose cumulative mass exceeds u * (kept mass). Instead of
-// sorting, each cut is found by a search over rank keys with block-wide sums (search_cut; masses
-// in f64): the token equals the CPU's except when u lands within rounding of a boundary of the
-// CDF or the top-p cut.
+// the total, then the first candidate whose cumulative mass exceeds u * (kept mass). The weights
+// are the host's bit for bit (exp_nonpositive). Instead of sorting, each cut is found by a search
+// over rank keys with block-wide sums (search_cut; masses in f64 where the host sums exactly): the
+// token equals the CPU's except when u lands within rounding of a boundary of the CDF or the
+// top-p cut.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     const float* __restrict__ logits,          // device [num_rows, vocab]
     const SampleParams* __restrict__ params,   // device [num_rows]
@@ -252,7 +253,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     top = block_max_key(top, uscratch);
     const float inv_t = dvd(1.0f, pr.temperature);
     auto one = [](int) { return 1.0; };
-    auto prob = [&](int i) { return (double)expf(mul(sub(row[i], mx), inv_t)); };
+    // The host sampler's weights, bit for bit: the CPU's polynomial exp.
+    auto prob = [&](int i) { return (double)exp_nonpositive(mul(sub(row[i], mx), inv_t)); };
     u64 floor = 0;
     if (pr.top_k > 0 && pr.top_k < (u32)vocab)
         floor = search_cut(row, vocab, 0, top, 0.0, (double)pr.top_k, false, false, one, &sh);
@@ -262,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
         u64 last = ~0ull;
         for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
             u64 k = rank_key(row[i], i);
-            bool keep = k >= floor && expf(mul(sub(row[i], mx), inv_t)) >= pr.min_p;
+            bool keep = k >= floor && exp_nonpositive(mul(sub(row[i], mx), inv_t)) >= pr.min_p;
             if (keep && k < last) last = k;
         }
         floor = ~block_max_key(~last, uscratch);

@@ -32,9 +32,9 @@ pub use matmul::{
 };
 pub use matrix::{MatmulPrecision, Matrix, MatrixData, streamed_vec};
 pub use ops::{
-    add_assign, argmax, log_softmax, log_sum_exp, mul_silu_inplace, relu2_inplace, rms_norm,
-    rms_norm_inplace, scale_inplace, silu, silu_inplace, softmax_inplace, softmax_scaled_inplace,
-    softplus, sum_exp_below,
+    add_assign, argmax, exp_below, exp_nonpositive, log_softmax, log_sum_exp, mul_silu_inplace,
+    relu2_inplace, rms_norm, rms_norm_inplace, scale_inplace, silu, silu_inplace, softmax_inplace,
+    softmax_scaled_inplace, softplus, sum_exp_below,
 };
 pub use pool::with_hot_workers;
 pub use ssm::{conv_step, ssm_step};

@@ -173,11 +173,26 @@ fn sum_exp_below_body(x: &[f32], max: f32) -> f32 {
     fold16(acc)
 }
 
-/// `exp(x)` for `x <= 0` (NaN-free input): `2^n · e^r` with `x = n ln 2 + r`, `|r| <= ln 2 / 2`,
-/// `ln 2` split in two so `r` is nearly exact, and Cephes' degree-5 minimax polynomial for
-/// `(e^r - 1 - r) / r²`. Plain multiply and add throughout (branch-free, so it vectorises).
+/// `out[i] = exp((x[i] - max) * scale)` for `x[i] <= max` and `scale > 0` (a row's sampling
+/// weights at temperature `1 / scale`), by [`exp_nonpositive`]: the same bits as calling it per
+/// element, many at a time.
+pub fn exp_below(x: &[f32], max: f32, scale: f32, out: &mut [f32]) {
+    with_avx512!(exp_below_body(x: &[f32], max: f32, scale: f32, out: &mut [f32]))
+}
+
 #[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
+fn exp_below_body(x: &[f32], max: f32, scale: f32, out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = exp_nonpositive((v - max) * scale);
+    }
+}
+
+/// `exp(x)` for `x <= 0` (NaN-free input; NaN gives `exp(-87)`): `2^n · e^r` with
+/// `x = n ln 2 + r`, `|r| <= ln 2 / 2`, `ln 2` split in two so `r` is nearly exact, and Cephes'
+/// degree-5 minimax polynomial for `(e^r - 1 - r) / r²`. Plain multiply and add throughout
+/// (branch-free, so it vectorises).
+#[inline(always)]
+pub fn exp_nonpositive(x: f32) -> f32 {
     // Below this, e^x is under the smallest normal float: flush to zero (at the end, so the
     // arithmetic runs on a value whose scale is representable).
     let flush = x < -87.0;

@@ -5,7 +5,13 @@
 use rayon::prelude::*;
 use routed_model::Sampler;
 use routed_types::{PromptLogprobs, SampledToken, ScheduledSeq, StepPlan};
-use std::ops::Range;
+use std::{cell::RefCell, ops::Range};
+
+thread_local! {
+    /// Each pool thread's sampling scratch (a vocabulary's worth of weights and indices), kept
+    /// across steps so that no step allocates it again.
+    static POOL_SAMPLER: RefCell<Sampler> = RefCell::new(Sampler::default());
+}
 
 /// Samples every sequence that asked for a token and whose logits were computed, from its last
 /// row.
@@ -24,7 +30,9 @@ pub(super) fn sample(
     };
     // A row's sample depends on its own logits, seed and index only: any thread will do.
     if logits_rows.iter().filter(|r| !r.is_empty()).count() > 1 {
-        (plan.seqs.par_iter().zip(logits_rows)).map_init(Sampler::default, one).collect()
+        (plan.seqs.par_iter().zip(logits_rows))
+            .map(|x| POOL_SAMPLER.with_borrow_mut(|sampler| one(sampler, x)))
+            .collect()
     } else {
         plan.seqs.iter().zip(logits_rows).map(|x| one(sampler, x)).collect()
     }
@@ -46,9 +54,10 @@ pub(super) fn prompt_logprobs(
         let num_targets = rows.len().min(prompt.len().saturating_sub(first_position));
         let entries = (0..num_targets)
             .into_par_iter()
-            .map_init(Sampler::default, |sampler, r| {
+            .map(|r| {
                 let row = &logits[(rows.start + r) * vocab..(rows.start + r + 1) * vocab];
-                sampler.score(row, prompt[first_position + r], n)
+                POOL_SAMPLER
+                    .with_borrow_mut(|sampler| sampler.score(row, prompt[first_position + r], n))
             })
             .collect();
         chunks.push(PromptLogprobs { seq_index, first_position, entries });

@@ -5,14 +5,19 @@
 //! never from a shared generator, and every step of the choice reads only the request's own row
 //! and history, so its samples do not depend on which requests share its batch or on preemption.
 
+mod draw;
+mod mass;
+
 use routed_backend::cpu;
 use routed_types::{SampledToken, SamplingParams, SeqContext, TokenId};
 
 /// Sampling scratch reused across tokens so the hot path does not allocate per token.
 #[derive(Default)]
 pub struct Sampler {
+    /// The seeded draw's.
+    draw: draw::Draw,
+    /// The alternatives' order.
     order: Vec<u32>,
-    probs: Vec<f32>,
     /// The logits after bias and penalties, when a request asks for either.
     processed: Vec<f32>,
     /// Sorted history tokens, for counting.
@@ -44,7 +49,7 @@ impl Sampler {
         let token = if params.is_greedy() {
             cpu::argmax(choose_from) as TokenId
         } else {
-            self.sample_random(choose_from, params, uniform(params.seed, index))
+            self.draw.choose(choose_from, params, uniform(params.seed, index))
         };
         self.processed = processed;
         let top_logprobs = match params.logprobs {
@@ -107,50 +112,6 @@ impl Sampler {
                 }
             }
         }
-    }
-
-    fn sample_random(&mut self, logits: &[f32], params: &SamplingParams, u: f64) -> TokenId {
-        // Candidates sorted by logit, descending, ties to the lower id: a fixed order for the CDF.
-        self.order.clear();
-        self.order.extend(0..logits.len() as u32);
-        self.order
-            .sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
-        let keep = params.top_k.map_or(logits.len(), |k| (k as usize).clamp(1, logits.len()));
-        self.order.truncate(keep);
-        let inv_t = 1.0 / params.temperature;
-        let max = logits[self.order[0] as usize];
-        self.probs.clear();
-        self.probs.extend(self.order.iter().map(|&i| ((logits[i as usize] - max) * inv_t).exp()));
-        if params.min_p > 0.0 {
-            // Probabilities relative to the most likely token's, which is 1: candidates are sorted,
-            // so the cut keeps a prefix.
-            let cut = self.probs.iter().position(|&p| p < params.min_p).unwrap_or(self.probs.len());
-            self.probs.truncate(cut.max(1));
-            self.order.truncate(cut.max(1));
-        }
-        let total: f32 = self.probs.iter().sum();
-        if params.top_p < 1.0 {
-            let mut mass = 0.0;
-            let mut cut = self.probs.len();
-            for (i, p) in self.probs.iter().enumerate() {
-                mass += p / total;
-                if mass >= params.top_p {
-                    cut = i + 1;
-                    break;
-                }
-            }
-            self.probs.truncate(cut);
-            self.order.truncate(cut);
-        }
-        let total: f64 = self.probs.iter().map(|&p| p as f64).sum();
-        let mut target = u * total;
-        for (i, &p) in self.probs.iter().enumerate() {
-            target -= p as f64;
-            if target < 0.0 {
-                return self.order[i];
-            }
-        }
-        *self.order.last().expect("at least one candidate")
     }
 
     /// The `n` most likely tokens (ties to the lower id) with their logprobs; ranking logits
