@@ -52,6 +52,10 @@ pub struct BenchArgs {
     /// Generated tokens per request.
     #[arg(long, default_value_t = 32)]
     output_len: u32,
+    /// Sampling temperature of the requests: 0 (the default) is greedy; above 0 each request
+    /// draws with a seed of its own, as RL rollouts sample.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
     /// On/off pairs for the routing-overhead scenario; repetitions elsewhere.
     #[arg(long, default_value_t = 10)]
     repeats: usize,
@@ -135,6 +139,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         r["device"] = json!(device);
         r["model"] = json!(model);
         r["expert_parallel_size"] = json!(num_ranks);
+        r["temperature"] = json!(args.temperature);
     }
     write_records(&args, &records)
 }
@@ -171,8 +176,20 @@ pub(crate) fn xorshift(seed: u64) -> impl Iterator<Item = u64> {
     })
 }
 
-fn request(engine: &EngineHandle, tokens: Vec<TokenId>, output_len: u32) -> GenerateRequest {
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(output_len) };
+fn request(
+    engine: &EngineHandle,
+    tokens: Vec<TokenId>,
+    output_len: u32,
+    temperature: f32,
+) -> GenerateRequest {
+    // A seed of the request's own: its prompt's first token and length.
+    let seed = tokens.first().map_or(0, |&t| u64::from(t) << 32 | tokens.len() as u64);
+    let params = SamplingParams {
+        ignore_eos: true,
+        temperature,
+        seed,
+        ..SamplingParams::greedy(output_len)
+    };
     let return_routing = engine.model_info().routing_capture;
     GenerateRequest { return_routing, ..GenerateRequest::new(tokens, params) }
 }
@@ -203,7 +220,8 @@ struct BatchTimes {
 async fn batch(engine: &EngineHandle, seed: u64, n: usize, args: &BenchArgs) -> Result<BatchTimes> {
     let vocab = engine.model_info().vocab_size;
     let reqs = (0..n).map(|i| {
-        request(engine, prompt(seed * 1000 + i as u64 + 1, args.prompt_len, vocab), args.output_len)
+        let tokens = prompt(seed * 1000 + i as u64 + 1, args.prompt_len, vocab);
+        request(engine, tokens, args.output_len, args.temperature)
     });
     let started = Instant::now();
     let mut first_tokens = Duration::ZERO;
@@ -350,9 +368,12 @@ async fn prefix_hit(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value
             let full = prompt(7000 + (i * 100 + rep) as u64, args.prompt_len, vocab);
             engine.reset_prefix_cache().await?;
             if cached > 0 {
-                timed(engine, request(engine, full[..cached].to_vec(), 1)).await?;
+                timed(engine, request(engine, full[..cached].to_vec(), 1, args.temperature))
+                    .await?;
             }
-            ttfts.push(timed(engine, request(engine, full, 1)).await?.0.as_secs_f64());
+            ttfts.push(
+                timed(engine, request(engine, full, 1, args.temperature)).await?.0.as_secs_f64(),
+            );
         }
         let ttft = median(&mut ttfts);
         if i == 0 {
@@ -425,8 +446,11 @@ async fn roofline(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value>>
     data.resize(len, 1);
     let (mut rates, mut bandwidths, mut shares) = (Vec::new(), Vec::new(), Vec::new());
     for rep in 0..args.repeats.max(1) {
-        let (ttft, total) =
-            timed(engine, request(engine, prompt(500 + rep as u64, 8, vocab), 64)).await?;
+        let (ttft, total) = timed(
+            engine,
+            request(engine, prompt(500 + rep as u64, 8, vocab), 64, args.temperature),
+        )
+        .await?;
         let decode = 63.0 / (total - ttft).as_secs_f64();
         let bandwidth = measure_bandwidth(&data);
         shares.push(decode / (bandwidth * 1e9 / bytes));
