@@ -77,9 +77,12 @@ impl Row<'_> {
         out.clear();
         out.resize(self.logits.len(), 0.0);
         cpu::exp_below(self.logits, self.max, self.inv_t, out);
-        for (w, &l) in out.iter_mut().zip(self.logits) {
-            if l == self.max {
-                *w = 1.0;
+        // exp(0) is 1 already, unless `l - max` or `0 * inv_t` is NaN.
+        if !(self.max.is_finite() && self.inv_t.is_finite()) {
+            for (w, &l) in out.iter_mut().zip(self.logits) {
+                if l == self.max {
+                    *w = 1.0;
+                }
             }
         }
     }
@@ -193,20 +196,19 @@ impl Draw {
         self.bucket_start.clear();
         self.bucket_start.resize(NUM_BUCKETS + 1, 0);
         self.bucket_of.clear();
+        self.bucket_of.resize(logits.len(), NO_BUCKET);
         let mut total = ExponentSums::default();
-        for (i, &w) in self.weights.iter().enumerate() {
+        for (i, (&w, bucket)) in self.weights.iter().zip(&mut self.bucket_of).enumerate() {
             let candidate = i == row.top as usize
                 || (weighs(w)
                     && w >= params.min_p
                     && kth.is_none_or(|t| by_rank(logits, i as u32, t) != Ordering::Greater));
-            if !candidate {
-                self.bucket_of.push(NO_BUCKET);
-                continue;
+            if candidate {
+                let b = (((row.max - logits[i]) * scale) as usize).min(NUM_BUCKETS - 1);
+                *bucket = b as u16;
+                self.bucket_start[b + 1] += 1;
+                total.add(w);
             }
-            let b = (((row.max - logits[i]) * scale) as usize).min(NUM_BUCKETS - 1);
-            self.bucket_of.push(b as u16);
-            self.bucket_start[b + 1] += 1;
-            total.add(w);
         }
         for b in 0..NUM_BUCKETS {
             self.bucket_start[b + 1] += self.bucket_start[b];
