@@ -97,14 +97,15 @@ fn serve_runs_the_embedded_model() {
 }
 
 /// `routed bench` on the embedded model writes the records the baseline scripts' format expects:
-/// decode rates per batch size, the cold prefill rate, and prefix hits at block boundaries.
+/// decode rates per batch size, the cold prefill rate, and prefix hits at block boundaries; its
+/// requests sample at the temperature asked for.
 #[test]
 fn bench_writes_comparable_records() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("routed.json");
     let out = Command::new(env!("CARGO_BIN_EXE_routed"))
         .args(["bench", "all", "--batch-sizes", "1,2", "--prompt-len", "40", "--output-len", "4"])
-        .args(["--repeats", "2", "--num-kv-blocks", "64", "--json"])
+        .args(["--repeats", "2", "--num-kv-blocks", "64", "--temperature", "0.7", "--json"])
         .arg(&json)
         .output()
         .expect("run routed bench");
@@ -123,6 +124,7 @@ fn bench_writes_comparable_records() {
         assert_eq!(r["runs"].as_array().unwrap().len(), 2, "{r}");
         assert_eq!(r["engine"], "routed");
         assert_eq!((&r["device"], &r["dtype"]), (&"cpu".into(), &"f32".into()), "{r}");
+        assert_eq!(r["temperature"].as_f64(), Some(0.7f32 as f64), "{r}");
     }
     // 40 tokens in blocks of 16: 50 % rounds to one block, 90 % and 99 % to two.
     for (scenario, cached) in [("prefix_hit_50", 16), ("prefix_hit_90", 32), ("prefix_hit_99", 32)]

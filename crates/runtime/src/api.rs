@@ -278,8 +278,8 @@ pub struct EngineStats {
     /// Expert parallelism: time the ranks spent waiting for each other at barriers, summed over
     /// ranks.
     pub collective_wait_seconds: f64,
-    /// Expert parallelism: time the ranks spent copying expert outputs to and from each other,
-    /// summed over ranks.
+    /// Expert parallelism: time the ranks spent copying expert outputs to and from each other
+    /// through host memory, summed over ranks (none where GPUs copy them between each other).
     pub collective_exchange_seconds: f64,
 }
 

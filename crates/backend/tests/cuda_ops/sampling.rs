@@ -28,8 +28,11 @@ fn reference(logits: &[f32], p: &SampleParams) -> (u32, bool) {
     order.truncate(keep);
     let max = logits[order[0] as usize];
     let inv_t = 1.0 / p.temperature;
-    let mut probs: Vec<f32> =
-        order.iter().map(|&i| ((logits[i as usize] - max) * inv_t).exp()).collect();
+    // The CPU sampler's weights: its kernels' polynomial exp.
+    let mut probs: Vec<f32> = order
+        .iter()
+        .map(|&i| routed_backend::cpu::exp_nonpositive((logits[i as usize] - max) * inv_t))
+        .collect();
     let mut clear = true;
     if p.min_p > 0.0 {
         let cut = probs.iter().position(|&q| q < p.min_p).unwrap_or(probs.len());

@@ -10,8 +10,8 @@
 //!
 //! That freedom is what makes the draw cheap on a whole vocabulary: instead of sorting 150 000
 //! tokens for every sample, the candidates are spread over buckets of logit ranges (bucket order
-//! is rank order), each bucket's mass is summed, and only the bucket where a cumulative mass
-//! crosses its target is sorted and walked. Few candidates (a top-k, a min-p head) are sorted and
+//! is rank order), the search sums bucket after bucket from the top, and only the bucket where the
+//! cumulative mass crosses its target is sorted and walked. Few candidates (a top-k, a min-p head) are sorted and
 //! walked directly, which gives the same token.
 
 use super::mass::{ExponentSums, Mass};
@@ -88,8 +88,7 @@ impl Row<'_> {
     }
 }
 
-/// Finds, in candidates visited in rank order with cumulative mass `cum`, the first whose
-/// cumulative mass (rounded) reaches `target` (`>=`) or, `strict`, exceeds it.
+/// Whether the cumulative mass `cum` (rounded) reaches `target` or, `strict`, exceeds it.
 fn crosses(cum: &Mass, target: f64, strict: bool) -> bool {
     let c = cum.to_f64();
     if strict { c > target } else { c >= target }
