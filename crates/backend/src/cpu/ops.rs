@@ -175,16 +175,30 @@ fn sum_exp_below_body(x: &[f32], max: f32) -> f32 {
 
 /// `out[i] = exp((x[i] - max) * scale)` for `x[i] <= max` and `scale > 0` (a row's sampling
 /// weights at temperature `1 / scale`), by [`exp_nonpositive`]: the same bits as calling it per
-/// element, many at a time.
-pub fn exp_below(x: &[f32], max: f32, scale: f32, out: &mut [f32]) {
-    with_avx512!(exp_below_body(x: &[f32], max: f32, scale: f32, out: &mut [f32]))
+/// element, many at a time. Returns their sum in [`sum_exp_below`]'s order, so that at `scale`
+/// 1 it is `sum_exp_below(x, max)` bit for bit (`(v - max) * 1` is `v - max`).
+pub fn exp_below(x: &[f32], max: f32, scale: f32, out: &mut [f32]) -> f32 {
+    with_avx512!(exp_below_body(x: &[f32], max: f32, scale: f32, out: &mut [f32]) -> f32)
 }
 
 #[inline(always)]
-fn exp_below_body(x: &[f32], max: f32, scale: f32, out: &mut [f32]) {
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = exp_nonpositive((v - max) * scale);
+fn exp_below_body(x: &[f32], max: f32, scale: f32, out: &mut [f32]) -> f32 {
+    let n = x.len().min(out.len());
+    let (x, out) = (&x[..n], &mut out[..n]);
+    let mut acc = [0.0f32; 16];
+    let mut outs = out.chunks_exact_mut(16);
+    let mut chunks = x.chunks_exact(16);
+    for (o, chunk) in (&mut outs).zip(&mut chunks) {
+        for ((a, o), &v) in acc.iter_mut().zip(o).zip(chunk) {
+            *o = exp_nonpositive((v - max) * scale);
+            *a += *o;
+        }
     }
+    for ((a, o), &v) in acc.iter_mut().zip(outs.into_remainder()).zip(chunks.remainder()) {
+        *o = exp_nonpositive((v - max) * scale);
+        *a += *o;
+    }
+    fold16(acc)
 }
 
 /// `exp(x)` for `x <= 0` (NaN-free input; NaN gives `exp(-87)`): `2^n · e^r` with
@@ -253,6 +267,27 @@ mod tests {
         assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         for (p, l) in x.iter().zip(&lp) {
             assert!((p.ln() - l).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn row_weights_are_the_polynomial_and_sum_as_sum_exp_below() {
+        for n in [0, 1, 15, 16, 17, 1000, 4099] {
+            let mut x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1013) as f32 * -0.013).collect();
+            if n > 3 {
+                x[3] = f32::NEG_INFINITY;
+            }
+            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut out = vec![f32::NAN; n];
+            let sum = exp_below(&x, max, 1.0, &mut out);
+            assert_eq!(sum.to_bits(), sum_exp_below(&x, max).to_bits(), "{n} elements");
+            for (o, &v) in out.iter().zip(&x) {
+                assert_eq!(o.to_bits(), exp_nonpositive(v - max).to_bits());
+            }
+            exp_below(&x, max, 2.5, &mut out);
+            for (o, &v) in out.iter().zip(&x) {
+                assert_eq!(o.to_bits(), exp_nonpositive((v - max) * 2.5).to_bits());
+            }
         }
     }
 

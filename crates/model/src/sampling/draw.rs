@@ -72,11 +72,13 @@ impl Row<'_> {
         if l == self.max { 1.0 } else { cpu::exp_nonpositive((l - self.max) * self.inv_t) }
     }
 
-    /// Every token's weight into `out`, as [`Row::weight`] gives them.
-    fn weights(&self, out: &mut Vec<f32>) {
+    /// Every token's weight into `out`, as [`Row::weight`] gives them; at temperature 1, with a
+    /// finite max, also the row's log-sum-exp, bitwise `cpu::log_sum_exp(logits)` (the same
+    /// terms summed in the same order).
+    fn weights(&self, out: &mut Vec<f32>) -> Option<f32> {
         out.clear();
         out.resize(self.logits.len(), 0.0);
-        cpu::exp_below(self.logits, self.max, self.inv_t, out);
+        let sum = cpu::exp_below(self.logits, self.max, self.inv_t, out);
         // exp(0) is 1 already, unless `l - max` or `0 * inv_t` is NaN.
         if !(self.max.is_finite() && self.inv_t.is_finite()) {
             for (w, &l) in out.iter_mut().zip(self.logits) {
@@ -84,7 +86,9 @@ impl Row<'_> {
                     *w = 1.0;
                 }
             }
+            return None;
         }
+        (self.inv_t == 1.0).then(|| self.max + sum.ln())
     }
 }
 
@@ -94,10 +98,19 @@ fn crosses(cum: &Mass, target: f64, strict: bool) -> bool {
     if strict { c > target } else { c >= target }
 }
 
+/// What a draw gives.
+pub(super) struct Drawn {
+    /// The token.
+    pub token: TokenId,
+    /// The row's log-sum-exp when the draw weighed every token at temperature 1 (bitwise
+    /// `cpu::log_sum_exp` of the row), so that the logprob need not weigh them again.
+    pub log_z: Option<f32>,
+}
+
 impl Draw {
     /// The token `u` (in `[0, 1)`) picks from `logits` under `params`' temperature, top-k, min-p
     /// and top-p.
-    pub(super) fn choose(&mut self, logits: &[f32], params: &SamplingParams, u: f64) -> TokenId {
+    pub(super) fn choose(&mut self, logits: &[f32], params: &SamplingParams, u: f64) -> Drawn {
         self.choose_with(logits, params, u, SORT_WHOLE)
     }
 
@@ -108,7 +121,7 @@ impl Draw {
         params: &SamplingParams,
         u: f64,
         sort_whole: usize,
-    ) -> TokenId {
+    ) -> Drawn {
         let v = logits.len() as u32;
         // The first token in rank order, and the lowest finite logit (the buckets' range).
         let (mut top, mut top_key, mut lowest) = (0, rank_key(logits[0]), f32::INFINITY);
@@ -143,7 +156,7 @@ impl Draw {
                 i == top || (weighs(w) && w >= params.min_p)
             });
             self.order.sort_unstable_by(|&a, &b| by_rank(logits, a, b));
-            return self.walk_sorted(&row, params, u);
+            return Drawn { token: self.walk_sorted(&row, params, u), log_z: None };
         }
         self.walk_buckets(&row, params, (kth, lowest), u)
     }
@@ -185,9 +198,9 @@ impl Draw {
         params: &SamplingParams,
         (kth, lowest): (Option<u32>, f32),
         u: f64,
-    ) -> TokenId {
+    ) -> Drawn {
         let logits = row.logits;
-        row.weights(&mut self.weights);
+        let log_z = row.weights(&mut self.weights);
         // A lower logit never lands in an earlier bucket: every step of the arithmetic is
         // monotone. The top token's bucket is 0.
         let span = row.max - lowest;
@@ -234,10 +247,11 @@ impl Draw {
             }
         }
         let target = u * kept.to_f64();
-        match self.find(row, target, true, end) {
+        let token = match self.find(row, target, true, end) {
             Some((at, _)) => self.order[at],
             None => self.order[..end].last().copied().unwrap_or(row.top),
-        }
+        };
+        Drawn { token, log_z }
     }
 
     /// The first position of `order` before `end` whose cumulative mass crosses `target`, and
@@ -347,8 +361,8 @@ mod tests {
             for params in settings() {
                 for _ in 0..60 {
                     let u = rng.next();
-                    let want = sorted.choose_with(&logits, &params, u, usize::MAX);
-                    let got = bucketed.choose_with(&logits, &params, u, 0);
+                    let want = sorted.choose_with(&logits, &params, u, usize::MAX).token;
+                    let got = bucketed.choose_with(&logits, &params, u, 0).token;
                     assert_eq!(got, want, "v {v}, u {u}, {params:?}");
                 }
             }
@@ -373,7 +387,7 @@ mod tests {
         let mut draw = Draw::default();
         for j in 0..n {
             let u = (j as f64 + 0.5) / n as f64;
-            *counts.entry(draw.choose(&logits, &params, u)).or_insert(0usize) += 1;
+            *counts.entry(draw.choose(&logits, &params, u).token).or_insert(0usize) += 1;
         }
         for &(t, l) in &likely {
             let want = weight(l) / total * n as f64;
@@ -383,11 +397,11 @@ mod tests {
         // Ties rank the lower id first: tokens 4000 and 9999 split their mass in that order.
         let first = (0..n).find(|&j| {
             let u = (j as f64 + 0.5) / n as f64;
-            let t = draw.choose(&logits, &params, u);
+            let t = draw.choose(&logits, &params, u).token;
             t == 4000 || t == 9999
         });
         let u = (first.unwrap() as f64 + 0.5) / n as f64;
-        assert_eq!(draw.choose(&logits, &params, u), 4000);
+        assert_eq!(draw.choose(&logits, &params, u).token, 4000);
     }
 
     #[test]
@@ -401,12 +415,35 @@ mod tests {
         for _ in 0..200 {
             let u = rng.next();
             let k = SamplingParams { top_k: Some(7), ..base.clone() };
-            assert!(ranked[..7].contains(&draw.choose(&logits, &k, u)));
+            assert!(ranked[..7].contains(&draw.choose(&logits, &k, u).token));
             let one = SamplingParams { top_p: 1e-9, ..base.clone() };
-            assert_eq!(draw.choose(&logits, &one, u), ranked[0], "top_p keeps the top token");
+            assert_eq!(draw.choose(&logits, &one, u).token, ranked[0], "top_p keeps the top token");
             let min_p = SamplingParams { min_p: 0.5, ..base.clone() };
-            let t = draw.choose(&logits, &min_p, u);
+            let t = draw.choose(&logits, &min_p, u).token;
             assert!(logits[t as usize] >= logits[ranked[0] as usize] - 0.5f32.ln().abs());
+        }
+    }
+
+    #[test]
+    fn a_draw_over_the_whole_row_at_temperature_one_gives_its_normaliser() {
+        let mut rng = Rng(9);
+        let mut draw = Draw::default();
+        let base = SamplingParams { temperature: 1.0, ..SamplingParams::greedy(1) };
+        for v in [6000, 20_000] {
+            let mut logits = row(&mut rng, v);
+            // Both zeros at the top: the normaliser's max may be either.
+            logits.iter_mut().for_each(|l| *l -= 16.0);
+            let top = (0..v).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap();
+            logits[top] = 0.0;
+            logits[v - 1] = -0.0;
+            logits[v - 2] = -f32::NAN;
+            let want = cpu::log_sum_exp(&logits);
+            let drawn = draw.choose(&logits, &base, rng.next());
+            assert_eq!(drawn.log_z.map(f32::to_bits), Some(want.to_bits()), "{v} tokens");
+            let hot = SamplingParams { temperature: 1.5, ..base.clone() };
+            assert_eq!(draw.choose(&logits, &hot, 0.5).log_z, None, "another temperature");
+            let k = SamplingParams { top_k: Some(50), ..base.clone() };
+            assert_eq!(draw.choose(&logits, &k, 0.5).log_z, None, "a head sorted whole");
         }
     }
 
@@ -418,9 +455,9 @@ mod tests {
         let inf = [vec![0.0f32; 4999], vec![f32::INFINITY]].concat();
         let masked = vec![f32::NEG_INFINITY; 5000];
         for u in [0.0, 0.5, 1.0 - f64::EPSILON] {
-            assert!(draw.choose(&nan, &base, u) < 5000);
-            assert_eq!(draw.choose(&inf, &base, u), 4999, "an infinite logit takes the mass");
-            assert!(draw.choose(&masked, &base, u) < 5000);
+            assert!(draw.choose(&nan, &base, u).token < 5000);
+            assert_eq!(draw.choose(&inf, &base, u).token, 4999, "an infinite logit takes the mass");
+            assert!(draw.choose(&masked, &base, u).token < 5000);
         }
     }
 }

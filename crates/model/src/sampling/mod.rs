@@ -36,9 +36,6 @@ impl Sampler {
         index: u64,
         history: Option<&SeqContext>,
     ) -> SampledToken {
-        // Logprobs are logits shifted by one normaliser: computed for the few tokens reported,
-        // never for the whole vocabulary. They are the raw model's, whatever changes the choice.
-        let log_z = cpu::log_sum_exp(logits);
         let mut processed = std::mem::take(&mut self.processed);
         let choose_from = if params.processes_logits() {
             self.process(logits, params, history, &mut processed);
@@ -46,12 +43,20 @@ impl Sampler {
         } else {
             logits
         };
-        let token = if params.is_greedy() {
-            cpu::argmax(choose_from) as TokenId
+        let (token, drawn_log_z) = if params.is_greedy() {
+            (cpu::argmax(choose_from) as TokenId, None)
         } else {
-            self.draw.choose(choose_from, params, uniform(params.seed, index))
+            let drawn = self.draw.choose(choose_from, params, uniform(params.seed, index));
+            (drawn.token, drawn.log_z)
         };
         self.processed = processed;
+        // Logprobs are logits shifted by one normaliser: computed for the few tokens reported,
+        // never for the whole vocabulary. They are the raw model's, whatever changes the choice;
+        // a draw over the raw row at temperature 1 has summed the normaliser's terms already.
+        let log_z = match drawn_log_z {
+            Some(log_z) if !params.processes_logits() => log_z,
+            _ => cpu::log_sum_exp(logits),
+        };
         let top_logprobs = match params.logprobs {
             Some(n) if n > 0 => self.top_logprobs(logits, log_z, n as usize),
             _ => Vec::new(),
@@ -191,6 +196,23 @@ mod tests {
         let b: Vec<_> = (0..20).map(|i| shared.sample(&logits, &params, i, None).token).collect();
         assert_eq!(a, b);
         assert!(a.iter().any(|&t| t != a[0]), "samples should vary across indices");
+    }
+
+    #[test]
+    fn a_drawn_tokens_logprob_is_the_one_its_row_scores() {
+        // Drawn over the whole row, the normaliser comes from the draw's own weights; biased, it
+        // is computed apart. Either way, the logprob is the raw row's.
+        let logits: Vec<f32> = (0..9000).map(|i| ((i * 7919) % 4001) as f32 * -0.004).collect();
+        let plain = SamplingParams { temperature: 1.0, seed: 3, ..Default::default() };
+        let biased = SamplingParams { logit_bias: vec![(17, 3.0)], ..plain.clone() };
+        let mut s = Sampler::default();
+        for params in [plain, biased] {
+            for index in 0..20 {
+                let out = s.sample(&logits, &params, index, None);
+                let scored = Sampler::default().score(&logits, out.token, 0);
+                assert_eq!(out.logprob.to_bits(), scored.logprob.to_bits(), "{params:?}");
+            }
+        }
     }
 
     #[test]
