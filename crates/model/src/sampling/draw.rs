@@ -11,8 +11,8 @@
 //! That freedom is what makes the draw cheap on a whole vocabulary: instead of sorting 150 000
 //! tokens for every sample, the candidates are spread over buckets of logit ranges (bucket order
 //! is rank order), the search sums bucket after bucket from the top, and only the bucket where the
-//! cumulative mass crosses its target is sorted and walked. Few candidates (a top-k, a min-p head) are sorted and
-//! walked directly, which gives the same token.
+//! cumulative mass crosses its target is sorted and walked. A top-k of up to [`SORT_WHOLE`]
+//! candidates is sorted and walked directly, which gives the same token.
 
 use super::mass::{ExponentSums, Mass};
 use routed_backend::cpu;

@@ -212,8 +212,8 @@ impl CudaDevice {
     /// The up (and gate) projections of every sorted row of this rank's experts with their
     /// weights `[num_local, inter, hidden]`, activated, into `act` `[max_sorted_rows, inter]`
     /// (`moe_expert_up`; `moe_expert_up_f32w` for f32 weights, `moe_expert_up_mma` for bf16
-    /// precision on tensor cores); the other ranks' rows are left as they are. `gate` is required for SwiGLU (in the storage of `up`) and ignored for
-    /// relu^2.
+    /// precision on tensor cores); the other ranks' rows are left as they are. `gate` is required
+    /// for SwiGLU (in the storage of `up`) and ignored for relu^2.
     #[allow(clippy::too_many_arguments)] // the kernel's own buffers and sizes
     pub fn moe_expert_up(
         &self,

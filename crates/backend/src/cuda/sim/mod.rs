@@ -67,7 +67,7 @@ pub(crate) struct SimKernels {
     /// Its copy stream.
     copy: usize,
     /// Keeps the entries' code mapped (shared with the group's other devices).
-    _libraries: Arc<[libloading::Library]>,
+    libraries: Arc<[libloading::Library]>,
 }
 
 impl Drop for SimKernels {
@@ -124,13 +124,13 @@ impl SimKernels {
         queues: Arc<SimQueues>,
     ) -> Self {
         let (compute, copy) = (queues.add_stream(), queues.add_stream());
-        Self { entries, queues, compute, copy, _libraries: libraries }
+        Self { entries, queues, compute, copy, libraries }
     }
 
     /// Another device with the same kernels whose streams share this one's queues, so that
     /// either can wait on the other's events: a GPU of the same group.
     pub(crate) fn peer(&self) -> Self {
-        Self::with_queues(self.entries.clone(), self._libraries.clone(), self.queues.clone())
+        Self::with_queues(self.entries.clone(), self.libraries.clone(), self.queues.clone())
     }
 
     /// The queues of the device's streams (and its group's).
