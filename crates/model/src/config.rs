@@ -254,6 +254,32 @@ impl ModelConfig {
         self.mamba.as_ref().is_some_and(|m| m.dt_min_prompt.is_some() || m.dt_max_prompt.is_some())
     }
 
+    /// What differs between two configurations in what the engine computes with (the stored
+    /// dtype is informational and ignored), naming the first field that does; `None` when a
+    /// checkpoint of `other` can replace the weights of `self` (a weight update).
+    pub fn mismatch(&self, other: &Self) -> Option<String> {
+        let differs = |name: &str, a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| {
+            Some(format!("{name} differs: {a:?} served, {b:?} in the new checkpoint"))
+        };
+        macro_rules! same {
+            ($($field:ident),*) => {$(
+                if self.$field != other.$field {
+                    return differs(stringify!($field), &self.$field, &other.$field);
+                }
+            )*};
+        }
+        same!(architecture, vocab_size, hidden_size);
+        if self.layers.len() != other.layers.len() {
+            return differs("the number of layers", &self.layers.len(), &other.layers.len());
+        }
+        if let Some(i) = (0..self.layers.len()).find(|&i| self.layers[i] != other.layers[i]) {
+            return differs(&format!("layer {i}"), &self.layers[i], &other.layers[i]);
+        }
+        same!(norm_eps, attention, moe, mamba, tie_word_embeddings, max_position_embeddings);
+        same!(multipliers);
+        None
+    }
+
     /// Reads `dir/config.json` and normalises it.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         Self::from_file(&dir.join("config.json"))

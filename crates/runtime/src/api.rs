@@ -83,6 +83,9 @@ pub struct EngineConfig {
     /// every pair), the ranks' kernels copy each other's expert rows directly; `false` sends
     /// them through host memory, as on GPUs without peer access. Both give the same bits.
     pub peer_exchange: bool,
+    /// The version the loaded weights are known by (reported with every output) until a weight
+    /// update names another.
+    pub weight_version: String,
 }
 
 impl EngineConfig {
@@ -113,6 +116,7 @@ impl EngineConfig {
             cuda_graphs: true,
             device_sampling: true,
             peer_exchange: true,
+            weight_version: "default".into(),
         }
     }
 }
@@ -183,6 +187,49 @@ pub struct FinalOutput {
     /// When the request asked for prompt logprobs: entry `i` is prompt token `i + 1`'s logprob
     /// given the tokens before it, with the top alternatives asked for.
     pub prompt_logprobs: Option<Vec<routed_types::SampledToken>>,
+    /// The version of the weights that computed it (a weight update waits for the requests in
+    /// flight, so one request never mixes two).
+    pub weight_version: String,
+}
+
+/// New weights for the served model from a checkpoint directory (an RL trainer's latest policy).
+/// The engine stops admitting requests, lets the ones in flight finish (or aborts them), loads the
+/// checkpoint on every rank beside the weights in use, swaps them in on every rank or, if any
+/// rank refuses, on none, drops its prefix cache (blocks, snapshots and routing rows computed by
+/// the old weights), then admits the requests that arrived meanwhile.
+#[derive(Clone, Debug)]
+pub struct WeightUpdate {
+    /// The checkpoint: the served model's configuration (the tokenizer stays).
+    pub dir: PathBuf,
+    /// End the requests in flight at once (`finish_reason: abort`, with the tokens and routing
+    /// rows they computed) instead of waiting for them.
+    pub abort_all_requests: bool,
+    /// The version the new weights are known by; `None` keeps the current one.
+    pub weight_version: Option<String>,
+}
+
+/// The weights an engine serves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightsInfo {
+    /// The checkpoint they were loaded from.
+    pub dir: PathBuf,
+    /// Their version.
+    pub version: String,
+    /// Weight updates since the engine started.
+    pub num_updates: u64,
+}
+
+/// What a weight update did.
+#[derive(Clone, Debug)]
+pub struct WeightsUpdated {
+    /// The weights now served.
+    pub weights: WeightsInfo,
+    /// Requests submitted while the update waited and loaded: held, then run on the new weights.
+    pub num_held_requests: usize,
+    /// Requests ended by `abort_all_requests`.
+    pub num_aborted_requests: usize,
+    /// From the update's arrival to the new weights serving.
+    pub seconds: f64,
 }
 
 /// What a request's stream yields: tokens as they are sampled, then one final output per
@@ -281,6 +328,8 @@ pub struct EngineStats {
     /// Expert parallelism: time the ranks spent copying expert outputs to and from each other
     /// through host memory, summed over ranks (none where GPUs copy them between each other).
     pub collective_exchange_seconds: f64,
+    /// Weight updates applied.
+    pub num_weight_updates: u64,
 }
 
 impl EngineStats {
@@ -305,6 +354,9 @@ impl EngineStats {
 pub struct ModelInfo {
     /// Name in responses.
     pub served_model_name: String,
+    /// The checkpoint the engine started from; its tokenizer serves whatever weights replace
+    /// its own.
+    pub checkpoint_dir: PathBuf,
     /// Longest prompt + output.
     pub max_model_len: usize,
     /// Vocabulary size; token ids must be below it.

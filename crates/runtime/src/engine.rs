@@ -2,7 +2,7 @@
 
 use crate::{
     EngineConfig, EngineError, EngineStats, GenerateRequest, MatmulPrecision, ModelInfo,
-    RequestEvent,
+    RequestEvent, WeightUpdate, WeightsInfo, WeightsUpdated,
     cache_manager::CacheManagerActor,
     copy_worker::CopyWorkerHandle,
     executor::ExecutorActor,
@@ -11,8 +11,8 @@ use crate::{
     routing_ring::SlotRing,
     runner::{RoutingSink, RunnerActor},
     scheduler::{
-        Abort, ExpertLoadStats, GetStats, Health, Peers, ResetCache, SchedulerActor, Shutdown,
-        Submit,
+        Abort, ExpertLoadStats, GetStats, GetWeights, Health, Peers, ResetCache, SchedulerActor,
+        Shutdown, Submit, UpdateWeights,
     },
     timings::Timings,
     worker::{CacheShape, CpuWorker, CudaLimits, CudaWorker, Worker},
@@ -348,6 +348,7 @@ impl Parts {
         let max_model_len = pool.max_model_len(config, mc.max_position_embeddings, block_size);
         let info = Arc::new(ModelInfo {
             served_model_name: config.served_model_name.clone(),
+            checkpoint_dir: config.model.dir().to_owned(),
             max_model_len,
             vocab_size: mc.vocab_size,
             routing: meta,
@@ -429,13 +430,18 @@ impl Parts {
         let (policy, tokenizer, info) = (Scheduler::new(self.scheduler), self.tokenizer, self.info);
         let heartbeat_ms = self.config.heartbeat_ms;
         let ranks = self.ranks;
+        let weights = WeightsInfo {
+            dir: self.config.model.dir().to_owned(),
+            version: self.config.weight_version.clone(),
+            num_updates: 0,
+        };
         Ok(SchedulerActor::create(move |ctx| {
             let heartbeat = (heartbeat_ms > 0).then(|| {
                 let period = Duration::from_millis(heartbeat_ms);
                 HeartbeatActor::new(period, executor.clone(), ctx.address().recipient()).start()
             });
             let peers = Peers { cache, executor, routing, heartbeat, timings, ranks };
-            SchedulerActor::new(policy, tokenizer, info, peers)
+            SchedulerActor::new(policy, tokenizer, info, peers, weights)
         }))
     }
 }
@@ -485,6 +491,22 @@ impl EngineHandle {
     /// Drops every cached block no running request holds, with its snapshots and routing rows.
     pub async fn reset_prefix_cache(&self) -> Result<bool, EngineError> {
         self.scheduler.send(ResetCache).await.map_err(|_| EngineError::ShutDown)
+    }
+
+    /// Replaces the served weights with the checkpoint in `update.dir` (see [`WeightUpdate`]):
+    /// returns once the new weights serve. A checkpoint of another model, or one that cannot be
+    /// read, is refused with [`EngineError::InvalidRequest`] naming `model_path`, and the old
+    /// weights keep serving.
+    pub async fn update_weights(
+        &self,
+        update: WeightUpdate,
+    ) -> Result<WeightsUpdated, EngineError> {
+        self.scheduler.send(UpdateWeights(update)).await.map_err(|_| EngineError::ShutDown)?
+    }
+
+    /// The weights served: where they were loaded from, their version, updates so far.
+    pub async fn weights(&self) -> Result<WeightsInfo, EngineError> {
+        self.scheduler.send(GetWeights).await.map_err(|_| EngineError::ShutDown)
     }
 
     /// Tokens each expert of each MoE layer received, prefill and decode apart, since the engine

@@ -5,7 +5,7 @@
 //! only rank 0 hands its routing to the copy worker.
 
 use crate::{
-    runner::{DummyForward, Execute, RunnerActor},
+    runner::{DummyForward, Execute, RunnerActor, SettleWeights, StageWeights},
     worker::{LockstepId, WorkerError},
 };
 use actix::{
@@ -14,7 +14,10 @@ use actix::{
 };
 use futures_util::future::join_all;
 use routed_types::{StepOutput, StepPlan};
-use std::sync::Arc;
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 /// Scheduler -> executor: execute one step on every rank. Reply: rank 0's output, or the error
 /// that failed the step (the requests in it fail). A runner that is gone is reported as
@@ -28,6 +31,32 @@ pub struct ExecuteStep(pub StepPlan);
 #[derive(Message)]
 #[rtype(result = "Result<(), ExecutorError>")]
 pub struct RunDummyForward;
+
+/// Scheduler -> executor: replace every rank's weights with the checkpoint in the directory: each
+/// rank loads its part beside the weights in use, then all put theirs in use, or none does when a
+/// rank refuses its part. No step or dummy forward runs meanwhile (the executor's units are
+/// atomic). Reply: done, or why not.
+#[derive(Message)]
+#[rtype(result = "Result<(), SwapError>")]
+pub struct SwapWeights(pub PathBuf);
+
+/// Why a weight update did not go through.
+#[derive(Debug, thiserror::Error)]
+pub enum SwapError {
+    /// A rank refused the checkpoint (unreadable, another model, another layout): every rank
+    /// kept its weights.
+    #[error("rank {rank}: {source}")]
+    Refused {
+        /// The first rank that refused.
+        rank: usize,
+        /// Why.
+        source: WorkerError,
+    },
+    /// Putting the new weights in use failed on a rank, or a peer is gone: the ranks' weights
+    /// can no longer be trusted.
+    #[error("{0}")]
+    Failed(String),
+}
 
 /// Why a unit failed.
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +156,30 @@ impl Handler<RunDummyForward> for ExecutorActor {
         let sends = self.ranks.iter().map(|r| r.send(DummyForward { unit }));
         let all = join_all(sends.collect::<Vec<_>>());
         AtomicResponse::new(Box::pin(all.into_actor(self).map(|replies, _, _| combine(replies))))
+    }
+}
+
+impl Handler<SwapWeights> for ExecutorActor {
+    type Result = AtomicResponse<Self, Result<(), SwapError>>;
+
+    fn handle(&mut self, msg: SwapWeights, _: &mut Context<Self>) -> Self::Result {
+        let ranks = self.ranks.clone();
+        let dir: Arc<Path> = msg.0.into();
+        let swap = async move {
+            let stage = ranks.iter().map(|r| r.send(StageWeights { dir: dir.clone() }));
+            let staged = combine(join_all(stage.collect::<Vec<_>>()).await);
+            let commit = staged.is_ok();
+            let settle = ranks.iter().map(|r| r.send(SettleWeights { commit }));
+            let settled = combine(join_all(settle.collect::<Vec<_>>()).await);
+            match staged {
+                Err(ExecutorError::Rank { rank, source }) => {
+                    Err(SwapError::Refused { rank, source })
+                }
+                Err(gone) => Err(SwapError::Failed(gone.to_string())),
+                Ok(()) => settled.map_err(|e| SwapError::Failed(e.to_string())),
+            }
+        };
+        AtomicResponse::new(Box::pin(swap.into_actor(self)))
     }
 }
 

@@ -34,7 +34,7 @@ pub mod worker;
 
 pub use api::{
     EngineConfig, EngineError, EngineStats, FinalOutput, GenerateRequest, ModelInfo, ModelSource,
-    RequestEvent, TokenEvent,
+    RequestEvent, TokenEvent, WeightUpdate, WeightsInfo, WeightsUpdated,
 };
 pub use engine::{Engine, EngineHandle, RequestStream};
 pub use routed_backend::cpu::MatmulPrecision;

@@ -31,6 +31,8 @@ pub const PREEMPTIONS: &str = "routed_preemptions_total";
 pub const ROUTING_BYTES_HELD: &str = "routed_routing_bytes_held";
 /// Engine step wall time.
 pub const STEP_DURATION: &str = "routed_step_duration_seconds";
+/// Weight updates applied.
+pub const WEIGHT_UPDATES: &str = "routed_weight_updates_total";
 /// Requests running.
 pub const REQUESTS_RUNNING: &str = "routed_requests_running";
 /// Requests waiting.
@@ -62,6 +64,7 @@ pub(crate) fn publish_step(stats: &EngineStats) {
     metrics::counter!(DEFERRALS).absolute(stats.num_deferrals);
     metrics::counter!(PREEMPTIONS).absolute(stats.num_preemptions);
     metrics::counter!(DUMMY_FORWARDS).absolute(stats.num_dummy_forwards);
+    metrics::counter!(WEIGHT_UPDATES).absolute(stats.num_weight_updates);
     metrics::gauge!(KV_BLOCKS_TOTAL).set(stats.num_kv_blocks_total as f64);
     metrics::gauge!(KV_BLOCKS_CACHED).set(stats.num_kv_blocks_cached as f64);
     metrics::gauge!(KV_BLOCKS_EVICTABLE).set(stats.num_kv_blocks_evictable as f64);

@@ -15,6 +15,7 @@ use actix::{Actor, Handler, Message, SyncContext};
 use routed_types::{StepOutput, StepPlan};
 use std::{
     panic::{AssertUnwindSafe, catch_unwind},
+    path::Path,
     sync::Arc,
     time::Instant,
 };
@@ -38,6 +39,25 @@ pub struct Execute {
 pub struct DummyForward {
     /// Its lockstep unit.
     pub unit: LockstepId,
+}
+
+/// Executor -> runner: load this rank's part of the checkpoint in `dir` beside the weights in use
+/// (a weight update's first phase). Reply: whether it can replace them, and if not why.
+#[derive(Message)]
+#[rtype(result = "Result<(), WorkerError>")]
+pub struct StageWeights {
+    /// The checkpoint.
+    pub dir: Arc<Path>,
+}
+
+/// Executor -> runner: the weight update's second phase: put the staged weights in use
+/// (`commit`), or drop them because another rank refused its part. Reply: whether the commit
+/// went through (dropping always does).
+#[derive(Message)]
+#[rtype(result = "Result<(), WorkerError>")]
+pub struct SettleWeights {
+    /// Whether to put them in use.
+    pub commit: bool,
 }
 
 /// Where rank 0's routing goes. Other ranks have none: their expert ids are rank 0's (routers are
@@ -142,6 +162,28 @@ impl Handler<Execute> for RunnerActor {
 
     fn handle(&mut self, msg: Execute, _: &mut SyncContext<Self>) -> Self::Result {
         self.execute(&msg.plan, msg.unit)
+    }
+}
+
+impl Handler<StageWeights> for RunnerActor {
+    type Result = Result<(), WorkerError>;
+
+    fn handle(&mut self, msg: StageWeights, _: &mut SyncContext<Self>) -> Self::Result {
+        let worker = self.worker.as_deref_mut().ok_or(WorkerError::NoWorker)?;
+        contain(|| worker.stage_weights(&msg.dir))
+    }
+}
+
+impl Handler<SettleWeights> for RunnerActor {
+    type Result = Result<(), WorkerError>;
+
+    fn handle(&mut self, msg: SettleWeights, _: &mut SyncContext<Self>) -> Self::Result {
+        let worker = self.worker.as_deref_mut().ok_or(WorkerError::NoWorker)?;
+        if msg.commit {
+            return contain(|| worker.commit_weights());
+        }
+        worker.discard_weights();
+        Ok(())
     }
 }
 

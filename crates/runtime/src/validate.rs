@@ -94,6 +94,7 @@ mod tests {
 
     fn info() -> ModelInfo {
         ModelInfo {
+            checkpoint_dir: std::path::PathBuf::new(),
             served_model_name: "m".into(),
             max_model_len: 64,
             vocab_size: 100,

@@ -118,6 +118,9 @@ fn body_json(b: Body<'_>, meta: Option<&RoutingMeta>) -> Result<Value, ApiError>
         "cached_tokens": b.output.map_or(0, |o| o.num_cached_tokens),
         "finish_reason": finish_json(b.output.map(|o| &o.finish_reason)),
     });
+    if let Some(output) = b.output {
+        meta_info["weight_version"] = json!(output.weight_version);
+    }
     if job.logprobs.is_some() {
         add_logprobs(&b, &mut meta_info);
     }

@@ -51,6 +51,7 @@ mod serve;
 mod stream;
 mod tokenize;
 mod validate;
+mod weights;
 mod wire;
 
 use std::hash::{BuildHasher, RandomState};

@@ -325,6 +325,7 @@ mod tests {
 
     fn info(capture: bool) -> ModelInfo {
         ModelInfo {
+            checkpoint_dir: std::path::PathBuf::new(),
             served_model_name: "m".into(),
             max_model_len: 64,
             vocab_size: 100,

@@ -14,7 +14,9 @@ use routed_runtime::EngineHandle;
 use crate::body::DEFAULT_BODY_READ_TIMEOUT;
 use crate::drain::{DEFAULT_SHUTDOWN_GRACE, drain, refuse_when_draining};
 use crate::error::{self, not_found};
-use crate::{AppState, generate, install_metrics_recorder, routes, routing_stats, tokenize};
+use crate::{
+    AppState, generate, install_metrics_recorder, routes, routing_stats, tokenize, weights,
+};
 
 /// How long a client gets to send a request's headers (actix-web's own timeout).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -80,6 +82,12 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: web::Data<AppState>) {
         .service(post("/tokenize", web::post().to(tokenize::tokenize)))
         .service(post("/detokenize", web::post().to(tokenize::detokenize)))
         .service(post("/reset_prefix_cache", web::post().to(routes::reset_prefix_cache)))
+        .service(post(
+            "/update_weights_from_disk",
+            web::post().to(weights::update_weights_from_disk),
+        ))
+        .service(get("/get_weight_version", web::get().to(weights::get_weight_version)))
+        .service(get("/get_model_info", web::get().to(weights::get_model_info)))
         .service(get("/v1/routing/stats", web::get().to(routing_stats::stats)))
         .service(post("/v1/routing/stats/reset", web::post().to(routing_stats::reset)))
         .service(get("/v1/models", web::get().to(routes::models)))

@@ -1,11 +1,14 @@
 //! Test-only helpers: the golden-file loader ([`Golden`]), [`Driver`], which runs a model on
 //! private block tables without the engine, for model-level tests, and [`run_python`] for the
-//! Python client scripts.
+//! Python client scripts; [`write_other_policy`] derives a second set of weights from a golden
+//! checkpoint.
 
+mod checkpoint;
 mod driver;
 mod golden;
 mod python;
 
+pub use checkpoint::write_other_policy;
 pub use driver::{Driver, Prefill, Seq};
 pub use golden::{Golden, golden_root};
 pub use python::{repo_root, run_python};

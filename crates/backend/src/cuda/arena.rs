@@ -273,6 +273,13 @@ impl DeviceArena {
         self.num_bytes
     }
 
+    /// An empty layout whose spans belong to this arena: pushing the same sizes in the same order
+    /// as the layout it was allocated from gives the same spans, so new values of the same tensors
+    /// (a weight update) can be written in place, at the addresses launches and graphs hold.
+    pub fn relayout(&self) -> ArenaLayout {
+        ArenaLayout { id: self.id, name: self.name, num_bytes: 0 }
+    }
+
     fn check<T: DeviceElem>(&self, span: &Span<T>) -> Result<(), BackendError> {
         if span.arena != self.id || span.offset + span.num_bytes() > self.num_bytes {
             return Err(BackendError::Memory(format!(

@@ -22,7 +22,7 @@ pub use logits::LogitsOut;
 
 use crate::{
     config::{MixerKind, ModelConfig},
-    error::Result,
+    error::{ModelError, Result},
     model::Model,
 };
 use routed_backend::{collective::Collective, cuda::CudaDevice};
@@ -48,6 +48,25 @@ impl GpuModel {
         dev.synchronize()?;
         let ranks = model.collective().clone();
         Ok(Self { config: model.config.clone(), dev, weights, ranks })
+    }
+
+    /// Whether `model` (loaded for the same rank) can replace the weights on the device in place:
+    /// the same configuration, and every tensor of the shape, storage and arithmetic of the one
+    /// it would overwrite. Nothing is written.
+    pub fn check_weights(&self, model: &Model) -> Result<()> {
+        if let Some(message) = self.config.mismatch(&model.config) {
+            return Err(ModelError::Unsupported { path: "the CUDA device".into(), message });
+        }
+        self.weights.check_refill(model)
+    }
+
+    /// Writes `model`'s weights over the ones on the device, in place (after
+    /// [`GpuModel::check_weights`]; refused the same way): every address a launch or a captured
+    /// graph holds stays valid. Returns once the copies are done. No step may run meanwhile.
+    pub fn replace_weights(&mut self, model: &Model) -> Result<()> {
+        self.check_weights(model)?;
+        self.weights.refill(model)?;
+        Ok(self.dev.synchronize()?)
     }
 
     /// The expert-parallel group this rank belongs to.

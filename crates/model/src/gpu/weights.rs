@@ -22,7 +22,7 @@ use routed_backend::{
 };
 
 /// A weight matrix `[rows, cols]` on the device.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct GpuMatrix {
     pub data: GpuMatrixData,
     pub rows: usize,
@@ -30,7 +30,7 @@ pub(crate) struct GpuMatrix {
 }
 
 /// A matrix's storage on the device, and the arithmetic of its products.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum GpuMatrixData {
     /// bf16, products in `f32` (the CPU's bits).
     Bf16(Span<bf16>),
@@ -49,6 +49,7 @@ impl GpuMatrixData {
     }
 }
 
+#[derive(PartialEq)]
 pub(crate) struct GpuAttention {
     pub cfg: AttentionConfig,
     pub kv_index: usize,
@@ -61,6 +62,7 @@ pub(crate) struct GpuAttention {
     pub eps: f32,
 }
 
+#[derive(PartialEq)]
 pub(crate) struct GpuMamba {
     pub cfg: MambaConfig,
     /// Index among the Mamba layers: its place in a state slot.
@@ -75,6 +77,7 @@ pub(crate) struct GpuMamba {
     pub out_proj: GpuMatrix,
 }
 
+#[derive(PartialEq)]
 pub(crate) struct GpuMlp {
     pub activation: FfnActivation,
     pub gate: Option<GpuMatrix>,
@@ -83,6 +86,7 @@ pub(crate) struct GpuMlp {
     pub inter: usize,
 }
 
+#[derive(PartialEq)]
 pub(crate) struct GpuMoe {
     pub kind: RouterKind,
     /// Index among the MoE layers: its plane of the routing buffer.
@@ -103,6 +107,7 @@ pub(crate) struct GpuMoe {
 }
 
 /// One pre-normed block of a decoder layer: a token mixer or a feed-forward block.
+#[derive(PartialEq)]
 pub(crate) enum GpuBlock {
     Attention(GpuAttention),
     Mamba(GpuMamba),
@@ -189,10 +194,19 @@ fn unsupported(message: String) -> ModelError {
     ModelError::Unsupported { path: "the CUDA device".into(), message }
 }
 
-impl GpuWeights {
-    /// Uploads `model` (a whole model, or one rank's part of it) to `dev`.
-    pub fn upload(model: &Model, dev: &CudaDevice) -> Result<Self> {
-        let mut plan = Plan { layout: ArenaLayout::new("weights"), fills: Vec::new() };
+/// The host model's tensors laid out one after another, with the fills that copy them.
+struct Laid<'m> {
+    plan: Plan<'m>,
+    embed: GpuMatrixData,
+    lm_head: GpuMatrix,
+    final_norm: Span<f32>,
+    blocks: Vec<(Span<f32>, GpuBlock)>,
+}
+
+impl<'m> Laid<'m> {
+    /// Lays out `model`'s tensors in `layout`, in the order the forward runs them.
+    fn out(model: &'m Model, layout: ArenaLayout) -> Result<Self> {
+        let mut plan = Plan { layout, fills: Vec::new() };
         let table = plan.matrix(&model.embed);
         let embed = table.data;
         // Tied embeddings: the LM head reads the table.
@@ -219,11 +233,59 @@ impl GpuWeights {
                 blocks.push((plan.vector(norm), block));
             }
         }
-        let mut arena = DeviceArena::new(dev, &plan.layout)?;
-        for fill in plan.fills {
-            fill(&mut arena).map_err(|e| unsupported(format!("uploading the weights: {e}")))?;
+        Ok(Self { plan, embed, lm_head, final_norm, blocks })
+    }
+
+    /// Runs the fills: every tensor copied into its span of `arena`.
+    fn fill(self, arena: &mut DeviceArena) -> Result<()> {
+        for fill in self.plan.fills {
+            fill(arena).map_err(|e| unsupported(format!("uploading the weights: {e}")))?;
         }
+        Ok(())
+    }
+}
+
+impl GpuWeights {
+    /// Uploads `model` (a whole model, or one rank's part of it) to `dev`.
+    pub fn upload(model: &Model, dev: &CudaDevice) -> Result<Self> {
+        let mut laid = Laid::out(model, ArenaLayout::new("weights"))?;
+        let mut arena = DeviceArena::new(dev, &laid.plan.layout)?;
+        let (embed, lm_head, final_norm) = (laid.embed, laid.lm_head, laid.final_norm);
+        let blocks = std::mem::take(&mut laid.blocks);
+        laid.fill(&mut arena)?;
         Ok(Self { arena, embed, lm_head, final_norm, blocks })
+    }
+
+    /// `model` laid out over this arena, refused unless every tensor lands exactly where the
+    /// uploaded one is (same shapes, storage, arithmetic, order).
+    fn relaid<'m>(&self, model: &'m Model) -> Result<Laid<'m>> {
+        let laid = Laid::out(model, self.arena.relayout())?;
+        let same = laid.plan.layout.num_bytes() <= self.arena.num_bytes()
+            && (laid.embed, laid.lm_head, laid.final_norm)
+                == (self.embed, self.lm_head, self.final_norm)
+            && laid.blocks == self.blocks;
+        if !same {
+            return Err(unsupported(
+                "the new weights differ in shape, storage or precision from the ones on the \
+                 device"
+                    .into(),
+            ));
+        }
+        Ok(laid)
+    }
+
+    /// Whether `model`'s weights can replace these in place ([`GpuWeights::refill`]): nothing is
+    /// written.
+    pub fn check_refill(&self, model: &Model) -> Result<()> {
+        self.relaid(model).map(drop)
+    }
+
+    /// Writes `model`'s weights over these, in place: the spans, and so every address a launch
+    /// or a captured graph holds, stay. Refused before anything is written unless every tensor
+    /// has the shape, storage and arithmetic of the one it replaces.
+    pub fn refill(&mut self, model: &Model) -> Result<()> {
+        let laid = self.relaid(model)?;
+        laid.fill(&mut self.arena)
     }
 
     /// A span of the weights, for a launch.
@@ -317,5 +379,38 @@ fn router_kind(kind: &crate::config::RouterKind) -> RouterKind {
         K::SigmoidGrouped { num_groups, topk_groups, renormalize, scaling } => {
             RouterKind::SigmoidGrouped { num_groups, topk_groups, renormalize, scaling }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn golden(arch: &str) -> Model {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/golden")
+            .join(arch)
+            .join("model");
+        Model::load(&dir, &mut |_, _| {}).expect("the golden checkpoint loads")
+    }
+
+    #[test]
+    fn a_refill_lands_in_the_uploaded_spans_and_refuses_another_layout() {
+        let dev = CudaDevice::simulated().expect("the simulator opens");
+        let model = golden("qwen3_moe");
+        let mut weights = GpuWeights::upload(&model, &dev).expect("uploaded");
+        let norm = weights.final_norm;
+        // Another precision is another kernel: refused before anything is written.
+        let mut tensor_cores = golden("qwen3_moe");
+        tensor_cores.set_matmul_precision(MatmulPrecision::Bf16);
+        assert!(weights.refill(&tensor_cores).is_err());
+        // Another model's tensors do not fit either.
+        assert!(weights.check_refill(&golden("mixtral")).is_err());
+        // The same layout with new values: written where the old ones were.
+        let mut scaled = golden("qwen3_moe");
+        scaled.final_norm.iter_mut().for_each(|w| *w *= 2.0);
+        weights.refill(&scaled).expect("the same layout refills");
+        assert!(weights.final_norm == norm, "the spans stay");
+        assert_eq!(weights.arena.download(norm).expect("read back"), scaled.final_norm);
     }
 }

@@ -62,6 +62,7 @@ impl SchedulerActor {
     pub(super) fn check_drained(&mut self) {
         if !self.shutting_down
             || self.step_in_flight
+            || self.updates.is_swapping()
             || !self.groups.is_empty() && self.unhealthy.is_none()
         {
             return;
@@ -192,10 +193,14 @@ impl Handler<Health> for SchedulerActor {
 impl Handler<Shutdown> for SchedulerActor {
     type Result = ResponseActFuture<Self, ()>;
 
-    fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) -> Self::Result {
         self.shutting_down = true;
         let (tx, rx) = oneshot::channel();
         self.drained.push(tx);
+        // Requests held for a weight update that will not come are admitted and drain too.
+        if self.cancel_updates() {
+            self.schedule(ctx);
+        }
         self.check_drained();
         Box::pin(
             async move {

@@ -5,15 +5,18 @@
 //!
 //! * `mod.rs`: the actor and the step loop;
 //! * [`requests`]: a request's life (submission, streaming, finishing, aborting, failing);
-//! * [`handlers`]: the messages the scheduler answers, the stats and the drain on shutdown.
+//! * [`handlers`]: the messages the scheduler answers, the stats and the drain on shutdown;
+//! * [`weights`]: weight updates between requests.
 
 mod handlers;
 mod requests;
+mod weights;
 
 pub use handlers::{Abort, ExpertLoadStats, GetStats, Health, ResetCache, Shutdown, Submit};
+pub use weights::{GetWeights, UpdateWeights};
 
 use crate::{
-    EngineStats, ModelInfo, RequestEvent,
+    EngineStats, ModelInfo, RequestEvent, WeightsInfo,
     cache_manager::{CacheManagerActor, PlanStep},
     executor::{ExecuteStep, ExecutorActor, ExecutorError},
     heartbeat::{HeartbeatActor, SetIdle},
@@ -37,6 +40,8 @@ struct Group {
     routing_start: usize,
     /// Sequences not finished yet.
     num_open: usize,
+    /// The version of the weights it runs on.
+    weight_version: String,
 }
 
 /// The peers the scheduler talks to.
@@ -75,15 +80,18 @@ pub struct SchedulerActor {
     unhealthy: Option<String>,
     shutting_down: bool,
     drained: Vec<oneshot::Sender<()>>,
+    /// Weight updates and the requests they hold.
+    updates: weights::Updates,
 }
 
 impl SchedulerActor {
-    /// A scheduler with `policy` and its peers.
+    /// A scheduler with `policy` and its peers, serving `weights`.
     pub fn new(
         policy: Scheduler,
         tokenizer: Arc<Tokenizer>,
         info: Arc<ModelInfo>,
         peers: Peers,
+        weights: WeightsInfo,
     ) -> Self {
         Self {
             policy,
@@ -101,13 +109,17 @@ impl SchedulerActor {
             unhealthy: None,
             shutting_down: false,
             drained: Vec::new(),
+            updates: weights::Updates::new(weights),
         }
     }
 
     /// Starts a step when none is in flight and there is work.
     fn schedule(&mut self, ctx: &mut Context<Self>) {
-        if self.step_in_flight || self.unhealthy.is_some() {
+        if self.step_in_flight || self.updates.is_swapping() || self.unhealthy.is_some() {
             return;
+        }
+        if self.update_is_due() {
+            return self.swap_weights(ctx);
         }
         self.tell_heartbeat();
         if !self.policy.has_work() {

@@ -31,7 +31,7 @@ impl SchedulerActor {
         let request = RequestId(self.next_request);
         self.next_request += 1;
         let prompt = Arc::new(r.prompt_token_ids);
-        let seqs = (0..r.n)
+        let seqs: Vec<NewSeq> = (0..r.n)
             .map(|i| NewSeq {
                 id: SeqId::new(request, i),
                 prompt: prompt.clone(),
@@ -42,16 +42,26 @@ impl SchedulerActor {
                 cache_salt: r.cache_salt.clone(),
             })
             .collect();
-        self.policy.add(seqs).map_err(|e| match e {
-            SchedulerError::Overloaded(n) => EngineError::Overloaded(n),
-            other => EngineError::Internal(other.to_string()),
-        })?;
+        if self.updates.is_pending() {
+            // Held until the new weights serve; counted against the waiting queue meanwhile.
+            let waiting = self.policy.num_waiting() + self.updates.num_held_seqs();
+            if waiting + seqs.len() > self.policy.config().max_waiting_requests {
+                return Err(EngineError::Overloaded(waiting));
+            }
+            self.updates.hold(request, seqs);
+        } else {
+            self.policy.add(seqs).map_err(|e| match e {
+                SchedulerError::Overloaded(n) => EngineError::Overloaded(n),
+                other => EngineError::Internal(other.to_string()),
+            })?;
+        }
         let entry = Group {
             events: msg.events,
             return_routing: r.return_routing,
             routing_start: r.routing_start,
             num_open: r.n,
             n: r.n,
+            weight_version: self.updates.weights.version.clone(),
         };
         self.groups.insert(request, entry);
         self.schedule(ctx);
@@ -122,6 +132,8 @@ impl SchedulerActor {
             num_cached_tokens: seq.num_cached_tokens,
             routing: None,
             prompt_logprobs: seq.params.prompt_logprobs.map(|_| seq.prompt_logprobs.clone()),
+            // Stamped by `deliver`.
+            weight_version: String::new(),
         };
         let group = self.groups.get(&id.request());
         let Some(g) = group.filter(|g| g.return_routing && self.info.routing.is_some()) else {
@@ -148,8 +160,10 @@ impl SchedulerActor {
         ctx.spawn(fut);
     }
 
-    fn deliver(&mut self, id: SeqId, output: FinalOutput) {
+    /// Sends a continuation's final output, stamped with its weights' version, and releases it.
+    pub(super) fn deliver(&mut self, id: SeqId, mut output: FinalOutput) {
         if let Some(g) = self.groups.get_mut(&id.request()) {
+            output.weight_version.clone_from(&g.weight_version);
             let _ = g.events.send(RequestEvent::Finished(Box::new(output)));
             g.num_open -= 1;
             if g.num_open == 0 {
@@ -195,6 +209,7 @@ impl SchedulerActor {
         tracing::error!("engine unhealthy: {reason}");
         self.unhealthy = Some(reason.clone());
         self.step_in_flight = false;
+        self.fail_updates(&reason);
         for (_, g) in self.groups.drain() {
             let _ = g.events.send(RequestEvent::Error(EngineError::Unhealthy(reason.clone())));
         }
@@ -208,6 +223,9 @@ impl SchedulerActor {
     /// step the cache manager is still granting stops at once: the policy leaves it out of that
     /// step's plan.
     pub(super) fn abort(&mut self, request: RequestId, ctx: &mut Context<Self>) {
+        if self.abort_held(request) {
+            return self.schedule(ctx);
+        }
         let Some(g) = self.groups.get(&request) else { return };
         let n = g.n;
         if self.in_flight.iter().any(|id| id.request() == request) {
@@ -238,6 +256,7 @@ impl SchedulerActor {
                     num_cached_tokens: seq.num_cached_tokens,
                     routing: None,
                     prompt_logprobs: None,
+                    weight_version: String::new(),
                 };
                 self.deliver(id, output);
             }

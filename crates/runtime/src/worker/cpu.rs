@@ -13,7 +13,7 @@ use routed_model::{
 use routed_types::{
     BlockGeneration, BlockId, BlockRef, RoutingMeta, ScheduledSeq, StepOutput, StepPlan,
 };
-use std::sync::Arc;
+use std::{path::Path, sync::Arc};
 
 /// A model rank computing on the CPU. Its kernels run on its own thread pool, so the ranks of an
 /// expert-parallel group split the cores between them.
@@ -24,6 +24,8 @@ pub struct CpuWorker {
     sampler: Sampler,
     /// Routing written by dummy forwards goes here and nowhere else.
     scratch_routing: RoutingBuffer,
+    /// New weights loaded by [`Worker::stage_weights`], not in use yet.
+    staged: Option<Model>,
 }
 
 struct Caches {
@@ -50,6 +52,7 @@ impl CpuWorker {
             pool,
             caches: None,
             sampler: Sampler::default(),
+            staged: None,
         })
     }
 
@@ -178,6 +181,26 @@ impl Worker for CpuWorker {
 
     fn abort(&self, unit: LockstepId) {
         self.model.collective().abort(unit.0);
+    }
+
+    fn stage_weights(&mut self, dir: &Path) -> Result<(), WorkerError> {
+        self.staged = None;
+        let m = &self.model;
+        let ranks = m.collective().clone();
+        self.staged = Some(super::load_update(m.config(), ranks, m.matmul_precision(), dir)?);
+        Ok(())
+    }
+
+    fn commit_weights(&mut self) -> Result<(), WorkerError> {
+        let staged = self.staged.take().ok_or(WorkerError::Weights("no weights staged".into()))?;
+        // The caches and the routing buffers were sized from the configuration, which is the
+        // same: they stay.
+        self.model = Arc::new(staged);
+        Ok(())
+    }
+
+    fn discard_weights(&mut self) {
+        self.staged = None;
     }
 }
 

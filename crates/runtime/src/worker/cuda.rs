@@ -35,6 +35,7 @@ use super::{
 use crate::routing_ring::{CopyEngine, CopyError, SlotId};
 use routed_backend::{
     BackendError,
+    cpu::MatmulPrecision,
     cuda::{CudaDevice, Event, host::PinnedBuffer},
     step_inputs::{LogitUse, ScoreUse, StepCapacity},
 };
@@ -48,6 +49,7 @@ use routed_types::{
 };
 use std::{
     ops::Range,
+    path::Path,
     sync::{Arc, Mutex},
 };
 
@@ -70,6 +72,10 @@ pub struct CudaWorker {
     meta: Option<RoutingMeta>,
     weight_bytes_per_token: usize,
     limits: CudaLimits,
+    /// The arithmetic of the matrices, which updated weights keep.
+    precision: MatmulPrecision,
+    /// Updated weights loaded on the host by [`Worker::stage_weights`], not on the device yet.
+    staged: Option<Model>,
     caches: Option<Caches>,
     sampler: Sampler,
     logits: LogitsOut,
@@ -102,6 +108,8 @@ impl CudaWorker {
             weight_bytes_per_token: model.weight_bytes_per_token(),
             model: GpuModel::upload(model, dev)?,
             limits,
+            precision: model.matmul_precision(),
+            staged: None,
             caches: None,
             sampler: Sampler::default(),
             logits: LogitsOut::default(),
@@ -380,6 +388,26 @@ impl Worker for CudaWorker {
 
     fn abort(&self, unit: LockstepId) {
         self.model.collective().abort(unit.0);
+    }
+
+    fn stage_weights(&mut self, dir: &Path) -> Result<(), WorkerError> {
+        self.staged = None;
+        let ranks = self.model.collective().clone();
+        let host = super::load_update(self.model.config(), ranks, self.precision, dir)?;
+        // Refused here, before any rank writes, rather than half way through a commit.
+        self.model.check_weights(&host).map_err(|e| WorkerError::Weights(e.to_string()))?;
+        self.staged = Some(host);
+        Ok(())
+    }
+
+    fn commit_weights(&mut self) -> Result<(), WorkerError> {
+        let host = self.staged.take().ok_or(WorkerError::Weights("no weights staged".into()))?;
+        // In place: the decode graphs and the expert exchange hold the weights' addresses.
+        self.model.replace_weights(&host).map_err(device_err)
+    }
+
+    fn discard_weights(&mut self) {
+        self.staged = None;
     }
 }
 

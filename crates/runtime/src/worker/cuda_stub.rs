@@ -7,7 +7,7 @@ use crate::routing_ring::CopyEngine;
 use routed_backend::{BackendError, cuda::CudaDevice};
 use routed_model::{Model, ModelConfig};
 use routed_types::{RoutingMeta, StepPlan};
-use std::{convert::Infallible, sync::Arc};
+use std::{convert::Infallible, path::Path, sync::Arc};
 
 /// A model rank on a CUDA device. Never constructed in a build without CUDA.
 pub struct CudaWorker {
@@ -67,6 +67,18 @@ impl Worker for CudaWorker {
     }
 
     fn abort(&self, _unit: LockstepId) {
+        match self.never {}
+    }
+
+    fn stage_weights(&mut self, _dir: &Path) -> Result<(), WorkerError> {
+        match self.never {}
+    }
+
+    fn commit_weights(&mut self) -> Result<(), WorkerError> {
+        match self.never {}
+    }
+
+    fn discard_weights(&mut self) {
         match self.never {}
     }
 }

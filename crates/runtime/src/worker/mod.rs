@@ -25,10 +25,10 @@ pub use cpu::CpuWorker;
 pub use cuda::CudaWorker;
 
 use crate::routing_ring::{CopyEngine, CopyError};
-use routed_backend::{BackendError, collective::Collective};
-use routed_model::{ModelConfig, ModelError};
+use routed_backend::{BackendError, collective::Collective, cpu::MatmulPrecision};
+use routed_model::{Model, ModelConfig, ModelError};
 use routed_types::{BlockId, BlockRef, RoutingMeta, StepOutput, StepPlan};
-use std::sync::Arc;
+use std::{path::Path, sync::Arc};
 
 /// Numbers the units the ranks execute in lockstep: every engine step and every dummy forward, in
 /// the order the executor sends them. Every rank of a unit gets the same id, which the ranks'
@@ -141,6 +141,10 @@ pub enum WorkerError {
     /// A fault injected by a test (`fault-injection` feature).
     #[error("injected runner failure")]
     Injected,
+    /// New weights cannot replace the ones in use (another configuration or layout), or none are
+    /// staged.
+    #[error("{0}")]
+    Weights(String),
 }
 
 impl From<BackendError> for WorkerError {
@@ -210,6 +214,41 @@ pub trait Worker: Send {
     /// Releases the other ranks from unit `unit`, which this rank cannot take part in (it failed
     /// before handing the unit to the worker).
     fn abort(&self, unit: LockstepId);
+
+    /// Loads this rank's part of the checkpoint in `dir` beside the weights in use, refusing one
+    /// whose configuration or tensor layout differs from the served model's (the error names
+    /// what). Nothing in use changes until [`Worker::commit_weights`]; a second stage replaces
+    /// the first.
+    fn stage_weights(&mut self, dir: &Path) -> Result<(), WorkerError>;
+
+    /// Replaces the weights in use with the staged ones. No step is in flight; the KV blocks and
+    /// states keep what the old weights computed, so the engine drops its prefix cache after.
+    /// A failure here is the device's: the weights may then be half written.
+    fn commit_weights(&mut self) -> Result<(), WorkerError>;
+
+    /// Drops the staged weights, if any (another rank refused its part).
+    fn discard_weights(&mut self);
+}
+
+/// This rank's part of the checkpoint in `dir` for an update of a model configured as `served`,
+/// loaded on the host for the rank of `ranks` with matrices in `precision`. Refused, naming the
+/// first difference, when its configuration differs from `served`.
+pub(crate) fn load_update(
+    served: &ModelConfig,
+    ranks: Arc<dyn Collective>,
+    precision: MatmulPrecision,
+    dir: &Path,
+) -> Result<Model, WorkerError> {
+    let config = ModelConfig::from_dir(dir)?;
+    if let Some(difference) = served.mismatch(&config) {
+        return Err(WorkerError::Weights(format!(
+            "the checkpoint in {} is not the served model's: {difference}",
+            dir.display()
+        )));
+    }
+    let mut model = Model::load_rank(dir, ranks, &mut |_, _| {})?;
+    model.set_matmul_precision(precision);
+    Ok(model)
 }
 
 /// Every block a step writes: for each sequence, the blocks covering the positions it computes.

@@ -1,0 +1,275 @@
+//! Weight updates between requests (an RL trainer publishing its latest policy).
+//!
+//! An update waits until every request that arrived before it has ended (or, with
+//! `abort_all_requests`, ends them at once). Requests that arrive meanwhile are held: validated,
+//! given their ids and streams, and admitted only once the new weights serve, so no request mixes
+//! two versions. Then the executor swaps every rank's weights (all ranks or none), the cache
+//! manager drops its prefix cache, whose blocks, snapshots and routing rows the old weights
+//! computed, and the held requests are admitted. No step is planned from the moment the swap
+//! starts until the cache is reset, so no request can hit a stale block.
+
+use super::SchedulerActor;
+use crate::{
+    EngineError, FinalOutput, RequestEvent, WeightUpdate, WeightsInfo, WeightsUpdated,
+    cache_manager::ResetPrefixCache,
+    executor::{SwapError, SwapWeights},
+    metrics as names,
+    routing_cache::FreeBlocks,
+};
+use actix::{ActorFutureExt, AsyncContext, Context, Handler, Message, ResponseFuture, WrapFuture};
+use routed_scheduler::{NewSeq, SchedulerError};
+use routed_types::{FinishReason, RequestId};
+use std::{collections::VecDeque, time::Instant};
+use tokio::sync::oneshot;
+
+/// Handle -> scheduler: apply a weight update. Reply once the new weights serve, or why not: a
+/// checkpoint some rank refuses leaves the old weights serving ([`EngineError::InvalidRequest`]
+/// naming `model_path`); a swap that fails on a device leaves the engine unhealthy. Updates apply
+/// one at a time, in arrival order.
+#[derive(Message)]
+#[rtype(result = "Result<WeightsUpdated, EngineError>")]
+pub struct UpdateWeights(pub WeightUpdate);
+
+/// Handle -> scheduler: the weights served.
+#[derive(Message)]
+#[rtype(result = "WeightsInfo")]
+pub struct GetWeights;
+
+/// An update waiting for the requests before it to end, or swapping.
+struct PendingUpdate {
+    update: WeightUpdate,
+    reply: oneshot::Sender<Result<WeightsUpdated, EngineError>>,
+    arrived: Instant,
+    num_aborted: usize,
+}
+
+/// The scheduler's side of weight updates.
+pub(super) struct Updates {
+    queue: VecDeque<PendingUpdate>,
+    /// Whether the front update is swapping the ranks' weights.
+    swapping: bool,
+    /// Requests that arrived while an update was queued, in arrival order.
+    held: Vec<(RequestId, Vec<NewSeq>)>,
+    /// The weights served.
+    pub weights: WeightsInfo,
+}
+
+impl Updates {
+    /// No update yet; `weights` are the ones loaded at start.
+    pub fn new(weights: WeightsInfo) -> Self {
+        Self { queue: VecDeque::new(), swapping: false, held: Vec::new(), weights }
+    }
+
+    /// Whether an update is queued: new requests are held.
+    pub fn is_pending(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// Whether the ranks' weights are being swapped: no step may be planned.
+    pub fn is_swapping(&self) -> bool {
+        self.swapping
+    }
+
+    /// Sequences held.
+    pub fn num_held_seqs(&self) -> usize {
+        self.held.iter().map(|(_, seqs)| seqs.len()).sum()
+    }
+
+    /// Holds a request's sequences until the updates are done.
+    pub fn hold(&mut self, request: RequestId, seqs: Vec<NewSeq>) {
+        self.held.push((request, seqs));
+    }
+
+    /// Whether `request` is held.
+    pub fn is_held(&self, request: RequestId) -> bool {
+        self.held.iter().any(|(r, _)| *r == request)
+    }
+
+    /// Takes a held request's sequences out (it was aborted before it ran).
+    fn take_held(&mut self, request: RequestId) -> Option<Vec<NewSeq>> {
+        let at = self.held.iter().position(|(r, _)| *r == request)?;
+        Some(self.held.remove(at).1)
+    }
+}
+
+impl SchedulerActor {
+    /// Whether the front update can swap: every request still open is held (arrived after it).
+    pub(super) fn update_is_due(&self) -> bool {
+        self.updates.is_pending()
+            && !self.updates.swapping
+            && !self.step_in_flight
+            && self.groups.len() == self.updates.held.len()
+    }
+
+    /// Swaps the ranks' weights for the front update's, then drops the prefix cache.
+    pub(super) fn swap_weights(&mut self, ctx: &mut Context<Self>) {
+        let Some(front) = self.updates.queue.front() else { return };
+        self.updates.swapping = true;
+        let dir = front.update.dir.clone();
+        tracing::info!(dir = %dir.display(), "loading new weights");
+        let executor = self.peers.executor.clone();
+        let (cache, routing) = (self.peers.cache.clone(), self.peers.routing.clone());
+        let swap = async move {
+            match executor.send(SwapWeights(dir)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(gone("executor", e)),
+            }
+            // The old weights computed every cached block, snapshot and routing row.
+            let dropped = cache.send(ResetPrefixCache).await.map_err(|e| gone("cache manager", e));
+            routing.do_send(FreeBlocks(dropped?));
+            Ok(())
+        };
+        ctx.spawn(swap.into_actor(self).map(|res, act, ctx| act.on_swapped(res, ctx)));
+    }
+
+    fn on_swapped(&mut self, res: Result<(), SwapError>, ctx: &mut Context<Self>) {
+        self.updates.swapping = false;
+        let Some(p) = self.updates.queue.pop_front() else { return };
+        let result = match res {
+            Ok(()) => {
+                let w = &mut self.updates.weights;
+                w.dir = p.update.dir;
+                if let Some(version) = p.update.weight_version {
+                    w.version = version;
+                }
+                w.num_updates += 1;
+                self.stats.num_weight_updates = w.num_updates;
+                metrics::counter!(names::WEIGHT_UPDATES).absolute(w.num_updates);
+                let seconds = p.arrived.elapsed().as_secs_f64();
+                tracing::info!(version = %w.version, seconds, "new weights serving");
+                Ok(WeightsUpdated {
+                    weights: w.clone(),
+                    num_held_requests: self.updates.held.len(),
+                    num_aborted_requests: p.num_aborted,
+                    seconds,
+                })
+            }
+            Err(SwapError::Refused { rank, source }) => {
+                tracing::warn!(rank, "weight update refused: {source}");
+                let message = match self.peers.ranks.len() {
+                    1 => source.to_string(),
+                    _ => format!("rank {rank}: {source}"),
+                };
+                Err(EngineError::InvalidRequest { param: "model_path", message })
+            }
+            Err(SwapError::Failed(e)) => {
+                let reason = format!("weight update failed: {e}");
+                self.fail_engine(reason.clone());
+                Err(EngineError::Unhealthy(reason))
+            }
+        };
+        let _ = p.reply.send(result);
+        if !self.updates.is_pending() {
+            self.release_held();
+        }
+        self.schedule(ctx);
+    }
+
+    /// Admits the requests held while updates were queued, on the weights now served.
+    fn release_held(&mut self) {
+        for (request, seqs) in std::mem::take(&mut self.updates.held) {
+            if let Some(g) = self.groups.get_mut(&request) {
+                g.weight_version.clone_from(&self.updates.weights.version);
+            }
+            let Err(e) = self.policy.add(seqs) else { continue };
+            let error = match e {
+                SchedulerError::Overloaded(n) => EngineError::Overloaded(n),
+                other => EngineError::Internal(other.to_string()),
+            };
+            if let Some(g) = self.groups.remove(&request) {
+                let _ = g.events.send(RequestEvent::Error(error));
+            }
+        }
+    }
+
+    /// Ends a held request, which computed nothing, with `finish_reason: abort`. Returns whether
+    /// `request` was held.
+    pub(super) fn abort_held(&mut self, request: RequestId) -> bool {
+        let Some(seqs) = self.updates.take_held(request) else { return false };
+        for s in seqs {
+            let output = FinalOutput {
+                index: s.id.index_in_request(),
+                token_ids: Vec::new(),
+                text: String::new(),
+                finish_reason: FinishReason::Abort,
+                num_prompt_tokens: s.prompt.len(),
+                num_cached_tokens: 0,
+                routing: None,
+                prompt_logprobs: None,
+                weight_version: String::new(),
+            };
+            self.deliver(s.id, output);
+        }
+        true
+    }
+
+    /// The engine cannot serve: every queued update fails, held requests with their groups.
+    pub(super) fn fail_updates(&mut self, reason: &str) {
+        self.updates.held.clear();
+        self.updates.swapping = false;
+        for p in self.updates.queue.drain(..) {
+            let _ = p.reply.send(Err(EngineError::Unhealthy(reason.to_owned())));
+        }
+    }
+
+    /// Shutting down: queued updates that have not started are refused, and the requests held
+    /// for them admitted, so they drain like every request in flight. Returns whether any was.
+    pub(super) fn cancel_updates(&mut self) -> bool {
+        let keep = usize::from(self.updates.swapping);
+        for p in self.updates.queue.drain(keep..) {
+            let _ = p.reply.send(Err(EngineError::ShutDown));
+        }
+        let release = !self.updates.is_pending() && !self.updates.held.is_empty();
+        if release {
+            self.release_held();
+        }
+        release
+    }
+}
+
+fn gone(peer: &str, e: actix::MailboxError) -> SwapError {
+    SwapError::Failed(format!("the {peer} is gone: {e}"))
+}
+
+impl Handler<UpdateWeights> for SchedulerActor {
+    type Result = ResponseFuture<Result<WeightsUpdated, EngineError>>;
+
+    fn handle(&mut self, msg: UpdateWeights, ctx: &mut Context<Self>) -> Self::Result {
+        let refused = match &self.unhealthy {
+            Some(reason) => Some(EngineError::Unhealthy(reason.clone())),
+            None if self.shutting_down => Some(EngineError::ShutDown),
+            None => None,
+        };
+        if let Some(e) = refused {
+            return Box::pin(async move { Err(e) });
+        }
+        let mut num_aborted = 0;
+        if msg.0.abort_all_requests {
+            let open: Vec<RequestId> =
+                self.groups.keys().copied().filter(|&r| !self.updates.is_held(r)).collect();
+            num_aborted = open.len();
+            for request in open {
+                self.abort(request, ctx);
+            }
+        }
+        let (reply, rx) = oneshot::channel();
+        let update = msg.0;
+        self.updates.queue.push_back(PendingUpdate {
+            update,
+            reply,
+            arrived: Instant::now(),
+            num_aborted,
+        });
+        self.schedule(ctx);
+        Box::pin(async move { rx.await.unwrap_or(Err(EngineError::ShutDown)) })
+    }
+}
+
+impl Handler<GetWeights> for SchedulerActor {
+    type Result = actix::MessageResult<GetWeights>;
+
+    fn handle(&mut self, _: GetWeights, _: &mut Context<Self>) -> Self::Result {
+        actix::MessageResult(self.updates.weights.clone())
+    }
+}
