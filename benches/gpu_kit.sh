@@ -26,7 +26,8 @@ for line in sys.stdin:
     cargo test --features cuda -p routed-backend --test cuda_ops --no-run --message-format=json
     cargo test --features cuda --no-run --message-format=json \
         --test engine_cuda --test engine_cuda_bf16 --test worker_cuda --test serve_cuda \
-        --test engine --test engine_api --test engine_sampling --test engine_routing_cap
+        --test engine --test engine_api --test engine_sampling --test engine_routing_cap \
+        --test engine_weights
 } | executables | while read -r name path; do
     strip -o "$KIT/bin/$name" "$path"
 done
