@@ -184,3 +184,25 @@ async fn abort_all_requests_ends_the_requests_in_flight_at_once() {
     assert!(n == 0 || rows > 0, "an aborted request returns the rows it computed");
     handle.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_refuses_a_waiting_update_and_drains_the_requests_it_held() {
+    let g = Golden::open("qwen3_moe");
+    let new = other_policy("qwen3_moe");
+    let handle = engine("qwen3_moe", |_| {});
+    let old = golden_root().join("qwen3_moe/model");
+    let want = reference("qwen3_moe", &old, 1, long_request(&g, 6)).await;
+
+    let before = handle.submit(long_request(&g, 24)).await.unwrap();
+    let updated = send_update(&handle, update(new.path(), Some("never")));
+    let held = handle.submit(long_request(&g, 6)).await.unwrap();
+    let (before, held, updated, ()) = tokio::time::timeout(WATCHDOG, async {
+        tokio::join!(common::collect(before), common::collect(held), updated, handle.shutdown())
+    })
+    .await
+    .expect("the shutdown drains within the watchdog");
+    assert!(matches!(updated, Err(EngineError::ShutDown)), "{updated:?}");
+    assert_eq!(before.finals[0].finish_reason, FinishReason::Length);
+    assert_eq!(bits(&held), bits(&want), "the held request ran, on the old weights");
+    assert_eq!(held.finals[0].weight_version, "default");
+}

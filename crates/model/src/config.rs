@@ -275,8 +275,15 @@ impl ModelConfig {
         if let Some(i) = (0..self.layers.len()).find(|&i| self.layers[i] != other.layers[i]) {
             return differs(&format!("layer {i}"), &self.layers[i], &other.layers[i]);
         }
-        same!(norm_eps, attention, moe, mamba, tie_word_embeddings, max_position_embeddings);
-        same!(multipliers);
+        same!(
+            norm_eps,
+            attention,
+            moe,
+            mamba,
+            tie_word_embeddings,
+            max_position_embeddings,
+            multipliers
+        );
         None
     }
 

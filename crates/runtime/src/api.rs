@@ -272,6 +272,17 @@ pub enum EngineError {
     Internal(String),
 }
 
+/// An admission the scheduling policy refused: a full waiting queue is the caller's to retry,
+/// anything else is the engine's fault.
+impl From<routed_scheduler::SchedulerError> for EngineError {
+    fn from(e: routed_scheduler::SchedulerError) -> Self {
+        match e {
+            routed_scheduler::SchedulerError::Overloaded(n) => Self::Overloaded(n),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
 /// A snapshot of the engine's figures (the same as its metrics).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct EngineStats {

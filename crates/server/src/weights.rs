@@ -5,6 +5,7 @@
 //! the new weights serve and 400 when the checkpoint is refused (the old weights keep serving);
 //! a body that cannot be an update at all is the gateway's usual 400 naming the field.
 
+use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, web};
 use routed_runtime::{EngineError, WeightUpdate};
 use serde::Deserialize;
@@ -66,21 +67,19 @@ pub(crate) async fn update_weights_from_disk(
 ) -> Result<HttpResponse, ApiError> {
     let update = prepare(&state, body, |_, body| weight_update(body)).await?;
     let named = update.weight_version.is_some();
-    let (status, success, message, num_paused) = match state.handle().update_weights(update).await {
+    let (status, message, num_paused) = match state.handle().update_weights(update).await {
         Ok(done) => {
             let mut message = String::from("Succeeded to update model weights.");
             if named {
                 message += &format!(" Weight version updated to {}.", done.weights.version);
             }
-            (actix_web::http::StatusCode::OK, true, message, done.num_held_requests)
+            (StatusCode::OK, message, done.num_held_requests)
         }
-        Err(EngineError::InvalidRequest { message, .. }) => {
-            (actix_web::http::StatusCode::BAD_REQUEST, false, message, 0)
-        }
-        Err(e) => (actix_web::http::StatusCode::SERVICE_UNAVAILABLE, false, e.to_string(), 0),
+        Err(EngineError::InvalidRequest { message, .. }) => (StatusCode::BAD_REQUEST, message, 0),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string(), 0),
     };
     Ok(HttpResponse::build(status).json(json!({
-        "success": success,
+        "success": status == StatusCode::OK,
         "message": message,
         "num_paused_requests": num_paused,
     })))

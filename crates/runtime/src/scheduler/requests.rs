@@ -10,7 +10,7 @@ use crate::{
     validate::validate,
 };
 use actix::{ActorFutureExt, AsyncContext, Context, WrapFuture};
-use routed_scheduler::{NewSeq, SchedulerError, SeqEvent, SeqStatus};
+use routed_scheduler::{NewSeq, SeqEvent, SeqStatus};
 use routed_types::{FinishReason, RequestId, SamplingParams, SeqId, StepOutput};
 use std::sync::Arc;
 
@@ -50,10 +50,7 @@ impl SchedulerActor {
             }
             self.updates.hold(request, seqs);
         } else {
-            self.policy.add(seqs).map_err(|e| match e {
-                SchedulerError::Overloaded(n) => EngineError::Overloaded(n),
-                other => EngineError::Internal(other.to_string()),
-            })?;
+            self.policy.add(seqs)?;
         }
         let entry = Group {
             events: msg.events,

@@ -17,7 +17,7 @@ use crate::{
     routing_cache::FreeBlocks,
 };
 use actix::{ActorFutureExt, AsyncContext, Context, Handler, Message, ResponseFuture, WrapFuture};
-use routed_scheduler::{NewSeq, SchedulerError};
+use routed_scheduler::NewSeq;
 use routed_types::{FinishReason, RequestId};
 use std::{collections::VecDeque, time::Instant};
 use tokio::sync::oneshot;
@@ -173,12 +173,8 @@ impl SchedulerActor {
                 g.weight_version.clone_from(&self.updates.weights.version);
             }
             let Err(e) = self.policy.add(seqs) else { continue };
-            let error = match e {
-                SchedulerError::Overloaded(n) => EngineError::Overloaded(n),
-                other => EngineError::Internal(other.to_string()),
-            };
             if let Some(g) = self.groups.remove(&request) {
-                let _ = g.events.send(RequestEvent::Error(error));
+                let _ = g.events.send(RequestEvent::Error(e.into()));
             }
         }
     }
