@@ -232,6 +232,59 @@ pub struct WeightsUpdated {
     pub seconds: f64,
 }
 
+/// What pausing generation does with the requests in flight (SGLang's `/pause_generation`
+/// modes). Whatever the mode, requests submitted while paused are held, then admitted by
+/// [`EngineHandle::continue_generation`](crate::EngineHandle::continue_generation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PauseMode {
+    /// End them at once (`finish_reason: abort`, with the tokens and routing rows they computed).
+    Abort,
+    /// Stop computing them and release their KV blocks and state slots; they keep their tokens
+    /// and resume on continue, recomputing what the prefix cache no longer holds.
+    Retract,
+    /// Stop computing them where they are; they keep their blocks and resume on continue.
+    InPlace,
+}
+
+impl PauseMode {
+    /// The mode's name on the wire: `abort`, `retract` or `in_place`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Abort => "abort",
+            Self::Retract => "retract",
+            Self::InPlace => "in_place",
+        }
+    }
+}
+
+/// What a pause did, once it took hold (no step in flight; with [`PauseMode::Abort`], every
+/// request in flight ended).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Paused {
+    /// The mode now in force.
+    pub mode: PauseMode,
+    /// Requests in flight when it took hold that it aborted, retracted or left in place.
+    pub num_requests: usize,
+}
+
+/// Whether the engine admits the requests submitted to it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Admission {
+    /// Generation is paused, in this mode.
+    pub paused: Option<PauseMode>,
+    /// Weight updates queued or loading.
+    pub num_updates_pending: usize,
+    /// Requests held until generation continues and the updates are done.
+    pub num_held_requests: usize,
+}
+
+impl Admission {
+    /// Whether new requests run as they come.
+    pub fn is_open(&self) -> bool {
+        self.paused.is_none() && self.num_updates_pending == 0
+    }
+}
+
 /// What a request's stream yields: tokens as they are sampled, then one final output per
 /// continuation (or an error that ends the whole request).
 #[derive(Clone, Debug, PartialEq)]

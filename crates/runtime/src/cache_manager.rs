@@ -7,7 +7,8 @@ use routed_scheduler::{CacheStep, GrantedStep};
 use routed_types::BlockRef;
 
 /// Scheduler -> cache manager, once per step: the commits of the last forward, new sequences,
-/// sampled tokens and frees, then the step's candidates and budget. Reply: the grants. A gone
+/// sampled tokens, frees and retractions, then the step's candidates and budget (none while
+/// generation is paused). Reply: the grants. A gone
 /// manager or an error (the scheduler broke the protocol: a bug) makes the engine unhealthy.
 #[derive(Message)]
 #[rtype(result = "Result<GrantedStep, PlanError>")]
@@ -35,7 +36,7 @@ pub struct GetCacheStats;
 #[derive(Debug, thiserror::Error)]
 #[error("cache manager, {stage}: {source}")]
 pub struct PlanError {
-    /// The part of the step: `commit`, `free`, `add`, `append` or `allocate`.
+    /// The part of the step: `commit`, `free`, `preempt`, `add`, `append` or `allocate`.
     pub stage: &'static str,
     /// Why.
     pub source: CacheError,
@@ -55,10 +56,11 @@ impl CacheManagerActor {
     fn plan(&mut self, step: CacheStep) -> Result<GrantedStep, PlanError> {
         let m = &mut self.manager;
         let at = |stage| move |source| PlanError { stage, source };
-        // Order matters: publish what the last forward wrote, forget the finished, learn the
-        // new and the sampled, and only then plan.
+        // Order matters: publish what the last forward wrote, forget the finished, release the
+        // retracted, learn the new and the sampled, and only then plan.
         m.commit(&step.commit).map_err(at("commit"))?;
         m.free(&step.free).map_err(at("free"))?;
+        m.preempt(&step.preempt).map_err(at("preempt"))?;
         for seq in step.add {
             m.add_request(seq).map_err(at("add"))?;
         }

@@ -1,8 +1,8 @@
 //! Building the actor system ([`Engine::start`]) and talking to it ([`EngineHandle`]).
 
 use crate::{
-    EngineConfig, EngineError, EngineStats, GenerateRequest, MatmulPrecision, ModelInfo,
-    RequestEvent, WeightUpdate, WeightsInfo, WeightsUpdated,
+    Admission, EngineConfig, EngineError, EngineStats, GenerateRequest, MatmulPrecision, ModelInfo,
+    PauseMode, Paused, RequestEvent, WeightUpdate, WeightsInfo, WeightsUpdated,
     cache_manager::CacheManagerActor,
     copy_worker::CopyWorkerHandle,
     executor::ExecutorActor,
@@ -11,8 +11,9 @@ use crate::{
     routing_ring::SlotRing,
     runner::{RoutingSink, RunnerActor},
     scheduler::{
-        Abort, ExpertLoadStats, GetStats, GetWeights, Health, Peers, ResetCache, SchedulerActor,
-        Shutdown, Submit, UpdateWeights,
+        Abort, ContinueGeneration, ExpertLoadStats, FlushCache, GetAdmission, GetStats, GetWeights,
+        Health, PauseGeneration, Peers, ResetCache, SchedulerActor, SetWeightVersion, Shutdown,
+        Submit, UpdateWeights,
     },
     timings::Timings,
     worker::{CacheShape, CpuWorker, CudaLimits, CudaWorker, Worker},
@@ -507,6 +508,41 @@ impl EngineHandle {
     /// The weights served: where they were loaded from, their version, updates so far.
     pub async fn weights(&self) -> Result<WeightsInfo, EngineError> {
         self.scheduler.send(GetWeights).await.map_err(|_| EngineError::ShutDown)
+    }
+
+    /// Names the weights served `version` without changing them; open requests report the new
+    /// name. With `abort_all_requests` the requests in flight end first.
+    pub async fn set_weight_version(
+        &self,
+        version: String,
+        abort_all_requests: bool,
+    ) -> Result<WeightsInfo, EngineError> {
+        let msg = SetWeightVersion { version, abort_all_requests };
+        self.scheduler.send(msg).await.map_err(|_| EngineError::ShutDown)?
+    }
+
+    /// Pauses generation (see [`PauseMode`]); returns once the pause holds. Requests submitted
+    /// while paused wait for [`EngineHandle::continue_generation`]. A weight update while paused
+    /// applies without waiting for the paused requests, which then resume on the new weights.
+    pub async fn pause_generation(&self, mode: PauseMode) -> Result<Paused, EngineError> {
+        self.scheduler.send(PauseGeneration(mode)).await.map_err(|_| EngineError::ShutDown)?
+    }
+
+    /// Ends a pause: paused requests resume, held ones are admitted (unless a weight update
+    /// still holds them). Returns how many held requests were admitted.
+    pub async fn continue_generation(&self) -> Result<usize, EngineError> {
+        self.scheduler.send(ContinueGeneration).await.map_err(|_| EngineError::ShutDown)?
+    }
+
+    /// Whether requests run as they come, or are held by a pause or a weight update.
+    pub async fn admission(&self) -> Result<Admission, EngineError> {
+        self.scheduler.send(GetAdmission).await.map_err(|_| EngineError::ShutDown)
+    }
+
+    /// Drops the prefix cache, as [`EngineHandle::reset_prefix_cache`], but only when no request
+    /// is open (running, waiting, paused or held); returns whether it did.
+    pub async fn flush_cache(&self) -> Result<bool, EngineError> {
+        self.scheduler.send(FlushCache).await.map_err(|_| EngineError::ShutDown)?
     }
 
     /// Tokens each expert of each MoE layer received, prefill and decode apart, since the engine

@@ -40,6 +40,9 @@ pub struct CacheStep {
     pub append: Vec<(SeqId, TokenId)>,
     /// Finished or aborted sequences whose blocks can be released.
     pub free: Vec<SeqId>,
+    /// Running sequences the scheduler retracted (generation paused): their blocks are released
+    /// and they wait for re-admission with their tokens, as if the cache had preempted them.
+    pub preempt: Vec<SeqId>,
     /// Candidates in priority order: running sequences first (oldest first), then waiting ones.
     pub candidates: Vec<SlotRequest>,
     /// Token budget of the step.
@@ -137,7 +140,18 @@ impl Scheduler {
 
     /// Whether a step would do anything: candidates to schedule or messages for the cache.
     pub fn has_work(&self) -> bool {
-        !self.is_idle() || !self.outbox.free.is_empty() || !self.outbox.commit.is_empty()
+        !self.is_idle() || self.has_messages()
+    }
+
+    /// Whether the cache manager has something to hear (commits, frees, retractions...) even
+    /// when no step is planned.
+    pub fn has_messages(&self) -> bool {
+        let o = &self.outbox;
+        !(o.commit.is_empty()
+            && o.free.is_empty()
+            && o.preempt.is_empty()
+            && o.add.is_empty()
+            && o.append.is_empty())
     }
 
     /// A tracked sequence.
@@ -192,6 +206,7 @@ impl Scheduler {
         self.outbox.add.retain(|a| a.seq_id != id);
         self.outbox.append.retain(|a| a.0 != id);
         self.outbox.commit.retain(|c| c.seq_id != id);
+        self.outbox.preempt.retain(|&p| p != id);
         if self.outbox.add.len() == before {
             // The cache manager knows it: release its blocks there.
             self.outbox.free.push(id);
@@ -234,6 +249,26 @@ impl Scheduler {
         step.candidates.extend(self.waiting.iter().take(room).map(|&id| SlotRequest::new(id)));
         step.token_budget = self.config.max_num_batched_tokens;
         step
+    }
+
+    /// What the cache manager must hear, without candidates: a round trip that plans nothing
+    /// (generation paused), so finished sequences still free their blocks and retracted ones
+    /// release theirs.
+    pub fn begin_housekeeping(&mut self) -> CacheStep {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// Retracts every running sequence (generation paused): each goes back to the head of the
+    /// waiting queue, oldest first, keeping its tokens, and the next round trip releases its
+    /// blocks (publishing what it computed first, so its re-admission hits them). Returns how
+    /// many were running. Must not be called while a step is in flight.
+    pub fn retract_running(&mut self) -> usize {
+        let running = std::mem::take(&mut self.running);
+        for &id in running.iter().rev() {
+            self.preempted(id);
+        }
+        self.outbox.preempt.extend_from_slice(&running);
+        running.len()
     }
 
     /// Turns the cache manager's grants into the runner's plan, admitting and preempting as they

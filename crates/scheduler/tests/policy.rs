@@ -241,6 +241,47 @@ fn preempted_sequences_lose_their_blocks_and_go_back_to_the_head_of_the_queue() 
 }
 
 #[test]
+fn retracted_sequences_release_their_blocks_in_the_next_round_trip_and_wait_in_order() {
+    let mut s = scheduler(4, true);
+    for r in 1..=3 {
+        s.add(vec![new_seq(seq(r), 4, 4)]).unwrap();
+    }
+    s.begin_step();
+    s.build_plan(granted(
+        vec![(grant(seq(1), true, 0, 4), blocks(&[1])), (grant(seq(2), true, 0, 4), blocks(&[2]))],
+        vec![],
+    ));
+    s.apply_output(&[seq(1), seq(2)], &sampled(&[Some(5), Some(6)]), &mut no_text);
+    assert_eq!(s.retract_running(), 2);
+    assert_eq!((s.num_running(), s.num_live_states_held()), (0, 0));
+    for r in [1, 2] {
+        let one = s.seq(seq(r)).unwrap();
+        assert_eq!(one.status, SeqStatus::Waiting);
+        assert!(one.blocks.is_empty() && one.num_computed_tokens == 0);
+        assert_eq!(one.output.len(), 1, "the sampled token is kept and fed back on resumption");
+    }
+    assert!(s.has_messages());
+    // The round trip that plans nothing: the commits publish first, then the blocks go.
+    let step = s.begin_housekeeping();
+    assert!(step.candidates.is_empty());
+    assert_eq!(step.commit.len(), 2);
+    assert_eq!(step.preempt, [seq(1), seq(2)]);
+    assert_eq!(step.append.len(), 2, "the sampled tokens still reach the cache manager");
+    assert!(!s.has_messages());
+    let ids: Vec<_> = s.begin_step().candidates.iter().map(|c| c.seq_id).collect();
+    assert_eq!(ids, [seq(1), seq(2), seq(3)], "resumed oldest first, before the new ones");
+    // Aborting a retracted sequence before the round trip frees it instead.
+    s.begin_step();
+    s.build_plan(granted(vec![(grant(seq(1), true, 0, 5), blocks(&[1, 3]))], vec![]));
+    s.apply_output(&[seq(1)], &sampled(&[Some(7)]), &mut no_text);
+    s.retract_running();
+    s.abort(seq(1));
+    let step = s.begin_housekeeping();
+    assert!(step.preempt.is_empty());
+    assert_eq!(step.free, [seq(1)]);
+}
+
+#[test]
 fn aborting_a_sequence_the_cache_never_heard_of_frees_nothing_there() {
     let mut s = scheduler(4, false);
     s.add(vec![new_seq(seq(1), 3, 4)]).unwrap();

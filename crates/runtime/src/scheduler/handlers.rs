@@ -197,8 +197,11 @@ impl Handler<Shutdown> for SchedulerActor {
         self.shutting_down = true;
         let (tx, rx) = oneshot::channel();
         self.drained.push(tx);
-        // Requests held for a weight update that will not come are admitted and drain too.
-        if self.cancel_updates() {
+        // A pause ends and requests held for a weight update that will not come are admitted:
+        // every request drains.
+        let paused = self.pause.is_some();
+        self.drop_pause(&EngineError::ShutDown);
+        if self.cancel_updates() || paused {
             self.schedule(ctx);
         }
         self.check_drained();

@@ -6,14 +6,17 @@
 //! * `mod.rs`: the actor and the step loop;
 //! * [`requests`]: a request's life (submission, streaming, finishing, aborting, failing);
 //! * [`handlers`]: the messages the scheduler answers, the stats and the drain on shutdown;
-//! * [`weights`]: weight updates between requests.
+//! * [`weights`]: weight updates between requests;
+//! * [`pause`]: pausing and continuing generation, flushing the cache when nothing runs.
 
 mod handlers;
+mod pause;
 mod requests;
 mod weights;
 
 pub use handlers::{Abort, ExpertLoadStats, GetStats, Health, ResetCache, Shutdown, Submit};
-pub use weights::{GetWeights, UpdateWeights};
+pub use pause::{ContinueGeneration, FlushCache, GetAdmission, PauseGeneration};
+pub use weights::{GetWeights, SetWeightVersion, UpdateWeights};
 
 use crate::{
     EngineStats, ModelInfo, RequestEvent, WeightsInfo,
@@ -80,8 +83,10 @@ pub struct SchedulerActor {
     unhealthy: Option<String>,
     shutting_down: bool,
     drained: Vec<oneshot::Sender<()>>,
-    /// Weight updates and the requests they hold.
+    /// Weight updates and the requests they (or a pause) hold.
     updates: weights::Updates,
+    /// Generation paused.
+    pause: Option<pause::Pause>,
 }
 
 impl SchedulerActor {
@@ -110,16 +115,20 @@ impl SchedulerActor {
             shutting_down: false,
             drained: Vec::new(),
             updates: weights::Updates::new(weights),
+            pause: None,
         }
     }
 
-    /// Starts a step when none is in flight and there is work.
+    /// Starts a step when none is in flight and there is work (and generation is not paused).
     fn schedule(&mut self, ctx: &mut Context<Self>) {
         if self.step_in_flight || self.updates.is_swapping() || self.unhealthy.is_some() {
             return;
         }
         if self.update_is_due() {
             return self.swap_weights(ctx);
+        }
+        if self.pause.is_some() {
+            return self.keep_paused(ctx);
         }
         self.tell_heartbeat();
         if !self.policy.has_work() {

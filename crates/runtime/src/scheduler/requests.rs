@@ -42,8 +42,9 @@ impl SchedulerActor {
                 cache_salt: r.cache_salt.clone(),
             })
             .collect();
-        if self.updates.is_pending() {
-            // Held until the new weights serve; counted against the waiting queue meanwhile.
+        if self.holds_new_requests() {
+            // Held until the new weights serve and generation continues; counted against the
+            // waiting queue meanwhile.
             let waiting = self.policy.num_waiting() + self.updates.num_held_seqs();
             if waiting + seqs.len() > self.policy.config().max_waiting_requests {
                 return Err(EngineError::Overloaded(waiting));
@@ -207,6 +208,7 @@ impl SchedulerActor {
         self.unhealthy = Some(reason.clone());
         self.step_in_flight = false;
         self.fail_updates(&reason);
+        self.drop_pause(&EngineError::Unhealthy(reason.clone()));
         for (_, g) in self.groups.drain() {
             let _ = g.events.send(RequestEvent::Error(EngineError::Unhealthy(reason.clone())));
         }

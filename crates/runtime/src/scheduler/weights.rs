@@ -30,6 +30,18 @@ use tokio::sync::oneshot;
 #[rtype(result = "Result<WeightsUpdated, EngineError>")]
 pub struct UpdateWeights(pub WeightUpdate);
 
+/// Handle -> scheduler: name the weights served `version` (SGLang's `/update_weight_version`,
+/// after a trainer changed them by other means). Every open request, held ones included, reports
+/// the new name; with `abort_all_requests` the requests in flight end first. Reply: the weights.
+#[derive(Message)]
+#[rtype(result = "Result<WeightsInfo, EngineError>")]
+pub struct SetWeightVersion {
+    /// The new name.
+    pub version: String,
+    /// End the requests in flight at once.
+    pub abort_all_requests: bool,
+}
+
 /// Handle -> scheduler: the weights served.
 #[derive(Message)]
 #[rtype(result = "WeightsInfo")]
@@ -80,6 +92,16 @@ impl Updates {
         self.held.push((request, seqs));
     }
 
+    /// Requests held.
+    pub fn held_len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Updates queued or loading.
+    pub fn queue_len(&self) -> usize {
+        self.queue.len()
+    }
+
     /// Whether `request` is held.
     pub fn is_held(&self, request: RequestId) -> bool {
         self.held.iter().any(|(r, _)| *r == request)
@@ -93,19 +115,21 @@ impl Updates {
 }
 
 impl SchedulerActor {
-    /// Whether the front update can swap: every request still open is held (arrived after it).
+    /// Whether the front update can swap: every request still open is held (arrived after it),
+    /// or paused.
     pub(super) fn update_is_due(&self) -> bool {
         self.updates.is_pending()
             && !self.updates.swapping
             && !self.step_in_flight
-            && self.groups.len() == self.updates.held.len()
+            && (self.groups.len() == self.updates.held.len() || self.pause_holds())
     }
 
     /// Swaps the ranks' weights for the front update's, then drops the prefix cache.
     pub(super) fn swap_weights(&mut self, ctx: &mut Context<Self>) {
         let Some(front) = self.updates.queue.front() else { return };
-        self.updates.swapping = true;
         let dir = front.update.dir.clone();
+        self.updates.swapping = true;
+        self.retract_for_swap();
         tracing::info!(dir = %dir.display(), "loading new weights");
         let executor = self.peers.executor.clone();
         let (cache, routing) = (self.peers.cache.clone(), self.peers.routing.clone());
@@ -135,6 +159,8 @@ impl SchedulerActor {
                 }
                 w.num_updates += 1;
                 self.stats.num_weight_updates = w.num_updates;
+                self.restamp_paused();
+                let w = &self.updates.weights;
                 metrics::counter!(names::WEIGHT_UPDATES).absolute(w.num_updates);
                 let seconds = p.arrived.elapsed().as_secs_f64();
                 tracing::info!(version = %w.version, seconds, "new weights serving");
@@ -160,14 +186,15 @@ impl SchedulerActor {
             }
         };
         let _ = p.reply.send(result);
-        if !self.updates.is_pending() {
+        if !self.holds_new_requests() {
             self.release_held();
         }
         self.schedule(ctx);
     }
 
-    /// Admits the requests held while updates were queued, on the weights now served.
-    fn release_held(&mut self) {
+    /// Admits the requests held while updates were queued or generation paused, on the weights
+    /// now served.
+    pub(super) fn release_held(&mut self) {
         for (request, seqs) in std::mem::take(&mut self.updates.held) {
             if let Some(g) = self.groups.get_mut(&request) {
                 g.weight_version.clone_from(&self.updates.weights.version);
@@ -216,7 +243,7 @@ impl SchedulerActor {
         for p in self.updates.queue.drain(keep..) {
             let _ = p.reply.send(Err(EngineError::ShutDown));
         }
-        let release = !self.updates.is_pending() && !self.updates.held.is_empty();
+        let release = !self.holds_new_requests() && !self.updates.held.is_empty();
         if release {
             self.release_held();
         }
@@ -242,8 +269,7 @@ impl Handler<UpdateWeights> for SchedulerActor {
         }
         let mut num_aborted = 0;
         if msg.0.abort_all_requests {
-            let open: Vec<RequestId> =
-                self.groups.keys().copied().filter(|&r| !self.updates.is_held(r)).collect();
+            let open = self.open_requests();
             num_aborted = open.len();
             for request in open {
                 self.abort(request, ctx);
@@ -259,6 +285,27 @@ impl Handler<UpdateWeights> for SchedulerActor {
         });
         self.schedule(ctx);
         Box::pin(async move { rx.await.unwrap_or(Err(EngineError::ShutDown)) })
+    }
+}
+
+impl Handler<SetWeightVersion> for SchedulerActor {
+    type Result = Result<WeightsInfo, EngineError>;
+
+    fn handle(&mut self, msg: SetWeightVersion, ctx: &mut Context<Self>) -> Self::Result {
+        if let Some(reason) = &self.unhealthy {
+            return Err(EngineError::Unhealthy(reason.clone()));
+        }
+        if msg.abort_all_requests {
+            for request in self.open_requests() {
+                self.abort(request, ctx);
+            }
+        }
+        for g in self.groups.values_mut() {
+            g.weight_version.clone_from(&msg.version);
+        }
+        tracing::info!(version = %msg.version, "weights renamed");
+        self.updates.weights.version = msg.version;
+        Ok(self.updates.weights.clone())
     }
 }
 
