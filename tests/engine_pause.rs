@@ -59,6 +59,28 @@ async fn start(handle: &EngineHandle, r: GenerateRequest, k: usize) -> Started {
     Started { stream, tokens }
 }
 
+/// Submits `r` and pauses in `mode` at once, then continues and pauses again until the request
+/// streamed at least `k` tokens. However fast the engine runs, the request is paused early: its
+/// submission plans its first step and each continue its next one, and a pause holds once that
+/// step is done.
+async fn start_paused(
+    handle: &EngineHandle,
+    r: GenerateRequest,
+    mode: PauseMode,
+    k: usize,
+) -> Started {
+    let mut started = start(handle, r, 0).await;
+    loop {
+        let done = handle.pause_generation(mode).await.unwrap();
+        assert_eq!((done.mode, done.num_requests), (mode, 1));
+        started.drain_ready();
+        if started.tokens.len() >= k {
+            return started;
+        }
+        assert_eq!(handle.continue_generation().await.unwrap(), 0);
+    }
+}
+
 impl Started {
     /// Takes the tokens already streamed (the pause holds, so no more are coming).
     fn drain_ready(&mut self) {
@@ -93,10 +115,8 @@ async fn paused_requests_resume_bit_for_bit_and_new_ones_wait_for_continue() {
             let want_held = reference(arch, &dir, routed_request(&g.prompt("main"), 8)).await;
             let handle = engine(arch, |_| {});
 
-            let mut paused = start(&handle, routed_request(&g.prompt("long"), 160), 2).await;
-            let done = handle.pause_generation(mode).await.unwrap();
-            assert_eq!((done.mode, done.num_requests), (mode, 1), "{arch} {mode:?}");
-            paused.drain_ready();
+            let r = routed_request(&g.prompt("long"), 160);
+            let paused = start_paused(&handle, r, mode, 3).await;
             assert!(paused.tokens.len() < 160, "{arch} {mode:?}: paused before the end");
             let held = handle.submit(routed_request(&g.prompt("main"), 8)).await.unwrap();
             let admission = handle.admission().await.unwrap();
@@ -135,17 +155,19 @@ async fn paused_requests_resume_bit_for_bit_and_new_ones_wait_for_continue() {
 async fn an_abort_pause_ends_the_requests_in_flight_and_a_flush_waits_for_an_idle_engine() {
     let g = Golden::open("qwen3_moe");
     let dir = golden_root().join("qwen3_moe/model");
-    let want = reference("qwen3_moe", &dir, routed_request(&g.prompt("long"), 160)).await;
     let handle = engine("qwen3_moe", |_| {});
 
-    let aborted = start(&handle, routed_request(&g.prompt("long"), 160), 2).await;
+    // Started and paused in place first, so it is mid-decode whatever the engine's speed.
+    let aborted =
+        start_paused(&handle, routed_request(&g.prompt("long"), 900), PauseMode::InPlace, 2).await;
     let done = handle.pause_generation(PauseMode::Abort).await.unwrap();
     assert_eq!((done.mode, done.num_requests), (PauseMode::Abort, 1));
     let aborted = aborted.finish().await;
     assert_eq!(aborted.finals[0].finish_reason, FinishReason::Abort);
     let n = aborted.tokens.len();
-    assert!((2..160).contains(&n), "{n} tokens");
-    assert_eq!(common::token_bits(&aborted)[..], common::token_bits(&want)[..n]);
+    assert!((2..900).contains(&n), "{n} tokens");
+    let want = reference("qwen3_moe", &dir, routed_request(&g.prompt("long"), n as u32)).await;
+    assert_eq!(common::token_bits(&aborted), common::token_bits(&want));
     let rows = aborted.finals[0].routing.as_ref().expect("the rows it computed").num_rows;
     assert_eq!(rows, g.prompt("long").len() + n - 1, "every position it computed");
 
@@ -155,7 +177,8 @@ async fn an_abort_pause_ends_the_requests_in_flight_and_a_flush_waits_for_an_idl
     assert_eq!((weights.version.as_str(), weights.num_updates), ("step-7", 0));
     assert_eq!(handle.continue_generation().await.unwrap(), 1);
     let held = common::collect(held).await;
-    assert_eq!(common::token_bits(&held)[..], common::token_bits(&want)[..4]);
+    let m = n.min(4);
+    assert_eq!(common::token_bits(&held)[..m], common::token_bits(&want)[..m]);
     assert_eq!(held.finals[0].weight_version, "step-7");
 
     let hit = run(&handle, routed_request(&g.prompt("long"), 4)).await;
@@ -176,9 +199,7 @@ async fn an_update_while_paused_resumes_the_paused_requests_on_the_new_weights()
         let handle = engine(arch, |_| {});
         let prompt = g.prompt("long");
 
-        let mut paused = start(&handle, routed_request(&prompt, 24), 3).await;
-        handle.pause_generation(mode).await.unwrap();
-        paused.drain_ready();
+        let paused = start_paused(&handle, routed_request(&prompt, 24), mode, 3).await;
         let k = paused.tokens.len();
         assert!(k < 24, "{arch}: paused before the end");
         let update = WeightUpdate {

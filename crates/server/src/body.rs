@@ -42,6 +42,14 @@ impl JsonBody {
         serde_json::from_slice(&self.bytes)
             .map_err(|e| json_error(JsonPayloadError::Deserialize(e)))
     }
+
+    /// Parses the body, an empty one as `{}` (the control routes' bodies are optional).
+    pub(crate) fn value_or_empty(&self) -> Result<Value, ApiError> {
+        if self.bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Value::Object(Default::default()));
+        }
+        self.parse()
+    }
 }
 
 impl FromRequest for JsonBody {

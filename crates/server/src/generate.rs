@@ -146,8 +146,18 @@ pub(crate) async fn generate(
     body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
     let request = prepare(&state, body, validate::generate).await?;
-    let merged = run::submit(state.handle(), state.registry(), &request.job, "/generate").await?;
-    let id = state.new_id("gen");
+    let id = match &request.rid {
+        Some(rid) if state.registry().contains_response(rid) => {
+            return Err(ApiError::invalid(
+                "rid",
+                format!("a request with rid {rid:?} is in flight"),
+            ));
+        }
+        Some(rid) => rid.clone(),
+        None => state.new_id("gen"),
+    };
+    let merged =
+        run::submit(state.handle(), state.registry(), &request.job, "/generate", &id).await?;
     let meta = state.info().routing.clone();
     if request.job.stream.is_some() {
         let tokenizer = Arc::clone(state.tokenizer());

@@ -21,12 +21,12 @@ async fn answer(state: &AppState, route: Route, job: Job) -> Result<HttpResponse
         Route::Completions => "/v1/completions",
         Route::Chat => "/v1/chat/completions",
     };
-    let merged = run::submit(state.handle(), state.registry(), &job, path).await?;
     let header = Header {
         id: state.new_id(route.id_prefix()),
         created: crate::unix_now(),
         model: state.info().served_model_name.clone(),
     };
+    let merged = run::submit(state.handle(), state.registry(), &job, path, &header.id).await?;
     let meta = state.info().routing.clone();
     if job.stream.is_some() {
         let tokenizer = Arc::clone(state.tokenizer());

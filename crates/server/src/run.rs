@@ -30,6 +30,9 @@ use crate::validate::Job;
 pub struct InFlight {
     /// The route that submitted it.
     pub route: &'static str,
+    /// The id of its response (`cmpl-...`, or `/generate`'s `rid`): what `/abort_request`
+    /// names it by.
+    pub response_id: Arc<str>,
     /// When it was submitted.
     pub submitted: Instant,
 }
@@ -86,11 +89,33 @@ impl Registry {
         self.requests.iter().map(|e| *e.key()).collect()
     }
 
-    /// Aborts every request in flight (used when the server stops).
-    pub fn abort_all(&self, handle: &EngineHandle) {
-        for id in self.ids() {
+    /// Aborts every request in flight (used when the server stops). Returns how many.
+    pub fn abort_all(&self, handle: &EngineHandle) -> usize {
+        let ids = self.ids();
+        for &id in &ids {
             handle.abort(id);
         }
+        ids.len()
+    }
+
+    /// Whether a request whose response has id `response_id` is in flight.
+    pub fn contains_response(&self, response_id: &str) -> bool {
+        self.requests.iter().any(|e| &*e.response_id == response_id)
+    }
+
+    /// Aborts the requests in flight whose response has id `response_id` (every prompt of a
+    /// batch shares it). Returns how many.
+    pub fn abort_response(&self, handle: &EngineHandle, response_id: &str) -> usize {
+        let ids: Vec<RequestId> = self
+            .requests
+            .iter()
+            .filter(|e| &*e.response_id == response_id)
+            .map(|e| *e.key())
+            .collect();
+        for &id in &ids {
+            handle.abort(id);
+        }
+        ids.len()
     }
 
     /// Requests being parsed, templated or tokenized, not submitted yet.
@@ -188,19 +213,23 @@ impl Drop for Tracked {
 /// Events of every prompt of a job, tagged with the prompt's index.
 pub(crate) type Merged = SelectAll<Tracked>;
 
-/// Submits one engine request per prompt. If one is refused, those already submitted are
-/// aborted (their streams are dropped) and the refusal is returned.
+/// Submits one engine request per prompt, registered under the response's id. If one is
+/// refused, those already submitted are aborted (their streams are dropped) and the refusal is
+/// returned.
 pub(crate) async fn submit(
     handle: &EngineHandle,
     registry: &Arc<Registry>,
     job: &Job,
     route: &'static str,
+    response_id: &str,
 ) -> Result<Merged, ApiError> {
+    let response_id: Arc<str> = response_id.into();
     let mut tracked = Vec::with_capacity(job.requests.len());
     for (prompt, request) in job.requests.iter().enumerate() {
         let stream = handle.submit(request.clone()).await?;
         let id = stream.id();
-        registry.requests.insert(id, InFlight { route, submitted: Instant::now() });
+        let response_id = Arc::clone(&response_id);
+        registry.requests.insert(id, InFlight { route, response_id, submitted: Instant::now() });
         tracked.push(Tracked {
             inner: stream,
             prompt,

@@ -15,7 +15,7 @@ use crate::body::DEFAULT_BODY_READ_TIMEOUT;
 use crate::drain::{DEFAULT_SHUTDOWN_GRACE, drain, refuse_when_draining};
 use crate::error::{self, not_found};
 use crate::{
-    AppState, generate, install_metrics_recorder, routes, routing_stats, tokenize, weights,
+    AppState, control, generate, install_metrics_recorder, routes, routing_stats, tokenize, weights,
 };
 
 /// How long a client gets to send a request's headers (actix-web's own timeout).
@@ -86,6 +86,17 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: web::Data<AppState>) {
             "/update_weights_from_disk",
             web::post().to(weights::update_weights_from_disk),
         ))
+        .service(post("/update_weight_version", web::post().to(control::update_weight_version)))
+        .service(post("/abort_request", web::post().to(control::abort_request)))
+        .service(post("/pause_generation", web::post().to(control::pause_generation)))
+        .service(post("/continue_generation", web::post().to(control::continue_generation)))
+        .service(
+            web::resource("/flush_cache")
+                .route(web::get().to(control::flush_cache))
+                .route(web::post().to(control::flush_cache))
+                .default_service(web::to(error::method_not_allowed)),
+        )
+        .service(get("/health_generate", web::get().to(control::health_generate)))
         .service(get("/get_weight_version", web::get().to(weights::get_weight_version)))
         .service(get("/get_model_info", web::get().to(weights::get_model_info)))
         .service(get("/v1/routing/stats", web::get().to(routing_stats::stats)))

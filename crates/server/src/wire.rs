@@ -153,6 +153,8 @@ pub(crate) struct SglSamplingParams {
 /// The body of `/generate`.
 #[derive(Clone, Debug, Deserialize)]
 pub(crate) struct GenerateBody {
+    /// The request's id (`meta_info.id`, and what `/abort_request` names it by).
+    pub rid: Option<Value>,
     pub text: Option<Value>,
     pub input_ids: Option<Value>,
     pub sampling_params: Option<SglSamplingParams>,

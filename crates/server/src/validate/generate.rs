@@ -22,6 +22,21 @@ pub(crate) struct GenerateJob {
     pub text_in_logprobs: bool,
     /// The first prompt position of `input_token_logprobs`, when prompt logprobs were asked for.
     pub logprob_start_len: Option<usize>,
+    /// The client's id for the request.
+    pub rid: Option<String>,
+}
+
+/// SGLang's `rid`: one non-empty string (a list names a batch's requests; batches are not
+/// served here).
+fn rid(b: &GenerateBody) -> Result<Option<String>, ApiError> {
+    match &b.rid {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Ok(Some(s.clone())),
+        Some(Value::String(_)) => Err(ApiError::invalid("rid", "rid must be 1 to 256 bytes")),
+        Some(_) => {
+            Err(ApiError::invalid("rid", "rid must be one string (batches are not supported)"))
+        }
+    }
 }
 
 /// The prompt of a `/generate` body: `text` or `input_ids`, one of them, not a batch; and the
@@ -94,6 +109,7 @@ fn check_start(start: Option<usize>, prompt_len: usize) -> Result<(), ApiError> 
 pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, ApiError> {
     let b: GenerateBody = parse(body)?;
     let info = state.info();
+    let rid = rid(&b)?;
     let sp = b.sampling_params.clone().unwrap_or_default();
     if sp.n.is_some_and(|n| n != 1) {
         return Err(ApiError::unsupported(
@@ -164,5 +180,6 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         top_logprobs_num: logprobs.filter(|&k| k > 0),
         text_in_logprobs: b.return_text_in_logprobs.unwrap_or(false),
         logprob_start_len: start,
+        rid,
     })
 }

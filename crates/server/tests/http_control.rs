@@ -1,0 +1,150 @@
+//! SGLang's controls between rollout steps over HTTP, against the real engine: `/abort_request` by
+//! `rid` and for all, `/pause_generation` in its modes and `/continue_generation`, `/flush_cache`
+//! only when nothing is open, `/health_generate`, `/update_weight_version`, and `/generate`'s
+//! `rid`. Each test has its own server: a pause would stop every other test's requests.
+
+mod common;
+
+use std::net::TcpStream;
+
+use common::{
+    TestServer, prompt_ids, read_bytes_until, read_rest, send_closing, test_config, wait_until,
+};
+use serde_json::{Value, json};
+
+const MODEL: &str = "tiny_hybrid_default";
+
+/// A streamed greedy `/generate` long enough to be in flight for the whole test, read until
+/// its first event.
+fn start_streamed(s: &TestServer, rid: Option<&str>) -> (TcpStream, Vec<u8>) {
+    let mut body = json!({"input_ids": prompt_ids(24, 5), "stream": true,
+                          "return_routed_experts": true,
+                          "sampling_params": {"max_new_tokens": 3000, "temperature": 0,
+                                              "ignore_eos": true}});
+    if let Some(rid) = rid {
+        body["rid"] = json!(rid);
+    }
+    let mut stream = send_closing(s.addr, "/generate", &body);
+    let seen = read_bytes_until(&mut stream, "data: ");
+    (stream, seen)
+}
+
+/// The last event of a streamed `/generate` before `[DONE]`.
+fn last_event(stream: &mut TcpStream, seen: Vec<u8>) -> Value {
+    let events = read_rest(stream, seen).sse_json();
+    events.last().cloned().expect("an event")
+}
+
+fn own_server() -> TestServer {
+    TestServer::start(test_config(MODEL))
+}
+
+#[test]
+fn abort_request_ends_a_request_by_rid_or_all_of_them_with_what_they_computed() {
+    let s = own_server();
+    let (mut first, seen) = start_streamed(&s, Some("rollout-1"));
+    // Paused in place so that it is still in flight however fast the engine runs.
+    s.ok("/pause_generation", &json!({"mode": "in_place"}));
+    // A second request may not take an id in flight.
+    let dup = s
+        .post("/generate", &json!({"rid": "rollout-1", "input_ids": [1, 2, 3]}))
+        .error(400, "invalid_request_error");
+    assert_eq!(dup["param"], "rid", "{dup}");
+    let bad = s.post("/generate", &json!({"rid": ["a", "b"], "input_ids": [1]}));
+    assert_eq!(bad.error(400, "invalid_request_error")["param"], "rid");
+
+    // An unknown rid, or neither field, aborts nothing: 200 all the same.
+    for body in [json!({"rid": "nobody"}), json!({})] {
+        let r = s.post("/abort_request", &body);
+        assert_eq!((r.status, r.text().as_str()), (200, ""), "{body}");
+    }
+    assert_eq!(s.registry.len(), 1);
+    let r = s.post("/abort_request", &json!({"rid": "rollout-1"}));
+    assert_eq!((r.status, r.text().as_str()), (200, ""));
+    let last = last_event(&mut first, seen);
+    let meta = &last["meta_info"];
+    assert_eq!(meta["id"], "rollout-1", "{meta}");
+    assert_eq!(meta["finish_reason"]["type"], "abort", "{meta}");
+    let n = meta["completion_tokens"].as_u64().unwrap();
+    assert!((1..3000).contains(&n), "{meta}");
+    let rows = meta["routed_experts_shape"][0].as_u64().unwrap();
+    assert_eq!(rows, 24 + n - 1, "the rows of every position it computed: {meta}");
+
+    s.ok("/continue_generation", &json!({}));
+    let mut streams: Vec<_> = (0..2).map(|_| start_streamed(&s, None)).collect();
+    s.ok("/pause_generation", &json!({"mode": "in_place"}));
+    let r = s.post("/abort_request", &json!({"abort_all": true}));
+    assert_eq!(r.status, 200);
+    for (stream, seen) in &mut streams {
+        let last = last_event(stream, std::mem::take(seen));
+        assert_eq!(last["meta_info"]["finish_reason"]["type"], "abort", "{last}");
+        assert!(last["meta_info"]["id"].as_str().unwrap().starts_with("gen-"), "{last}");
+    }
+    wait_until("the registry empties", || s.registry.is_empty());
+    s.ok("/continue_generation", &json!({}));
+}
+
+#[test]
+fn a_pause_holds_new_requests_until_continue_and_a_flush_waits_for_quiet() {
+    let s = own_server();
+    let r = s.get("/health_generate");
+    assert_eq!((r.status, r.text().as_str()), (200, ""), "an idle engine generates");
+    let e =
+        s.post("/pause_generation", &json!({"mode": "later"})).error(400, "invalid_request_error");
+    assert_eq!(e["param"], "mode", "{e}");
+
+    // In place: the request in flight stops where it is and resumes on continue.
+    let (mut kept, kept_seen) = start_streamed(&s, Some("kept"));
+    let paused = s.ok("/pause_generation", &json!({"mode": "in_place"}));
+    assert_eq!(paused["status"], "ok", "{paused}");
+    assert_eq!((&paused["mode"], &paused["num_paused_requests"]), (&json!("in_place"), &json!(1)));
+    let ids = prompt_ids(40, 9);
+    let held_body = json!({"input_ids": ids,
+                           "sampling_params": {"max_new_tokens": 4, "temperature": 0}});
+    let held = std::thread::spawn({
+        let s = s.clone();
+        let body = held_body.clone();
+        move || s.ok("/generate", &body)
+    });
+    wait_until("the held request is registered", || s.registry.len() == 2);
+    let r = s.get("/flush_cache");
+    assert_eq!(r.status, 400, "requests are open: {}", r.text());
+    assert_eq!(s.get("/health_generate").status, 200, "paused on purpose is healthy");
+    let version = s.ok("/update_weight_version", &json!({"new_version": "step-3"}));
+    assert_eq!(
+        version,
+        json!({"success": true, "message": "Weight version updated to step-3",
+               "new_version": "step-3"})
+    );
+    assert_eq!(s.get("/get_weight_version").json(), json!({"weight_version": "step-3"}));
+
+    let resumed = s.ok("/continue_generation", &json!({}));
+    assert_eq!((&resumed["status"], &resumed["num_admitted_requests"]), (&json!("ok"), &json!(1)));
+    let held = held.join().unwrap();
+    assert_eq!(held["meta_info"]["weight_version"], "step-3", "{held}");
+    assert_eq!(held["meta_info"]["finish_reason"]["type"], "length");
+
+    // Abort mode (the default, what slime sends): the request in flight ends at once.
+    let r = s.post("/pause_generation", &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["num_paused_requests"], 1);
+    let last = last_event(&mut kept, kept_seen);
+    assert_eq!(last["meta_info"]["finish_reason"]["type"], "abort", "{last}");
+    assert_eq!(last["meta_info"]["weight_version"], "step-3", "{last}");
+    assert_eq!(s.ok("/continue_generation", &json!({}))["num_admitted_requests"], 0);
+
+    // Quiet now: the flush drops the cache, so the prompt computes again.
+    wait_until("the registry empties", || s.registry.is_empty());
+    let warm = s.ok("/generate", &held_body);
+    assert!(warm["meta_info"]["cached_tokens"].as_u64().unwrap() > 0, "{warm}");
+    let r = s.post("/flush_cache", &json!({}));
+    assert_eq!((r.status, r.text().as_str()), (200, "Cache flushed.\n"));
+    assert_eq!(s.get("/flush_cache").status, 200, "GET works too");
+    let cold = s.ok("/generate", &held_body);
+    assert_eq!(cold["meta_info"]["cached_tokens"], 0, "{cold}");
+    assert_eq!(cold["output_ids"], warm["output_ids"]);
+
+    let e = s.post("/update_weight_version", &json!({})).error(400, "invalid_request_error");
+    assert_eq!(e["param"], "new_version", "{e}");
+    assert_eq!(s.get("/abort_request").status, 405);
+}
