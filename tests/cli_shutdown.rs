@@ -1,6 +1,7 @@
 //! `routed serve` drains on SIGTERM: new requests get 503 `shutting_down` from a listener that
-//! keeps answering, in-flight requests that finish within `--shutdown-grace-s` complete, the ones
-//! that cannot are ended with a 503 body or an error event and `[DONE]`, and the process exits 0.
+//! keeps answering, in-flight requests that finish within `--shutdown-grace-s` complete (paused
+//! ones resume), the ones that cannot are ended with a 503 body or an error event and `[DONE]`,
+//! and the process exits 0.
 
 mod common;
 
@@ -60,6 +61,9 @@ fn sigterm_drains_in_flight_requests_then_exits_zero() {
     let short_stream_seen = read_until(&mut short_stream, "data: ");
     let mut short_plain = completion(1000, false);
     wait_until("four requests running", || serve.metric("routed_requests_running") == 4.0);
+    // Paused, as a trainer leaves it between rollout steps: the drain resumes what is in flight.
+    let paused = serve.post("/pause_generation", &json!({"mode": "in_place"}));
+    assert_eq!(paused.status, 200, "{paused:?}");
 
     serve.sigterm();
 

@@ -213,8 +213,8 @@ fn a_finished_sequence_keeps_its_blocks_until_its_rows_are_read() {
     assert!(s.seq(seq(1)).is_none());
 }
 
-#[test]
-fn preempted_sequences_lose_their_blocks_and_go_back_to_the_head_of_the_queue() {
+/// A hybrid scheduler with three 4-token requests, the first two admitted into a step.
+fn two_of_three_running() -> Scheduler {
     let mut s = scheduler(4, true);
     for r in 1..=3 {
         s.add(vec![new_seq(seq(r), 4, 4)]).unwrap();
@@ -224,6 +224,12 @@ fn preempted_sequences_lose_their_blocks_and_go_back_to_the_head_of_the_queue() 
         vec![(grant(seq(1), true, 0, 4), blocks(&[1])), (grant(seq(2), true, 0, 4), blocks(&[2]))],
         vec![],
     ));
+    s
+}
+
+#[test]
+fn preempted_sequences_lose_their_blocks_and_go_back_to_the_head_of_the_queue() {
+    let mut s = two_of_three_running();
     assert_eq!(s.num_live_states_held(), 2, "a hybrid sequence holds a live state while running");
     s.apply_output(&[seq(1), seq(2)], &sampled(&[Some(5), Some(6)]), &mut no_text);
     s.begin_step();
@@ -242,15 +248,7 @@ fn preempted_sequences_lose_their_blocks_and_go_back_to_the_head_of_the_queue() 
 
 #[test]
 fn retracted_sequences_release_their_blocks_in_the_next_round_trip_and_wait_in_order() {
-    let mut s = scheduler(4, true);
-    for r in 1..=3 {
-        s.add(vec![new_seq(seq(r), 4, 4)]).unwrap();
-    }
-    s.begin_step();
-    s.build_plan(granted(
-        vec![(grant(seq(1), true, 0, 4), blocks(&[1])), (grant(seq(2), true, 0, 4), blocks(&[2]))],
-        vec![],
-    ));
+    let mut s = two_of_three_running();
     s.apply_output(&[seq(1), seq(2)], &sampled(&[Some(5), Some(6)]), &mut no_text);
     assert_eq!(s.retract_running(), 2);
     assert_eq!((s.num_running(), s.num_live_states_held()), (0, 0));

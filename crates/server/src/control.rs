@@ -141,7 +141,7 @@ pub(crate) async fn health_generate(state: web::Data<AppState>) -> HttpResponse 
 /// The body of `/update_weight_version`.
 #[derive(Debug, Deserialize)]
 struct VersionBody {
-    new_version: Option<String>,
+    new_version: String,
     abort_all_requests: Option<bool>,
 }
 
@@ -152,15 +152,8 @@ pub(crate) async fn update_weight_version(
     body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
     let b: VersionBody = parse(&body.value_or_empty()?)?;
-    let Some(version) = b.new_version else {
-        return Err(ApiError::InvalidRequest {
-            message: "'new_version' is required".into(),
-            param: Some("new_version".into()),
-            code: "missing_required_parameter",
-        });
-    };
     let abort = b.abort_all_requests.unwrap_or(false);
-    let weights = state.handle().set_weight_version(version, abort).await?;
+    let weights = state.handle().set_weight_version(b.new_version, abort).await?;
     Ok(HttpResponse::Ok().json(json!({
         "success": true,
         "message": format!("Weight version updated to {}", weights.version),

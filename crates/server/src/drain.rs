@@ -3,7 +3,7 @@
 //! On the first shutdown signal the gateway stops admitting: every new request is answered 503
 //! `overloaded_error` / `shutting_down` (and `/health` 503), while the listener keeps accepting,
 //! so clients learn why instead of being refused a connection. Requests already in flight (being
-//! prepared or running in the engine) get the grace period to finish; a second signal cuts it
+//! prepared or running in the engine, paused ones resumed) get the grace period to finish; a second signal cuts it
 //! short. Whatever is still in flight then is ended by the gateway's registry: a non-streamed
 //! request gets a 503 `shutting_down` body, a stream one `data: {"error": ...}` event and
 //! `data: [DONE]`, and its engine request is aborted. Only then does the HTTP server stop and the
@@ -65,6 +65,10 @@ pub(crate) async fn drain(
     signals: &mut (impl Stream<Item = ()> + Unpin),
 ) {
     state.start_draining();
+    // A paused engine would let the grace period run out: what is in flight resumes.
+    if let Err(e) = state.handle().continue_generation().await {
+        tracing::debug!(error = %e, "cannot continue generation for the drain");
+    }
     let registry = state.registry();
     tracing::info!(
         in_flight = registry.len(),

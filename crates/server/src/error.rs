@@ -72,6 +72,15 @@ impl ApiError {
         }
     }
 
+    /// A 400 about the required `param`, absent.
+    pub fn missing(param: &str, message: impl Into<String>) -> Self {
+        Self::InvalidRequest {
+            message: message.into(),
+            param: Some(param.to_owned()),
+            code: "missing_required_parameter",
+        }
+    }
+
     /// A 400 about `param` for a feature this server does not offer.
     pub fn unsupported(param: &str, message: impl Into<String>) -> Self {
         Self::InvalidRequest {
@@ -194,11 +203,7 @@ pub(crate) fn from_serde(err: serde_path_to_error::Error<serde_json::Error>) -> 
             Some(at) => format!("{at}.{field}"),
             None => field,
         };
-        return ApiError::InvalidRequest {
-            message: format!("'{param}' is required"),
-            param: Some(param),
-            code: "missing_required_parameter",
-        };
+        return ApiError::missing(&param, format!("'{param}' is required"));
     }
     let message = match &at {
         Some(p) => format!("invalid value for '{p}': {inner}"),

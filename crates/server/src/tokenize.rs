@@ -38,11 +38,7 @@ fn tokenize_ids(
             )
         }
         (None, None) => {
-            return Err(ApiError::InvalidRequest {
-                message: "'prompt' (or chat 'messages') is required".into(),
-                param: Some("prompt".into()),
-                code: "missing_required_parameter",
-            });
+            return Err(ApiError::missing("prompt", "'prompt' (or chat 'messages') is required"));
         }
     };
     let ids = encode(state, &text, add_special, param, state.info().max_model_len)?;

@@ -33,11 +33,10 @@ fn weight_update(body: &Value) -> Result<WeightUpdate, ApiError> {
     let dir = match b.model_path {
         Some(path) if !path.is_empty() => path,
         _ => {
-            return Err(ApiError::InvalidRequest {
-                message: "'model_path' (the checkpoint directory) is required".into(),
-                param: Some("model_path".into()),
-                code: "missing_required_parameter",
-            });
+            return Err(ApiError::missing(
+                "model_path",
+                "'model_path' (the checkpoint directory) is required",
+            ));
         }
     };
     if let Some(format) = b.load_format.filter(|f| !matches!(f.as_str(), "auto" | "safetensors")) {
