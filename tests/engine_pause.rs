@@ -1,6 +1,6 @@
-//! Pausing generation between rollout steps (SGLang's `/pause_generation` modes): requests paused
-//! in place or retracted resume bit for bit as if never paused; an abort-mode pause ends them with
-//! what they computed; requests submitted while paused are held until generation continues; a
+//! Pausing generation between rollout steps (SGLang's `/pause_generation` modes, vLLM's `wait`):
+//! requests paused in place or retracted resume bit for bit as if never paused; an abort-mode
+//! pause ends them with what they computed, a wait-mode one lets them finish; requests submitted while paused are held until generation continues; a
 //! weight update while paused does not wait for the paused requests, which then recompute on the
 //! new weights; a shutdown drains a paused engine; `flush_cache` only runs when nothing is open.
 
@@ -241,6 +241,28 @@ async fn an_update_while_paused_resumes_the_paused_requests_on_the_new_weights()
         assert_eq!(resumed.finals[0].weight_version, "step-1");
         handle.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_pause_lets_the_requests_in_flight_finish_and_holds_the_new_ones() {
+    let g = Golden::open("nemotron_h");
+    let dir = golden_root().join("nemotron_h/model");
+    let want = reference("nemotron_h", &dir, routed_request(&g.prompt("long"), 40)).await;
+    let handle = engine("nemotron_h", |_| {});
+    let r = routed_request(&g.prompt("long"), 40);
+    let frozen = start_paused(&handle, r, PauseMode::InPlace, 1).await;
+    let held = handle.submit(routed_request(&g.prompt("main"), 4)).await.unwrap();
+    // Switching to `wait`: the frozen request runs to its end before the pause holds.
+    let done = handle.pause_generation(PauseMode::Wait).await.unwrap();
+    assert_eq!((done.mode, done.num_requests), (PauseMode::Wait, 1));
+    let finished = frozen.finish().await;
+    assert_eq!(finished.finals[0].finish_reason, FinishReason::Length);
+    assert_eq!(bits(&finished), bits(&want), "ran to its end as if never paused");
+    let admission = handle.admission().await.unwrap();
+    assert_eq!((admission.paused, admission.num_held_requests), (Some(PauseMode::Wait), 1));
+    assert_eq!(handle.continue_generation().await.unwrap(), 1);
+    assert_eq!(common::collect(held).await.finals[0].finish_reason, FinishReason::Length);
+    handle.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -68,10 +68,10 @@ def in_background(base, payloads):
     return threads, answers
 
 
-def check_sample(out, finish, version):
+def check_sample(out, finishes, version):
     """What slime keeps of a sample: tokens, their logprobs and routing rows, all consistent."""
     meta = out["meta_info"]
-    assert meta["finish_reason"]["type"] == finish, meta["finish_reason"]
+    assert meta["finish_reason"]["type"] in finishes, meta["finish_reason"]
     tokens = out["output_ids"]
     assert len(tokens) == meta["completion_tokens"] == len(meta["output_token_logprobs"]), meta
     assert [t[1] for t in meta["output_token_logprobs"]] == tokens
@@ -96,7 +96,7 @@ def main():
     for t in threads:
         t.join()
     for out in answers:
-        check_sample(out, "abort", version)
+        check_sample(out, ("abort",), version)
         assert 0 < out["meta_info"]["completion_tokens"] < 4000
 
     # Weight sync with a request in flight: pause, update from disk, continue.
@@ -114,9 +114,10 @@ def main():
     wait_for("the request resumed", lambda: metric(base, "routed_requests_running") == 1)
     assert requests.post(f"{base}/abort_request", json={"abort_all": True}).status_code == 200
     threads[0].join()
-    check_sample(answers[0], "abort", "step-1")
+    # Resumed on the new weights: aborted, or (had it raced the abort) finished.
+    check_sample(answers[0], ("abort", "length"), "step-1")
     after = requests.post(f"{base}/generate", json=rollout_payload(4, 1), timeout=60).json()
-    check_sample(after, "length", "step-1")
+    check_sample(after, ("length",), "step-1")
     got = requests.get(f"{base}/get_weight_version", timeout=30).json()
     assert got == {"weight_version": "step-1"}, got
     print("sglang controls: ok")

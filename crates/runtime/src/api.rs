@@ -232,9 +232,9 @@ pub struct WeightsUpdated {
     pub seconds: f64,
 }
 
-/// What pausing generation does with the requests in flight (SGLang's `/pause_generation`
-/// modes). Whatever the mode, requests submitted while paused are held, then admitted by
-/// [`EngineHandle::continue_generation`](crate::EngineHandle::continue_generation).
+/// What pausing generation does with the requests in flight (SGLang's `/pause_generation` modes,
+/// and vLLM's `wait`). Whatever the mode, requests submitted while paused are held, then admitted
+/// by [`EngineHandle::continue_generation`](crate::EngineHandle::continue_generation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PauseMode {
     /// End them at once (`finish_reason: abort`, with the tokens and routing rows they computed).
@@ -244,26 +244,30 @@ pub enum PauseMode {
     Retract,
     /// Stop computing them where they are; they keep their blocks and resume on continue.
     InPlace,
+    /// Let them run to their end; the pause holds once they all ended.
+    Wait,
 }
 
 impl PauseMode {
-    /// The mode's name on the wire: `abort`, `retract` or `in_place`.
+    /// The mode's name on the wire: `abort`, `retract`, `in_place` or `wait`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Abort => "abort",
             Self::Retract => "retract",
             Self::InPlace => "in_place",
+            Self::Wait => "wait",
         }
     }
 }
 
-/// What a pause did, once it took hold (no step in flight; with [`PauseMode::Abort`], every
-/// request in flight ended).
+/// What a pause did, once it took hold (no step in flight; with [`PauseMode::Abort`] or
+/// [`PauseMode::Wait`], every request in flight ended).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Paused {
     /// The mode now in force.
     pub mode: PauseMode,
-    /// Requests in flight when it took hold that it aborted, retracted or left in place.
+    /// Requests in flight when it was asked for, that it aborted, retracted, left in place or
+    /// waited for.
     pub num_requests: usize,
 }
 

@@ -1,8 +1,10 @@
 //! The routes RL trainers drive SGLang's server with between rollout steps (slime, AReaL, verl),
 //! in SGLang's shapes: `POST /abort_request`, `POST /pause_generation`,
 //! `POST /continue_generation`, `GET|POST /flush_cache`, `GET /health_generate` and
-//! `POST /update_weight_version`.
+//! `POST /update_weight_version`; and vLLM's RLHF routes over the same pause: `POST /pause`,
+//! `POST /resume` and `GET /is_paused`.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use actix_web::{HttpResponse, web};
@@ -138,6 +140,67 @@ pub(crate) async fn health_generate(state: web::Data<AppState>) -> HttpResponse 
     }
 }
 
+/// A boolean query parameter, as FastAPI reads one.
+fn query_bool(
+    query: &HashMap<String, String>,
+    name: &str,
+    default: bool,
+) -> Result<bool, ApiError> {
+    let Some(value) = query.get(name) else { return Ok(default) };
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(ApiError::invalid(name, format!("{name}={value:?} is not a boolean"))),
+    }
+}
+
+/// vLLM's pause modes: `abort` (the default), `wait` (let the requests in flight finish) and
+/// `keep` (freeze them where they are); the deprecated `wait_for_inflight_requests=true` means
+/// `wait`.
+fn vllm_pause_mode(query: &HashMap<String, String>) -> Result<PauseMode, ApiError> {
+    if query_bool(query, "wait_for_inflight_requests", false)? {
+        return Ok(PauseMode::Wait);
+    }
+    match query.get("mode").map_or("abort", String::as_str) {
+        "abort" => Ok(PauseMode::Abort),
+        "wait" => Ok(PauseMode::Wait),
+        "keep" => Ok(PauseMode::InPlace),
+        other => Err(ApiError::invalid(
+            "mode",
+            format!("mode {other:?}: expected \"abort\", \"wait\" or \"keep\""),
+        )),
+    }
+}
+
+/// vLLM's `POST /pause?mode=abort|wait|keep&clear_cache=true`: answers `{"status": "paused"}`
+/// once the pause holds. With `abort` or `wait`, `clear_cache` (default true) then drops the
+/// prefix cache, as vLLM does after draining.
+pub(crate) async fn pause(
+    state: web::Data<AppState>,
+    query: web::Query<HashMap<String, String>>,
+) -> Result<HttpResponse, ApiError> {
+    let mode = vllm_pause_mode(&query)?;
+    let clear_cache = query_bool(&query, "clear_cache", true)?;
+    let handle = state.handle();
+    handle.pause_generation(mode).await?;
+    if clear_cache && mode != PauseMode::InPlace {
+        handle.reset_prefix_cache().await?;
+    }
+    Ok(HttpResponse::Ok().json(json!({"status": "paused"})))
+}
+
+/// vLLM's `POST /resume`.
+pub(crate) async fn resume(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    state.handle().continue_generation().await?;
+    Ok(HttpResponse::Ok().json(json!({"status": "resumed"})))
+}
+
+/// vLLM's `GET /is_paused`: whether generation is paused (by either server's route).
+pub(crate) async fn is_paused(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let admission = state.handle().admission().await?;
+    Ok(HttpResponse::Ok().json(json!({"is_paused": admission.paused.is_some()})))
+}
+
 /// The body of `/update_weight_version`.
 #[derive(Debug, Deserialize)]
 struct VersionBody {
@@ -166,11 +229,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn vllm_pause_queries_read_as_vllm_reads_them() {
+        let q = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs.iter().map(|&(k, v)| (k.to_owned(), v.to_owned())).collect()
+        };
+        assert_eq!(vllm_pause_mode(&q(&[])).unwrap(), PauseMode::Abort);
+        assert_eq!(vllm_pause_mode(&q(&[("mode", "keep")])).unwrap(), PauseMode::InPlace);
+        assert_eq!(vllm_pause_mode(&q(&[("mode", "wait")])).unwrap(), PauseMode::Wait);
+        let deprecated = q(&[("wait_for_inflight_requests", "True")]);
+        assert_eq!(vllm_pause_mode(&deprecated).unwrap(), PauseMode::Wait);
+        let e = vllm_pause_mode(&q(&[("mode", "in_place")])).unwrap_err();
+        assert_eq!(e.body().error.param.as_deref(), Some("mode"));
+        assert!(!query_bool(&q(&[("clear_cache", "false")]), "clear_cache", true).unwrap());
+        assert!(query_bool(&q(&[]), "clear_cache", true).unwrap());
+        let e = query_bool(&q(&[("clear_cache", "maybe")]), "clear_cache", true).unwrap_err();
+        assert_eq!(e.body().error.param.as_deref(), Some("clear_cache"));
+    }
+
+    #[test]
     fn pause_modes_are_sglangs_names() {
         assert_eq!(pause_mode(None).unwrap(), PauseMode::Abort);
         for mode in [PauseMode::Abort, PauseMode::Retract, PauseMode::InPlace] {
             assert_eq!(pause_mode(Some(mode.as_str())).unwrap(), mode);
         }
+        assert!(pause_mode(Some("wait")).is_err(), "vLLM's mode, not SGLang's");
         let e = pause_mode(Some("later")).unwrap_err();
         assert_eq!(e.body().error.param.as_deref(), Some("mode"));
     }

@@ -14,6 +14,7 @@
 //! | `POST /reset_prefix_cache` | drop every cached block no request holds |
 //! | `POST /update_weights_from_disk`, `GET /get_weight_version`, `GET /get_model_info`, `POST /update_weight_version` | weight updates, as SGLang serves them |
 //! | `POST /abort_request`, `POST /pause_generation`, `POST /continue_generation`, `GET\|POST /flush_cache`, `GET /health_generate` | SGLang's controls between rollout steps |
+//! | `POST /pause`, `POST /resume`, `GET /is_paused` | vLLM's RLHF pause routes |
 //! | `GET /v1/routing/stats`, `POST /v1/routing/stats/reset` | tokens per expert per MoE layer |
 //!
 //! Both OpenAI routes return routing replay: `choices[i].routed_experts` (base64 `.npy` by

@@ -97,6 +97,9 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: web::Data<AppState>) {
                 .default_service(web::to(error::method_not_allowed)),
         )
         .service(get("/health_generate", web::get().to(control::health_generate)))
+        .service(post("/pause", web::post().to(control::pause)))
+        .service(post("/resume", web::post().to(control::resume)))
+        .service(get("/is_paused", web::get().to(control::is_paused)))
         .service(get("/get_weight_version", web::get().to(weights::get_weight_version)))
         .service(get("/get_model_info", web::get().to(weights::get_model_info)))
         .service(get("/v1/routing/stats", web::get().to(routing_stats::stats)))

@@ -1,7 +1,7 @@
 //! SGLang's controls between rollout steps over HTTP, against the real engine: `/abort_request` by
 //! `rid` and for all, `/pause_generation` in its modes and `/continue_generation`, `/flush_cache`
-//! only when nothing is open, `/health_generate`, `/update_weight_version`, and `/generate`'s
-//! `rid`. Each test has its own server: a pause would stop every other test's requests.
+//! only when nothing is open, `/health_generate`, `/update_weight_version`, `/generate`'s `rid`,
+//! and vLLM's `/pause`, `/resume` and `/is_paused` over the same pause. Each test has its own server: a pause would stop every other test's requests.
 
 mod common;
 
@@ -17,9 +17,14 @@ const MODEL: &str = "tiny_hybrid_default";
 /// A streamed greedy `/generate` long enough to be in flight for the whole test, read until
 /// its first event.
 fn start_streamed(s: &TestServer, rid: Option<&str>) -> (TcpStream, Vec<u8>) {
+    start_streamed_for(s, rid, 3000)
+}
+
+/// [`start_streamed`] for `max_new_tokens` tokens.
+fn start_streamed_for(s: &TestServer, rid: Option<&str>, tokens: u32) -> (TcpStream, Vec<u8>) {
     let mut body = json!({"input_ids": prompt_ids(24, 5), "stream": true,
                           "return_routed_experts": true,
-                          "sampling_params": {"max_new_tokens": 3000, "temperature": 0,
+                          "sampling_params": {"max_new_tokens": tokens, "temperature": 0,
                                               "ignore_eos": true}});
     if let Some(rid) = rid {
         body["rid"] = json!(rid);
@@ -94,7 +99,7 @@ fn a_pause_holds_new_requests_until_continue_and_a_flush_waits_for_quiet() {
     assert_eq!(e["param"], "mode", "{e}");
 
     // In place: the request in flight stops where it is and resumes on continue.
-    let (mut kept, kept_seen) = start_streamed(&s, Some("kept"));
+    let (mut kept, kept_seen) = start_streamed_for(&s, Some("kept"), 1000);
     let paused = s.ok("/pause_generation", &json!({"mode": "in_place"}));
     assert_eq!(paused["status"], "ok", "{paused}");
     assert_eq!((&paused["mode"], &paused["num_paused_requests"]), (&json!("in_place"), &json!(1)));
@@ -123,14 +128,19 @@ fn a_pause_holds_new_requests_until_continue_and_a_flush_waits_for_quiet() {
     let held = held.join().unwrap();
     assert_eq!(held["meta_info"]["weight_version"], "step-3", "{held}");
     assert_eq!(held["meta_info"]["finish_reason"]["type"], "length");
+    let last = last_event(&mut kept, kept_seen);
+    assert_eq!(last["meta_info"]["finish_reason"]["type"], "length", "resumed to its end");
+    assert_eq!(last["meta_info"]["weight_version"], "step-3", "renamed while open: {last}");
 
-    // Abort mode (the default, what slime sends): the request in flight ends at once.
+    // Abort mode (the default, what slime sends): the request in flight ends at once. (Paused in
+    // place first, so that it is still in flight however fast the engine runs.)
+    let (mut cut, cut_seen) = start_streamed(&s, None);
+    s.ok("/pause_generation", &json!({"mode": "in_place"}));
     let r = s.post("/pause_generation", &json!({}));
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["num_paused_requests"], 1);
-    let last = last_event(&mut kept, kept_seen);
+    let last = last_event(&mut cut, cut_seen);
     assert_eq!(last["meta_info"]["finish_reason"]["type"], "abort", "{last}");
-    assert_eq!(last["meta_info"]["weight_version"], "step-3", "{last}");
     assert_eq!(s.ok("/continue_generation", &json!({}))["num_admitted_requests"], 0);
 
     // Quiet now: the flush drops the cache, so the prompt computes again.
@@ -147,4 +157,35 @@ fn a_pause_holds_new_requests_until_continue_and_a_flush_waits_for_quiet() {
     let e = s.post("/update_weight_version", &json!({})).error(400, "invalid_request_error");
     assert_eq!(e["param"], "new_version", "{e}");
     assert_eq!(s.get("/abort_request").status, 405);
+}
+
+#[test]
+fn vllms_pause_routes_share_the_engines_pause() {
+    let s = own_server();
+    let is_paused = |s: &TestServer| s.get("/is_paused").json()["is_paused"].as_bool().unwrap();
+    assert!(!is_paused(&s));
+    let (mut kept, seen) = start_streamed_for(&s, None, 200);
+    assert_eq!(s.ok("/pause?mode=keep", &json!({})), json!({"status": "paused"}));
+    assert!(is_paused(&s));
+    let e = s.post("/pause?mode=in_place", &json!({})).error(400, "invalid_request_error");
+    assert_eq!(e["param"], "mode", "{e}");
+    // `wait` lets the frozen request finish, then (clear_cache defaults to true) drops the cache.
+    assert_eq!(s.ok("/pause?mode=wait", &json!({})), json!({"status": "paused"}));
+    let last = last_event(&mut kept, seen);
+    assert_eq!(last["meta_info"]["finish_reason"]["type"], "length", "{last}");
+    assert_eq!(s.ok("/resume", &json!({})), json!({"status": "resumed"}));
+    assert!(!is_paused(&s));
+    let body = json!({"input_ids": prompt_ids(24, 5),
+                      "sampling_params": {"max_new_tokens": 2, "temperature": 0}});
+    let cold = s.ok("/generate", &body);
+    assert_eq!(cold["meta_info"]["cached_tokens"], 0, "the wait pause cleared the cache: {cold}");
+
+    // Without clear_cache the cache stays; SGLang's continue ends vLLM's pause too.
+    s.ok("/pause?mode=abort&clear_cache=false", &json!({}));
+    assert!(s.get("/is_paused").json()["is_paused"].as_bool().unwrap());
+    s.ok("/continue_generation", &json!({}));
+    let warm = s.ok("/generate", &body);
+    assert!(warm["meta_info"]["cached_tokens"].as_u64().unwrap() > 0, "{warm}");
+    let e = s.post("/pause?clear_cache=maybe", &json!({})).error(400, "invalid_request_error");
+    assert_eq!(e["param"], "clear_cache", "{e}");
 }

@@ -127,7 +127,7 @@ impl SchedulerActor {
         if self.update_is_due() {
             return self.swap_weights(ctx);
         }
-        if self.pause.is_some() {
+        if self.pause.is_some() && !self.pause_lets_requests_run() {
             return self.keep_paused(ctx);
         }
         self.tell_heartbeat();

@@ -3,7 +3,8 @@
 //!
 //! A pause stops planning steps once the step in flight is done. What happens to the requests
 //! in flight is the [`PauseMode`]'s: aborted, retracted (their blocks and state slots released
-//! through the next cache round trip, their tokens kept), or left in place. Requests submitted
+//! through the next cache round trip, their tokens kept), left in place, or (`wait`) run to their
+//! end first. Requests submitted
 //! while paused are held like those that arrive during a weight update, and admitted on
 //! continue. While paused the scheduler still makes the cache round trips that need no step (the
 //! last step's commits, frees, retractions), so finished requests free their blocks.
@@ -21,7 +22,8 @@ use routed_types::{RequestId, SeqId};
 use tokio::sync::oneshot;
 
 /// Handle -> scheduler: pause generation in `mode`. Reply once the pause holds: no step in
-/// flight and, in [`PauseMode::Abort`], every request that was in flight ended. Pausing again
+/// flight and, in [`PauseMode::Abort`] or [`PauseMode::Wait`], every request that was in flight
+/// ended. Pausing again
 /// changes the mode (aborting or retracting what the earlier mode left in place).
 #[derive(Message)]
 #[rtype(result = "Result<Paused, EngineError>")]
@@ -87,6 +89,17 @@ impl SchedulerActor {
         self.groups.keys().copied().filter(|&r| !held(r)).collect()
     }
 
+    /// How many requests are open and not held (held ones are open too).
+    fn num_open_requests(&self) -> usize {
+        self.groups.len().saturating_sub(self.updates.held_len())
+    }
+
+    /// Whether steps still run while paused: a `wait` pause lets the open requests finish.
+    pub(super) fn pause_lets_requests_run(&self) -> bool {
+        let waits = self.pause.as_ref().is_some_and(|p| p.mode == PauseMode::Wait);
+        waits && self.num_open_requests() > 0
+    }
+
     /// While paused, instead of planning a step: apply the mode, answer the callers once the
     /// pause holds, and make the cache round trip the last step's bookkeeping needs.
     pub(super) fn keep_paused(&mut self, ctx: &mut Context<Self>) {
@@ -94,7 +107,8 @@ impl SchedulerActor {
         if p.mode == PauseMode::Retract {
             self.policy.retract_running();
         }
-        let ended = p.mode != PauseMode::Abort || self.open_requests().is_empty();
+        let drains = matches!(p.mode, PauseMode::Abort | PauseMode::Wait);
+        let ended = !drains || self.num_open_requests() == 0;
         if let Some(p) = self.pause.as_mut().filter(|p| ended && !p.holds) {
             p.holds = true;
             tracing::info!(mode = p.mode.as_str(), requests = p.num_requests, "generation paused");
