@@ -269,8 +269,9 @@ async fn a_wait_pause_lets_the_requests_in_flight_finish_and_holds_the_new_ones(
 async fn a_shutdown_ends_a_pause_and_drains_its_requests() {
     let g = Golden::open("qwen3_moe");
     let handle = engine("qwen3_moe", |_| {});
-    let paused = start(&handle, routed_request(&g.prompt("long"), 40), 1).await;
-    handle.pause_generation(PauseMode::InPlace).await.unwrap();
+    // Paused mid-flight for sure (`start_paused` checks the pause caught it).
+    let paused =
+        start_paused(&handle, routed_request(&g.prompt("long"), 40), PauseMode::InPlace, 1).await;
     let held = handle.submit(routed_request(&g.prompt("main"), 4)).await.unwrap();
     let (paused, held, ()) = tokio::time::timeout(WATCHDOG, async {
         tokio::join!(paused.finish(), common::collect(held), handle.shutdown())

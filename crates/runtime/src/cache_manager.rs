@@ -8,8 +8,8 @@ use routed_types::BlockRef;
 
 /// Scheduler -> cache manager, once per step: the commits of the last forward, new sequences,
 /// sampled tokens, frees and retractions, then the step's candidates and budget (none while
-/// generation is paused). Reply: the grants. A gone
-/// manager or an error (the scheduler broke the protocol: a bug) makes the engine unhealthy.
+/// generation is paused). Reply: the grants. A gone manager or an error (the scheduler broke the
+/// protocol: a bug) makes the engine unhealthy.
 #[derive(Message)]
 #[rtype(result = "Result<GrantedStep, PlanError>")]
 pub struct PlanStep(pub CacheStep);

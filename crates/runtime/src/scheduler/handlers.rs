@@ -178,15 +178,23 @@ impl Handler<ResetCache> for SchedulerActor {
     }
 }
 
-impl Handler<Health> for SchedulerActor {
-    type Result = Result<(), EngineError>;
-
-    fn handle(&mut self, _: Health, _: &mut Context<Self>) -> Self::Result {
+impl SchedulerActor {
+    /// Whether the engine can serve: what [`Health`] answers, and why the requests that change
+    /// its state (updates, pauses) are refused.
+    pub(super) fn health(&self) -> Result<(), EngineError> {
         match &self.unhealthy {
             Some(reason) => Err(EngineError::Unhealthy(reason.clone())),
             None if self.shutting_down => Err(EngineError::ShutDown),
             None => Ok(()),
         }
+    }
+}
+
+impl Handler<Health> for SchedulerActor {
+    type Result = Result<(), EngineError>;
+
+    fn handle(&mut self, _: Health, _: &mut Context<Self>) -> Self::Result {
+        self.health()
     }
 }
 

@@ -20,7 +20,7 @@ pub use weights::{GetWeights, SetWeightVersion, UpdateWeights};
 
 use crate::{
     EngineStats, ModelInfo, RequestEvent, WeightsInfo,
-    cache_manager::{CacheManagerActor, PlanStep},
+    cache_manager::{CacheManagerActor, PlanError, PlanStep},
     executor::{ExecuteStep, ExecutorActor, ExecutorError},
     heartbeat::{HeartbeatActor, SetIdle},
     metrics as names,
@@ -140,21 +140,39 @@ impl SchedulerActor {
         let step = self.policy.begin_step();
         let plan =
             self.peers.cache.send(PlanStep(step)).into_actor(self).map(move |res, act, ctx| {
-                match res {
-                    Ok(Ok(granted)) => act.on_granted(granted, started, ctx),
-                    Ok(Err(e)) => act.fail_engine(e.to_string()),
-                    Err(e) => act.fail_engine(format!("cache manager unreachable: {e}")),
+                if let Some(granted) = act.take_grant(res) {
+                    act.on_granted(granted, started, ctx);
                 }
             });
         ctx.spawn(plan);
     }
 
-    fn on_granted(&mut self, granted: GrantedStep, started: Instant, ctx: &mut Context<Self>) {
+    /// The cache manager's answer to a [`PlanStep`], with the rows of the blocks it dropped freed
+    /// and its figures taken; `None`, the engine made unhealthy, when it refused or is gone.
+    fn take_grant(
+        &mut self,
+        res: Result<Result<GrantedStep, PlanError>, MailboxError>,
+    ) -> Option<GrantedStep> {
+        let granted = match res {
+            Ok(Ok(granted)) => granted,
+            Ok(Err(e)) => {
+                self.fail_engine(e.to_string());
+                return None;
+            }
+            Err(e) => {
+                self.fail_engine(format!("cache manager unreachable: {e}"));
+                return None;
+            }
+        };
         if !granted.dropped_blocks.is_empty() {
             self.peers.routing.do_send(FreeBlocks(granted.dropped_blocks.clone()));
         }
         self.stats.apply_cache(&granted.stats);
         self.publish_stats();
+        Some(granted)
+    }
+
+    fn on_granted(&mut self, granted: GrantedStep, started: Instant, ctx: &mut Context<Self>) {
         let plan = self.policy.build_plan(granted);
         if plan.seqs.is_empty() {
             self.step_in_flight = false;

@@ -4,9 +4,8 @@
 //! A pause stops planning steps once the step in flight is done. What happens to the requests
 //! in flight is the [`PauseMode`]'s: aborted, retracted (their blocks and state slots released
 //! through the next cache round trip, their tokens kept), left in place, or (`wait`) run to their
-//! end first. Requests submitted
-//! while paused are held like those that arrive during a weight update, and admitted on
-//! continue. While paused the scheduler still makes the cache round trips that need no step (the
+//! end first. Requests submitted while paused are held like those that arrive during a weight
+//! update, and admitted on continue. While paused the scheduler still makes the cache round trips that need no step (the
 //! last step's commits, frees, retractions), so finished requests free their blocks.
 //!
 //! A weight update while paused does not wait for the paused requests: it retracts the ones
@@ -14,8 +13,11 @@
 //! ones; on continue they recompute their prompt and tokens on the new weights.
 
 use super::SchedulerActor;
-use crate::{Admission, EngineError, PauseMode, Paused, cache_manager::ResetPrefixCache};
-use crate::{cache_manager::PlanStep, routing_cache::FreeBlocks};
+use crate::{
+    Admission, EngineError, PauseMode, Paused,
+    cache_manager::{PlanStep, ResetPrefixCache},
+    routing_cache::FreeBlocks,
+};
 use actix::{ActorFutureExt, AsyncContext, Context, Handler, Message, ResponseFuture, WrapFuture};
 use routed_scheduler::SeqStatus;
 use routed_types::{RequestId, SeqId};
@@ -23,8 +25,8 @@ use tokio::sync::oneshot;
 
 /// Handle -> scheduler: pause generation in `mode`. Reply once the pause holds: no step in
 /// flight and, in [`PauseMode::Abort`] or [`PauseMode::Wait`], every request that was in flight
-/// ended. Pausing again
-/// changes the mode (aborting or retracting what the earlier mode left in place).
+/// ended. Pausing again changes the mode (aborting, retracting or finishing what the earlier mode
+/// left in place).
 #[derive(Message)]
 #[rtype(result = "Result<Paused, EngineError>")]
 pub struct PauseGeneration(pub PauseMode);
@@ -127,17 +129,8 @@ impl SchedulerActor {
         let step = self.policy.begin_housekeeping();
         let trip = self.peers.cache.send(PlanStep(step)).into_actor(self).map(|res, act, ctx| {
             act.step_in_flight = false;
-            match res {
-                Ok(Ok(granted)) => {
-                    if !granted.dropped_blocks.is_empty() {
-                        act.peers.routing.do_send(FreeBlocks(granted.dropped_blocks));
-                    }
-                    act.stats.apply_cache(&granted.stats);
-                    act.publish_stats();
-                    act.schedule(ctx);
-                }
-                Ok(Err(e)) => act.fail_engine(e.to_string()),
-                Err(e) => act.fail_engine(format!("cache manager unreachable: {e}")),
+            if act.take_grant(res).is_some() {
+                act.schedule(ctx);
             }
         });
         ctx.spawn(trip);
@@ -173,21 +166,13 @@ impl SchedulerActor {
             p.answer(|| Err(error.clone()));
         }
     }
-
-    fn refusal(&self) -> Option<EngineError> {
-        match &self.unhealthy {
-            Some(reason) => Some(EngineError::Unhealthy(reason.clone())),
-            None if self.shutting_down => Some(EngineError::ShutDown),
-            None => None,
-        }
-    }
 }
 
 impl Handler<PauseGeneration> for SchedulerActor {
     type Result = ResponseFuture<Result<Paused, EngineError>>;
 
     fn handle(&mut self, msg: PauseGeneration, ctx: &mut Context<Self>) -> Self::Result {
-        if let Some(e) = self.refusal() {
+        if let Err(e) = self.health() {
             return Box::pin(async move { Err(e) });
         }
         let open = self.open_requests();
@@ -210,9 +195,7 @@ impl Handler<ContinueGeneration> for SchedulerActor {
     type Result = Result<usize, EngineError>;
 
     fn handle(&mut self, _: ContinueGeneration, ctx: &mut Context<Self>) -> Self::Result {
-        if let Some(e) = self.refusal() {
-            return Err(e);
-        }
+        self.health()?;
         let Some(mut p) = self.pause.take() else { return Ok(0) };
         // Callers still waiting for the pause (an abort draining) learn what it did so far.
         let outcome = p.outcome();
@@ -244,7 +227,7 @@ impl Handler<FlushCache> for SchedulerActor {
     type Result = ResponseFuture<Result<bool, EngineError>>;
 
     fn handle(&mut self, _: FlushCache, _: &mut Context<Self>) -> Self::Result {
-        if let Some(e) = self.refusal() {
+        if let Err(e) = self.health() {
             return Box::pin(async move { Err(e) });
         }
         // With nothing open, a step in flight only carries the last one's commits and frees; the

@@ -259,12 +259,7 @@ impl Handler<UpdateWeights> for SchedulerActor {
     type Result = ResponseFuture<Result<WeightsUpdated, EngineError>>;
 
     fn handle(&mut self, msg: UpdateWeights, ctx: &mut Context<Self>) -> Self::Result {
-        let refused = match &self.unhealthy {
-            Some(reason) => Some(EngineError::Unhealthy(reason.clone())),
-            None if self.shutting_down => Some(EngineError::ShutDown),
-            None => None,
-        };
-        if let Some(e) = refused {
+        if let Err(e) = self.health() {
             return Box::pin(async move { Err(e) });
         }
         let mut num_aborted = 0;
@@ -292,9 +287,7 @@ impl Handler<SetWeightVersion> for SchedulerActor {
     type Result = Result<WeightsInfo, EngineError>;
 
     fn handle(&mut self, msg: SetWeightVersion, ctx: &mut Context<Self>) -> Self::Result {
-        if let Some(reason) = &self.unhealthy {
-            return Err(EngineError::Unhealthy(reason.clone()));
-        }
+        self.health()?;
         if msg.abort_all_requests {
             for request in self.open_requests() {
                 self.abort(request, ctx);
