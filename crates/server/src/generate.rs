@@ -1,11 +1,13 @@
 //! `POST /generate`: the token-in, SGLang-shaped route.
 //!
-//! One prompt (`text` or `input_ids`), one continuation. Routing, when returned, is base64 of the
-//! flat little-endian int32 array with its `[rows, L, K]` shape beside it (decoder-layer layout
-//! unless the request asks for `routed_experts_layers: "moe"`). Logprobs are SGLang's
-//! `[logprob, token_id, text-or-null]` triples. Streamed, each event is the response so far
-//! (cumulative `text` and `output_ids`), and the last one carries the finish reason and the
-//! routing.
+//! One prompt (`text` or `input_ids`) with one continuation answers one object; a batch (a list
+//! of texts or of token-id lists) or `sampling_params.n > 1` answers a list with one object per
+//! continuation, prompt-major, as SGLang does. Routing, when returned, is base64 of the flat
+//! little-endian int32 array with its `[rows, L, K]` shape beside it (decoder-layer layout unless
+//! the request asks for `routed_experts_layers: "moe"`). Logprobs are SGLang's
+//! `[logprob, token_id, text-or-null]` triples. Streamed, each event is one continuation's
+//! response so far (cumulative `text` and `output_ids`; in a list answer, with its `index` in the
+//! list), and its last one carries the finish reason and the routing.
 
 use std::sync::Arc;
 
@@ -43,10 +45,12 @@ fn finish_json(reason: Option<&FinishReason>) -> Value {
     }
 }
 
-/// The body of a response (or of one streamed event).
+/// The body of one continuation's object (or of one streamed event).
 struct Body<'a> {
     id: &'a str,
     request: &'a GenerateJob,
+    /// The continuation's prompt.
+    prompt: &'a [TokenId],
     tokenizer: &'a Tokenizer,
     text: &'a str,
     tokens: &'a [TokenEvent],
@@ -82,7 +86,7 @@ fn add_logprobs(b: &Body<'_>, meta_info: &mut Value) {
 /// A position the engine did not score (an aborted request) has `null` too.
 fn add_input_logprobs(b: &Body<'_>, start: usize, output: &FinalOutput, meta_info: &mut Value) {
     let with_text = b.request.text_in_logprobs;
-    let prompt = &b.request.job.requests[0].prompt_token_ids;
+    let prompt = b.prompt;
     let scores = output.prompt_logprobs.as_deref().unwrap_or_default();
     let score = |p: usize| {
         let s = p.checked_sub(1).and_then(|i| scores.get(i)).filter(|s| s.token == prompt[p]);
@@ -110,7 +114,7 @@ fn add_input_logprobs(b: &Body<'_>, start: usize, output: &FinalOutput, meta_inf
 fn body_json(b: Body<'_>, meta: Option<&RoutingMeta>) -> Result<Value, ApiError> {
     let job = &b.request.job;
     let output_ids: Vec<u32> = b.tokens.iter().map(|t| t.token).collect();
-    let prompt_tokens = job.requests[0].prompt_token_ids.len();
+    let prompt_tokens = b.prompt.len();
     let mut meta_info = json!({
         "id": b.id,
         "prompt_tokens": prompt_tokens,
@@ -140,36 +144,48 @@ fn body_json(b: Body<'_>, meta: Option<&RoutingMeta>) -> Result<Value, ApiError>
     Ok(json!({"text": b.text, "output_ids": output_ids, "meta_info": meta_info}))
 }
 
+/// The id of each prompt's response: the client's `rid`s, refused while one is in flight, or
+/// fresh ones.
+fn response_ids(state: &AppState, request: &GenerateJob) -> Result<Vec<String>, ApiError> {
+    let Some(rids) = &request.rids else {
+        return Ok(request.job.requests.iter().map(|_| state.new_id("gen")).collect());
+    };
+    match rids.iter().find(|rid| state.registry().contains_response(rid)) {
+        Some(rid) => {
+            Err(ApiError::invalid("rid", format!("a request with rid {rid:?} is in flight")))
+        }
+        None => Ok(rids.clone()),
+    }
+}
+
+/// The `meta_info.id` of continuation `index` of a prompt whose response id is `id`: the id
+/// itself, suffixed with the index when the prompt has `n > 1` continuations (which run as one
+/// engine request: aborting `id` ends them all).
+fn choice_id(id: &str, index: usize, n: usize) -> String {
+    if n > 1 { format!("{id}-{index}") } else { id.to_owned() }
+}
+
 /// `POST /generate`.
 pub(crate) async fn generate(
     state: web::Data<AppState>,
     body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
     let request = prepare(&state, body, validate::generate).await?;
-    let id = match &request.rid {
-        Some(rid) if state.registry().contains_response(rid) => {
-            return Err(ApiError::invalid(
-                "rid",
-                format!("a request with rid {rid:?} is in flight"),
-            ));
-        }
-        Some(rid) => rid.clone(),
-        None => state.new_id("gen"),
-    };
+    let ids = response_ids(&state, &request)?;
+    let response_ids = ids.iter().map(|id| Arc::from(id.as_str())).collect();
+    let job = &request.job;
     let merged =
-        run::submit(state.handle(), state.registry(), &request.job, "/generate", &id).await?;
+        run::submit_each(state.handle(), state.registry(), job, "/generate", response_ids).await?;
     let meta = state.info().routing.clone();
-    if request.job.stream.is_some() {
-        let tokenizer = Arc::clone(state.tokenizer());
+    if job.stream.is_some() {
+        let num_choices = job.requests.len() * job.n;
         let body = SglStream {
-            id,
-            request,
-            tokenizer,
+            ids,
+            tokenizer: Arc::clone(state.tokenizer()),
             meta,
             merged: Some(merged),
-            detok: Detokenizer::default(),
-            text: String::new(),
-            tokens: Vec::new(),
+            choices: (0..num_choices).map(|_| ChoiceState::default()).collect(),
+            request,
             done: false,
         };
         return Ok(HttpResponse::Ok()
@@ -177,33 +193,48 @@ pub(crate) async fn generate(
             .insert_header(("Cache-Control", "no-cache"))
             .streaming(body.into_body()));
     }
-    let choices = run::collect(merged, &request.job).await?;
-    let choice = &choices[0];
-    let output = choice.output(0)?;
-    let body = body_json(
-        Body {
-            id: &id,
+    let choices = run::collect(merged, job).await?;
+    let mut bodies = Vec::with_capacity(choices.len());
+    for (i, choice) in choices.iter().enumerate() {
+        let (prompt, index) = (i / job.n, i % job.n);
+        let output = choice.output(i)?;
+        let body = Body {
+            id: &choice_id(&ids[prompt], index, job.n),
             request: &request,
+            prompt: &job.requests[prompt].prompt_token_ids,
             tokenizer: state.tokenizer(),
             text: &output.text,
             tokens: &choice.tokens,
             output: Some(output),
-        },
-        meta.as_ref(),
-    )?;
+        };
+        bodies.push(body_json(body, meta.as_ref())?);
+    }
+    if request.batch {
+        return Ok(HttpResponse::Ok().json(bodies));
+    }
+    let body = bodies.pop().ok_or_else(|| ApiError::Internal("no continuation ran".into()))?;
     Ok(HttpResponse::Ok().json(body))
+}
+
+/// What one continuation of a streamed `/generate` has produced so far.
+#[derive(Default)]
+struct ChoiceState {
+    detok: Detokenizer,
+    text: String,
+    tokens: Vec<TokenEvent>,
+    finished: bool,
 }
 
 /// The streamed `/generate` body.
 struct SglStream {
-    id: String,
+    /// Each prompt's response id.
+    ids: Vec<String>,
     request: GenerateJob,
     tokenizer: Arc<Tokenizer>,
     meta: Option<RoutingMeta>,
     merged: Option<Merged>,
-    detok: Detokenizer,
-    text: String,
-    tokens: Vec<TokenEvent>,
+    /// Prompt-major, as the list answer orders them.
+    choices: Vec<ChoiceState>,
     done: bool,
 }
 
@@ -219,24 +250,32 @@ impl SglStream {
     }
 
     async fn next_event(&mut self) -> Option<web::Bytes> {
+        let n = self.request.job.n;
         loop {
             let Some(merged) = self.merged.as_mut() else {
                 return (!std::mem::replace(&mut self.done, true)).then(sse_done);
             };
             let result = match merged.next().await {
-                Some((_, RequestEvent::Token(t))) => {
-                    let delta = self.detok.push(&self.tokenizer, t.token, &self.request.job.stop);
-                    self.tokens.push(t);
+                Some((prompt, RequestEvent::Token(t))) => {
+                    let i = run::choice_index(prompt, t.index, n);
+                    let Some(c) = self.choices.get_mut(i) else { continue };
+                    let delta = c.detok.push(&self.tokenizer, t.token, &self.request.job.stop);
+                    c.tokens.push(t);
                     if delta.is_empty() {
                         continue;
                     }
-                    self.text.push_str(&delta);
-                    self.event(None)
+                    c.text.push_str(&delta);
+                    self.event(i, None)
                 }
-                Some((_, RequestEvent::Finished(out))) => {
-                    self.text.push_str(&self.detok.finish(&out.text));
-                    self.merged = None;
-                    self.event(Some(&out))
+                Some((prompt, RequestEvent::Finished(out))) => {
+                    let i = run::choice_index(prompt, out.index, n);
+                    let Some(c) = self.choices.get_mut(i) else { continue };
+                    c.text.push_str(&c.detok.finish(&out.text));
+                    c.finished = true;
+                    if self.choices.iter().all(|c| c.finished) {
+                        self.merged = None;
+                    }
+                    self.event(i, Some(&out))
                 }
                 Some((_, RequestEvent::Error(e))) => Err(e.into()),
                 None => Err(ApiError::Internal(
@@ -250,15 +289,24 @@ impl SglStream {
         }
     }
 
-    fn event(&self, output: Option<&FinalOutput>) -> Result<web::Bytes, ApiError> {
+    /// Continuation `i`'s response so far; in a list answer, with its `index` in the list.
+    fn event(&self, i: usize, output: Option<&FinalOutput>) -> Result<web::Bytes, ApiError> {
+        let job = &self.request.job;
+        let (prompt, index) = (i / job.n, i % job.n);
+        let c = &self.choices[i];
         let body = Body {
-            id: &self.id,
+            id: &choice_id(&self.ids[prompt], index, job.n),
             request: &self.request,
+            prompt: &job.requests[prompt].prompt_token_ids,
             tokenizer: &self.tokenizer,
-            text: &self.text,
-            tokens: &self.tokens,
+            text: &c.text,
+            tokens: &c.tokens,
             output,
         };
-        Ok(sse_event(&body_json(body, self.meta.as_ref())?))
+        let mut event = body_json(body, self.meta.as_ref())?;
+        if self.request.batch {
+            event["index"] = json!(i);
+        }
+        Ok(sse_event(&event))
     }
 }

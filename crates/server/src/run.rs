@@ -103,8 +103,9 @@ impl Registry {
         self.requests.iter().any(|e| &*e.response_id == response_id)
     }
 
-    /// Aborts the requests in flight whose response has id `response_id` (every prompt of a
-    /// batch shares it). Returns how many.
+    /// Aborts the requests in flight whose response has id `response_id` (the prompts of an
+    /// OpenAI batch share one; those of a `/generate` batch each have their own). Returns how
+    /// many.
     pub fn abort_response(&self, handle: &EngineHandle, response_id: &str) -> usize {
         let ids: Vec<RequestId> = self
             .requests
@@ -224,11 +225,24 @@ pub(crate) async fn submit(
     response_id: &str,
 ) -> Result<Merged, ApiError> {
     let response_id: Arc<str> = response_id.into();
+    let ids = vec![response_id; job.requests.len()];
+    submit_each(handle, registry, job, route, ids).await
+}
+
+/// [`submit`] with an id of its own for each prompt's request (`/generate`'s batch, whose
+/// prompts a client aborts one by one): `response_ids[i]` is prompt `i`'s.
+pub(crate) async fn submit_each(
+    handle: &EngineHandle,
+    registry: &Arc<Registry>,
+    job: &Job,
+    route: &'static str,
+    response_ids: Vec<Arc<str>>,
+) -> Result<Merged, ApiError> {
+    debug_assert_eq!(response_ids.len(), job.requests.len());
     let mut tracked = Vec::with_capacity(job.requests.len());
-    for (prompt, request) in job.requests.iter().enumerate() {
+    for ((prompt, request), response_id) in job.requests.iter().enumerate().zip(response_ids) {
         let stream = handle.submit(request.clone()).await?;
         let id = stream.id();
-        let response_id = Arc::clone(&response_id);
         registry.requests.insert(id, InFlight { route, response_id, submitted: Instant::now() });
         tracked.push(Tracked {
             inner: stream,

@@ -189,3 +189,31 @@ fn vllms_pause_routes_share_the_engines_pause() {
     let e = s.post("/pause?clear_cache=maybe", &json!({})).error(400, "invalid_request_error");
     assert_eq!(e["param"], "clear_cache", "{e}");
 }
+
+#[test]
+fn abort_request_by_rid_ends_one_prompt_of_a_batch() {
+    let s = own_server();
+    // Held by the pause until continue, so both are in flight when the abort comes.
+    s.ok("/pause_generation", &json!({"mode": "in_place"}));
+    let body = json!({"input_ids": [prompt_ids(12, 41), prompt_ids(9, 42)], "rid": ["keep", "drop"],
+                      "return_routed_experts": true,
+                      "sampling_params": {"max_new_tokens": 8, "temperature": 0,
+                                          "ignore_eos": true}});
+    let batch = std::thread::spawn({
+        let s = s.clone();
+        move || s.ok("/generate", &body)
+    });
+    wait_until("both prompts to be submitted", || s.registry.len() == 2);
+    let r = s.post("/abort_request", &json!({"rid": "drop"}));
+    assert_eq!(r.status, 200);
+    wait_until("the aborted prompt to leave", || s.registry.len() == 1);
+    s.ok("/continue_generation", &json!({}));
+    let answer = batch.join().unwrap();
+    let [keep, drop] = answer.as_array().expect("a list").as_slice() else { panic!("{answer}") };
+    assert_eq!(keep["meta_info"]["id"], "keep");
+    assert_eq!(keep["meta_info"]["finish_reason"]["type"], "length", "{keep}");
+    assert_eq!(keep["meta_info"]["routed_experts_shape"][0], 12 + 8 - 1, "{keep}");
+    assert_eq!(drop["meta_info"]["id"], "drop");
+    assert_eq!(drop["meta_info"]["finish_reason"]["type"], "abort", "{drop}");
+    assert_eq!(drop["meta_info"]["completion_tokens"], 0, "aborted before it ran: {drop}");
+}

@@ -121,8 +121,14 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
     for (body, param) in [
         (json!({}), "text"),
         (json!({"text": "a", "input_ids": [1]}), "text"),
-        (json!({"text": ["a", "b"]}), "text"),
-        (json!({"input_ids": [[1], [2]]}), "input_ids"),
+        (json!({"text": []}), "text"),
+        (json!({"text": ["a", 2]}), "text"),
+        (json!({"input_ids": [[1], 2]}), "input_ids"),
+        (json!({"input_ids": [[1], []]}), "input_ids"),
+        (json!({"input_ids": [[1], [2]], "rid": "one"}), "rid"),
+        (json!({"input_ids": [[1], [2]], "rid": ["a", "a"]}), "rid"),
+        (json!({"input_ids": [1], "sampling_params": {"n": 0}}), "sampling_params.n"),
+        (json!({"input_ids": [1], "sampling_params": {"n": 129}}), "sampling_params.n"),
         (
             json!({"input_ids": [1], "sampling_params": {"max_new_tokens": 0}}),
             "sampling_params.max_new_tokens",
@@ -239,9 +245,21 @@ fn a_request_that_can_never_fit_the_waiting_queue_is_400_naming_the_limit() {
     }
     let chat = json!({"messages": [{"role": "user", "content": "hi"}], "n": 5});
     assert_400(&s, "/v1/chat/completions", chat, "n");
+    // /generate's batches, with SGLang's names.
+    let g = "/generate";
+    for (body, param) in [
+        (json!({"input_ids": [1], "sampling_params": {"n": 5}}), "sampling_params.n"),
+        (json!({"text": ["a", "b", "c"], "sampling_params": {"n": 2}}), "sampling_params.n"),
+        (json!({"input_ids": [[1], [2], [3], [4], [5]]}), "input_ids"),
+    ] {
+        let error = assert_400(&s, g, body, param);
+        assert!(error["message"].as_str().unwrap().contains("--max-waiting-requests 4"), "{error}");
+    }
     // Four sequences fit an idle queue of four.
     let out = s.ok(c, &json!({"prompt": ["a", "b"], "n": 2, "max_tokens": 2}));
     assert_eq!(out["choices"].as_array().unwrap().len(), 4);
+    let body = json!({"text": ["a", "b"], "sampling_params": {"n": 2, "max_new_tokens": 2}});
+    assert_eq!(s.ok(g, &body).as_array().unwrap().len(), 4);
 }
 
 #[test]

@@ -219,3 +219,121 @@ fn cache_salt_and_extra_key_are_cache_namespaces() {
     let plain = s.ok("/v1/completions", &json!({"prompt": ids, "max_tokens": 2, "temperature": 0}));
     assert_eq!(routing_of(&salted["choices"][0]), routing_of(&plain["choices"][0]));
 }
+
+/// What a continuation computed, without what may differ between two runs of it (its id, its
+/// cache hits).
+fn computed(body: &Value) -> Value {
+    let meta = &body["meta_info"];
+    json!([
+        body["text"],
+        body["output_ids"],
+        meta["prompt_tokens"],
+        meta["completion_tokens"],
+        meta["finish_reason"],
+        meta["output_token_logprobs"],
+        meta["routed_experts"],
+        meta["routed_experts_shape"]
+    ])
+}
+
+#[test]
+fn a_batch_or_n_answers_a_list_of_continuations_prompt_major() {
+    let s = server(MODEL);
+    let (a, b) = (prompt_ids(10, 31), prompt_ids(14, 32));
+    let params = json!({"max_new_tokens": 6, "temperature": 0, "ignore_eos": true});
+    let ask = |input: Value, extra: Value| {
+        let mut body = json!({"input_ids": input, "return_logprob": true,
+                              "return_routed_experts": true, "sampling_params": params});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        generate(&s, body)
+    };
+    let alone = [ask(json!(a), json!({})), ask(json!(b), json!({}))];
+    assert!(alone[0].is_object(), "one prompt, one continuation: one object");
+
+    // A batch of token-id lists: one object per prompt, in order, each the prompt's own run,
+    // named by its rid.
+    let batch = ask(json!([a, b]), json!({"rid": ["first", "second"]}));
+    let items = batch.as_array().expect("a list");
+    assert_eq!(items.len(), 2);
+    for (i, (item, single)) in items.iter().zip(&alone).enumerate() {
+        assert_eq!(computed(item), computed(single), "prompt {i}");
+        assert!(item.get("index").is_none(), "only streamed events carry an index");
+    }
+    assert_eq!(
+        (&items[0]["meta_info"]["id"], &items[1]["meta_info"]["id"]),
+        (&json!("first"), &json!("second"))
+    );
+    // A list of one is a batch too.
+    assert_eq!(ask(json!([a]), json!({})).as_array().map(Vec::len), Some(1));
+
+    // A batch of texts: each as that text alone.
+    let texts = json!({"text": ["The router picks", "experts"], "sampling_params": params});
+    let texts = generate(&s, texts);
+    for (i, text) in ["The router picks", "experts"].into_iter().enumerate() {
+        let single = generate(&s, json!({"text": text, "sampling_params": params}));
+        assert_eq!(texts[i]["output_ids"], single["output_ids"], "text {i}");
+    }
+
+    // n > 1: a list of the prompt's n samples, continuation i seeded as the OpenAI routes seed
+    // it (`seed + i`), ids suffixed with the sample's index.
+    let sampled = json!({"max_new_tokens": 6, "temperature": 1.0, "seed": 7, "ignore_eos": true});
+    let mut two = sampled.clone();
+    two["n"] = json!(2);
+    let group = generate(&s, json!({"input_ids": a, "rid": "group", "sampling_params": two}));
+    let group = group.as_array().expect("one prompt with n > 1: a list");
+    let ids: Vec<&Value> = group.iter().map(|g| &g["meta_info"]["id"]).collect();
+    assert_eq!(ids, [&json!("group-0"), &json!("group-1")]);
+    let mut with_n = sampled.clone();
+    with_n["n"] = json!(3);
+    let both =
+        generate(&s, json!({"input_ids": [a, b], "rid": ["p", "q"], "sampling_params": with_n}));
+    let both = both.as_array().expect("a list");
+    let openai = s.ok(
+        "/v1/completions",
+        &json!({"prompt": [a, b], "n": 3, "max_tokens": 6, "temperature": 1.0, "seed": 7,
+                "ignore_eos": true, "return_token_ids": true, "return_routed_experts": false}),
+    );
+    let choices = openai["choices"].as_array().unwrap();
+    assert_eq!((both.len(), choices.len()), (6, 6));
+    for (i, item) in both.iter().enumerate() {
+        let (prompt, j) = (i / 3, i % 3);
+        assert_eq!(item["meta_info"]["id"], format!("{}-{j}", ["p", "q"][prompt]), "{i}");
+        assert_eq!(
+            item["output_ids"], choices[i]["token_ids"],
+            "continuation {j} of prompt {prompt}"
+        );
+    }
+    assert_eq!(group[0]["output_ids"], both[0]["output_ids"], "sample 0 is the seed's own");
+    assert_eq!(group[1]["output_ids"], both[1]["output_ids"], "sample 1 is seed + 1's");
+}
+
+#[test]
+fn a_streamed_batch_interleaves_indexed_events_that_end_as_the_whole_answer() {
+    let s = server(MODEL);
+    let (a, b) = (prompt_ids(10, 33), prompt_ids(7, 34));
+    let body = json!({"input_ids": [a, b], "return_logprob": true, "return_routed_experts": true,
+                      "sampling_params": {"max_new_tokens": 5, "temperature": 0,
+                                          "ignore_eos": true, "n": 2}});
+    let whole = generate(&s, body.clone());
+    let whole = whole.as_array().expect("a list");
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let events = s.post("/generate", &streamed).sse_json();
+    let mut last: Vec<Option<&Value>> = vec![None; 4];
+    for event in &events {
+        let i = event["index"].as_u64().expect("every event names its continuation") as usize;
+        assert!(
+            last[i].is_none_or(|l| l["meta_info"]["finish_reason"].is_null()),
+            "after the end: {event}"
+        );
+        let seen = event["output_ids"].as_array().unwrap().len();
+        assert!(last[i].is_none_or(|l| l["output_ids"].as_array().unwrap().len() <= seen));
+        last[i] = Some(event);
+    }
+    for (i, (end, item)) in last.iter().zip(whole).enumerate() {
+        let end = end.unwrap_or_else(|| panic!("no event for continuation {i}"));
+        assert_eq!(computed(end), computed(item), "continuation {i}");
+        let id = end["meta_info"]["id"].as_str().unwrap();
+        assert!(id.starts_with("gen-") && id.ends_with(&format!("-{}", i % 2)), "{id}");
+    }
+}

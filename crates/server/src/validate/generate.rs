@@ -1,11 +1,11 @@
 //! `/generate` bodies (SGLang names) to engine requests.
 
-use routed_types::{TokenId, check_num_logprobs};
+use routed_types::check_num_logprobs;
 use serde_json::Value;
 
-use super::prompt::{encode, most_prompt_tokens, token_ids};
+use super::prompt::PromptInput;
 use super::sampling::{SamplingFields, sampling};
-use super::{Job, WireNames, cache_namespace, check_request, request};
+use super::{BatchNames, Job, WireNames, cache_namespace, check_batch, check_request, request};
 use crate::AppState;
 use crate::error::ApiError;
 use crate::routing_wire::{self, RoutingFields};
@@ -14,7 +14,7 @@ use crate::wire::{GenerateBody, parse};
 /// A validated `/generate` request: the job, and how its logprobs are shaped.
 #[derive(Clone, Debug)]
 pub(crate) struct GenerateJob {
-    /// What runs.
+    /// What runs: one engine request per prompt, each sampling `n` continuations.
     pub job: Job,
     /// Top alternatives per sampled token (`output_top_logprobs`), when asked with logprobs.
     pub top_logprobs_num: Option<u32>,
@@ -22,41 +22,80 @@ pub(crate) struct GenerateJob {
     pub text_in_logprobs: bool,
     /// The first prompt position of `input_token_logprobs`, when prompt logprobs were asked for.
     pub logprob_start_len: Option<usize>,
-    /// The client's id for the request.
-    pub rid: Option<String>,
+    /// The client's ids, one per prompt.
+    pub rids: Option<Vec<String>>,
+    /// The answer is a list with one object per continuation, prompt-major, as SGLang answers a
+    /// batch of prompts or `n > 1`; else it is the one continuation's object.
+    pub batch: bool,
 }
 
-/// SGLang's `rid`: one non-empty string (a list names a batch's requests; batches are not
-/// served here).
-fn rid(b: &GenerateBody) -> Result<Option<String>, ApiError> {
-    match &b.rid {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Ok(Some(s.clone())),
-        Some(Value::String(_)) => Err(ApiError::invalid("rid", "rid must be 1 to 256 bytes")),
-        Some(_) => {
-            Err(ApiError::invalid("rid", "rid must be one string (batches are not supported)"))
+/// SGLang's `rid`: one non-empty string for one prompt, or a list of them, one per prompt of the
+/// body (a batch's ids must differ).
+fn rids(
+    b: &GenerateBody,
+    num_prompts: usize,
+    listed: bool,
+) -> Result<Option<Vec<String>>, ApiError> {
+    let one = |v: &Value| match v {
+        Value::String(s) if !s.is_empty() && s.len() <= 256 => Ok(s.clone()),
+        Value::String(_) => Err(ApiError::invalid("rid", "a rid must be 1 to 256 bytes")),
+        _ => Err(ApiError::invalid("rid", "rid must be a string or a list of strings")),
+    };
+    let rids = match &b.rid {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(items)) => items.iter().map(one).collect::<Result<Vec<_>, _>>()?,
+        Some(_) if listed => {
+            return Err(ApiError::invalid(
+                "rid",
+                format!("a batch of {num_prompts} prompts takes a list of {num_prompts} rids"),
+            ));
         }
+        Some(v) => vec![one(v)?],
+    };
+    if rids.len() != num_prompts {
+        return Err(ApiError::invalid(
+            "rid",
+            format!("{} rids for {num_prompts} prompts: give one per prompt", rids.len()),
+        ));
     }
+    let mut sorted: Vec<&String> = rids.iter().collect();
+    sorted.sort_unstable();
+    if let Some(pair) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        return Err(ApiError::invalid("rid", format!("the rid {:?} is given twice", pair[0])));
+    }
+    Ok(Some(rids))
 }
 
-/// The prompt of a `/generate` body: `text` or `input_ids`, one of them, not a batch; and the
-/// field it came from.
-fn prompt(state: &AppState, b: &GenerateBody) -> Result<(Vec<TokenId>, &'static str), ApiError> {
-    let most = most_prompt_tokens(state.info());
+/// The prompts of a `/generate` body: `text` (a string, or a list of strings) or `input_ids`
+/// (token ids, or a list of token-id lists), one of the two; checked for shape only, so a batch
+/// can be refused by its size before anything is encoded. Also whether they came as a list, and
+/// the field they came from.
+fn prompts(b: &GenerateBody) -> Result<(Vec<PromptInput<'_>>, bool, &'static str), ApiError> {
+    let empty =
+        |param: &str| ApiError::invalid(param, format!("{param} must not be an empty list"));
     match (&b.text, &b.input_ids) {
         (Some(_), Some(_)) => {
             Err(ApiError::invalid("text", "give either text or input_ids, not both"))
         }
-        (Some(Value::String(s)), None) => Ok((encode(state, s, false, "text", most)?, "text")),
-        (None, Some(Value::Array(ids))) if ids.iter().all(Value::is_number) => {
-            Ok((token_ids(ids, "input_ids")?, "input_ids"))
+        (Some(Value::String(s)), None) => Ok((vec![PromptInput::Text(s)], false, "text")),
+        (Some(Value::Array(items)), None) if items.is_empty() => Err(empty("text")),
+        (Some(Value::Array(items)), None) if items.iter().all(Value::is_string) => {
+            let texts = items.iter().filter_map(Value::as_str).map(PromptInput::Text);
+            Ok((texts.collect(), true, "text"))
         }
         (Some(_), None) => {
-            Err(ApiError::invalid("text", "text must be one string (batches are not supported)"))
+            Err(ApiError::invalid("text", "text must be a string or a list of strings"))
+        }
+        (None, Some(Value::Array(ids))) if ids.iter().all(Value::is_number) => {
+            Ok((vec![PromptInput::Ids(ids)], false, "input_ids"))
+        }
+        (None, Some(Value::Array(items))) if items.iter().all(Value::is_array) => {
+            let lists = items.iter().filter_map(Value::as_array).map(|ids| PromptInput::Ids(ids));
+            Ok((lists.collect(), true, "input_ids"))
         }
         (None, Some(_)) => Err(ApiError::invalid(
             "input_ids",
-            "input_ids must be one array of token ids (batches are not supported)",
+            "input_ids must be a list of token ids or a list of such lists",
         )),
         (None, None) => Err(ApiError::invalid("text", "give text or input_ids")),
     }
@@ -105,18 +144,21 @@ fn check_start(start: Option<usize>, prompt_len: usize) -> Result<(), ApiError> 
     }
 }
 
-/// Validates a `/generate` body. Routing, when returned, is always raw int32.
+/// Validates a `/generate` body. Routing, when returned, is always raw int32. Each prompt of a
+/// batch is encoded and checked in turn, so a batch stops at its first bad prompt.
 pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, ApiError> {
     let b: GenerateBody = parse(body)?;
     let info = state.info();
-    let rid = rid(&b)?;
+    let (inputs, listed, prompt_param) = prompts(&b)?;
+    let rids = rids(&b, inputs.len(), listed)?;
     let sp = b.sampling_params.clone().unwrap_or_default();
-    if sp.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::unsupported(
-            "sampling_params.n",
-            "n > 1 is not supported on /generate",
-        ));
-    }
+    let n = sp.n.unwrap_or(1) as usize;
+    check_batch(
+        info,
+        inputs.len(),
+        n,
+        BatchNames { n: "sampling_params.n", prompt: prompt_param },
+    )?;
     let max_tokens = sp.max_new_tokens.unwrap_or(128);
     let routing_fields = RoutingFields {
         return_routed_experts: b.return_routed_experts,
@@ -149,9 +191,6 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
     let prompt_logprobs = start.and(logprobs);
     let fields = SamplingFields { prompt_logprobs, ..fields };
     let sampling = sampling(fields, max_tokens, logprobs, state.default_seed())?;
-    let (prompt, prompt_param) = prompt(state, &b)?;
-    check_start(start, prompt.len())?;
-    let r = request(prompt, &sampling, 1, routing, salt.as_ref());
     let names = WireNames {
         prompt: prompt_param,
         max_tokens: "sampling_params.max_new_tokens",
@@ -163,11 +202,20 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         routing_start: routing_wire::start_param(&routing_fields),
         sampling_prefix: "sampling_params.",
     };
-    check_request(info, &r, &names)?;
+    let requests = inputs
+        .into_iter()
+        .map(|input| {
+            let ids = input.tokens(state, prompt_param)?;
+            check_start(start, ids.len())?;
+            let r = request(ids, &sampling, n, routing, salt.as_ref());
+            check_request(info, &r, &names)?;
+            Ok(r)
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
     let job = Job {
         stop: sampling.stop.clone(),
-        requests: vec![r],
-        n: 1,
+        requests,
+        n,
         routing,
         stream: b.stream.unwrap_or(false).then_some(false),
         return_token_ids: true,
@@ -180,6 +228,7 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         top_logprobs_num: logprobs.filter(|&k| k > 0),
         text_in_logprobs: b.return_text_in_logprobs.unwrap_or(false),
         logprob_start_len: start,
-        rid,
+        rids,
+        batch: listed || n > 1,
     })
 }

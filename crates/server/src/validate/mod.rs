@@ -153,6 +153,7 @@ impl WireNames {
             "logprobs" => self.logprobs.into(),
             "prompt_logprobs" => self.prompt_logprobs.into(),
             "routed_experts_start_len" => self.routing_start.into(),
+            "n" => format!("{}n", self.sampling_prefix).into(),
             p if !self.sampling_prefix.is_empty() && SamplingError::PARAMS.contains(&p) => {
                 format!("{}{p}", self.sampling_prefix).into()
             }
@@ -184,20 +185,35 @@ pub(crate) fn check_request(
     })
 }
 
+/// How a route names the two fields of a batch's size.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BatchNames {
+    /// The continuations per prompt (`n`, `sampling_params.n`).
+    pub n: &'static str,
+    /// The prompts (`prompt`, `text`, `input_ids`).
+    pub prompt: &'static str,
+}
+
 /// A batch whose sequences (prompts x `n`) outnumber the waiting queue could never be admitted
 /// at once, whatever the load: a 400 naming the limit, not a 503 that invites a retry. (One
 /// request's `n` alone is the engine's rule.) Checked before any prompt is encoded.
-fn check_batch(info: &ModelInfo, num_prompts: usize, n: usize) -> Result<(), ApiError> {
+pub(crate) fn check_batch(
+    info: &ModelInfo,
+    num_prompts: usize,
+    n: usize,
+    names: BatchNames,
+) -> Result<(), ApiError> {
     let total = num_prompts.saturating_mul(n);
     if num_prompts < 2 || !(1..=MAX_N).contains(&n) || total <= info.max_waiting_requests {
         return Ok(());
     }
-    let param = if n > 1 { "n" } else { "prompt" };
+    let param = if n > 1 { names.n } else { names.prompt };
+    let n_name = names.n.rsplit('.').next().unwrap_or(names.n);
     Err(ApiError::invalid(
         param,
         format!(
-            "{num_prompts} prompts x n={n} are {total} sequences, more than the server's waiting \
-             queue holds (--max-waiting-requests {})",
+            "{num_prompts} prompts x {n_name}={n} are {total} sequences, more than the server's \
+             waiting queue holds (--max-waiting-requests {})",
             info.max_waiting_requests
         ),
     ))
@@ -236,7 +252,7 @@ struct Common {
 fn common_job(state: &AppState, c: &CommonFields, num_prompts: usize) -> Result<Common, ApiError> {
     refuse_unsupported(c)?;
     let n = c.n.unwrap_or(1) as usize;
-    check_batch(state.info(), num_prompts, n)?;
+    check_batch(state.info(), num_prompts, n, BatchNames { n: "n", prompt: "prompt" })?;
     let cache_salt = cache_namespace(c.cache_salt.as_deref(), c.extra_key.as_deref())?;
     let stream = c.stream.unwrap_or(false);
     if c.stream_options.is_some() && !stream {
@@ -427,8 +443,9 @@ mod tests {
             ("logit_bias", "sampling_params.logit_bias"),
             ("logprobs", "top_logprobs_num"),
             ("prompt_logprobs", "top_logprobs_num"),
+            // SGLang counts the continuations among the sampling parameters.
+            ("n", "sampling_params.n"),
             // Not sampling fields: top-level on /generate too.
-            ("n", "n"),
             ("return_routed_experts", "return_routed_experts"),
             ("routed_experts_start_len", "routed_experts_start_len"),
         ] {
@@ -438,5 +455,6 @@ mod tests {
         for param in SamplingError::PARAMS {
             assert_eq!(openai.of(param), param, "/v1/completions names it as the engine does");
         }
+        assert_eq!(openai.of("n"), "n");
     }
 }
