@@ -27,7 +27,7 @@ for line in sys.stdin:
     cargo test --features cuda --no-run --message-format=json \
         --test engine_cuda --test engine_cuda_bf16 --test worker_cuda --test serve_cuda \
         --test engine --test engine_api --test engine_sampling --test engine_routing_cap \
-        --test engine_weights --test engine_pause
+        --test engine_weights --test engine_pause --test engine_memory
 } | executables | while read -r name path; do
     strip -o "$KIT/bin/$name" "$path"
 done

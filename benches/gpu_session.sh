@@ -60,7 +60,7 @@ tests() {
     run_test cuda_ops
     export ROUTED_TEST_DEVICE=$DEVICE
     for t in engine_cuda engine_cuda_bf16 worker_cuda serve_cuda engine engine_api engine_sampling \
-        engine_routing_cap engine_weights engine_pause; do
+        engine_routing_cap engine_weights engine_pause engine_memory; do
         run_test "$t"
     done
 }

@@ -7,7 +7,9 @@ The calls are the trainers': slime's wait for a healthy server (`/health_generat
 `/flush_cache` until it answers 200) and its partial-rollout abort (`/abort_request` with
 `abort_all`, the aborted `/generate` answers keeping their tokens, logprobs and routing), then a
 weight sync around requests in flight (`/pause_generation`, `/update_weights_from_disk`,
-`/continue_generation`, `/get_weight_version`).
+`/continue_generation`, `/get_weight_version`), then a colocated training step's memory calls as
+slime makes them (`/flush_cache`, `/release_memory_occupation`, `/resume_memory_occupation` of
+the weights, the update, then of the KV cache).
 
 Run by crates/server/tests/http_sglang_control_python.rs, which starts the server. Exits 3 when a
 package is missing (the Rust test then skips, unless CI=true).
@@ -120,6 +122,25 @@ def main():
     check_sample(after, ("length",), "step-1")
     got = requests.get(f"{base}/get_weight_version", timeout=30).json()
     assert got == {"weight_version": "step-1"}, got
+
+    # A colocated training step: the memory goes to the trainer and comes back, weights first.
+    while requests.get(f"{base}/flush_cache", timeout=30).status_code != 200:
+        time.sleep(0.05)
+    r = requests.post(f"{base}/release_memory_occupation", json={}, timeout=60)
+    assert r.status_code == 200 and r.json()["num_bytes"] > 0, r.text
+    r = requests.post(f"{base}/resume_memory_occupation", json={"tags": ["weights"]}, timeout=120)
+    assert r.status_code == 200 and r.json()["released"] == ["kv_cache"], r.text
+    r = requests.post(
+        f"{base}/update_weights_from_disk",
+        json={"model_path": new_policy, "weight_version": "step-2"},
+        timeout=120,
+    )
+    assert r.status_code == 200 and r.json()["success"], r.text
+    r = requests.post(f"{base}/resume_memory_occupation", json={"tags": ["kv_cache"]}, timeout=60)
+    assert r.status_code == 200 and r.json()["released"] == [], r.text
+    again = requests.post(f"{base}/generate", json=rollout_payload(4, 1), timeout=60).json()
+    check_sample(again, ("length",), "step-2")
+    assert again["output_ids"] == after["output_ids"], "the same policy, the same tokens"
     print("sglang controls: ok")
 
 

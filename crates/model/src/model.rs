@@ -56,6 +56,53 @@ pub struct Model {
     pub(crate) load_stats: LoadStats,
 }
 
+/// The caches a model needs depend on its configuration only: a worker whose weights are released
+/// still sizes them.
+impl ModelConfig {
+    /// A KV cache of `num_blocks` blocks of `block_size` tokens for every attention layer.
+    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> KvCache {
+        let num_attn = self.layers.iter().filter(|l| l.mixer == MixerKind::Attention).count();
+        let width = self.attention.as_ref().map_or(0, |a| a.num_kv_heads * a.head_dim);
+        KvCache::new(num_attn, num_blocks, block_size, width)
+    }
+
+    /// Recurrent-state storage: `num_live` live slots (plus a scratch slot for dummy forwards) and
+    /// `num_snapshots` snapshot slots. Empty for models without Mamba layers.
+    pub fn new_state_cache(&self, num_live: usize, num_snapshots: usize) -> StateCache {
+        match &self.mamba {
+            Some(m) => {
+                let n = self.layers.iter().filter(|l| l.mixer == MixerKind::Mamba).count();
+                StateCache::new(StateLayout::new(m, n), num_live, num_snapshots)
+            }
+            None => StateCache::empty(),
+        }
+    }
+}
+
+/// Bytes of an MLP's matrices.
+fn mlp_bytes(m: &Mlp) -> usize {
+    m.gate.as_ref().map_or(0, Matrix::bytes) + m.up.bytes() + m.down.bytes()
+}
+
+/// Bytes of a layer's matrices, its routed experts counted by `experts`.
+fn layer_bytes(layer: &Layer, experts: impl Fn(&Moe) -> usize) -> usize {
+    let mixer = match layer.mixer.as_ref().map(|m| &m.1) {
+        Some(Mixer::Attention(a)) => {
+            a.q_proj.bytes() + a.k_proj.bytes() + a.v_proj.bytes() + a.o_proj.bytes()
+        }
+        Some(Mixer::Mamba(m)) => m.in_proj.bytes() + m.out_proj.bytes(),
+        None => 0,
+    };
+    let ffn = match layer.ffn.as_ref().map(|f| &f.1) {
+        Some(Ffn::Dense(m)) => mlp_bytes(m),
+        Some(Ffn::Moe(moe)) => {
+            moe.router.bytes() + experts(moe) + moe.shared.as_ref().map_or(0, mlp_bytes)
+        }
+        None => 0,
+    };
+    mixer + ffn
+}
+
 impl Model {
     /// A whole (single-rank) model from its parts.
     pub(crate) fn new(
@@ -103,28 +150,23 @@ impl Model {
     /// the embedding table (one row of it) and, in each MoE layer, only `top_k` experts. The
     /// memory-bandwidth roofline of batch-1 decode is bandwidth divided by this.
     pub fn weight_bytes_per_token(&self) -> usize {
-        let mlp =
-            |m: &Mlp| m.gate.as_ref().map_or(0, Matrix::bytes) + m.up.bytes() + m.down.bytes();
-        let mut bytes = self.embed.bytes() / self.embed.rows().max(1);
-        bytes += self.lm_head.as_ref().unwrap_or(&self.embed).bytes();
-        for layer in &self.layers {
-            bytes += match layer.mixer.as_ref().map(|m| &m.1) {
-                Some(Mixer::Attention(a)) => {
-                    a.q_proj.bytes() + a.k_proj.bytes() + a.v_proj.bytes() + a.o_proj.bytes()
-                }
-                Some(Mixer::Mamba(m)) => m.in_proj.bytes() + m.out_proj.bytes(),
-                None => 0,
-            };
-            bytes += match layer.ffn.as_ref().map(|f| &f.1) {
-                Some(Ffn::Dense(m)) => mlp(m),
-                Some(Ffn::Moe(moe)) => {
-                    let expert = moe.experts.first().map_or(0, mlp);
-                    moe.router.bytes() + moe.cfg.top_k * expert + moe.shared.as_ref().map_or(0, mlp)
-                }
-                None => 0,
-            };
-        }
-        bytes
+        let embed_row = self.embed.bytes() / self.embed.rows().max(1);
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed).bytes();
+        let layers = self.layers.iter().map(|layer| {
+            layer_bytes(layer, |moe| moe.cfg.top_k * moe.experts.first().map_or(0, mlp_bytes))
+        });
+        embed_row + head + layers.sum::<usize>()
+    }
+
+    /// Bytes of the matrices this rank holds in memory (every expert of its shard; the norms,
+    /// biases and convolution vectors beside them are a rounding error).
+    pub fn weight_bytes(&self) -> usize {
+        let (embed, head) = (self.embed.bytes(), self.lm_head.as_ref().map_or(0, Matrix::bytes));
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| layer_bytes(layer, |moe| moe.experts.iter().map(mlp_bytes).sum()));
+        embed + head + layers.sum::<usize>()
     }
 
     /// Gives a step's logits buffer back for the next forward to fill (once sampled).
@@ -189,24 +231,14 @@ impl Model {
         })
     }
 
-    /// A KV cache sized for this model.
+    /// A KV cache sized for this model ([`ModelConfig::new_kv_cache`]).
     pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> KvCache {
-        let num_attn =
-            self.config.layers.iter().filter(|l| l.mixer == MixerKind::Attention).count();
-        let width = self.config.attention.as_ref().map_or(0, |a| a.num_kv_heads * a.head_dim);
-        KvCache::new(num_attn, num_blocks, block_size, width)
+        self.config.new_kv_cache(num_blocks, block_size)
     }
 
-    /// Recurrent-state storage: `num_live` live slots (plus a scratch slot for dummy forwards) and
-    /// `num_snapshots` snapshot slots. Empty for models without Mamba layers.
+    /// Recurrent-state storage for this model ([`ModelConfig::new_state_cache`]).
     pub fn new_state_cache(&self, num_live: usize, num_snapshots: usize) -> StateCache {
-        match &self.config.mamba {
-            Some(m) => {
-                let n = self.config.layers.iter().filter(|l| l.mixer == MixerKind::Mamba).count();
-                StateCache::new(StateLayout::new(m, n), num_live, num_snapshots)
-            }
-            None => StateCache::empty(),
-        }
+        self.config.new_state_cache(num_live, num_snapshots)
     }
 
     /// A routing buffer for steps of up to `max_tokens` tokens.

@@ -280,13 +280,98 @@ pub struct Admission {
     pub num_updates_pending: usize,
     /// Requests held until generation continues and the updates are done.
     pub num_held_requests: usize,
+    /// Memory given back: while the weights or the KV cache are, requests wait for them.
+    pub memory_released: MemoryTags,
 }
 
 impl Admission {
     /// Whether new requests run as they come.
     pub fn is_open(&self) -> bool {
-        self.paused.is_none() && self.num_updates_pending == 0
+        self.paused.is_none()
+            && self.num_updates_pending == 0
+            && !self.memory_released.stops_steps()
     }
+}
+
+/// Memory an engine gives back between rollout steps, so that a trainer on the same device can
+/// use it, and takes again before generating (SGLang's `release_memory_occupation` tags, vLLM's
+/// sleep levels and wake-up tags).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemoryTags {
+    /// The weights. Taken again, they are loaded from the checkpoint served.
+    pub weights: bool,
+    /// The KV blocks and Mamba states (on a GPU, every pool beside the weights: activations,
+    /// step inputs, decode graphs). The prefix cache is dropped.
+    pub kv_cache: bool,
+    /// The captured decode graphs; the next decode steps capture them again (so they never stay
+    /// released).
+    pub cuda_graph: bool,
+}
+
+impl MemoryTags {
+    /// Every tag: what SGLang releases when no tag is named.
+    pub const ALL: Self = Self { weights: true, kv_cache: true, cuda_graph: true };
+
+    /// The tag named `name` on the wire (`weights`, `kv_cache`, `cuda_graph`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        let none = Self::default();
+        match name {
+            "weights" => Some(Self { weights: true, ..none }),
+            "kv_cache" => Some(Self { kv_cache: true, ..none }),
+            "cuda_graph" => Some(Self { cuda_graph: true, ..none }),
+            _ => None,
+        }
+    }
+
+    /// The tags' names, in a fixed order.
+    pub fn names(self) -> Vec<&'static str> {
+        let all = [(self.weights, "weights"), (self.kv_cache, "kv_cache")];
+        let all = all.into_iter().chain([(self.cuda_graph, "cuda_graph")]);
+        all.filter(|&(on, _)| on).map(|(_, name)| name).collect()
+    }
+
+    /// The tags in either.
+    pub fn union(self, other: Self) -> Self {
+        Self {
+            weights: self.weights || other.weights,
+            kv_cache: self.kv_cache || other.kv_cache,
+            cuda_graph: self.cuda_graph || other.cuda_graph,
+        }
+    }
+
+    /// The tags of `self` not in `other`.
+    pub fn minus(self, other: Self) -> Self {
+        Self {
+            weights: self.weights && !other.weights,
+            kv_cache: self.kv_cache && !other.kv_cache,
+            cuda_graph: self.cuda_graph && !other.cuda_graph,
+        }
+    }
+
+    /// The tags in both.
+    pub fn intersection(self, other: Self) -> Self {
+        self.minus(self.minus(other))
+    }
+
+    /// Whether no tag is set.
+    pub fn is_empty(self) -> bool {
+        self == Self::default()
+    }
+
+    /// Whether steps cannot run while these are released: the weights or the KV cache are
+    /// (without graphs, decode steps run eagerly).
+    pub fn stops_steps(self) -> bool {
+        self.weights || self.kv_cache
+    }
+}
+
+/// What releasing or resuming memory did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryChange {
+    /// What is released now.
+    pub released: MemoryTags,
+    /// Bytes given back (a release) or taken again (a resume), every rank's together.
+    pub num_bytes: usize,
 }
 
 /// What a request's stream yields: tokens as they are sampled, then one final output per
@@ -327,6 +412,10 @@ pub enum EngineError {
     /// The request failed inside the engine (a runner error, missing routing rows...).
     #[error("internal error: {0}")]
     Internal(String),
+    /// The engine cannot do that in its present state (release memory while requests run,
+    /// update weights that are released); the message says what to do first.
+    #[error("{0}")]
+    Conflict(String),
 }
 
 /// An admission the scheduling policy refused: a full waiting queue is the caller's to retry,

@@ -1,8 +1,9 @@
 //! Building the actor system ([`Engine::start`]) and talking to it ([`EngineHandle`]).
 
 use crate::{
-    Admission, EngineConfig, EngineError, EngineStats, GenerateRequest, MatmulPrecision, ModelInfo,
-    PauseMode, Paused, RequestEvent, WeightUpdate, WeightsInfo, WeightsUpdated,
+    Admission, EngineConfig, EngineError, EngineStats, GenerateRequest, MatmulPrecision,
+    MemoryChange, MemoryTags, ModelInfo, PauseMode, Paused, RequestEvent, WeightUpdate,
+    WeightsInfo, WeightsUpdated,
     cache_manager::CacheManagerActor,
     copy_worker::CopyWorkerHandle,
     executor::ExecutorActor,
@@ -11,9 +12,9 @@ use crate::{
     routing_ring::SlotRing,
     runner::{RoutingSink, RunnerActor},
     scheduler::{
-        Abort, ContinueGeneration, ExpertLoadStats, FlushCache, GetAdmission, GetStats, GetWeights,
-        Health, PauseGeneration, Peers, ResetCache, SchedulerActor, SetWeightVersion, Shutdown,
-        Submit, UpdateWeights,
+        Abort, ContinueGeneration, ExpertLoadStats, FlushCache, GetAdmission, GetMemory, GetStats,
+        GetWeights, Health, PauseGeneration, Peers, ReleaseMemory, ResetCache, ResumeMemory,
+        SchedulerActor, SetWeightVersion, Shutdown, Submit, UpdateWeights,
     },
     timings::Timings,
     worker::{CacheShape, CpuWorker, CudaLimits, CudaWorker, Worker},
@@ -543,6 +544,27 @@ impl EngineHandle {
     /// is open (running, waiting, paused or held); returns whether it did.
     pub async fn flush_cache(&self) -> Result<bool, EngineError> {
         self.scheduler.send(FlushCache).await.map_err(|_| EngineError::ShutDown)?
+    }
+
+    /// Gives back the memory of `tags` on every rank, so that a trainer on the same device can
+    /// use it (SGLang's `release_memory_occupation`). Refused while a request holds KV blocks
+    /// (pause with [`PauseMode::Retract`] or [`PauseMode::Abort`] first) or a weight update is
+    /// queued. The prefix cache is dropped; until the memory is resumed nothing runs and new
+    /// requests wait.
+    pub async fn release_memory(&self, tags: MemoryTags) -> Result<MemoryChange, EngineError> {
+        self.scheduler.send(ReleaseMemory(tags)).await.map_err(|_| EngineError::ShutDown)?
+    }
+
+    /// Takes the memory of `tags` again: empty KV blocks and states, the weights loaded from
+    /// the checkpoint served ([`WeightsInfo::dir`]). Steps run again once neither the weights
+    /// nor the KV cache are released.
+    pub async fn resume_memory(&self, tags: MemoryTags) -> Result<MemoryChange, EngineError> {
+        self.scheduler.send(ResumeMemory(tags)).await.map_err(|_| EngineError::ShutDown)?
+    }
+
+    /// The memory released now.
+    pub async fn memory_released(&self) -> Result<MemoryTags, EngineError> {
+        self.scheduler.send(GetMemory).await.map_err(|_| EngineError::ShutDown)
     }
 
     /// Tokens each expert of each MoE layer received, prefill and decode apart, since the engine

@@ -5,7 +5,8 @@
 //! only rank 0 hands its routing to the copy worker.
 
 use crate::{
-    runner::{DummyForward, Execute, RunnerActor, SettleWeights, StageWeights},
+    MemoryTags,
+    runner::{self, DummyForward, Execute, RunnerActor, SettleWeights, StageWeights},
     worker::{LockstepId, WorkerError},
 };
 use actix::{
@@ -40,6 +41,27 @@ pub struct RunDummyForward;
 #[rtype(result = "Result<(), SwapError>")]
 pub struct SwapWeights(pub PathBuf);
 
+/// Scheduler -> executor: give back the memory of `tags` on every rank (no step runs: the
+/// scheduler asks only when none holds blocks). From then on, while the weights or the KV cache
+/// are released, steps and dummy forwards are refused with [`ExecutorError::Released`]. Reply:
+/// the bytes freed, every rank's together, or the first failure (what the other ranks released
+/// stays released, for a resume to take back; a refusal that every rank made releases nothing).
+#[derive(Message)]
+#[rtype(result = "Result<usize, ExecutorError>")]
+pub struct ReleaseMemory(pub MemoryTags);
+
+/// Scheduler -> executor: take the memory of `tags` again on every rank, the weights loaded from
+/// the checkpoint in the directory (the one served). Reply: the bytes allocated, every rank's
+/// together, or the first failure (the tags then stay released).
+#[derive(Message)]
+#[rtype(result = "Result<usize, ExecutorError>")]
+pub struct ResumeMemory {
+    /// What to take again.
+    pub tags: MemoryTags,
+    /// The checkpoint served.
+    pub dir: PathBuf,
+}
+
 /// Why a weight update did not go through.
 #[derive(Debug, thiserror::Error)]
 pub enum SwapError {
@@ -69,6 +91,9 @@ pub enum ExecutorError {
         /// Why.
         source: WorkerError,
     },
+    /// The weights or the KV cache are released: nothing can run until they are resumed.
+    #[error("the {0} memory is released")]
+    Released(&'static str),
     /// A runner's mailbox is closed: its thread is gone.
     #[error("the runner of rank {rank} is gone: {source}")]
     RunnerGone {
@@ -83,19 +108,43 @@ pub enum ExecutorError {
 pub struct ExecutorActor {
     ranks: Vec<Addr<RunnerActor>>,
     last_unit: u64,
+    /// The memory the ranks gave back.
+    released: MemoryTags,
 }
 
 impl ExecutorActor {
     /// An executor over `ranks`, rank order.
     pub fn new(ranks: Vec<Addr<RunnerActor>>) -> Self {
         assert!(!ranks.is_empty(), "an executor drives at least one rank");
-        Self { ranks, last_unit: 0 }
+        Self { ranks, last_unit: 0, released: MemoryTags::default() }
     }
 
     fn next_unit(&mut self) -> LockstepId {
         self.last_unit += 1;
         LockstepId(self.last_unit)
     }
+
+    /// Refuses a unit while what it needs is released.
+    fn check_memory(&self) -> Result<(), ExecutorError> {
+        match (self.released.weights, self.released.kv_cache) {
+            (true, _) => Err(ExecutorError::Released("weights")),
+            (_, true) => Err(ExecutorError::Released("KV cache")),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Every rank's bytes together if every rank succeeded; else the failure [`combine`] picks.
+fn sum_bytes(
+    replies: Vec<Result<Result<usize, WorkerError>, MailboxError>>,
+) -> Result<usize, ExecutorError> {
+    let total = replies.iter().filter_map(|r| r.as_ref().ok()?.as_ref().ok()).sum();
+    combine(replies).map(|_| total)
+}
+
+/// Whether every rank refused for lack of support: then none released anything.
+fn all_unsupported(replies: &[Result<Result<usize, WorkerError>, MailboxError>]) -> bool {
+    replies.iter().all(|r| matches!(r, Ok(Err(WorkerError::Unsupported(_)))))
 }
 
 /// Rank 0's result if every rank succeeded; else the most telling failure: a gone runner first,
@@ -121,6 +170,8 @@ fn combine<T>(
             (Some(ExecutorError::RunnerGone { .. }), _) => false,
             (_, ExecutorError::RunnerGone { .. }) => true,
             (Some(ExecutorError::Rank { source, .. }), _) => source.is_abort_by_peer(),
+            // Never a rank's reply: the executor refuses before asking the ranks.
+            (Some(ExecutorError::Released(_)), _) => false,
         };
         if better {
             failure = Some(error);
@@ -140,6 +191,9 @@ impl Handler<ExecuteStep> for ExecutorActor {
     type Result = AtomicResponse<Self, Result<StepOutput, ExecutorError>>;
 
     fn handle(&mut self, msg: ExecuteStep, _: &mut Context<Self>) -> Self::Result {
+        if let Err(e) = self.check_memory() {
+            return AtomicResponse::new(Box::pin(actix::fut::ready(Err(e))));
+        }
         let unit = self.next_unit();
         let plan = Arc::new(msg.0);
         let sends = self.ranks.iter().map(|r| r.send(Execute { plan: plan.clone(), unit }));
@@ -152,6 +206,9 @@ impl Handler<RunDummyForward> for ExecutorActor {
     type Result = AtomicResponse<Self, Result<(), ExecutorError>>;
 
     fn handle(&mut self, _: RunDummyForward, _: &mut Context<Self>) -> Self::Result {
+        if let Err(e) = self.check_memory() {
+            return AtomicResponse::new(Box::pin(actix::fut::ready(Err(e))));
+        }
         let unit = self.next_unit();
         let sends = self.ranks.iter().map(|r| r.send(DummyForward { unit }));
         let all = join_all(sends.collect::<Vec<_>>());
@@ -180,6 +237,40 @@ impl Handler<SwapWeights> for ExecutorActor {
             }
         };
         AtomicResponse::new(Box::pin(swap.into_actor(self)))
+    }
+}
+
+impl Handler<ReleaseMemory> for ExecutorActor {
+    type Result = AtomicResponse<Self, Result<usize, ExecutorError>>;
+
+    fn handle(&mut self, msg: ReleaseMemory, _: &mut Context<Self>) -> Self::Result {
+        let tags = msg.0;
+        let sends = self.ranks.iter().map(|r| r.send(runner::ReleaseMemory { tags }));
+        let all = join_all(sends.collect::<Vec<_>>());
+        AtomicResponse::new(Box::pin(all.into_actor(self).map(move |replies, act, _| {
+            if !all_unsupported(&replies) {
+                act.released = act.released.union(tags);
+            }
+            sum_bytes(replies)
+        })))
+    }
+}
+
+impl Handler<ResumeMemory> for ExecutorActor {
+    type Result = AtomicResponse<Self, Result<usize, ExecutorError>>;
+
+    fn handle(&mut self, msg: ResumeMemory, _: &mut Context<Self>) -> Self::Result {
+        let (tags, dir): (MemoryTags, Arc<Path>) = (msg.tags, msg.dir.into());
+        let sends =
+            self.ranks.iter().map(|r| r.send(runner::ResumeMemory { tags, dir: dir.clone() }));
+        let all = join_all(sends.collect::<Vec<_>>());
+        AtomicResponse::new(Box::pin(all.into_actor(self).map(move |replies, act, _| {
+            let resumed = sum_bytes(replies);
+            if resumed.is_ok() {
+                act.released = act.released.minus(tags);
+            }
+            resumed
+        })))
     }
 }
 

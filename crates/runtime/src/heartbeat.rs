@@ -3,7 +3,7 @@
 //! collectives aligned (expert parallelism needs every rank to step). A dummy forward uses the
 //! scratch block and scratch state only, so it never resets or evicts anything.
 
-use crate::executor::{ExecutorActor, RunDummyForward};
+use crate::executor::{ExecutorActor, ExecutorError, RunDummyForward};
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Recipient, SpawnHandle,
     WrapFuture,
@@ -50,6 +50,8 @@ impl HeartbeatActor {
             act.in_flight = false;
             match result {
                 Ok(Ok(())) => act.report.do_send(DummyForwardDone),
+                // Released between the scheduler's word and this beat: nothing to keep warm.
+                Ok(Err(e @ ExecutorError::Released(_))) => tracing::debug!("no dummy forward: {e}"),
                 Ok(Err(e)) => tracing::warn!("dummy forward failed: {e}"),
                 Err(_) => tracing::warn!("dummy forward not delivered: the executor is gone"),
             }

@@ -33,9 +33,9 @@ mod validate;
 pub mod worker;
 
 pub use api::{
-    Admission, EngineConfig, EngineError, EngineStats, FinalOutput, GenerateRequest, ModelInfo,
-    ModelSource, PauseMode, Paused, RequestEvent, TokenEvent, WeightUpdate, WeightsInfo,
-    WeightsUpdated,
+    Admission, EngineConfig, EngineError, EngineStats, FinalOutput, GenerateRequest, MemoryChange,
+    MemoryTags, ModelInfo, ModelSource, PauseMode, Paused, RequestEvent, TokenEvent, WeightUpdate,
+    WeightsInfo, WeightsUpdated,
 };
 pub use engine::{Engine, EngineHandle, RequestStream};
 pub use routed_backend::cpu::MatmulPrecision;

@@ -6,6 +6,7 @@
 //! forward and a real step never overlap.
 
 use crate::{
+    MemoryTags,
     copy_worker::{CopyRouting, CopyWorkerHandle},
     routing_ring::SlotRing,
     timings::Timings,
@@ -58,6 +59,26 @@ pub struct StageWeights {
 pub struct SettleWeights {
     /// Whether to put them in use.
     pub commit: bool,
+}
+
+/// Executor -> runner: give back the memory of `tags` ([`Worker::release_memory`]). Reply: the
+/// bytes freed.
+#[derive(Message)]
+#[rtype(result = "Result<usize, WorkerError>")]
+pub struct ReleaseMemory {
+    /// What to give back.
+    pub tags: MemoryTags,
+}
+
+/// Executor -> runner: take the memory of `tags` again, the weights loaded from `dir`
+/// ([`Worker::resume_memory`]). Reply: the bytes allocated.
+#[derive(Message)]
+#[rtype(result = "Result<usize, WorkerError>")]
+pub struct ResumeMemory {
+    /// What to take again.
+    pub tags: MemoryTags,
+    /// The checkpoint served.
+    pub dir: Arc<Path>,
 }
 
 /// Where rank 0's routing goes. Other ranks have none: their expert ids are rank 0's (routers are
@@ -184,6 +205,24 @@ impl Handler<SettleWeights> for RunnerActor {
         }
         worker.discard_weights();
         Ok(())
+    }
+}
+
+impl Handler<ReleaseMemory> for RunnerActor {
+    type Result = Result<usize, WorkerError>;
+
+    fn handle(&mut self, msg: ReleaseMemory, _: &mut SyncContext<Self>) -> Self::Result {
+        let worker = self.worker.as_deref_mut().ok_or(WorkerError::NoWorker)?;
+        contain(|| worker.release_memory(msg.tags))
+    }
+}
+
+impl Handler<ResumeMemory> for RunnerActor {
+    type Result = Result<usize, WorkerError>;
+
+    fn handle(&mut self, msg: ResumeMemory, _: &mut SyncContext<Self>) -> Self::Result {
+        let worker = self.worker.as_deref_mut().ok_or(WorkerError::NoWorker)?;
+        contain(|| worker.resume_memory(msg.tags, &msg.dir))
     }
 }
 

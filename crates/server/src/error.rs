@@ -189,6 +189,9 @@ impl From<EngineError> for ApiError {
                 Self::Overloaded { message: err.to_string(), code: "unhealthy" }
             }
             EngineError::Internal(message) | EngineError::Load(message) => Self::Internal(message),
+            EngineError::Conflict(message) => {
+                Self::InvalidRequest { message, param: None, code: "conflict" }
+            }
         }
     }
 }

@@ -15,6 +15,7 @@
 //! | `POST /update_weights_from_disk`, `GET /get_weight_version`, `GET /get_model_info`, `POST /update_weight_version` | weight updates, as SGLang serves them |
 //! | `POST /abort_request`, `POST /pause_generation`, `POST /continue_generation`, `GET\|POST /flush_cache`, `GET /health_generate` | SGLang's controls between rollout steps |
 //! | `POST /pause`, `POST /resume`, `GET /is_paused` | vLLM's RLHF pause routes |
+//! | `GET\|POST /release_memory_occupation`, `GET\|POST /resume_memory_occupation`; `POST /sleep`, `POST /wake_up`, `GET /is_sleeping` | memory given back to a colocated trainer, as SGLang and vLLM serve it |
 //! | `GET /v1/routing/stats`, `POST /v1/routing/stats/reset` | tokens per expert per MoE layer |
 //!
 //! Both OpenAI routes return routing replay: `choices[i].routed_experts` (base64 `.npy` by
@@ -45,6 +46,7 @@ mod detok;
 mod drain;
 mod error;
 mod generate;
+mod memory;
 mod metrics;
 mod response;
 mod routes;

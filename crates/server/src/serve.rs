@@ -15,7 +15,8 @@ use crate::body::DEFAULT_BODY_READ_TIMEOUT;
 use crate::drain::{DEFAULT_SHUTDOWN_GRACE, drain, refuse_when_draining};
 use crate::error::{self, not_found};
 use crate::{
-    AppState, control, generate, install_metrics_recorder, routes, routing_stats, tokenize, weights,
+    AppState, control, generate, install_metrics_recorder, memory, routes, routing_stats, tokenize,
+    weights,
 };
 
 /// How long a client gets to send a request's headers (actix-web's own timeout).
@@ -62,6 +63,19 @@ impl ServerConfig {
     }
 }
 
+/// A route that answers GET and POST alike, as SGLang's `api_route(methods=["GET", "POST"])`.
+fn get_and_post<F, Args>(path: &str, handler: F) -> actix_web::Resource
+where
+    F: actix_web::Handler<Args> + Clone,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
+    web::resource(path)
+        .route(web::get().to(handler.clone()))
+        .route(web::post().to(handler))
+        .default_service(web::to(error::method_not_allowed))
+}
+
 /// Mounts every gateway route on `cfg`, sharing `state`. An embedding app adds its own routes
 /// beside them, and should use [`not_found`] as its default service so unknown routes answer in
 /// the OpenAI error shape.
@@ -90,13 +104,13 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: web::Data<AppState>) {
         .service(post("/abort_request", web::post().to(control::abort_request)))
         .service(post("/pause_generation", web::post().to(control::pause_generation)))
         .service(post("/continue_generation", web::post().to(control::continue_generation)))
-        .service(
-            web::resource("/flush_cache")
-                .route(web::get().to(control::flush_cache))
-                .route(web::post().to(control::flush_cache))
-                .default_service(web::to(error::method_not_allowed)),
-        )
+        .service(get_and_post("/flush_cache", control::flush_cache))
         .service(get("/health_generate", web::get().to(control::health_generate)))
+        .service(get_and_post("/release_memory_occupation", memory::release_memory_occupation))
+        .service(get_and_post("/resume_memory_occupation", memory::resume_memory_occupation))
+        .service(post("/sleep", web::post().to(memory::sleep)))
+        .service(post("/wake_up", web::post().to(memory::wake_up)))
+        .service(get("/is_sleeping", web::get().to(memory::is_sleeping)))
         .service(post("/pause", web::post().to(control::pause)))
         .service(post("/resume", web::post().to(control::resume)))
         .service(get("/is_paused", web::get().to(control::is_paused)))

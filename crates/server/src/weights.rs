@@ -74,7 +74,9 @@ pub(crate) async fn update_weights_from_disk(
             }
             (StatusCode::OK, message, done.num_held_requests)
         }
-        Err(EngineError::InvalidRequest { message, .. }) => (StatusCode::BAD_REQUEST, message, 0),
+        Err(EngineError::InvalidRequest { message, .. } | EngineError::Conflict(message)) => {
+            (StatusCode::BAD_REQUEST, message, 0)
+        }
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string(), 0),
     };
     Ok(HttpResponse::build(status).json(json!({

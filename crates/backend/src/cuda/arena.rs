@@ -213,12 +213,14 @@ impl<'a, T> DevSlice<'a, T> {
     }
 }
 
-/// One pool's device allocation, made once, zeroed.
+/// One pool's device allocation, made once, zeroed. It can be given back to the device and
+/// allocated again ([`DeviceArena::release`], [`DeviceArena::restore`]) with its layout kept.
 #[derive(Debug)]
 pub struct DeviceArena {
     id: ArenaId,
     name: &'static str,
-    memory: Memory,
+    /// `None` while released.
+    memory: Option<Memory>,
     base: u64,
     num_bytes: usize,
 }
@@ -236,7 +238,7 @@ impl Drop for DeviceArena {
     fn drop(&mut self) {
         // Queued simulated launches and copies address this memory: they run before it is freed
         // (the driver orders a free on the stream itself). A fault here has nobody to go to.
-        if let Memory::Host(_, sim) = &self.memory {
+        if let Some(Memory::Host(_, sim)) = &self.memory {
             let _ = sim.finish_device();
         }
     }
@@ -247,25 +249,37 @@ impl DeviceArena {
     /// compute stream).
     pub fn new(dev: &CudaDevice, layout: &ArenaLayout) -> Result<Self, BackendError> {
         let bytes = layout.num_bytes().max(1);
-        let refused = |e: String| {
-            BackendError::Memory(format!("allocating {bytes} bytes for {}: {e}", layout.name))
-        };
-        let compute = dev.compute_stream();
-        let (memory, base) = match (compute.cuda(), compute.simulated()) {
-            (Some(stream), _) => {
-                let buf = stream.alloc_zeros::<u8>(bytes).map_err(|e| refused(e.to_string()))?;
-                let (base, _) = buf.device_ptr(stream);
-                (Memory::Driver { buf, stream: stream.clone() }, base)
-            }
-            (None, Some(sim)) => {
-                let block =
-                    HostBlock::zeroed(bytes).ok_or_else(|| refused("out of memory".into()))?;
-                let base = block.ptr.as_ptr() as u64;
-                (Memory::Host(block, sim.clone()), base)
-            }
-            (None, None) => return Err(refused("the device has no compute stream".into())),
-        };
-        Ok(Self { id: layout.id, name: layout.name, memory, base, num_bytes: bytes })
+        let (memory, base) = allocate(dev, bytes, layout.name)?;
+        Ok(Self { id: layout.id, name: layout.name, memory: Some(memory), base, num_bytes: bytes })
+    }
+
+    /// Gives the arena's memory back to the device, keeping its layout; until
+    /// [`DeviceArena::restore`] every access to it is an error. Returns the bytes freed (0 when
+    /// already released).
+    pub fn release(&mut self) -> Result<usize, BackendError> {
+        let Some(memory) = self.memory.take() else { return Ok(0) };
+        // Queued simulated work addresses this memory (the driver orders its own free on the
+        // stream).
+        if let Memory::Host(_, sim) = &memory {
+            sim.finish_device()?;
+        }
+        drop(memory);
+        Ok(self.num_bytes)
+    }
+
+    /// Allocates a released arena's memory again on `dev`, zeroed. Its spans stay valid, but its
+    /// address may differ: whatever holds addresses into it (a captured graph) must be rebuilt.
+    pub fn restore(&mut self, dev: &CudaDevice) -> Result<(), BackendError> {
+        if self.memory.is_none() {
+            let (memory, base) = allocate(dev, self.num_bytes, self.name)?;
+            (self.memory, self.base) = (Some(memory), base);
+        }
+        Ok(())
+    }
+
+    /// Whether the memory is released.
+    pub fn is_released(&self) -> bool {
+        self.memory.is_none()
     }
 
     /// Bytes allocated.
@@ -281,6 +295,9 @@ impl DeviceArena {
     }
 
     fn check<T: DeviceElem>(&self, span: &Span<T>) -> Result<(), BackendError> {
+        if self.memory.is_none() {
+            return Err(released(self.name));
+        }
         if span.arena != self.id || span.offset + span.num_bytes() > self.num_bytes {
             return Err(BackendError::Memory(format!(
                 "a span of {} bytes at {} does not belong to arena {}",
@@ -313,10 +330,11 @@ impl DeviceArena {
             return Ok(());
         }
         let range = span.offset..span.offset + std::mem::size_of_val(data);
-        match &mut self.memory {
+        let name = self.name;
+        match self.memory.as_mut().ok_or_else(|| released(name))? {
             Memory::Driver { buf, stream } => stream
                 .memcpy_htod(as_bytes(data), &mut buf.slice_mut(range))
-                .map_err(|e| BackendError::Memory(format!("upload to {}: {e}", self.name))),
+                .map_err(|e| BackendError::Memory(format!("upload to {name}: {e}"))),
             Memory::Host(block, sim) => {
                 // In stream order: after the launches queued so far.
                 sim.synchronize()?;
@@ -331,7 +349,7 @@ impl DeviceArena {
         self.check(&span)?;
         let mut out = vec![T::default(); span.len];
         let range = span.offset..span.offset + span.num_bytes();
-        match &self.memory {
+        match self.memory.as_ref().ok_or_else(|| released(self.name))? {
             Memory::Driver { buf, stream } => stream
                 .memcpy_dtoh(&buf.slice(range), as_bytes_mut(&mut out))
                 .and_then(|()| stream.synchronize())
@@ -342,6 +360,30 @@ impl DeviceArena {
             }
         }
         Ok(out)
+    }
+}
+
+fn released(name: &str) -> BackendError {
+    BackendError::Memory(format!("arena {name} is released"))
+}
+
+/// `bytes` of zeroed device memory for the arena `name` on `dev`, and its address.
+fn allocate(dev: &CudaDevice, bytes: usize, name: &str) -> Result<(Memory, u64), BackendError> {
+    let refused =
+        |e: String| BackendError::Memory(format!("allocating {bytes} bytes for {name}: {e}"));
+    let compute = dev.compute_stream();
+    match (compute.cuda(), compute.simulated()) {
+        (Some(stream), _) => {
+            let buf = stream.alloc_zeros::<u8>(bytes).map_err(|e| refused(e.to_string()))?;
+            let (base, _) = buf.device_ptr(stream);
+            Ok((Memory::Driver { buf, stream: stream.clone() }, base))
+        }
+        (None, Some(sim)) => {
+            let block = HostBlock::zeroed(bytes).ok_or_else(|| refused("out of memory".into()))?;
+            let base = block.ptr.as_ptr() as u64;
+            Ok((Memory::Host(block, sim.clone()), base))
+        }
+        (None, None) => Err(refused("the device has no compute stream".into())),
     }
 }
 
@@ -449,5 +491,29 @@ mod tests {
         let (mut x, mut y) = (ArenaLayout::new("x"), ArenaLayout::new("y"));
         assert_ne!(x.id(), y.id());
         assert_ne!(x.push::<f32>(4), y.push::<f32>(4));
+    }
+
+    #[test]
+    fn a_released_arena_refuses_access_and_comes_back_zeroed_with_its_spans() {
+        let dev = CudaDevice::simulated().expect("the simulator opens");
+        let mut layout = ArenaLayout::new("release");
+        let (a, b) = (layout.push::<f32>(4), layout.push::<u32>(3));
+        let mut arena = DeviceArena::new(&dev, &layout).unwrap();
+        arena.upload(a, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        arena.upload(b, &[7, 8, 9]).unwrap();
+        let bytes = arena.num_bytes();
+        assert_eq!(arena.release().unwrap(), bytes);
+        assert!(arena.is_released());
+        assert_eq!(arena.release().unwrap(), 0, "twice frees nothing more");
+        let refused = arena.get(a).map(drop).expect_err("a released arena has no addresses");
+        assert!(refused.to_string().contains("arena release is released"), "{refused}");
+        assert!(arena.upload(b, &[1]).is_err());
+        assert!(arena.download(b).is_err());
+        arena.restore(&dev).unwrap();
+        assert!(!arena.is_released());
+        assert_eq!(arena.num_bytes(), bytes);
+        assert_eq!(arena.download(a).unwrap(), [0.0; 4], "restored zeroed");
+        arena.upload(b, &[4, 5, 6]).unwrap();
+        assert_eq!(arena.download(b).unwrap(), [4, 5, 6]);
     }
 }

@@ -352,6 +352,14 @@ impl GpuCaches {
         &self.shape
     }
 
+    /// Drops the decode graphs captured so far (they hold the addresses of the weights and of
+    /// these pools); the next decode steps capture them again. Returns how many were dropped.
+    pub fn drop_graphs(&mut self) -> usize {
+        let n = self.graphs.len();
+        self.graphs.clear();
+        n
+    }
+
     /// The routing buffer, for the copy engine; `None` for a model without MoE layers.
     pub fn routing_source(&self) -> Option<RoutingSource> {
         let buffer = self.routing.clone()?;

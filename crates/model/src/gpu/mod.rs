@@ -69,6 +69,29 @@ impl GpuModel {
         Ok(self.dev.synchronize()?)
     }
 
+    /// Gives the weights' device memory back (an RL trainer colocated on the GPU takes it while
+    /// it trains). Until [`GpuModel::restore_weights`] every forward fails. Returns the bytes
+    /// freed (0 when already released).
+    pub fn release_weights(&mut self) -> Result<usize> {
+        Ok(self.weights.arena.release()?)
+    }
+
+    /// Allocates the released weights' memory again and writes `model`'s weights into it (after
+    /// [`GpuModel::check_weights`]; refused the same way, and then still released). The
+    /// weights' address may have changed: graphs captured before must be dropped
+    /// ([`GpuCaches::drop_graphs`]).
+    pub fn restore_weights(&mut self, model: &Model) -> Result<()> {
+        self.check_weights(model)?;
+        self.weights.arena.restore(&self.dev)?;
+        self.weights.refill(model)?;
+        Ok(self.dev.synchronize()?)
+    }
+
+    /// Whether the weights' memory is released.
+    pub fn weights_released(&self) -> bool {
+        self.weights.arena.is_released()
+    }
+
     /// The expert-parallel group this rank belongs to.
     pub fn collective(&self) -> &Arc<dyn Collective> {
         &self.ranks

@@ -63,6 +63,7 @@ impl SchedulerActor {
         if !self.shutting_down
             || self.step_in_flight
             || self.updates.is_swapping()
+            || self.memory.is_busy()
             || !self.groups.is_empty() && self.unhealthy.is_none()
         {
             return;
@@ -209,6 +210,13 @@ impl Handler<Shutdown> for SchedulerActor {
         // every request drains.
         let paused = self.pause.is_some();
         self.drop_pause(&EngineError::ShutDown);
+        self.cancel_memory_ops(&EngineError::ShutDown);
+        if self.memory.stops_steps() {
+            // Nothing can run without the memory: the requests waiting for it end now.
+            for request in self.open_requests() {
+                self.abort(request, ctx);
+            }
+        }
         if self.cancel_updates() || paused {
             self.schedule(ctx);
         }

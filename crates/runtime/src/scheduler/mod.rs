@@ -7,14 +7,17 @@
 //! * [`requests`]: a request's life (submission, streaming, finishing, aborting, failing);
 //! * [`handlers`]: the messages the scheduler answers, the stats and the drain on shutdown;
 //! * [`weights`]: weight updates between requests;
-//! * [`pause`]: pausing and continuing generation, flushing the cache when nothing runs.
+//! * [`pause`]: pausing and continuing generation, flushing the cache when nothing runs;
+//! * [`memory`]: giving memory back between rollout steps and taking it again.
 
 mod handlers;
+mod memory;
 mod pause;
 mod requests;
 mod weights;
 
 pub use handlers::{Abort, ExpertLoadStats, GetStats, Health, ResetCache, Shutdown, Submit};
+pub use memory::{GetMemory, ReleaseMemory, ResumeMemory};
 pub use pause::{ContinueGeneration, FlushCache, GetAdmission, PauseGeneration};
 pub use weights::{GetWeights, SetWeightVersion, UpdateWeights};
 
@@ -87,6 +90,8 @@ pub struct SchedulerActor {
     updates: weights::Updates,
     /// Generation paused.
     pause: Option<pause::Pause>,
+    /// Memory given back, and the releases and resumes waiting.
+    memory: memory::Memory,
 }
 
 impl SchedulerActor {
@@ -116,19 +121,28 @@ impl SchedulerActor {
             drained: Vec::new(),
             updates: weights::Updates::new(weights),
             pause: None,
+            memory: memory::Memory::default(),
         }
     }
 
-    /// Starts a step when none is in flight and there is work (and generation is not paused).
+    /// Starts a step when none is in flight and there is work (and generation is not paused,
+    /// and the memory it needs is not released).
     fn schedule(&mut self, ctx: &mut Context<Self>) {
-        if self.step_in_flight || self.updates.is_swapping() || self.unhealthy.is_some() {
+        let busy = self.step_in_flight || self.updates.is_swapping() || self.memory.is_busy();
+        if busy || self.unhealthy.is_some() {
             return;
+        }
+        if self.memory_op_is_due() {
+            return self.run_memory_op(ctx);
         }
         if self.update_is_due() {
             return self.swap_weights(ctx);
         }
         if self.pause.is_some() && !self.pause_lets_requests_run() {
             return self.keep_paused(ctx);
+        }
+        if self.memory.stops_steps() {
+            return self.keep_released(ctx);
         }
         self.tell_heartbeat();
         if !self.policy.has_work() {
@@ -229,8 +243,10 @@ impl SchedulerActor {
         self.apply_output(ids, &output, ctx);
     }
 
+    /// Tells the heartbeat whether to send dummy forwards: while idle, and with the memory they
+    /// need in place.
     fn tell_heartbeat(&mut self) {
-        let idle = self.policy.is_idle();
+        let idle = self.policy.is_idle() && !self.memory.stops_steps();
         if self.idle != Some(idle) {
             self.idle = Some(idle);
             if let Some(h) = &self.peers.heartbeat {

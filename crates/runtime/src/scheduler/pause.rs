@@ -124,7 +124,7 @@ impl SchedulerActor {
     }
 
     /// One cache round trip that plans nothing: commits, frees, retractions.
-    fn housekeep(&mut self, ctx: &mut Context<Self>) {
+    pub(super) fn housekeep(&mut self, ctx: &mut Context<Self>) {
         self.step_in_flight = true;
         let step = self.policy.begin_housekeeping();
         let trip = self.peers.cache.send(PlanStep(step)).into_actor(self).map(|res, act, ctx| {
@@ -219,6 +219,7 @@ impl Handler<GetAdmission> for SchedulerActor {
             paused: self.pause.as_ref().map(|p| p.mode),
             num_updates_pending: self.updates.queue_len(),
             num_held_requests: self.updates.held_len(),
+            memory_released: self.memory.released(),
         })
     }
 }

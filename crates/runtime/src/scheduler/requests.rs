@@ -209,6 +209,7 @@ impl SchedulerActor {
         self.step_in_flight = false;
         self.fail_updates(&reason);
         self.drop_pause(&EngineError::Unhealthy(reason.clone()));
+        self.cancel_memory_ops(&EngineError::Unhealthy(reason.clone()));
         for (_, g) in self.groups.drain() {
             let _ = g.events.send(RequestEvent::Error(EngineError::Unhealthy(reason.clone())));
         }

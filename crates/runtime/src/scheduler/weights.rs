@@ -259,7 +259,7 @@ impl Handler<UpdateWeights> for SchedulerActor {
     type Result = ResponseFuture<Result<WeightsUpdated, EngineError>>;
 
     fn handle(&mut self, msg: UpdateWeights, ctx: &mut Context<Self>) -> Self::Result {
-        if let Err(e) = self.health() {
+        if let Err(e) = self.health().and_then(|()| self.check_weights_resident()) {
             return Box::pin(async move { Err(e) });
         }
         let mut num_aborted = 0;

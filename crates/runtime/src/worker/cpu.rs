@@ -4,21 +4,30 @@ use super::{
     AbortOnExit, CacheShape, ExecutedStep, LockstepId, Worker, WorkerError, sampling,
     written_blocks,
 };
-use crate::routing_ring::{CopyEngine, HostCopyEngine};
-use routed_backend::collective::Collective;
+use crate::{
+    MemoryTags,
+    routing_ring::{CopyEngine, HostCopyEngine},
+};
+use routed_backend::{collective::Collective, cpu::MatmulPrecision};
 use routed_model::{
     KvCache, LiveStateId, LogitsWanted, Model, ModelConfig, RoutingBuffer, Sampler, SeqInput,
     StateCache, StateIo,
 };
-use routed_types::{
-    BlockGeneration, BlockId, BlockRef, RoutingMeta, ScheduledSeq, StepOutput, StepPlan,
-};
+use routed_types::{BlockGeneration, BlockRef, RoutingMeta, ScheduledSeq, StepOutput, StepPlan};
 use std::{path::Path, sync::Arc};
 
 /// A model rank computing on the CPU. Its kernels run on its own thread pool, so the ranks of an
 /// expert-parallel group split the cores between them.
 pub struct CpuWorker {
-    model: Arc<Model>,
+    /// The weights; `None` while released ([`Worker::release_memory`]).
+    model: Option<Arc<Model>>,
+    /// What is known of the model whether or not its weights are in memory.
+    config: ModelConfig,
+    meta: Option<RoutingMeta>,
+    ranks: Arc<dyn Collective>,
+    rank: usize,
+    precision: MatmulPrecision,
+    weight_bytes_per_token: usize,
     pool: rayon::ThreadPool,
     caches: Option<Caches>,
     sampler: Sampler,
@@ -29,12 +38,29 @@ pub struct CpuWorker {
 }
 
 struct Caches {
-    kv: KvCache,
-    states: StateCache,
+    /// The KV blocks and Mamba states; `None` while released.
+    pools: Option<Pools>,
     /// The routing buffer every forward writes, and its host slots.
     routing: Arc<HostCopyEngine>,
-    block_size: usize,
-    scratch_block: BlockId,
+    shape: CacheShape,
+}
+
+struct Pools {
+    kv: KvCache,
+    states: StateCache,
+}
+
+impl Pools {
+    fn new(config: &ModelConfig, shape: &CacheShape) -> Self {
+        Self {
+            kv: config.new_kv_cache(shape.num_blocks, shape.block_size),
+            states: config.new_state_cache(shape.num_live_states, shape.num_snapshot_slots),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.kv.bytes() + self.states.bytes()
+    }
 }
 
 impl CpuWorker {
@@ -48,7 +74,13 @@ impl CpuWorker {
             .map_err(|e| WorkerError::Panicked(format!("cannot start the thread pool: {e}")))?;
         Ok(Self {
             scratch_routing: model.new_routing_buffer(1),
-            model,
+            config: model.config().clone(),
+            meta: model.routing_meta(),
+            ranks: model.collective().clone(),
+            rank,
+            precision: model.matmul_precision(),
+            weight_bytes_per_token: model.weight_bytes_per_token(),
+            model: Some(model),
             pool,
             caches: None,
             sampler: Sampler::default(),
@@ -56,14 +88,15 @@ impl CpuWorker {
         })
     }
 
-    /// The model this worker runs.
-    pub fn model(&self) -> &Arc<Model> {
-        &self.model
+    /// The model this worker runs; `None` while its weights are released.
+    pub fn model(&self) -> Option<&Arc<Model>> {
+        self.model.as_ref()
     }
+}
 
-    fn ranks(&self) -> Arc<dyn Collective> {
-        self.model.collective().clone()
-    }
+/// The weights, or why a forward cannot run.
+fn weights(model: &Option<Arc<Model>>) -> Result<&Arc<Model>, WorkerError> {
+    model.as_ref().ok_or(WorkerError::Released("weights"))
 }
 
 impl Worker for CpuWorker {
@@ -72,58 +105,57 @@ impl Worker for CpuWorker {
     }
 
     fn rank(&self) -> usize {
-        self.model.shard().rank
+        self.rank
     }
 
     fn config(&self) -> &ModelConfig {
-        self.model.config()
+        &self.config
     }
 
     fn routing_meta(&self) -> Option<RoutingMeta> {
-        self.model.routing_meta()
+        self.meta.clone()
     }
 
     fn weight_bytes_per_token(&self) -> usize {
-        self.model.weight_bytes_per_token()
+        self.weight_bytes_per_token
     }
 
     fn kv_block_bytes(&self, block_size: usize) -> usize {
-        self.model.new_kv_cache(1, block_size).bytes()
+        self.config.new_kv_cache(1, block_size).bytes()
     }
 
     fn initialize_cache(&mut self, shape: &CacheShape) -> Result<(), WorkerError> {
+        let (l, k) = self.meta.as_ref().map_or((0, 0), |m| (m.num_moe_layers(), m.top_k as usize));
+        let routing_buffer = RoutingBuffer::new(l, k, shape.max_tokens_per_step);
         self.caches = Some(Caches {
-            kv: self.model.new_kv_cache(shape.num_blocks, shape.block_size),
-            states: self.model.new_state_cache(shape.num_live_states, shape.num_snapshot_slots),
-            routing: Arc::new(HostCopyEngine::new(
-                shape.num_routing_slots,
-                self.model.new_routing_buffer(shape.max_tokens_per_step),
-            )),
-            block_size: shape.block_size,
-            scratch_block: shape.scratch_block,
+            pools: Some(Pools::new(&self.config, shape)),
+            routing: Arc::new(HostCopyEngine::new(shape.num_routing_slots, routing_buffer)),
+            shape: shape.clone(),
         });
         Ok(())
     }
 
     fn routing_engine(&self) -> Option<Arc<dyn CopyEngine>> {
         let caches = self.caches.as_ref()?;
-        self.model.routing_meta()?;
+        self.meta.as_ref()?;
         Some(caches.routing.clone())
     }
 
     fn execute(&mut self, plan: &StepPlan, unit: LockstepId) -> Result<ExecutedStep, WorkerError> {
-        let guard = AbortOnExit::new(self.ranks(), unit);
-        let rank = self.rank();
+        let guard = AbortOnExit::new(self.ranks.clone(), unit);
+        let rank = self.rank;
         #[cfg(feature = "fault-injection")]
-        super::faults::before_step(plan, rank, self.model.shard().num_ranks)?;
+        super::faults::before_step(plan, rank, self.ranks.world_size())?;
+        let model = weights(&self.model)?;
         let caches = self.caches.as_mut().ok_or(WorkerError::NotInitialized)?;
-        let hybrid = self.model.config().is_hybrid();
+        let Caches { pools, routing, shape } = caches;
+        let Pools { kv, states } = pools.as_mut().ok_or(WorkerError::Released("KV cache"))?;
+        let hybrid = self.config.is_hybrid();
         // Only rank 0's logits are used: the other ranks skip the LM head and sampling.
         let inputs: Vec<SeqInput<'_>> =
             plan.seqs.iter().map(|s| seq_input(s, hybrid, rank == 0)).collect();
-        let (model, sampler) = (&self.model, &mut self.sampler);
-        let (kv, states) = (&mut caches.kv, &mut caches.states);
-        let mut routing = caches.routing.source();
+        let sampler = &mut self.sampler;
+        let mut routing = routing.source();
         let routing = &mut *routing;
         // The step runs on a pool thread: the kernels' parallel regions then fork and join inside
         // the pool instead of parking this thread once per region, and the other workers stay
@@ -147,28 +179,30 @@ impl Worker for CpuWorker {
         Ok(ExecutedStep {
             output: StepOutput { step_id: plan.step_id, sampled, prompt_logprobs },
             slot_mapping: out.slot_mapping,
-            blocks: written_blocks(plan, caches.block_size),
+            blocks: written_blocks(plan, shape.block_size),
         })
     }
 
     fn dummy_forward(&mut self, unit: LockstepId) -> Result<(), WorkerError> {
-        let guard = AbortOnExit::new(self.ranks(), unit);
+        let guard = AbortOnExit::new(self.ranks.clone(), unit);
+        let model = weights(&self.model)?;
         let caches = self.caches.as_mut().ok_or(WorkerError::NotInitialized)?;
-        let table = [BlockRef::new(caches.scratch_block, BlockGeneration(0))];
+        let Caches { pools, shape, .. } = caches;
+        let Pools { kv, states } = pools.as_mut().ok_or(WorkerError::Released("KV cache"))?;
+        let table = [BlockRef::new(shape.scratch_block, BlockGeneration(0))];
         let input = SeqInput {
             token_ids: &[0],
             num_computed_tokens: 0,
             num_prompt_tokens: 1,
             block_table: &table,
             logits: LogitsWanted::None,
-            state: self.model.config().is_hybrid().then(|| StateIo {
-                live: caches.states.scratch(),
+            state: self.config.is_hybrid().then(|| StateIo {
+                live: states.scratch(),
                 restore_from: None,
                 snapshots: &[],
             }),
         };
-        let (model, routing) = (&self.model, &mut self.scratch_routing);
-        let (kv, states) = (&mut caches.kv, &mut caches.states);
+        let routing = &mut self.scratch_routing;
         self.pool.install(|| {
             routed_backend::cpu::with_hot_workers(|| {
                 model.collective().begin(unit.0)?;
@@ -180,14 +214,14 @@ impl Worker for CpuWorker {
     }
 
     fn abort(&self, unit: LockstepId) {
-        self.model.collective().abort(unit.0);
+        self.ranks.abort(unit.0);
     }
 
     fn stage_weights(&mut self, dir: &Path) -> Result<(), WorkerError> {
         self.staged = None;
-        let m = &self.model;
-        let ranks = m.collective().clone();
-        self.staged = Some(super::load_update(m.config(), ranks, m.matmul_precision(), dir)?);
+        weights(&self.model)?;
+        let ranks = self.ranks.clone();
+        self.staged = Some(super::load_update(&self.config, ranks, self.precision, dir)?);
         Ok(())
     }
 
@@ -195,12 +229,47 @@ impl Worker for CpuWorker {
         let staged = self.staged.take().ok_or(WorkerError::Weights("no weights staged".into()))?;
         // The caches and the routing buffers were sized from the configuration, which is the
         // same: they stay.
-        self.model = Arc::new(staged);
+        self.model = Some(Arc::new(staged));
         Ok(())
     }
 
     fn discard_weights(&mut self) {
         self.staged = None;
+    }
+
+    fn release_memory(&mut self, tags: MemoryTags) -> Result<usize, WorkerError> {
+        let mut freed = 0;
+        if tags.kv_cache
+            && let Some(pools) = self.caches.as_mut().and_then(|c| c.pools.take())
+        {
+            freed += pools.bytes();
+        }
+        if tags.weights
+            && let Some(model) = self.model.take()
+        {
+            // Freed unless a caller still holds the model (then it is theirs to drop).
+            freed += model.weight_bytes();
+        }
+        Ok(freed)
+    }
+
+    fn resume_memory(&mut self, tags: MemoryTags, dir: &Path) -> Result<usize, WorkerError> {
+        let mut taken = 0;
+        if tags.weights && self.model.is_none() {
+            let ranks = self.ranks.clone();
+            let model = super::load_update(&self.config, ranks, self.precision, dir)
+                .map_err(super::as_refusal)?;
+            taken += model.weight_bytes();
+            self.model = Some(Arc::new(model));
+        }
+        if tags.kv_cache
+            && let Some(caches) = self.caches.as_mut().filter(|c| c.pools.is_none())
+        {
+            let pools = Pools::new(&self.config, &caches.shape);
+            taken += pools.bytes();
+            caches.pools = Some(pools);
+        }
+        Ok(taken)
     }
 }
 

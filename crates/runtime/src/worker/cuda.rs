@@ -21,6 +21,12 @@
 //! Decode steps replay CUDA graphs, one per padded batch size ([`graph_batch`]), padded with one
 //! token on the scratch block and scratch state; everything else runs eagerly.
 //!
+//! Memory given back between rollout steps ([`Worker::release_memory`]): the weights' arena is
+//! freed with its layout kept and allocated again on resume, where the checkpoint's values are
+//! written into it (its address may change, so the decode graphs are dropped and captured again);
+//! the KV cache goes with every other pool, the copy engine letting go of the routing buffer
+//! while its host slots stay, and comes back as new pools of the same shape.
+//!
 //! Under expert parallelism each rank is a worker on its own device holding a slice of every MoE
 //! layer's experts; the ranks exchange expert rows through the host inside every MoE layer
 //! (`routed_model::gpu`'s exchange), so their steps run eagerly. Only rank 0 computes logits and
@@ -32,7 +38,10 @@ use super::{
     AbortOnExit, CacheShape, CudaLimits, ExecutedStep, LockstepId, Worker, WorkerError, sampling,
     written_blocks,
 };
-use crate::routing_ring::{CopyEngine, CopyError, SlotId};
+use crate::{
+    MemoryTags,
+    routing_ring::{CopyEngine, CopyError, SlotId},
+};
 use routed_backend::{
     BackendError,
     cpu::MatmulPrecision,
@@ -76,14 +85,19 @@ pub struct CudaWorker {
     precision: MatmulPrecision,
     /// Updated weights loaded on the host by [`Worker::stage_weights`], not on the device yet.
     staged: Option<Model>,
+    /// The pools; `None` before [`Worker::initialize_cache`] and while released.
     caches: Option<Caches>,
+    /// What the pools are sized for, once initialised (to allocate them again after a release).
+    shape: Option<CacheShape>,
+    /// The routing buffer's copy engine. It outlives the pools: the runner's slot ring holds it,
+    /// and pools allocated again are attached to it.
+    routing: Option<Arc<CudaCopyEngine>>,
     sampler: Sampler,
     logits: LogitsOut,
 }
 
 struct Caches {
     gpu: GpuCaches,
-    routing: Option<Arc<CudaCopyEngine>>,
     block_size: usize,
     /// The dummy forward's plan: one token on the scratch block and the scratch state slot.
     dummy: StepPlan,
@@ -111,9 +125,52 @@ impl CudaWorker {
             precision: model.matmul_precision(),
             staged: None,
             caches: None,
+            shape: None,
+            routing: None,
             sampler: Sampler::default(),
             logits: LogitsOut::default(),
         })
+    }
+
+    /// The pools of `shape`, with the routing buffer attached to the copy engine (made on the
+    /// first call).
+    fn new_caches(&mut self, shape: &CacheShape) -> Result<Caches, WorkerError> {
+        let gpu = self.model.new_caches(self.cache_shape(shape))?;
+        match (&self.meta, gpu.routing_source(), &self.routing) {
+            (Some(_), Some(source), Some(engine)) => engine.attach(source),
+            (Some(_), Some(source), None) => {
+                let dev = self.model.device().clone();
+                let engine = CudaCopyEngine::new(dev, source, shape.num_routing_slots)?;
+                self.routing = Some(Arc::new(engine));
+            }
+            _ => {}
+        }
+        let dummy = dummy_plan(shape, self.model.config().is_hybrid());
+        // The padding sits at position 1 so that it is no sequence start (which would clear its
+        // state, a copy the graph does not hold); that needs two slots in the scratch block.
+        // A rank of an expert-parallel group waits on the host in every MoE layer: no graphs.
+        let single = self.model.collective().world_size() == 1;
+        let graph_pad = (self.limits.cuda_graphs && single && shape.block_size >= 2).then(|| {
+            let mut seq = dummy.seqs[0].clone();
+            seq.num_computed_tokens = 1;
+            seq
+        });
+        let capacity = self.cache_shape(shape).capacity;
+        let graph_capacity = capacity.max_seqs.min(capacity.max_tokens).min(MAX_GRAPH_BATCH);
+        let block_size = shape.block_size;
+        Ok(Caches { gpu, block_size, dummy, graph_pad, graph_capacity })
+    }
+
+    /// The pools and the weights, for a forward: an error when either is released.
+    fn ready(&mut self) -> Result<&mut Caches, WorkerError> {
+        if self.model.weights_released() {
+            return Err(WorkerError::Released("weights"));
+        }
+        match (&mut self.caches, &self.shape) {
+            (Some(caches), _) => Ok(caches),
+            (None, Some(_)) => Err(WorkerError::Released("KV cache")),
+            (None, None) => Err(WorkerError::NotInitialized),
+        }
     }
 
     fn cache_shape(&self, shape: &CacheShape) -> GpuCacheShape {
@@ -300,34 +357,13 @@ impl Worker for CudaWorker {
     }
 
     fn initialize_cache(&mut self, shape: &CacheShape) -> Result<(), WorkerError> {
-        let gpu = self.model.new_caches(self.cache_shape(shape))?;
-        let routing = match (&self.meta, gpu.routing_source()) {
-            (Some(_), Some(source)) => Some(Arc::new(CudaCopyEngine::new(
-                self.model.device().clone(),
-                source,
-                shape.num_routing_slots,
-            )?)),
-            _ => None,
-        };
-        let dummy = dummy_plan(shape, self.model.config().is_hybrid());
-        // The padding sits at position 1 so that it is no sequence start (which would clear its
-        // state, a copy the graph does not hold); that needs two slots in the scratch block.
-        // A rank of an expert-parallel group waits on the host in every MoE layer: no graphs.
-        let single = self.model.collective().world_size() == 1;
-        let graph_pad = (self.limits.cuda_graphs && single && shape.block_size >= 2).then(|| {
-            let mut seq = dummy.seqs[0].clone();
-            seq.num_computed_tokens = 1;
-            seq
-        });
-        let capacity = self.cache_shape(shape).capacity;
-        let graph_capacity = capacity.max_seqs.min(capacity.max_tokens).min(MAX_GRAPH_BATCH);
-        let block_size = shape.block_size;
-        self.caches = Some(Caches { gpu, routing, block_size, dummy, graph_pad, graph_capacity });
+        self.caches = Some(self.new_caches(shape)?);
+        self.shape = Some(shape.clone());
         Ok(())
     }
 
     fn routing_engine(&self) -> Option<Arc<dyn CopyEngine>> {
-        let engine = self.caches.as_ref()?.routing.clone()?;
+        let engine = self.routing.clone()?;
         Some(engine)
     }
 
@@ -337,6 +373,7 @@ impl Worker for CudaWorker {
         let rank = ranks.rank();
         #[cfg(feature = "fault-injection")]
         super::faults::before_step(plan, rank, ranks.world_size())?;
+        self.ready()?;
         let caches = self.caches.as_mut().ok_or(WorkerError::NotInitialized)?;
         if plan.num_tokens() == 0 {
             // Nothing to launch (the kernels take no empty grids), nothing to exchange.
@@ -377,6 +414,7 @@ impl Worker for CudaWorker {
     fn dummy_forward(&mut self, unit: LockstepId) -> Result<(), WorkerError> {
         let ranks = self.model.collective().clone();
         let guard = AbortOnExit::new(ranks.clone(), unit);
+        self.ready()?;
         let caches = self.caches.as_mut().ok_or(WorkerError::NotInitialized)?;
         ranks.begin(unit.0).map_err(routed_model::ModelError::from)?;
         // No logits, no routing: only the scratch block and the scratch state are written.
@@ -409,13 +447,73 @@ impl Worker for CudaWorker {
     fn discard_weights(&mut self) {
         self.staged = None;
     }
+
+    fn release_memory(&mut self, tags: MemoryTags) -> Result<usize, WorkerError> {
+        // A peer rank's exchange reads this rank's expert rows at their address.
+        if tags.stops_steps() && self.model.collective().world_size() > 1 {
+            return Err(WorkerError::Unsupported(
+                "releasing memory is not supported for expert-parallel ranks on GPUs".into(),
+            ));
+        }
+        let mut freed = 0;
+        if tags.kv_cache
+            && let Some(caches) = self.caches.take()
+        {
+            if let Some(shape) = &self.shape {
+                freed += self.model.caches_bytes(&self.cache_shape(shape));
+            }
+            if let Some(engine) = &self.routing {
+                engine.detach();
+            }
+            // The driver orders the free behind the work queued on the compute stream, which
+            // waits for the last routing copy.
+            drop(caches);
+        }
+        if (tags.cuda_graph || tags.weights)
+            && let Some(caches) = &mut self.caches
+        {
+            // The graphs hold the weights' addresses, which a resume may change.
+            caches.gpu.drop_graphs();
+        }
+        if tags.weights {
+            freed += self.model.release_weights()?;
+        }
+        Ok(freed)
+    }
+
+    fn resume_memory(&mut self, tags: MemoryTags, dir: &Path) -> Result<usize, WorkerError> {
+        let mut taken = 0;
+        if tags.weights && self.model.weights_released() {
+            let ranks = self.model.collective().clone();
+            let host = super::load_update(self.model.config(), ranks, self.precision, dir)
+                .map_err(super::as_refusal)?;
+            self.model.check_weights(&host).map_err(|e| WorkerError::Weights(e.to_string()))?;
+            self.model.restore_weights(&host).map_err(device_err)?;
+            taken += self.model.weight_bytes();
+            if let Some(caches) = &mut self.caches {
+                caches.gpu.drop_graphs();
+            }
+        }
+        if tags.kv_cache
+            && self.caches.is_none()
+            && let Some(shape) = self.shape.clone()
+        {
+            self.caches = Some(self.new_caches(&shape)?);
+            taken += self.model.caches_bytes(&self.cache_shape(&shape));
+        }
+        Ok(taken)
+    }
 }
 
 /// Copies a step's routing rows from the device routing buffer into page-locked host slots on
 /// the copy stream (see the module docs for the ordering).
 struct CudaCopyEngine {
     dev: CudaDevice,
-    source: RoutingSource,
+    /// The routing buffer, `None` while the pools are released. Pools allocated again bring a new
+    /// buffer of the same shape; the slots stay.
+    source: Mutex<Option<RoutingSource>>,
+    /// The buffer's shape: MoE layers, rows, experts per row.
+    dims: (usize, usize, usize),
     slots: Vec<Mutex<PinnedBuffer<i16>>>,
     /// Recorded on the compute stream behind each forward; the copy stream waits on it.
     forward_done: Event,
@@ -424,13 +522,24 @@ struct CudaCopyEngine {
 impl CudaCopyEngine {
     fn new(dev: CudaDevice, source: RoutingSource, num_slots: usize) -> Result<Self, WorkerError> {
         let b = &source.buffer;
+        let dims = (b.num_layers, b.max_tokens, b.top_k);
         let len = b.num_layers * b.max_tokens * b.top_k;
         let slots = (0..num_slots)
             .map(|_| PinnedBuffer::new(&dev, len).map(Mutex::new))
             .collect::<Result<_, BackendError>>()
             .map_err(device_err)?;
         let forward_done = dev.new_event().map_err(device_err)?;
-        Ok(Self { dev, source, slots, forward_done })
+        Ok(Self { dev, source: Mutex::new(Some(source)), dims, slots, forward_done })
+    }
+
+    /// Copies from `source` from now on (the pools were allocated again, in the same shape).
+    fn attach(&self, source: RoutingSource) {
+        *self.source.lock().unwrap_or_else(|e| e.into_inner()) = Some(source);
+    }
+
+    /// Lets go of the routing buffer, so that the pools' memory can be freed.
+    fn detach(&self) {
+        self.source.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
     fn slot(
@@ -442,14 +551,18 @@ impl CudaCopyEngine {
     }
 
     fn queue(&self, slot: SlotId, num_tokens: usize) -> Result<(), BackendError> {
+        let source = self.source.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(source) = source.as_ref() else {
+            return Err(BackendError::Memory("the routing buffer is released".into()));
+        };
         let (compute, copy) = (self.dev.compute_stream(), self.dev.copy_stream());
         self.forward_done.record(compute)?;
         copy.wait(&self.forward_done)?;
-        let b = &self.source.buffer;
+        let (num_layers, max_tokens, top_k) = self.dims;
         let mut pinned = self.slot(slot).map_err(|e| BackendError::Memory(e.to_string()))?;
         // The step's rows of every plane, packed layer after layer, in one strided copy.
-        let runs = (b.num_layers, num_tokens * b.top_k, b.max_tokens * b.top_k);
-        pinned.queue_copy_rows_from(self.source.arena.get(b.ids)?, runs, copy)?;
+        let runs = (num_layers, num_tokens * top_k, max_tokens * top_k);
+        pinned.queue_copy_rows_from(source.arena.get(source.buffer.ids)?, runs, copy)?;
         pinned.record(copy)?;
         // The next forward writes the buffer only after this copy has read it.
         compute.wait(pinned.event())
@@ -462,7 +575,7 @@ impl CopyEngine for CudaCopyEngine {
     }
 
     fn submit(&self, slot: SlotId, num_tokens: usize) -> Result<(), CopyError> {
-        let max_tokens = self.source.buffer.max_tokens;
+        let max_tokens = self.dims.1;
         if num_tokens > max_tokens {
             return Err(CopyError::TooManyTokens { num_tokens, max_tokens });
         }
@@ -475,10 +588,10 @@ impl CopyEngine for CudaCopyEngine {
     }
 
     fn read(&self, slot: SlotId, num_tokens: usize, out: &mut Vec<i16>) -> Result<(), CopyError> {
-        let b = &self.source.buffer;
+        let (num_layers, _, top_k) = self.dims;
         let pinned = self.slot(slot)?;
         let ids = pinned.wait().map_err(|e| CopyError::Device(e.to_string()))?;
-        out.extend_from_slice(&ids[..b.num_layers * num_tokens * b.top_k]);
+        out.extend_from_slice(&ids[..num_layers * num_tokens * top_k]);
         Ok(())
     }
 }

@@ -3,7 +3,7 @@
 //! `cfg`.
 
 use super::{CacheShape, CudaLimits, ExecutedStep, LockstepId, Worker, WorkerError};
-use crate::routing_ring::CopyEngine;
+use crate::{MemoryTags, routing_ring::CopyEngine};
 use routed_backend::{BackendError, cuda::CudaDevice};
 use routed_model::{Model, ModelConfig};
 use routed_types::{RoutingMeta, StepPlan};
@@ -79,6 +79,14 @@ impl Worker for CudaWorker {
     }
 
     fn discard_weights(&mut self) {
+        match self.never {}
+    }
+
+    fn release_memory(&mut self, _tags: MemoryTags) -> Result<usize, WorkerError> {
+        match self.never {}
+    }
+
+    fn resume_memory(&mut self, _tags: MemoryTags, _dir: &Path) -> Result<usize, WorkerError> {
         match self.never {}
     }
 }

@@ -24,7 +24,10 @@ mod sampling;
 pub use cpu::CpuWorker;
 pub use cuda::CudaWorker;
 
-use crate::routing_ring::{CopyEngine, CopyError};
+use crate::{
+    MemoryTags,
+    routing_ring::{CopyEngine, CopyError},
+};
 use routed_backend::{BackendError, collective::Collective, cpu::MatmulPrecision};
 use routed_model::{Model, ModelConfig, ModelError};
 use routed_types::{BlockId, BlockRef, RoutingMeta, StepOutput, StepPlan};
@@ -145,6 +148,12 @@ pub enum WorkerError {
     /// staged.
     #[error("{0}")]
     Weights(String),
+    /// A step or dummy forward needs memory that is released ([`Worker::release_memory`]).
+    #[error("the {0} are released")]
+    Released(&'static str),
+    /// The worker cannot do what was asked in its configuration.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl From<BackendError> for WorkerError {
@@ -228,6 +237,16 @@ pub trait Worker: Send {
 
     /// Drops the staged weights, if any (another rank refused its part).
     fn discard_weights(&mut self);
+
+    /// Gives back the memory of `tags` (see [`MemoryTags`]): the KV blocks and states lose what
+    /// they held, the weights are dropped. No step or dummy forward that needs them is sent until
+    /// they are resumed. Returns the bytes freed.
+    fn release_memory(&mut self, tags: MemoryTags) -> Result<usize, WorkerError>;
+
+    /// Takes the memory of `tags` again, if released: empty KV blocks and states, the weights
+    /// loaded from the checkpoint in `dir` (the one served; refused as [`Worker::stage_weights`]
+    /// refuses one, and then still released). Returns the bytes allocated.
+    fn resume_memory(&mut self, tags: MemoryTags, dir: &Path) -> Result<usize, WorkerError>;
 }
 
 /// This rank's part of the checkpoint in `dir` for an update of a model configured as `served`,
@@ -249,6 +268,14 @@ pub(crate) fn load_update(
     let mut model = Model::load_rank(dir, ranks, &mut |_, _| {})?;
     model.set_matmul_precision(precision);
     Ok(model)
+}
+
+/// A checkpoint that cannot be loaded, as a refusal of the weights (not a failure of the device).
+pub(crate) fn as_refusal(e: WorkerError) -> WorkerError {
+    match e {
+        WorkerError::Model(e) => WorkerError::Weights(e.to_string()),
+        other => other,
+    }
 }
 
 /// Every block a step writes: for each sequence, the blocks covering the positions it computes.
