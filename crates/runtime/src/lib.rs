@@ -22,6 +22,7 @@ pub mod cache_manager;
 pub mod copy_worker;
 mod engine;
 pub mod executor;
+mod handle;
 pub mod heartbeat;
 pub mod metrics;
 pub mod routing_cache;
@@ -37,7 +38,8 @@ pub use api::{
     MemoryTags, ModelInfo, ModelSource, PauseMode, Paused, RequestEvent, TokenEvent, WeightUpdate,
     WeightsInfo, WeightsUpdated,
 };
-pub use engine::{Engine, EngineHandle, RequestStream};
+pub use engine::Engine;
+pub use handle::{EngineHandle, RequestStream};
 pub use routed_backend::cpu::MatmulPrecision;
 pub use routing_cache::ExpertLoads;
 pub use validate::{MAX_N, validate};

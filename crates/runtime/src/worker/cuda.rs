@@ -35,32 +35,24 @@
 //! Nothing here has run on a GPU yet; all of it runs on the CUDA simulator in CI.
 
 use super::{
-    AbortOnExit, CacheShape, CudaLimits, ExecutedStep, LockstepId, Worker, WorkerError, sampling,
-    written_blocks,
+    AbortOnExit, CacheShape, CudaLimits, ExecutedStep, LockstepId, Worker, WorkerError,
+    cuda_copy::CudaCopyEngine, sampling, written_blocks,
 };
-use crate::{
-    MemoryTags,
-    routing_ring::{CopyEngine, CopyError, SlotId},
-};
+use crate::{MemoryTags, routing_ring::CopyEngine};
 use routed_backend::{
-    BackendError,
     cpu::MatmulPrecision,
-    cuda::{CudaDevice, Event, host::PinnedBuffer},
+    cuda::CudaDevice,
     step_inputs::{LogitUse, ScoreUse, StepCapacity},
 };
 use routed_model::{
     Model, ModelConfig, Sampler,
-    gpu::{GpuCacheShape, GpuCaches, GpuModel, LogitsOut, RoutingSource},
+    gpu::{GpuCacheShape, GpuCaches, GpuModel, LogitsOut},
 };
 use routed_types::{
     BlockGeneration, BlockId, BlockRef, PromptLogprobs, RoutingMeta, SampledToken, ScheduledSeq,
     SeqId, StepOutput, StepPlan,
 };
-use std::{
-    ops::Range,
-    path::Path,
-    sync::{Arc, Mutex},
-};
+use std::{ops::Range, path::Path, sync::Arc};
 
 /// Device memory the KV cache leaves free for what is allocated later (cuBLAS handles, the
 /// driver's own), in bytes.
@@ -108,7 +100,7 @@ struct Caches {
     graph_capacity: usize,
 }
 
-fn device_err(e: impl std::fmt::Display) -> WorkerError {
+pub(super) fn device_err(e: impl std::fmt::Display) -> WorkerError {
     WorkerError::Device(e.to_string())
 }
 
@@ -502,97 +494,6 @@ impl Worker for CudaWorker {
             taken += self.model.caches_bytes(&self.cache_shape(&shape));
         }
         Ok(taken)
-    }
-}
-
-/// Copies a step's routing rows from the device routing buffer into page-locked host slots on
-/// the copy stream (see the module docs for the ordering).
-struct CudaCopyEngine {
-    dev: CudaDevice,
-    /// The routing buffer, `None` while the pools are released. Pools allocated again bring a new
-    /// buffer of the same shape; the slots stay.
-    source: Mutex<Option<RoutingSource>>,
-    /// The buffer's shape: MoE layers, rows, experts per row.
-    dims: (usize, usize, usize),
-    slots: Vec<Mutex<PinnedBuffer<i16>>>,
-    /// Recorded on the compute stream behind each forward; the copy stream waits on it.
-    forward_done: Event,
-}
-
-impl CudaCopyEngine {
-    fn new(dev: CudaDevice, source: RoutingSource, num_slots: usize) -> Result<Self, WorkerError> {
-        let b = &source.buffer;
-        let dims = (b.num_layers, b.max_tokens, b.top_k);
-        let len = b.num_layers * b.max_tokens * b.top_k;
-        let slots = (0..num_slots)
-            .map(|_| PinnedBuffer::new(&dev, len).map(Mutex::new))
-            .collect::<Result<_, BackendError>>()
-            .map_err(device_err)?;
-        let forward_done = dev.new_event().map_err(device_err)?;
-        Ok(Self { dev, source: Mutex::new(Some(source)), dims, slots, forward_done })
-    }
-
-    /// Copies from `source` from now on (the pools were allocated again, in the same shape).
-    fn attach(&self, source: RoutingSource) {
-        *self.source.lock().unwrap_or_else(|e| e.into_inner()) = Some(source);
-    }
-
-    /// Lets go of the routing buffer, so that the pools' memory can be freed.
-    fn detach(&self) {
-        self.source.lock().unwrap_or_else(|e| e.into_inner()).take();
-    }
-
-    fn slot(
-        &self,
-        slot: SlotId,
-    ) -> Result<std::sync::MutexGuard<'_, PinnedBuffer<i16>>, CopyError> {
-        let s = self.slots.get(slot.0).ok_or(CopyError::NoSuchSlot(slot.0))?;
-        Ok(s.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    fn queue(&self, slot: SlotId, num_tokens: usize) -> Result<(), BackendError> {
-        let source = self.source.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(source) = source.as_ref() else {
-            return Err(BackendError::Memory("the routing buffer is released".into()));
-        };
-        let (compute, copy) = (self.dev.compute_stream(), self.dev.copy_stream());
-        self.forward_done.record(compute)?;
-        copy.wait(&self.forward_done)?;
-        let (num_layers, max_tokens, top_k) = self.dims;
-        let mut pinned = self.slot(slot).map_err(|e| BackendError::Memory(e.to_string()))?;
-        // The step's rows of every plane, packed layer after layer, in one strided copy.
-        let runs = (num_layers, num_tokens * top_k, max_tokens * top_k);
-        pinned.queue_copy_rows_from(source.arena.get(source.buffer.ids)?, runs, copy)?;
-        pinned.record(copy)?;
-        // The next forward writes the buffer only after this copy has read it.
-        compute.wait(pinned.event())
-    }
-}
-
-impl CopyEngine for CudaCopyEngine {
-    fn num_slots(&self) -> usize {
-        self.slots.len()
-    }
-
-    fn submit(&self, slot: SlotId, num_tokens: usize) -> Result<(), CopyError> {
-        let max_tokens = self.dims.1;
-        if num_tokens > max_tokens {
-            return Err(CopyError::TooManyTokens { num_tokens, max_tokens });
-        }
-        self.queue(slot, num_tokens).map_err(|e| CopyError::Device(e.to_string()))
-    }
-
-    fn wait(&self, slot: SlotId) -> Result<(), CopyError> {
-        let pinned = self.slot(slot)?;
-        pinned.wait().map(drop).map_err(|e| CopyError::Device(e.to_string()))
-    }
-
-    fn read(&self, slot: SlotId, num_tokens: usize, out: &mut Vec<i16>) -> Result<(), CopyError> {
-        let (num_layers, _, top_k) = self.dims;
-        let pinned = self.slot(slot)?;
-        let ids = pinned.wait().map_err(|e| CopyError::Device(e.to_string()))?;
-        out.extend_from_slice(&ids[..num_layers * num_tokens * top_k]);
-        Ok(())
     }
 }
 

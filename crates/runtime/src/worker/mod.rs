@@ -17,6 +17,8 @@ mod cuda;
 #[cfg(not(feature = "cuda"))]
 #[path = "cuda_stub.rs"]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_copy;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
 mod sampling;
