@@ -1,7 +1,7 @@
 //! `routed serve` drains on SIGTERM: new requests get 503 `shutting_down` from a listener that
 //! keeps answering, in-flight requests that finish within `--shutdown-grace-s` complete (paused
-//! ones resume), the ones that cannot are ended with a 503 body or an error event and `[DONE]`,
-//! and the process exits 0.
+//! ones resume), the ones that cannot are ended with a 503 body or an error event and `[DONE]`
+//! (at once when they wait for memory given back to a trainer), and the process exits 0.
 
 mod common;
 
@@ -99,6 +99,27 @@ fn sigterm_drains_in_flight_requests_then_exits_zero() {
     let done = long.rfind("data: [DONE]").unwrap_or_else(|| panic!("no [DONE]: {long}"));
     assert!(error < done && long[error..].contains("shutting_down"), "{long}");
 
+    let status = serve.wait_exit();
+    assert!(status.success(), "exit status {status}: {:#?}", serve.log());
+}
+
+#[test]
+fn sigterm_with_memory_released_ends_what_waits_for_it_at_once() {
+    // A grace period far longer than the test may take: only the release can cut it short.
+    let mut serve = Server::start(&["--heartbeat-ms", "0", "--shutdown-grace-s", "600"]);
+    let released = serve.post("/release_memory_occupation", &json!({}));
+    assert_eq!(released.status, 200, "{released:?}");
+    let mut waiting = serve.send("POST", "/v1/completions", Some(&request(8, false)));
+    wait_until("the request to wait for the memory", || {
+        serve.metric("routed_requests_waiting") == 1.0
+    });
+
+    serve.sigterm();
+
+    let answer = read_rest(&mut waiting, Vec::new());
+    let body = answer.json();
+    assert_eq!(answer.status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "shutting_down", "{body}");
     let status = serve.wait_exit();
     assert!(status.success(), "exit status {status}: {:#?}", serve.log());
 }

@@ -4,7 +4,7 @@
 //! `overloaded_error` / `shutting_down` (and `/health` 503), while the listener keeps accepting,
 //! so clients learn why instead of being refused a connection. Requests already in flight (being
 //! prepared or running in the engine, paused ones resumed) get the grace period to finish; a second signal cuts it
-//! short. Whatever is still in flight then is ended by the gateway's registry: a non-streamed
+//! short, and so does memory given back to a trainer (what waits for it cannot run). Whatever is still in flight then is ended by the gateway's registry: a non-streamed
 //! request gets a 503 `shutting_down` body, a stream one `data: {"error": ...}` event and
 //! `data: [DONE]`, and its engine request is aborted. Only then does the HTTP server stop and the
 //! engine shut down.
@@ -76,14 +76,18 @@ pub(crate) async fn drain(
         grace_s = grace.as_secs_f64(),
         "shutting down: refusing new requests, letting the ones in flight finish"
     );
-    if wait_idle(registry, Instant::now() + grace, signals).await {
+    // Memory given back to a trainer stays with it: what waits for that memory cannot run, so it
+    // ends now rather than when the grace period is over.
+    let released = state.handle().memory_released().await.is_ok_and(|m| m.stops_steps());
+    if !released && wait_idle(registry, Instant::now() + grace, signals).await {
         tracing::info!("every request in flight finished");
         return;
     }
     tracing::warn!(
         in_flight = registry.len(),
         preparing = registry.num_preparing(),
-        "shutdown grace period over: ending the requests still in flight"
+        memory_released = released,
+        "ending the requests still in flight"
     );
     registry.end_all();
     if !wait_idle(registry, Instant::now() + FLUSH, &mut futures_util::stream::pending()).await {
