@@ -2,7 +2,7 @@
 //! engine's figures through the `metrics` facade. Whoever embeds the engine installs a recorder
 //! (the server renders Prometheus text); without one these calls cost next to nothing.
 
-use crate::EngineStats;
+use crate::{EngineStats, MemoryTags};
 use routed_routing::{ExpertLoad, Phase};
 
 /// Prompt tokens run through the model.
@@ -43,6 +43,10 @@ pub const EXPERT_TOKENS: &str = "routed_expert_tokens_total";
 /// Busiest expert's tokens over the mean, per `layer` and `phase` (1 is even).
 pub const EXPERT_LOAD_IMBALANCE: &str = "routed_expert_load_imbalance";
 
+/// Memory given back to a colocated trainer, labelled `tag` (`weights`, `kv_cache`): 1 while
+/// released.
+pub const MEMORY_RELEASED: &str = "routed_memory_released";
+
 /// Most `routed_expert_tokens_total` series published: a model with more MoE layers x experts x
 /// 2 phases publishes only the per-layer imbalance (the full counts stay in
 /// `GET /v1/routing/stats`), so a large model cannot flood a Prometheus server.
@@ -72,6 +76,13 @@ pub(crate) fn publish_step(stats: &EngineStats) {
     metrics::gauge!(SNAPSHOT_SLOTS_USED).set(stats.num_snapshot_slots_used as f64);
     metrics::gauge!(REQUESTS_RUNNING).set(stats.num_running as f64);
     metrics::gauge!(REQUESTS_WAITING).set(stats.num_waiting as f64);
+}
+
+/// Publishes what memory is released.
+pub(crate) fn publish_memory(released: MemoryTags) {
+    for (tag, on) in [("weights", released.weights), ("kv_cache", released.kv_cache)] {
+        metrics::gauge!(MEMORY_RELEASED, "tag" => tag).set(f64::from(u8::from(on)));
+    }
 }
 
 /// Publishes the expert load since start: per-layer imbalance always, per-expert counts while

@@ -1,6 +1,6 @@
 //! `/metrics` is true at every scrape: every gauge is there on a fresh server, the cache gauges
-//! drop as soon as `/reset_prefix_cache` answers, and `routed_routing_bytes_held` reads the
-//! routing store.
+//! drop as soon as `/reset_prefix_cache` answers, `routed_routing_bytes_held` reads the routing
+//! store, and `routed_memory_released` follows a release and a resume.
 //!
 //! The Prometheus recorder is global to the process, so this file runs one server and one test:
 //! another engine in the same process would publish its own figures into the same gauges.
@@ -117,4 +117,17 @@ fn every_gauge_is_true_at_every_scrape() {
         assert_eq!(reset.get(name), fresh.get(name), "{name} after /reset_prefix_cache");
     }
     assert_eq!(reset.get("routed_kv_blocks_total"), 256.0);
+
+    // Memory given back, per tag, and taken again.
+    let released = |scrape: &Scrape| {
+        let series = scrape.series("routed_memory_released");
+        series.into_iter().map(|(l, v)| (l["tag"].clone(), v)).collect::<Vec<_>>()
+    };
+    let none = vec![("kv_cache".to_owned(), 0.0), ("weights".to_owned(), 0.0)];
+    assert_eq!(released(&fresh), none, "published from the start");
+    s.ok("/release_memory_occupation", &json!({"tags": ["kv_cache"]}));
+    let kv = vec![("kv_cache".to_owned(), 1.0), ("weights".to_owned(), 0.0)];
+    assert_eq!(released(&scrape(&s)), kv);
+    s.ok("/resume_memory_occupation", &json!({}));
+    assert_eq!(released(&scrape(&s)), none);
 }

@@ -16,6 +16,7 @@ use crate::{
     EngineError, MemoryChange, MemoryTags,
     cache_manager::ResetPrefixCache,
     executor::{ExecutorError, ReleaseMemory as ReleaseRanks, ResumeMemory as ResumeRanks},
+    metrics as names,
     routing_cache::FreeBlocks,
     worker::WorkerError,
 };
@@ -142,6 +143,7 @@ impl SchedulerActor {
                 } else {
                     self.memory.released.minus(tags)
                 };
+                names::publish_memory(self.memory.released);
                 let (what, names) = (if release { "released" } else { "resumed" }, tags.names());
                 tracing::info!(?names, bytes = num_bytes, "memory {what}");
                 Ok(MemoryChange { released: self.memory.released, num_bytes })
@@ -151,6 +153,7 @@ impl SchedulerActor {
                 if release && !matches!(source, WorkerError::Unsupported(_)) {
                     let kept = MemoryTags { cuda_graph: false, ..tags };
                     self.memory.released = self.memory.released.union(kept);
+                    names::publish_memory(self.memory.released);
                 }
                 let message = match self.peers.ranks.len() {
                     1 => source.to_string(),

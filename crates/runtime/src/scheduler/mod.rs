@@ -267,6 +267,7 @@ impl Actor for SchedulerActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         self.tell_heartbeat();
+        names::publish_memory(self.memory.released());
         ctx.run_interval(std::time::Duration::from_secs(10), |act, _| {
             let s = &act.stats;
             tracing::info!(
