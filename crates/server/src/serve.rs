@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use actix_web::dev::Server;
 use actix_web::middleware::from_fn;
-use actix_web::{App, HttpServer, web};
+use actix_web::{App, HttpServer, Resource, Route, web};
 use futures_util::stream::{Stream, StreamExt};
 use routed_runtime::EngineHandle;
 
@@ -63,17 +63,11 @@ impl ServerConfig {
     }
 }
 
-/// A route that answers GET and POST alike, as SGLang's `api_route(methods=["GET", "POST"])`.
-fn get_and_post<F, Args>(path: &str, handler: F) -> actix_web::Resource
-where
-    F: actix_web::Handler<Args> + Clone,
-    Args: actix_web::FromRequest + 'static,
-    F::Output: actix_web::Responder + 'static,
-{
-    web::resource(path)
-        .route(web::get().to(handler.clone()))
-        .route(web::post().to(handler))
-        .default_service(web::to(error::method_not_allowed))
+/// The resource at `path` with `routes` (one per method it answers), and a 405 in the OpenAI
+/// error shape for any other method.
+fn resource(path: &str, routes: impl IntoIterator<Item = Route>) -> Resource {
+    let resource = routes.into_iter().fold(web::resource(path), Resource::route);
+    resource.default_service(web::to(error::method_not_allowed))
 }
 
 /// Mounts every gateway route on `cfg`, sharing `state`. An embedding app adds its own routes
@@ -83,44 +77,56 @@ where
 /// For a client disconnect to abort a non-streamed request, the app's `HttpServer` must run with
 /// `h1_allow_half_closed(false)`, as [`serve`] does; streamed requests are aborted either way.
 pub fn configure(cfg: &mut web::ServiceConfig, state: web::Data<AppState>) {
-    let post = |path: &str, handler| {
-        web::resource(path).route(handler).default_service(web::to(error::method_not_allowed))
-    };
-    let get = |path: &str, route| {
-        web::resource(path).route(route).default_service(web::to(error::method_not_allowed))
-    };
     cfg.app_data(state)
-        .service(post("/v1/completions", web::post().to(routes::completions)))
-        .service(post("/v1/chat/completions", web::post().to(routes::chat_completions)))
-        .service(post("/generate", web::post().to(generate::generate)))
-        .service(post("/tokenize", web::post().to(tokenize::tokenize)))
-        .service(post("/detokenize", web::post().to(tokenize::detokenize)))
-        .service(post("/reset_prefix_cache", web::post().to(routes::reset_prefix_cache)))
-        .service(post(
+        .service(resource("/v1/completions", [web::post().to(routes::completions)]))
+        .service(resource("/v1/chat/completions", [web::post().to(routes::chat_completions)]))
+        .service(resource("/generate", [web::post().to(generate::generate)]))
+        .service(resource("/tokenize", [web::post().to(tokenize::tokenize)]))
+        .service(resource("/detokenize", [web::post().to(tokenize::detokenize)]))
+        .service(resource("/reset_prefix_cache", [web::post().to(routes::reset_prefix_cache)]))
+        .service(resource(
             "/update_weights_from_disk",
-            web::post().to(weights::update_weights_from_disk),
+            [web::post().to(weights::update_weights_from_disk)],
         ))
-        .service(post("/update_weight_version", web::post().to(control::update_weight_version)))
-        .service(post("/abort_request", web::post().to(control::abort_request)))
-        .service(post("/pause_generation", web::post().to(control::pause_generation)))
-        .service(post("/continue_generation", web::post().to(control::continue_generation)))
-        .service(get_and_post("/flush_cache", control::flush_cache))
-        .service(get("/health_generate", web::get().to(control::health_generate)))
-        .service(get_and_post("/release_memory_occupation", memory::release_memory_occupation))
-        .service(get_and_post("/resume_memory_occupation", memory::resume_memory_occupation))
-        .service(post("/sleep", web::post().to(memory::sleep)))
-        .service(post("/wake_up", web::post().to(memory::wake_up)))
-        .service(get("/is_sleeping", web::get().to(memory::is_sleeping)))
-        .service(post("/pause", web::post().to(control::pause)))
-        .service(post("/resume", web::post().to(control::resume)))
-        .service(get("/is_paused", web::get().to(control::is_paused)))
-        .service(get("/get_weight_version", web::get().to(weights::get_weight_version)))
-        .service(get("/get_model_info", web::get().to(weights::get_model_info)))
-        .service(get("/v1/routing/stats", web::get().to(routing_stats::stats)))
-        .service(post("/v1/routing/stats/reset", web::post().to(routing_stats::reset)))
-        .service(get("/v1/models", web::get().to(routes::models)))
-        .service(get("/health", web::get().to(routes::health)))
-        .service(get("/metrics", web::get().to(routes::metrics)));
+        .service(resource(
+            "/update_weight_version",
+            [web::post().to(control::update_weight_version)],
+        ))
+        .service(resource("/abort_request", [web::post().to(control::abort_request)]))
+        .service(resource("/pause_generation", [web::post().to(control::pause_generation)]))
+        .service(resource("/continue_generation", [web::post().to(control::continue_generation)]))
+        .service(resource(
+            "/flush_cache",
+            [web::get().to(control::flush_cache), web::post().to(control::flush_cache)],
+        ))
+        .service(resource("/health_generate", [web::get().to(control::health_generate)]))
+        .service(resource(
+            "/release_memory_occupation",
+            [
+                web::get().to(memory::release_memory_occupation),
+                web::post().to(memory::release_memory_occupation),
+            ],
+        ))
+        .service(resource(
+            "/resume_memory_occupation",
+            [
+                web::get().to(memory::resume_memory_occupation),
+                web::post().to(memory::resume_memory_occupation),
+            ],
+        ))
+        .service(resource("/sleep", [web::post().to(memory::sleep)]))
+        .service(resource("/wake_up", [web::post().to(memory::wake_up)]))
+        .service(resource("/is_sleeping", [web::get().to(memory::is_sleeping)]))
+        .service(resource("/pause", [web::post().to(control::pause)]))
+        .service(resource("/resume", [web::post().to(control::resume)]))
+        .service(resource("/is_paused", [web::get().to(control::is_paused)]))
+        .service(resource("/get_weight_version", [web::get().to(weights::get_weight_version)]))
+        .service(resource("/get_model_info", [web::get().to(weights::get_model_info)]))
+        .service(resource("/v1/routing/stats", [web::get().to(routing_stats::stats)]))
+        .service(resource("/v1/routing/stats/reset", [web::post().to(routing_stats::reset)]))
+        .service(resource("/v1/models", [web::get().to(routes::models)]))
+        .service(resource("/health", [web::get().to(routes::health)]))
+        .service(resource("/metrics", [web::get().to(routes::metrics)]));
 }
 
 /// A gateway bound to its socket, not yet running: await `server` to run it.
