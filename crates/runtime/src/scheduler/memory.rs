@@ -134,10 +134,10 @@ impl SchedulerActor {
         res: Result<Result<usize, ExecutorError>, actix::MailboxError>,
     ) {
         let Some(op) = self.memory.ops.pop_front() else { return };
+        // Graphs are captured again by the next decode steps: they never stay released.
+        let kept = MemoryTags { cuda_graph: false, ..tags };
         let result = match res {
             Ok(Ok(num_bytes)) => {
-                // Graphs are captured again by the next decode steps: they never stay released.
-                let kept = MemoryTags { cuda_graph: false, ..tags };
                 self.memory.released = if release {
                     self.memory.released.union(kept)
                 } else {
@@ -151,7 +151,6 @@ impl SchedulerActor {
             Ok(Err(ExecutorError::Rank { rank, source })) => {
                 // Whatever the ranks gave back stays released until a resume takes it.
                 if release && !matches!(source, WorkerError::Unsupported(_)) {
-                    let kept = MemoryTags { cuda_graph: false, ..tags };
                     self.memory.released = self.memory.released.union(kept);
                     names::publish_memory(self.memory.released);
                 }

@@ -153,18 +153,6 @@ impl CudaWorker {
         Ok(Caches { gpu, block_size, dummy, graph_pad, graph_capacity })
     }
 
-    /// The pools and the weights, for a forward: an error when either is released.
-    fn ready(&mut self) -> Result<&mut Caches, WorkerError> {
-        if self.model.weights_released() {
-            return Err(WorkerError::Released("weights"));
-        }
-        match (&mut self.caches, &self.shape) {
-            (Some(caches), _) => Ok(caches),
-            (None, Some(_)) => Err(WorkerError::Released("KV cache")),
-            (None, None) => Err(WorkerError::NotInitialized),
-        }
-    }
-
     fn cache_shape(&self, shape: &CacheShape) -> GpuCacheShape {
         let max_seqs = shape.num_live_states.max(1);
         GpuCacheShape {
@@ -183,6 +171,23 @@ impl CudaWorker {
             logits_chunk_rows: max_seqs.max(64),
             device_sampling: self.limits.device_sampling,
         }
+    }
+}
+
+/// The pools, for a forward of `model`'s weights: an error when either is released (or the pools
+/// were never allocated). Over the worker's fields, so that the caller can go on using the model.
+fn ready<'a>(
+    model: &GpuModel,
+    caches: &'a mut Option<Caches>,
+    shape: &Option<CacheShape>,
+) -> Result<&'a mut Caches, WorkerError> {
+    if model.weights_released() {
+        return Err(WorkerError::Released("weights"));
+    }
+    match (caches, shape) {
+        (Some(caches), _) => Ok(caches),
+        (None, Some(_)) => Err(WorkerError::Released("KV cache")),
+        (None, None) => Err(WorkerError::NotInitialized),
     }
 }
 
@@ -365,8 +370,7 @@ impl Worker for CudaWorker {
         let rank = ranks.rank();
         #[cfg(feature = "fault-injection")]
         super::faults::before_step(plan, rank, ranks.world_size())?;
-        self.ready()?;
-        let caches = self.caches.as_mut().ok_or(WorkerError::NotInitialized)?;
+        let caches = ready(&self.model, &mut self.caches, &self.shape)?;
         if plan.num_tokens() == 0 {
             // Nothing to launch (the kernels take no empty grids), nothing to exchange.
             guard.disarm();
@@ -406,8 +410,7 @@ impl Worker for CudaWorker {
     fn dummy_forward(&mut self, unit: LockstepId) -> Result<(), WorkerError> {
         let ranks = self.model.collective().clone();
         let guard = AbortOnExit::new(ranks.clone(), unit);
-        self.ready()?;
-        let caches = self.caches.as_mut().ok_or(WorkerError::NotInitialized)?;
+        let caches = ready(&self.model, &mut self.caches, &self.shape)?;
         ranks.begin(unit.0).map_err(routed_model::ModelError::from)?;
         // No logits, no routing: only the scratch block and the scratch state are written.
         self.model.forward(&mut caches.gpu, &caches.dummy, false, false)?;
