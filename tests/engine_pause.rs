@@ -2,13 +2,13 @@
 //! requests paused in place or retracted resume bit for bit as if never paused; an abort-mode
 //! pause ends them with what they computed, a wait-mode one lets them finish; requests submitted while paused are held until generation continues; a
 //! weight update while paused does not wait for the paused requests, which then recompute on the
-//! new weights; a shutdown drains a paused engine; `flush_cache` only runs when nothing is open.
+//! new weights (their outputs say which tokens each version sampled); a shutdown drains a paused engine; `flush_cache` only runs when nothing is open.
 
 mod common;
 
 use common::{Outcome, WATCHDOG, engine, request, run, test_config};
 use futures_util::{FutureExt, StreamExt};
-use routed::runtime::{PauseMode, RequestStream, TokenEvent, WeightUpdate};
+use routed::runtime::{PauseMode, RequestStream, TokenEvent, WeightUpdate, WeightVersionSpan};
 use routed::{Engine, EngineHandle, GenerateRequest, RequestEvent};
 use routed_test_support::{Golden, golden_root, write_other_policy};
 use routed_types::{FinishReason, RoutingRows, TokenId};
@@ -25,6 +25,11 @@ fn routed_request(prompt: &[TokenId], max_tokens: u32) -> GenerateRequest {
 fn bits(o: &Outcome) -> (Vec<(u32, u32)>, Option<RoutingRows>) {
     assert!(o.error.is_none(), "{:?}", o.error);
     (common::token_bits(o), o.finals[0].routing.clone())
+}
+
+/// Output tokens `[start, end)` sampled on `version`.
+fn span(version: &str, start: usize, end: usize) -> WeightVersionSpan {
+    WeightVersionSpan { version: version.into(), start, end }
 }
 
 /// `r` on a fresh engine over `dir` with prefix caching off: the uninterrupted run.
@@ -180,6 +185,11 @@ async fn an_abort_pause_ends_the_requests_in_flight_and_a_flush_waits_for_an_idl
     let m = n.min(4);
     assert_eq!(common::token_bits(&held)[..m], common::token_bits(&want)[..m]);
     assert_eq!(held.finals[0].weight_version, "step-7");
+    assert_eq!(
+        held.finals[0].weight_versions,
+        [span("step-7", 0, held.tokens.len())],
+        "no token before the rename"
+    );
 
     let hit = run(&handle, routed_request(&g.prompt("long"), 4)).await;
     assert!(hit.finals[0].num_cached_tokens > 0, "cached before the flush");
@@ -238,7 +248,12 @@ async fn an_update_while_paused_resumes_the_paused_requests_on_the_new_weights()
                 assert_eq!(a.logprob.to_bits(), b.logprob.to_bits(), "{arch}: {a:?} {b:?}");
             }
         }
+        // Which weights sampled which tokens: the old ones the first k, the new ones the rest.
         assert_eq!(resumed.finals[0].weight_version, "step-1");
+        let spans = [span("default", 0, k), span("step-1", k, 24)];
+        assert_eq!(resumed.finals[0].weight_versions, spans, "{arch}");
+        let names: Vec<&str> = resumed.tokens.iter().map(|t| &*t.weight_version).collect();
+        assert_eq!(names, [["default"; 1].repeat(k), ["step-1"; 1].repeat(24 - k)].concat());
         handle.shutdown().await;
     }
 }

@@ -70,8 +70,9 @@ def in_background(base, payloads):
     return threads, answers
 
 
-def check_sample(out, finishes, version):
-    """What slime keeps of a sample: tokens, their logprobs and routing rows, all consistent."""
+def check_sample(out, finishes, versions):
+    """What slime keeps of a sample: tokens, their logprobs and routing rows, all consistent, and
+    which of `versions` (in this order) sampled its tokens."""
     meta = out["meta_info"]
     assert meta["finish_reason"]["type"] in finishes, meta["finish_reason"]
     tokens = out["output_ids"]
@@ -79,7 +80,12 @@ def check_sample(out, finishes, version):
     assert [t[1] for t in meta["output_token_logprobs"]] == tokens
     rows = meta["routed_experts_shape"][0]
     assert rows == len(PROMPT) + len(tokens) - 1, (rows, len(tokens))
-    assert meta["weight_version"] == version, meta["weight_version"]
+    spans = meta["weight_versions"]
+    assert [s["start"] for s in spans] == [0] + [s["end"] for s in spans[:-1]], spans
+    assert spans[-1]["end"] == len(tokens), (spans, len(tokens))
+    names = [s["version"] for s in spans]
+    assert names == [v for v in versions if v in names], (names, versions)
+    assert meta["weight_version"] == names[-1], meta["weight_version"]
 
 
 def main():
@@ -98,7 +104,7 @@ def main():
     for t in threads:
         t.join()
     for out in answers:
-        check_sample(out, ("abort",), version)
+        check_sample(out, ("abort",), (version,))
         assert 0 < out["meta_info"]["completion_tokens"] < 4000
 
     # Weight sync with a request in flight: pause, update from disk, continue.
@@ -116,10 +122,11 @@ def main():
     wait_for("the request resumed", lambda: metric(base, "routed_requests_running") == 1)
     assert requests.post(f"{base}/abort_request", json={"abort_all": True}).status_code == 200
     threads[0].join()
-    # Resumed on the new weights: aborted, or (had it raced the abort) finished.
-    check_sample(answers[0], ("abort", "length"), "step-1")
+    # Resumed on the new weights: aborted, or (had it raced the abort) finished; its tokens from
+    # before the pause are the old weights', any after it the new ones'.
+    check_sample(answers[0], ("abort", "length"), (version, "step-1"))
     after = requests.post(f"{base}/generate", json=rollout_payload(4, 1), timeout=60).json()
-    check_sample(after, ("length",), "step-1")
+    check_sample(after, ("length",), ("step-1",))
     got = requests.get(f"{base}/get_weight_version", timeout=30).json()
     assert got == {"weight_version": "step-1"}, got
 
@@ -139,7 +146,7 @@ def main():
     r = requests.post(f"{base}/resume_memory_occupation", json={"tags": ["kv_cache"]}, timeout=60)
     assert r.status_code == 200 and r.json()["released"] == [], r.text
     again = requests.post(f"{base}/generate", json=rollout_payload(4, 1), timeout=60).json()
-    check_sample(again, ("length",), "step-2")
+    check_sample(again, ("length",), ("step-2",))
     assert again["output_ids"] == after["output_ids"], "the same policy, the same tokens"
     print("sglang controls: ok")
 

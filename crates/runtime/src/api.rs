@@ -1,10 +1,12 @@
 //! The embedding API's data: how an engine is configured, what a request asks for, and the
 //! events a request's stream yields.
 
+use crate::WeightVersionSpan;
 use routed_backend::DeviceSpec;
 use routed_backend::cpu::MatmulPrecision;
 use routed_types::{FinishReason, RoutingMeta, RoutingRows, SamplingParams, TokenId};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Where the model comes from.
 #[derive(Clone, Debug)]
@@ -163,6 +165,8 @@ pub struct TokenEvent {
     pub logprob: f32,
     /// Top alternatives, when the request asked for logprobs.
     pub top_logprobs: Vec<(TokenId, f32)>,
+    /// The version of the weights served when it was sampled.
+    pub weight_version: Arc<str>,
 }
 
 /// The end of continuation `index`.
@@ -187,9 +191,13 @@ pub struct FinalOutput {
     /// When the request asked for prompt logprobs: entry `i` is prompt token `i + 1`'s logprob
     /// given the tokens before it, with the top alternatives asked for.
     pub prompt_logprobs: Option<Vec<routed_types::SampledToken>>,
-    /// The version of the weights that computed it (a weight update waits for the requests in
-    /// flight, so one request never mixes two).
+    /// The version of the weights that sampled its last token, or of the weights served when it
+    /// ended if it sampled none: `weight_versions`' last.
     pub weight_version: String,
+    /// Which weights sampled each generated token: contiguous spans over `token_ids`, never
+    /// empty. One span unless the continuation outlived a version: paused across a weight update
+    /// (its tokens after the update come from the new weights) or renamed while in flight.
+    pub weight_versions: Vec<WeightVersionSpan>,
 }
 
 /// New weights for the served model from a checkpoint directory (an RL trainer's latest policy).

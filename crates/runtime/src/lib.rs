@@ -31,6 +31,7 @@ pub mod runner;
 pub mod scheduler;
 pub mod timings;
 mod validate;
+mod weight_versions;
 pub mod worker;
 
 pub use api::{
@@ -43,3 +44,4 @@ pub use handle::{EngineHandle, RequestStream};
 pub use routed_backend::cpu::MatmulPrecision;
 pub use routing_cache::ExpertLoads;
 pub use validate::{MAX_N, validate};
+pub use weight_versions::{WeightVersionSpan, WeightVersions};

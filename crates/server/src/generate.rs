@@ -14,7 +14,7 @@ use std::sync::Arc;
 use actix_web::{HttpResponse, web};
 use futures_util::stream::{self, StreamExt};
 use routed_model::Tokenizer;
-use routed_runtime::{FinalOutput, RequestEvent, TokenEvent};
+use routed_runtime::{FinalOutput, RequestEvent, TokenEvent, WeightVersions};
 use routed_types::{FinishReason, RoutingMeta, StopMatch, TokenId};
 use serde_json::{Value, json};
 
@@ -22,7 +22,7 @@ use crate::AppState;
 use crate::body::{JsonBody, prepare};
 use crate::detok::Detokenizer;
 use crate::error::ApiError;
-use crate::response::token_text;
+use crate::response::{set_weight_versions, token_text};
 use crate::routing_wire::encode_sglang;
 use crate::run::{self, Merged};
 use crate::stream::{sse_done, sse_event};
@@ -111,6 +111,18 @@ fn add_input_logprobs(b: &Body<'_>, start: usize, output: &FinalOutput, meta_inf
     }
 }
 
+/// SGLang's `weight_version` (the last token's) and `weight_versions` spans of the tokens so far.
+fn add_weight_versions(b: &Body<'_>, meta_info: &mut Value) {
+    match b.output {
+        Some(output) => set_weight_versions(meta_info, &output.weight_versions),
+        None => {
+            let mut versions = WeightVersions::default();
+            b.tokens.iter().for_each(|t| versions.push(&t.weight_version));
+            set_weight_versions(meta_info, versions.spans());
+        }
+    }
+}
+
 fn body_json(b: Body<'_>, meta: Option<&RoutingMeta>) -> Result<Value, ApiError> {
     let job = &b.request.job;
     let output_ids: Vec<u32> = b.tokens.iter().map(|t| t.token).collect();
@@ -122,9 +134,7 @@ fn body_json(b: Body<'_>, meta: Option<&RoutingMeta>) -> Result<Value, ApiError>
         "cached_tokens": b.output.map_or(0, |o| o.num_cached_tokens),
         "finish_reason": finish_json(b.output.map(|o| &o.finish_reason)),
     });
-    if let Some(output) = b.output {
-        meta_info["weight_version"] = json!(output.weight_version);
-    }
+    add_weight_versions(&b, &mut meta_info);
     if job.logprobs.is_some() {
         add_logprobs(&b, &mut meta_info);
     }

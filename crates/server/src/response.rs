@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use routed_model::Tokenizer;
-use routed_runtime::{FinalOutput, TokenEvent};
+use routed_runtime::{FinalOutput, TokenEvent, WeightVersionSpan};
 use routed_types::{FinishReason, RoutingMeta, SampledToken, StopMatch, TokenId};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -259,6 +259,15 @@ impl Route {
     }
 }
 
+/// Sets SGLang's `weight_versions` (which weights sampled which output tokens:
+/// `[{"version", "start", "end"}]`) and `weight_version` (the last of them) on `target`.
+pub(crate) fn set_weight_versions(target: &mut Value, spans: &[WeightVersionSpan]) {
+    let list =
+        spans.iter().map(|s| json!({"version": &*s.version, "start": s.start, "end": s.end}));
+    target["weight_versions"] = Value::Array(list.collect());
+    target["weight_version"] = json!(spans.last().map(|s| &*s.version));
+}
+
 /// Identity fields of a response: id, creation time, model.
 #[derive(Clone, Debug)]
 pub(crate) struct Header {
@@ -320,6 +329,10 @@ pub(crate) fn whole(
     }
     if let Some(m) = routing_meta(job, meta) {
         body["routed_experts_meta"] = m;
+    }
+    // SGLang's response-level `metadata`, from the first choice as SGLang takes it.
+    if let Some(first) = outputs.first().copied().flatten() {
+        set_weight_versions(&mut body["metadata"], &first.weight_versions);
     }
     if let Some(ext) = sglext(job.routing, meta, outputs.iter().flatten().copied())? {
         body["sglext"] = ext;

@@ -128,9 +128,31 @@ fn a_pause_holds_new_requests_until_continue_and_a_flush_waits_for_quiet() {
     let held = held.join().unwrap();
     assert_eq!(held["meta_info"]["weight_version"], "step-3", "{held}");
     assert_eq!(held["meta_info"]["finish_reason"]["type"], "length");
-    let last = last_event(&mut kept, kept_seen);
-    assert_eq!(last["meta_info"]["finish_reason"]["type"], "length", "resumed to its end");
-    assert_eq!(last["meta_info"]["weight_version"], "step-3", "renamed while open: {last}");
+    let events = read_rest(&mut kept, kept_seen).sse_json();
+    let (first, last) = (&events[0]["meta_info"], &events[events.len() - 1]["meta_info"]);
+    assert_eq!(last["finish_reason"]["type"], "length", "resumed to its end");
+    // Renamed while open: its tokens after the rename say so, those before keep the old name.
+    assert_eq!(last["weight_version"], "step-3", "{last}");
+    let spans = last["weight_versions"].as_array().unwrap();
+    assert_eq!(spans.len(), 2, "{last}");
+    let before = spans[0]["end"].as_u64().unwrap();
+    assert!(before >= 1, "the first event came before the pause: {last}");
+    assert_eq!(
+        (&spans[0], &spans[1]),
+        (
+            &json!({"version": "default", "start": 0, "end": before}),
+            &json!({"version": "step-3", "start": before, "end": 1000})
+        )
+    );
+    assert_eq!(
+        (&first["weight_version"], &first["weight_versions"][0]["version"]),
+        (&json!("default"), &json!("default")),
+        "every streamed event names its versions so far: {first}"
+    );
+    assert_eq!(
+        held["meta_info"]["weight_versions"],
+        json!([{"version": "step-3", "start": 0, "end": 4}])
+    );
 
     // Abort mode (the default, what slime sends): the request in flight ends at once. (Paused in
     // place first, so that it is still in flight however fast the engine runs.)

@@ -1,7 +1,7 @@
 //! Weight updates over HTTP in SGLang's shapes (`/update_weights_from_disk`,
 //! `/get_weight_version`, `/get_model_info`), against the real engine: refusals keep the old
 //! weights, an accepted update serves the new ones with the prefix cache dropped, and `/generate`
-//! reports the version that computed each output.
+//! and every route reports the version that computed each output.
 
 mod common;
 
@@ -65,6 +65,19 @@ fn an_update_from_disk_serves_the_new_weights_under_their_version() {
     assert_eq!(meta["cached_tokens"], 0, "the old weights' cache is gone: {meta}");
     assert_ne!(meta["routed_experts"], before["meta_info"]["routed_experts"], "new weights route");
     assert_eq!(s.get("/get_weight_version").json(), json!({"weight_version": "step-7"}));
+    // The OpenAI routes carry the version in SGLang's response-level `metadata`.
+    for (route, body) in [
+        ("/v1/completions", json!({"prompt": ids, "max_tokens": 3})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}],
+                                         "max_tokens": 3, "ignore_eos": true}),
+        ),
+    ] {
+        let r = s.ok(route, &body);
+        let spans = json!([{"version": "step-7", "start": 0, "end": 3}]);
+        assert_eq!(r["metadata"], json!({"weight_version": "step-7", "weight_versions": spans}));
+    }
     let info = s.get("/get_model_info").json();
     assert_eq!(info["model_path"], json!(new.path()), "{info}");
     assert_eq!(info["tokenizer_path"], json!(checkpoint(MODEL)), "{info}");

@@ -22,7 +22,7 @@ pub use pause::{ContinueGeneration, FlushCache, GetAdmission, PauseGeneration};
 pub use weights::{GetWeights, SetWeightVersion, UpdateWeights};
 
 use crate::{
-    EngineStats, ModelInfo, RequestEvent, WeightsInfo,
+    EngineStats, ModelInfo, RequestEvent, WeightVersions, WeightsInfo,
     cache_manager::{CacheManagerActor, PlanError, PlanStep},
     executor::{ExecuteStep, ExecutorActor, ExecutorError},
     heartbeat::{HeartbeatActor, SetIdle},
@@ -46,8 +46,8 @@ struct Group {
     routing_start: usize,
     /// Sequences not finished yet.
     num_open: usize,
-    /// The version of the weights it runs on.
-    weight_version: String,
+    /// Per sequence, the versions of the weights that sampled its tokens.
+    versions: Vec<WeightVersions>,
 }
 
 /// The peers the scheduler talks to.

@@ -19,8 +19,7 @@ use crate::{
     routing_cache::FreeBlocks,
 };
 use actix::{ActorFutureExt, AsyncContext, Context, Handler, Message, ResponseFuture, WrapFuture};
-use routed_scheduler::SeqStatus;
-use routed_types::{RequestId, SeqId};
+use routed_types::RequestId;
 use tokio::sync::oneshot;
 
 /// Handle -> scheduler: pause generation in `mode`. Reply once the pause holds: no step in
@@ -142,20 +141,6 @@ impl SchedulerActor {
         let n = self.policy.retract_running();
         if n > 0 {
             tracing::info!(sequences = n, "paused sequences retracted for the weight update");
-        }
-    }
-
-    /// After a swap: the requests paused across it finish on the new weights and say so.
-    pub(super) fn restamp_paused(&mut self) {
-        let version = &self.updates.weights.version;
-        for (&request, g) in &mut self.groups {
-            let waiting = (0..g.n).any(|i| {
-                let seq = self.policy.seq(SeqId::new(request, i));
-                seq.is_some_and(|s| s.status == SeqStatus::Waiting)
-            });
-            if waiting {
-                g.weight_version.clone_from(version);
-            }
         }
     }
 

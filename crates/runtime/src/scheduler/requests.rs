@@ -3,7 +3,7 @@
 
 use super::{Group, SchedulerActor};
 use crate::{
-    EngineError, FinalOutput, RequestEvent, TokenEvent,
+    EngineError, FinalOutput, RequestEvent, TokenEvent, WeightVersions,
     cache_manager::ResetPrefixCache,
     routing_cache::{FreeBlocks, Reconstruct},
     scheduler::Submit,
@@ -59,7 +59,7 @@ impl SchedulerActor {
             routing_start: r.routing_start,
             num_open: r.n,
             n: r.n,
-            weight_version: self.updates.weights.version.clone(),
+            versions: vec![WeightVersions::default(); r.n],
         };
         self.groups.insert(request, entry);
         self.schedule(ctx);
@@ -81,12 +81,16 @@ impl SchedulerActor {
                 SeqEvent::Token { id, sampled } => {
                     // A request whose abort waits for this step still streams what the step
                     // sampled: its final output lists exactly the tokens its stream carried.
-                    let Some(g) = self.groups.get(&id.request()) else { continue };
+                    let Some(g) = self.groups.get_mut(&id.request()) else { continue };
+                    let version = self.updates.version();
+                    let index = id.index_in_request();
+                    g.versions[index].push(version);
                     let token = TokenEvent {
-                        index: id.index_in_request(),
+                        index,
                         token: sampled.token,
                         logprob: sampled.logprob,
                         top_logprobs: sampled.top_logprobs,
+                        weight_version: Arc::clone(version),
                     };
                     if g.events.send(RequestEvent::Token(token)).is_err() {
                         // Nobody listens any more (the submitter went away before it got its
@@ -132,6 +136,7 @@ impl SchedulerActor {
             prompt_logprobs: seq.params.prompt_logprobs.map(|_| seq.prompt_logprobs.clone()),
             // Stamped by `deliver`.
             weight_version: String::new(),
+            weight_versions: Vec::new(),
         };
         let group = self.groups.get(&id.request());
         let Some(g) = group.filter(|g| g.return_routing && self.info.routing.is_some()) else {
@@ -158,10 +163,13 @@ impl SchedulerActor {
         ctx.spawn(fut);
     }
 
-    /// Sends a continuation's final output, stamped with its weights' version, and releases it.
+    /// Sends a continuation's final output, stamped with its weights' versions, and releases it.
     pub(super) fn deliver(&mut self, id: SeqId, mut output: FinalOutput) {
         if let Some(g) = self.groups.get_mut(&id.request()) {
-            output.weight_version.clone_from(&g.weight_version);
+            let versions = std::mem::take(&mut g.versions[id.index_in_request()]);
+            let current = self.updates.version();
+            output.weight_version = versions.last(current).to_string();
+            output.weight_versions = versions.into_spans(current);
             let _ = g.events.send(RequestEvent::Finished(Box::new(output)));
             g.num_open -= 1;
             if g.num_open == 0 {
@@ -257,6 +265,7 @@ impl SchedulerActor {
                     routing: None,
                     prompt_logprobs: None,
                     weight_version: String::new(),
+                    weight_versions: Vec::new(),
                 };
                 self.deliver(id, output);
             }

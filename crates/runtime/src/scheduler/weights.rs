@@ -2,8 +2,9 @@
 //!
 //! An update waits until every request that arrived before it has ended (or, with
 //! `abort_all_requests`, ends them at once). Requests that arrive meanwhile are held: validated,
-//! given their ids and streams, and admitted only once the new weights serve, so no request mixes
-//! two versions. Then the executor swaps every rank's weights (all ranks or none), the cache
+//! given their ids and streams, and admitted only once the new weights serve. (Requests paused
+//! across an update resume on the new weights: their outputs say which tokens each version
+//! sampled.) Then the executor swaps every rank's weights (all ranks or none), the cache
 //! manager drops its prefix cache, whose blocks, snapshots and routing rows the old weights
 //! computed, and the held requests are admitted. No step is planned from the moment the swap
 //! starts until the cache is reset, so no request can hit a stale block.
@@ -19,7 +20,7 @@ use crate::{
 use actix::{ActorFutureExt, AsyncContext, Context, Handler, Message, ResponseFuture, WrapFuture};
 use routed_scheduler::NewSeq;
 use routed_types::{FinishReason, RequestId};
-use std::{collections::VecDeque, time::Instant};
+use std::{collections::VecDeque, sync::Arc, time::Instant};
 use tokio::sync::oneshot;
 
 /// Handle -> scheduler: apply a weight update. Reply once the new weights serve, or why not: a
@@ -31,8 +32,8 @@ use tokio::sync::oneshot;
 pub struct UpdateWeights(pub WeightUpdate);
 
 /// Handle -> scheduler: name the weights served `version` (SGLang's `/update_weight_version`,
-/// after a trainer changed them by other means). Every open request, held ones included, reports
-/// the new name; with `abort_all_requests` the requests in flight end first. Reply: the weights.
+/// after a trainer changed them by other means). Tokens sampled from now on carry the new name, so
+/// an open request's later tokens report it; with `abort_all_requests` the requests in flight end first. Reply: the weights.
 #[derive(Message)]
 #[rtype(result = "Result<WeightsInfo, EngineError>")]
 pub struct SetWeightVersion {
@@ -64,12 +65,26 @@ pub(super) struct Updates {
     held: Vec<(RequestId, Vec<NewSeq>)>,
     /// The weights served.
     pub weights: WeightsInfo,
+    /// `weights.version`, shared by every token event sampled on it.
+    version: Arc<str>,
 }
 
 impl Updates {
     /// No update yet; `weights` are the ones loaded at start.
     pub fn new(weights: WeightsInfo) -> Self {
-        Self { queue: VecDeque::new(), swapping: false, held: Vec::new(), weights }
+        let version = Arc::from(weights.version.as_str());
+        Self { queue: VecDeque::new(), swapping: false, held: Vec::new(), weights, version }
+    }
+
+    /// The version of the weights served.
+    pub fn version(&self) -> &Arc<str> {
+        &self.version
+    }
+
+    /// Names the weights served `version`.
+    fn rename(&mut self, version: String) {
+        self.version = Arc::from(version.as_str());
+        self.weights.version = version;
     }
 
     /// Whether an update is queued: new requests are held.
@@ -152,14 +167,13 @@ impl SchedulerActor {
         let Some(p) = self.updates.queue.pop_front() else { return };
         let result = match res {
             Ok(()) => {
+                if let Some(version) = p.update.weight_version {
+                    self.updates.rename(version);
+                }
                 let w = &mut self.updates.weights;
                 w.dir = p.update.dir;
-                if let Some(version) = p.update.weight_version {
-                    w.version = version;
-                }
                 w.num_updates += 1;
                 self.stats.num_weight_updates = w.num_updates;
-                self.restamp_paused();
                 let w = &self.updates.weights;
                 metrics::counter!(names::WEIGHT_UPDATES).absolute(w.num_updates);
                 let seconds = p.arrived.elapsed().as_secs_f64();
@@ -196,9 +210,6 @@ impl SchedulerActor {
     /// now served.
     pub(super) fn release_held(&mut self) {
         for (request, seqs) in std::mem::take(&mut self.updates.held) {
-            if let Some(g) = self.groups.get_mut(&request) {
-                g.weight_version.clone_from(&self.updates.weights.version);
-            }
             let Err(e) = self.policy.add(seqs) else { continue };
             if let Some(g) = self.groups.remove(&request) {
                 let _ = g.events.send(RequestEvent::Error(e.into()));
@@ -221,6 +232,7 @@ impl SchedulerActor {
                 routing: None,
                 prompt_logprobs: None,
                 weight_version: String::new(),
+                weight_versions: Vec::new(),
             };
             self.deliver(s.id, output);
         }
@@ -293,11 +305,8 @@ impl Handler<SetWeightVersion> for SchedulerActor {
                 self.abort(request, ctx);
             }
         }
-        for g in self.groups.values_mut() {
-            g.weight_version.clone_from(&msg.version);
-        }
         tracing::info!(version = %msg.version, "weights renamed");
-        self.updates.weights.version = msg.version;
+        self.updates.rename(msg.version);
         Ok(self.updates.weights.clone())
     }
 }
