@@ -269,7 +269,8 @@ impl SglStream {
                 Some((prompt, RequestEvent::Token(t))) => {
                     let i = run::choice_index(prompt, t.index, n);
                     let Some(c) = self.choices.get_mut(i) else { continue };
-                    let delta = c.detok.push(&self.tokenizer, t.token, &self.request.job.stop);
+                    let delta =
+                        c.detok.push(&self.tokenizer, t.token, self.request.job.stop(prompt));
                     c.tokens.push(t);
                     if delta.is_empty() {
                         continue;

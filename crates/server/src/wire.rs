@@ -4,8 +4,11 @@
 //! a 400 naming the field. Unknown fields are ignored, as OpenAI and vLLM do. Every field is
 //! optional here; defaults and ranges are applied in `validate`.
 
-use serde::Deserialize;
-use serde::de::DeserializeOwned;
+use std::fmt;
+
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{DeserializeOwned, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use crate::error::{ApiError, from_serde};
@@ -150,6 +153,36 @@ pub(crate) struct SglSamplingParams {
     pub logit_bias: Option<serde_json::Map<String, Value>>,
 }
 
+/// `/generate`'s `sampling_params`: one object for every prompt, or a list with one per prompt of
+/// a batch. Told apart by the JSON type (not `untagged`), so a bad field inside is a 400 naming
+/// its path (`sampling_params[1].temperature`), not "no variant matched".
+#[derive(Clone, Debug)]
+pub(crate) enum SamplingParamsField {
+    One(SglSamplingParams),
+    PerPrompt(Vec<SglSamplingParams>),
+}
+
+impl<'de> Deserialize<'de> for SamplingParamsField {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Dispatch;
+        impl<'de> Visitor<'de> for Dispatch {
+            type Value = SamplingParamsField;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object or a list of objects")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                let one = SglSamplingParams::deserialize(MapAccessDeserializer::new(map))?;
+                Ok(SamplingParamsField::One(one))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                let each = Vec::deserialize(SeqAccessDeserializer::new(seq))?;
+                Ok(SamplingParamsField::PerPrompt(each))
+            }
+        }
+        deserializer.deserialize_any(Dispatch)
+    }
+}
+
 /// The body of `/generate`.
 #[derive(Clone, Debug, Deserialize)]
 pub(crate) struct GenerateBody {
@@ -157,7 +190,7 @@ pub(crate) struct GenerateBody {
     pub rid: Option<Value>,
     pub text: Option<Value>,
     pub input_ids: Option<Value>,
-    pub sampling_params: Option<SglSamplingParams>,
+    pub sampling_params: Option<SamplingParamsField>,
     pub return_logprob: Option<bool>,
     /// Prompt logprobs from this position; -1 (SGLang's default) asks for none.
     pub logprob_start_len: Option<i64>,

@@ -255,6 +255,30 @@ fn a_request_that_can_never_fit_the_waiting_queue_is_400_naming_the_limit() {
         let error = assert_400(&s, g, body, param);
         assert!(error["message"].as_str().unwrap().contains("--max-waiting-requests 4"), "{error}");
     }
+    // A sampling_params list: one entry per prompt, the same n in each, errors naming the entry.
+    for (body, param) in [
+        (json!({"input_ids": [[1], [2]], "sampling_params": [{}]}), "sampling_params"),
+        (json!({"input_ids": [1], "sampling_params": [{}, {}]}), "sampling_params"),
+        (json!({"input_ids": [[1], [2]], "sampling_params": 3}), "sampling_params"),
+        (
+            json!({"input_ids": [[1], [2]], "sampling_params": [{"n": 2}, {"n": 1}]}),
+            "sampling_params[1].n",
+        ),
+        (
+            json!({"input_ids": [[1], [2]], "sampling_params": [{}, {"temperature": "hot"}]}),
+            "sampling_params[1].temperature",
+        ),
+        (
+            json!({"input_ids": [[1], [2]], "sampling_params": [{}, {"top_p": 2}]}),
+            "sampling_params[1].top_p",
+        ),
+        (
+            json!({"input_ids": [[1], [2]], "sampling_params": [{"max_new_tokens": 0}, {}]}),
+            "sampling_params[0].max_new_tokens",
+        ),
+    ] {
+        assert_400(&s, g, body, param);
+    }
     // Four sequences fit an idle queue of four.
     let out = s.ok(c, &json!({"prompt": ["a", "b"], "n": 2, "max_tokens": 2}));
     assert_eq!(out["choices"].as_array().unwrap().len(), 4);

@@ -308,6 +308,43 @@ fn a_batch_or_n_answers_a_list_of_continuations_prompt_major() {
 }
 
 #[test]
+fn a_batch_takes_one_sampling_params_object_per_prompt() {
+    let s = server(MODEL);
+    let (a, b) = (prompt_ids(9, 35), prompt_ids(12, 36));
+    let greedy = json!({"max_new_tokens": 3, "temperature": 0, "ignore_eos": true, "n": 2});
+    let sampled = json!({"max_new_tokens": 5, "temperature": 1.0, "seed": 11, "ignore_eos": true,
+                         "stop": ["!"], "n": 2});
+    let base = json!({"return_logprob": true, "return_routed_experts": true});
+    let with = |input: Value, params: Value| {
+        let mut body = base.clone();
+        body["input_ids"] = input;
+        body["sampling_params"] = params;
+        generate(&s, body)
+    };
+    let batch = with(json!([a, b]), json!([greedy, sampled]));
+    let items = batch.as_array().expect("a list");
+    assert_eq!(items.len(), 4, "two prompts x n = 2, prompt-major");
+    let alone = [with(json!(a), greedy.clone()), with(json!(b), sampled.clone())];
+    for (i, item) in items.iter().enumerate() {
+        let single = &alone[i / 2].as_array().expect("n = 2: a list")[i % 2];
+        assert_eq!(computed(item), computed(single), "item {i}: its prompt's own parameters");
+    }
+    assert_eq!(items[0]["meta_info"]["completion_tokens"], 3);
+    assert_ne!(items[2]["output_ids"], items[3]["output_ids"], "samples seed + j each");
+
+    // Streamed, each continuation holds back its own prompt's stop strings.
+    let mut streamed = base.clone();
+    streamed["input_ids"] = json!([a, b]);
+    streamed["sampling_params"] = json!([greedy, sampled]);
+    streamed["stream"] = json!(true);
+    let events = s.post("/generate", &streamed).sse_json();
+    for (i, item) in items.iter().enumerate() {
+        let last = events.iter().rev().find(|e| e["index"] == i).expect("events for each");
+        assert_eq!(computed(last), computed(item), "streamed item {i}");
+    }
+}
+
+#[test]
 fn a_streamed_batch_interleaves_indexed_events_that_end_as_the_whole_answer() {
     let s = server(MODEL);
     let (a, b) = (prompt_ids(10, 33), prompt_ids(7, 34));

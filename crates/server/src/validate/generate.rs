@@ -1,6 +1,6 @@
 //! `/generate` bodies (SGLang names) to engine requests.
 
-use routed_types::check_num_logprobs;
+use routed_types::{SamplingParams, check_num_logprobs};
 use serde_json::Value;
 
 use super::prompt::PromptInput;
@@ -9,7 +9,7 @@ use super::{BatchNames, Job, WireNames, cache_namespace, check_batch, check_requ
 use crate::AppState;
 use crate::error::ApiError;
 use crate::routing_wire::{self, RoutingFields};
-use crate::wire::{GenerateBody, parse};
+use crate::wire::{GenerateBody, SamplingParamsField, SglSamplingParams, parse};
 
 /// A validated `/generate` request: the job, and how its logprobs are shaped.
 #[derive(Clone, Debug)]
@@ -144,6 +144,84 @@ fn check_start(start: Option<usize>, prompt_len: usize) -> Result<(), ApiError> 
     }
 }
 
+/// Each prompt's `sampling_params`, and whether they came as a list (one per prompt): a single
+/// object (or none) serves every prompt. A list must have one entry per prompt, and the same `n`
+/// in every entry (each prompt's continuations are answered `n` apart).
+fn sampling_entries(
+    b: &GenerateBody,
+    num_prompts: usize,
+) -> Result<(Vec<SglSamplingParams>, bool), ApiError> {
+    let entries = match b.sampling_params.clone() {
+        None => return Ok((vec![SglSamplingParams::default()], false)),
+        Some(SamplingParamsField::One(one)) => return Ok((vec![one], false)),
+        Some(SamplingParamsField::PerPrompt(entries)) => entries,
+    };
+    if entries.len() != num_prompts {
+        return Err(ApiError::invalid(
+            "sampling_params",
+            format!(
+                "{} sampling_params for {num_prompts} prompts: give one object, or a list with \
+                 one per prompt",
+                entries.len()
+            ),
+        ));
+    }
+    let n = |e: &SglSamplingParams| e.n.unwrap_or(1);
+    if let Some(i) = entries.iter().position(|e| n(e) != n(&entries[0])) {
+        return Err(ApiError::invalid(
+            &format!("sampling_params[{i}].n"),
+            format!(
+                "every prompt's n must be the same: sampling_params[0].n is {}, \
+                 sampling_params[{i}].n is {}",
+                n(&entries[0]),
+                n(&entries[i])
+            ),
+        ));
+    }
+    Ok((entries, true))
+}
+
+/// Names entry `i` of a `sampling_params` list in an error about one of its fields.
+fn in_entry(e: ApiError, i: usize) -> ApiError {
+    match e {
+        ApiError::InvalidRequest { message, param: Some(p), code }
+            if p.starts_with("sampling_params.") =>
+        {
+            let param = p.replacen("sampling_params.", &format!("sampling_params[{i}]."), 1);
+            ApiError::InvalidRequest { message, param: Some(param), code }
+        }
+        other => other,
+    }
+}
+
+/// The engine's sampling parameters of one `sampling_params` object.
+fn entry_sampling(
+    state: &AppState,
+    sp: &SglSamplingParams,
+    logprobs: Option<u32>,
+    prompt_logprobs: Option<u32>,
+) -> Result<SamplingParams, ApiError> {
+    let fields = SamplingFields {
+        temperature: sp.temperature,
+        top_p: sp.top_p,
+        top_k: sp.top_k,
+        seed: sp.seed.or(sp.sampling_seed),
+        min_tokens: sp.min_new_tokens,
+        ignore_eos: sp.ignore_eos,
+        stop: sp.stop.clone(),
+        stop_token_ids: sp.stop_token_ids.clone(),
+        presence_penalty: sp.presence_penalty,
+        frequency_penalty: sp.frequency_penalty,
+        repetition_penalty: sp.repetition_penalty,
+        min_p: sp.min_p,
+        logit_bias: sp.logit_bias.clone(),
+        prompt_logprobs,
+        prefix: "sampling_params.",
+    };
+    let max_tokens = sp.max_new_tokens.unwrap_or(128);
+    sampling(fields, max_tokens, logprobs, state.default_seed())
+}
+
 /// Validates a `/generate` body. Routing, when returned, is always raw int32. Each prompt of a
 /// batch is encoded and checked in turn, so a batch stops at its first bad prompt.
 pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, ApiError> {
@@ -151,15 +229,14 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
     let info = state.info();
     let (inputs, listed, prompt_param) = prompts(&b)?;
     let rids = rids(&b, inputs.len(), listed)?;
-    let sp = b.sampling_params.clone().unwrap_or_default();
-    let n = sp.n.unwrap_or(1) as usize;
+    let (entries, per_prompt) = sampling_entries(&b, inputs.len())?;
+    let n = entries[0].n.unwrap_or(1) as usize;
     check_batch(
         info,
         inputs.len(),
         n,
         BatchNames { n: "sampling_params.n", prompt: prompt_param },
     )?;
-    let max_tokens = sp.max_new_tokens.unwrap_or(128);
     let routing_fields = RoutingFields {
         return_routed_experts: b.return_routed_experts,
         start_len: b.routed_experts_start_len,
@@ -169,28 +246,18 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
     };
     let routing = routing_wire::resolve(info, &routing_fields)?;
     let salt = cache_namespace(b.cache_salt.as_deref(), b.extra_key.as_deref())?;
-    let fields = SamplingFields {
-        temperature: sp.temperature,
-        top_p: sp.top_p,
-        top_k: sp.top_k,
-        seed: sp.seed.or(sp.sampling_seed),
-        min_tokens: sp.min_new_tokens,
-        ignore_eos: sp.ignore_eos,
-        stop: sp.stop,
-        stop_token_ids: sp.stop_token_ids,
-        presence_penalty: sp.presence_penalty,
-        frequency_penalty: sp.frequency_penalty,
-        repetition_penalty: sp.repetition_penalty,
-        min_p: sp.min_p,
-        logit_bias: sp.logit_bias,
-        prompt_logprobs: None,
-        prefix: "sampling_params.",
-    };
     let logprobs = logprobs(&b)?;
     let start = logprob_start(&b)?;
     let prompt_logprobs = start.and(logprobs);
-    let fields = SamplingFields { prompt_logprobs, ..fields };
-    let sampling = sampling(fields, max_tokens, logprobs, state.default_seed())?;
+    // Errors about an entry of a list name it (`sampling_params[1].top_p`).
+    let named = |e: ApiError, i: usize| if per_prompt { in_entry(e, i) } else { e };
+    let samplings = entries
+        .iter()
+        .enumerate()
+        .map(|(i, sp)| {
+            entry_sampling(state, sp, logprobs, prompt_logprobs).map_err(|e| named(e, i))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
     let names = WireNames {
         prompt: prompt_param,
         max_tokens: "sampling_params.max_new_tokens",
@@ -204,16 +271,17 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
     };
     let requests = inputs
         .into_iter()
-        .map(|input| {
+        .enumerate()
+        .map(|(i, input)| {
             let ids = input.tokens(state, prompt_param)?;
             check_start(start, ids.len())?;
-            let r = request(ids, &sampling, n, routing, salt.as_ref());
-            check_request(info, &r, &names)?;
+            let sampling = &samplings[i.min(samplings.len() - 1)];
+            let r = request(ids, sampling, n, routing, salt.as_ref());
+            check_request(info, &r, &names).map_err(|e| named(e, i))?;
             Ok(r)
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
     let job = Job {
-        stop: sampling.stop.clone(),
         requests,
         n,
         routing,

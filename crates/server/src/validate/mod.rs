@@ -44,8 +44,6 @@ pub(crate) struct Job {
     pub return_token_ids: bool,
     /// Top alternatives per token, when logprobs were asked for.
     pub logprobs: Option<u32>,
-    /// Stop strings, held back while streaming.
-    pub stop: Vec<String>,
     /// `echo` (completions): each prompt's text, in prompt order, to put before its choices'
     /// text (and, with `logprobs`, its tokens before theirs).
     pub echo: Option<Vec<String>>,
@@ -55,6 +53,11 @@ pub(crate) struct Job {
 }
 
 impl Job {
+    /// Prompt `prompt`'s stop strings, held back while streaming.
+    pub(crate) fn stop(&self, prompt: usize) -> &[String] {
+        &self.requests[prompt].sampling.stop
+    }
+
     /// Prompt lengths, one per prompt.
     pub(crate) fn prompt_lens(&self) -> Vec<usize> {
         self.requests.iter().map(|r| r.prompt_token_ids.len()).collect()
@@ -346,7 +349,6 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
     Ok(Job {
-        stop: sampling.stop.clone(),
         requests,
         n,
         routing,
@@ -408,7 +410,6 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     };
     check_request(state.info(), &r, &names)?;
     Ok(Job {
-        stop: sampling.stop.clone(),
         requests: vec![r],
         n,
         routing,
