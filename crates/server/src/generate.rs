@@ -14,7 +14,7 @@ use std::sync::Arc;
 use actix_web::{HttpResponse, web};
 use futures_util::stream::{self, StreamExt};
 use routed_model::Tokenizer;
-use routed_runtime::{FinalOutput, RequestEvent, TokenEvent, WeightVersions};
+use routed_runtime::{FinalOutput, RequestEvent, TokenEvent, WeightVersionSpan, WeightVersions};
 use routed_types::{FinishReason, RoutingMeta, StopMatch, TokenId};
 use serde_json::{Value, json};
 
@@ -55,6 +55,8 @@ struct Body<'a> {
     text: &'a str,
     tokens: &'a [TokenEvent],
     output: Option<&'a FinalOutput>,
+    /// Which weights sampled `tokens`.
+    weight_versions: &'a [WeightVersionSpan],
 }
 
 /// SGLang's logprob triple `[logprob, token_id, text-or-null]`.
@@ -111,18 +113,6 @@ fn add_input_logprobs(b: &Body<'_>, start: usize, output: &FinalOutput, meta_inf
     }
 }
 
-/// SGLang's `weight_version` (the last token's) and `weight_versions` spans of the tokens so far.
-fn add_weight_versions(b: &Body<'_>, meta_info: &mut Value) {
-    match b.output {
-        Some(output) => set_weight_versions(meta_info, &output.weight_versions),
-        None => {
-            let mut versions = WeightVersions::default();
-            b.tokens.iter().for_each(|t| versions.push(&t.weight_version));
-            set_weight_versions(meta_info, versions.spans());
-        }
-    }
-}
-
 fn body_json(b: Body<'_>, meta: Option<&RoutingMeta>) -> Result<Value, ApiError> {
     let job = &b.request.job;
     let output_ids: Vec<u32> = b.tokens.iter().map(|t| t.token).collect();
@@ -134,7 +124,7 @@ fn body_json(b: Body<'_>, meta: Option<&RoutingMeta>) -> Result<Value, ApiError>
         "cached_tokens": b.output.map_or(0, |o| o.num_cached_tokens),
         "finish_reason": finish_json(b.output.map(|o| &o.finish_reason)),
     });
-    add_weight_versions(&b, &mut meta_info);
+    set_weight_versions(&mut meta_info, b.weight_versions);
     if job.logprobs.is_some() {
         add_logprobs(&b, &mut meta_info);
     }
@@ -216,6 +206,7 @@ pub(crate) async fn generate(
             text: &output.text,
             tokens: &choice.tokens,
             output: Some(output),
+            weight_versions: &output.weight_versions,
         };
         bodies.push(body_json(body, meta.as_ref())?);
     }
@@ -232,6 +223,7 @@ struct ChoiceState {
     detok: Detokenizer,
     text: String,
     tokens: Vec<TokenEvent>,
+    versions: WeightVersions,
     finished: bool,
 }
 
@@ -271,6 +263,7 @@ impl SglStream {
                     let Some(c) = self.choices.get_mut(i) else { continue };
                     let delta =
                         c.detok.push(&self.tokenizer, t.token, self.request.job.stop(prompt));
+                    c.versions.push(&t.weight_version);
                     c.tokens.push(t);
                     if delta.is_empty() {
                         continue;
@@ -313,6 +306,7 @@ impl SglStream {
             text: &c.text,
             tokens: &c.tokens,
             output,
+            weight_versions: output.map_or(c.versions.spans(), |o| &o.weight_versions),
         };
         let mut event = body_json(body, self.meta.as_ref())?;
         if self.request.batch {
