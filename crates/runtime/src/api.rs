@@ -541,6 +541,12 @@ pub struct ModelInfo {
     /// Most sequences (a request counts its `n`) the waiting queue holds; more can never be
     /// admitted at once.
     pub max_waiting_requests: usize,
+    /// Most sequences running at once.
+    pub max_num_seqs: usize,
+    /// Most tokens computed in one step (the prefill chunk).
+    pub max_num_batched_tokens: usize,
+    /// Whether finished blocks stay matchable for prefix hits.
+    pub prefix_caching: bool,
     /// The device, in words.
     pub device: String,
     /// Ranks in the expert-parallel group.

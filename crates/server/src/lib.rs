@@ -17,6 +17,7 @@
 //! | `POST /pause`, `POST /resume`, `GET /is_paused` | vLLM's RLHF pause routes |
 //! | `GET\|POST /release_memory_occupation`, `GET\|POST /resume_memory_occupation`; `POST /sleep`, `POST /wake_up`, `GET /is_sleeping` | memory given back to a colocated trainer, as SGLang and vLLM serve it |
 //! | `GET /v1/routing/stats`, `POST /v1/routing/stats/reset` | tokens per expert per MoE layer |
+//! | `GET /server_info` (or `/get_server_info`), `GET /get_load` | settings and load, as SGLang reports them |
 //!
 //! Both OpenAI routes return routing replay: `choices[i].routed_experts` (base64 `.npy` by
 //! default, `[rows, num_hidden_layers, top_k]` indexed by decoder layer as vLLM and SGLang return
@@ -46,6 +47,7 @@ mod detok;
 mod drain;
 mod error;
 mod generate;
+mod info;
 mod memory;
 mod metrics;
 mod response;

@@ -15,8 +15,8 @@ use crate::body::DEFAULT_BODY_READ_TIMEOUT;
 use crate::drain::{DEFAULT_SHUTDOWN_GRACE, drain, refuse_when_draining};
 use crate::error::{self, not_found};
 use crate::{
-    AppState, control, generate, install_metrics_recorder, memory, routes, routing_stats, tokenize,
-    weights,
+    AppState, control, generate, info, install_metrics_recorder, memory, routes, routing_stats,
+    tokenize, weights,
 };
 
 /// How long a client gets to send a request's headers (actix-web's own timeout).
@@ -122,6 +122,9 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: web::Data<AppState>) {
         .service(resource("/is_paused", [web::get().to(control::is_paused)]))
         .service(resource("/get_weight_version", [web::get().to(weights::get_weight_version)]))
         .service(resource("/get_model_info", [web::get().to(weights::get_model_info)]))
+        .service(resource("/server_info", [web::get().to(info::server_info)]))
+        .service(resource("/get_server_info", [web::get().to(info::server_info)]))
+        .service(resource("/get_load", [web::get().to(info::get_load)]))
         .service(resource("/v1/routing/stats", [web::get().to(routing_stats::stats)]))
         .service(resource("/v1/routing/stats/reset", [web::post().to(routing_stats::reset)]))
         .service(resource("/v1/models", [web::get().to(routes::models)]))
