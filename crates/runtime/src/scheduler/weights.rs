@@ -32,8 +32,9 @@ use tokio::sync::oneshot;
 pub struct UpdateWeights(pub WeightUpdate);
 
 /// Handle -> scheduler: name the weights served `version` (SGLang's `/update_weight_version`,
-/// after a trainer changed them by other means). Tokens sampled from now on carry the new name, so
-/// an open request's later tokens report it; with `abort_all_requests` the requests in flight end first. Reply: the weights.
+/// after a trainer changed them by other means). Tokens sampled from now on carry the new name,
+/// so an open request's later tokens report it; with `abort_all_requests` the requests in flight
+/// end first. Reply: the weights.
 #[derive(Message)]
 #[rtype(result = "Result<WeightsInfo, EngineError>")]
 pub struct SetWeightVersion {
