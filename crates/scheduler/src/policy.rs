@@ -351,12 +351,13 @@ impl Scheduler {
     }
 
     /// Applies a step's output (`ids`: the plan's sequences, in plan order): appends sampled
-    /// tokens, checks stop conditions, queues the commits. `text` decodes tokens for stop strings.
+    /// tokens, checks stop conditions, queues the commits. `text` decodes tokens for stop strings
+    /// (skipping special tokens or not).
     pub fn apply_output(
         &mut self,
         ids: &[SeqId],
         output: &StepOutput,
-        text: &mut dyn FnMut(&[TokenId]) -> String,
+        text: &mut dyn FnMut(&[TokenId], bool) -> String,
     ) -> Vec<SeqEvent> {
         let mut events = Vec::new();
         for chunk in &output.prompt_logprobs {

@@ -3,15 +3,17 @@
 use routed_types::{FinishReason, SamplingParams, StopMatch, TokenId};
 
 /// Whether a sequence with `output` (the token just sampled last) stops now. `text` decodes the
-/// output when stop strings need it; it is only called when the request has stop strings.
-/// Returns the reason and, for a stop string, the byte length of the text to keep.
+/// output (with `skip_special_tokens` as the request asks) when stop strings need it; it is only
+/// called when the request has stop strings. Returns the reason and, for a stop string, the byte
+/// length of the text to keep: up to the match, or through it with
+/// `include_stop_str_in_output`.
 pub fn check_stop(
     output: &[TokenId],
     params: &SamplingParams,
     eos: &[TokenId],
     num_tokens: usize,
     max_model_len: usize,
-    text: &mut dyn FnMut(&[TokenId]) -> String,
+    text: &mut dyn FnMut(&[TokenId], bool) -> String,
 ) -> Option<(FinishReason, Option<usize>)> {
     let last = *output.last()?;
     let n = output.len();
@@ -24,13 +26,14 @@ pub fn check_stop(
             return Some((FinishReason::Stop { matched: None }, None));
         }
         if !params.stop.is_empty() {
-            let decoded = text(output);
+            let decoded = text(output, params.skip_special_tokens);
             let found =
                 params.stop.iter().filter_map(|s| decoded.find(s.as_str()).map(|at| (at, s))).min();
             if let Some((at, s)) = found {
+                let keep = if params.include_stop_str_in_output { at + s.len() } else { at };
                 return Some((
                     FinishReason::Stop { matched: Some(StopMatch::Text(s.clone())) },
-                    Some(at),
+                    Some(keep),
                 ));
             }
         }
@@ -45,7 +48,7 @@ pub fn check_stop(
 mod tests {
     use super::*;
 
-    fn text(ids: &[TokenId]) -> String {
+    fn text(ids: &[TokenId], _skip_special_tokens: bool) -> String {
         ids.iter().map(|&i| char::from(b'a' + (i % 26) as u8)).collect()
     }
 
@@ -66,6 +69,9 @@ mod tests {
         let (reason, keep) = check_stop(&[0, 1, 2, 3], &p, &[], 4, 100, &mut text).unwrap();
         assert_eq!(reason, FinishReason::Stop { matched: Some(StopMatch::Text("cd".into())) });
         assert_eq!(keep, Some(2));
+        let include = SamplingParams { include_stop_str_in_output: true, ..p };
+        let (_, keep) = check_stop(&[0, 1, 2, 3], &include, &[], 4, 100, &mut text).unwrap();
+        assert_eq!(keep, Some(4), "through the match");
         let p = SamplingParams::greedy(2);
         assert_eq!(
             check_stop(&[5, 6], &p, &[], 4, 100, &mut text).unwrap().0,

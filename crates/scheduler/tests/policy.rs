@@ -80,7 +80,7 @@ fn sampled(tokens: &[Option<TokenId>]) -> StepOutput {
     StepOutput { sampled: tokens.iter().map(|t| t.map(one)).collect(), ..StepOutput::default() }
 }
 
-fn no_text(_: &[TokenId]) -> String {
+fn no_text(_: &[TokenId], _: bool) -> String {
     String::new()
 }
 

@@ -4,11 +4,12 @@
 //! window (as TGI and vLLM do) and emits only the text past what the window already produced,
 //! holding back a trailing U+FFFD (an incomplete character). The text a client has been sent must
 //! never contain a stop string, which the engine cuts from its final text, so the tail that could
-//! still grow into a stop string is held back too. The engine's final text is authoritative: the
-//! last delta is whatever of it has not been sent.
+//! still grow into a stop string is held back too, and so is a trailing special token when special
+//! tokens are kept (the one that ends the request is left out of the final text). The engine's
+//! final text is authoritative: the last delta is whatever of it has not been sent.
 
 use routed_model::Tokenizer;
-use routed_types::TokenId;
+use routed_types::{SamplingParams, TokenId};
 
 /// The decoding state of one streamed continuation.
 #[derive(Debug, Default)]
@@ -23,16 +24,19 @@ pub(crate) struct Detokenizer {
 }
 
 impl Detokenizer {
-    /// Adds a token and returns the text that is now safe to send, if any.
+    /// Adds a token of a request sampled with `params` (its stop strings, whether special tokens
+    /// are skipped) and returns the text that is now safe to send, if any.
     pub(crate) fn push(
         &mut self,
         tokenizer: &Tokenizer,
         token: TokenId,
-        stop: &[String],
+        params: &SamplingParams,
     ) -> String {
         self.tokens.push(token);
-        let prefix = tokenizer.decode(&self.tokens[self.prefix_offset..self.read_offset]);
-        let full = tokenizer.decode(&self.tokens[self.prefix_offset..]);
+        let skip = params.skip_special_tokens;
+        let prefix =
+            tokenizer.decode_with(&self.tokens[self.prefix_offset..self.read_offset], skip);
+        let full = tokenizer.decode_with(&self.tokens[self.prefix_offset..], skip);
         if let (Ok(prefix), Ok(full)) = (prefix, full)
             && full.len() > prefix.len()
             && !full.ends_with('\u{FFFD}')
@@ -42,7 +46,14 @@ impl Detokenizer {
             self.prefix_offset = self.read_offset;
             self.read_offset = self.tokens.len();
         }
-        let safe = safe_len(&self.decoded, stop);
+        let mut safe = safe_len(&self.decoded, &params.stop);
+        if !skip && tokenizer.is_special(token) {
+            // It may be the token that ends the request, whose text the final text leaves out.
+            let special = tokenizer.decode_with(&[token], false).unwrap_or_default();
+            if self.decoded.ends_with(&special) {
+                safe = safe.min(self.decoded.len() - special.len());
+            }
+        }
         if safe <= self.sent {
             return String::new();
         }

@@ -262,7 +262,7 @@ impl SglStream {
                     let i = run::choice_index(prompt, t.index, n);
                     let Some(c) = self.choices.get_mut(i) else { continue };
                     let delta =
-                        c.detok.push(&self.tokenizer, t.token, self.request.job.stop(prompt));
+                        c.detok.push(&self.tokenizer, t.token, self.request.job.sampling(prompt));
                     c.versions.push(&t.weight_version);
                     c.tokens.push(t);
                     if delta.is_empty() {

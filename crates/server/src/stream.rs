@@ -260,7 +260,7 @@ impl SseState {
             held.push(t);
             return;
         }
-        let delta = state.detok.push(&self.tokenizer, t.token, self.job.stop(prompt));
+        let delta = state.detok.push(&self.tokenizer, t.token, self.job.sampling(prompt));
         if delta.is_empty() && self.job.logprobs.is_none() && !self.job.return_token_ids {
             return;
         }

@@ -62,6 +62,10 @@ pub(crate) struct CommonFields {
     pub stop_token_ids: Option<Vec<u32>>,
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
+    /// vLLM's: keep a matched stop string in the text.
+    pub include_stop_str_in_output: Option<bool>,
+    /// vLLM's: leave special tokens out of the text (default true).
+    pub skip_special_tokens: Option<bool>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub cache_salt: Option<String>,
@@ -143,6 +147,9 @@ pub(crate) struct SglSamplingParams {
     pub stop: Option<StopField>,
     pub stop_token_ids: Option<Vec<u32>>,
     pub ignore_eos: Option<bool>,
+    /// Keep a matched stop string in the text (vLLM's `include_stop_str_in_output`).
+    pub no_stop_trim: Option<bool>,
+    pub skip_special_tokens: Option<bool>,
     pub seed: Option<u64>,
     pub sampling_seed: Option<u64>,
     pub n: Option<u32>,

@@ -2,7 +2,8 @@
 //! `repetition_penalty`, `min_p`, `logit_bias`) over real HTTP on every route that takes them:
 //! each is accepted, changes the tokens where it should, gives the same tokens for the same seed,
 //! means the same on `/generate` (SGLang's `sampling_params`) as on the OpenAI routes, and an
-//! out-of-range value is a 400 naming the field.
+//! out-of-range value is a 400 naming the field; and the text fields (`skip_special_tokens`,
+//! `include_stop_str_in_output`, SGLang's `no_stop_trim`), whole and streamed.
 
 mod common;
 
@@ -189,4 +190,60 @@ fn out_of_range_values_are_400_naming_the_field() {
         let error = s.post("/generate", &body).error(400, "invalid_request_error");
         assert_eq!(error["param"], param, "{body}: {error}");
     }
+}
+
+/// The whole text of a completions request, and its streamed deltas joined.
+fn texts(s: &TestServer, body: &Value) -> (String, String) {
+    let whole = s.ok("/v1/completions", body)["choices"][0]["text"].as_str().unwrap().to_owned();
+    let events = s.post("/v1/completions", &with(body, json!({"stream": true}))).sse_json();
+    let deltas = events.iter().filter_map(|e| e["choices"][0]["text"].as_str());
+    (whole, deltas.collect())
+}
+
+#[test]
+fn special_tokens_and_stop_strings_stay_in_the_text_when_asked() {
+    let s = server(MODEL);
+    let prompt = prompt_ids(8, 34);
+    let base = json!({"prompt": prompt, "max_tokens": 3, "temperature": 0,
+                      "return_routed_experts": false});
+    // Token 1 (`<|im_start|>`) is special: out of the text by default, in it on request.
+    let marker = with(&base, json!({"logit_bias": {"1": 100}, "ignore_eos": true}));
+    assert_eq!(texts(&s, &marker), (String::new(), String::new()));
+    let kept = "<|im_start|>".repeat(3);
+    let keep = with(&marker, json!({"skip_special_tokens": false}));
+    assert_eq!(texts(&s, &keep), (kept.clone(), kept));
+    // EOS (`<|im_end|>`, special) ends the request: left out even when special tokens are kept,
+    // unless the stop is asked for too; the stream never sends what the text leaves out.
+    let eos = with(&base, json!({"logit_bias": {"2": 100}, "skip_special_tokens": false}));
+    assert_eq!(texts(&s, &eos), (String::new(), String::new()));
+    let with_stop = with(&eos, json!({"include_stop_str_in_output": true}));
+    let end = "<|im_end|>".to_owned();
+    assert_eq!(texts(&s, &with_stop), (end.clone(), end));
+
+    // A stop string is cut from the text, or kept through the match on request.
+    let plain = with(&base, json!({"max_tokens": 12, "ignore_eos": true}));
+    let (full, _) = texts(&s, &plain);
+    let chars: Vec<(usize, char)> = full.char_indices().collect();
+    assert!(chars.len() >= 6, "{full:?}");
+    let stop = &full[chars[3].0..chars[5].0];
+    let at = full.find(stop).unwrap();
+    let cut = with(&plain, json!({"stop": [stop]}));
+    let before = full[..at].to_owned();
+    assert_eq!(texts(&s, &cut), (before.clone(), before));
+    let through = full[..at + stop.len()].to_owned();
+    let kept = with(&cut, json!({"include_stop_str_in_output": true}));
+    assert_eq!(texts(&s, &kept), (through.clone(), through.clone()));
+    // SGLang's names on /generate: `no_stop_trim` and `skip_special_tokens`.
+    let generated = s.ok(
+        "/generate",
+        &json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": 12, "temperature": 0,
+                "ignore_eos": true, "stop": [stop], "no_stop_trim": true}}),
+    );
+    assert_eq!(generated["text"], json!(through));
+    let marked = s.ok(
+        "/generate",
+        &json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": 2, "temperature": 0,
+                "ignore_eos": true, "logit_bias": {"1": 100}, "skip_special_tokens": false}}),
+    );
+    assert_eq!(marked["text"], json!("<|im_start|>".repeat(2)));
 }

@@ -33,8 +33,16 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Extra token ids that end the request.
     pub stop_token_ids: Vec<TokenId>,
-    /// Strings that end the request; the match is cut from the text.
+    /// Strings that end the request; the match is cut from the text unless
+    /// `include_stop_str_in_output`.
     pub stop: Vec<String>,
+    /// Keep a matched stop string at the end of the text, and the text of a special token that
+    /// ended the request (vLLM's `include_stop_str_in_output`, SGLang's `no_stop_trim`).
+    pub include_stop_str_in_output: bool,
+    /// Leave special tokens (EOS, chat markers) out of the text, as vLLM and SGLang do by default.
+    /// With `false` they are in it, but for the one that ended the request (unless
+    /// `include_stop_str_in_output`). Only the text changes: token ids and logprobs are the same.
+    pub skip_special_tokens: bool,
     /// How many top alternatives to report beside the sampled token's logprob (`None`: no
     /// logprobs at all).
     pub logprobs: Option<u32>,
@@ -70,6 +78,8 @@ impl Default for SamplingParams {
             ignore_eos: false,
             stop_token_ids: Vec::new(),
             stop: Vec::new(),
+            include_stop_str_in_output: false,
+            skip_special_tokens: true,
             logprobs: None,
             prompt_logprobs: None,
             presence_penalty: 0.0,

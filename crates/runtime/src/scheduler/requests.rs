@@ -10,8 +10,11 @@ use crate::{
     validate::validate,
 };
 use actix::{ActorFutureExt, AsyncContext, Context, WrapFuture};
+use routed_model::Tokenizer;
 use routed_scheduler::{NewSeq, SeqEvent, SeqStatus};
-use routed_types::{FinishReason, RequestId, SamplingParams, SeqId, StepOutput};
+use routed_types::{
+    FinishReason, RequestId, SamplingParams, SeqId, StepOutput, StopMatch, TokenId,
+};
 use std::sync::Arc;
 
 impl SchedulerActor {
@@ -74,7 +77,7 @@ impl SchedulerActor {
         ctx: &mut Context<Self>,
     ) {
         let tokenizer = self.tokenizer.clone();
-        let mut decode = |t: &[u32]| tokenizer.decode(t).unwrap_or_default();
+        let mut decode = |t: &[u32], skip: bool| tokenizer.decode_with(t, skip).unwrap_or_default();
         let mut gone = Vec::new();
         for event in self.policy.apply_output(ids, output, &mut decode) {
             match event {
@@ -121,10 +124,7 @@ impl SchedulerActor {
         ctx: &mut Context<Self>,
     ) {
         let Some(seq) = self.policy.seq(id) else { return };
-        let mut text = self.tokenizer.decode(&seq.output).unwrap_or_default();
-        if let Some(len) = text_len {
-            text.truncate(len);
-        }
+        let text = output_text(&self.tokenizer, &seq.output, &seq.params, &reason, text_len);
         let output = FinalOutput {
             index: id.index_in_request(),
             token_ids: seq.output.clone(),
@@ -255,11 +255,12 @@ impl SchedulerActor {
                 self.finish(id, FinishReason::Abort, None, num_rows, ctx);
             } else if let Some(seq) = self.policy.abort(id) {
                 self.last_step.remove(&id);
+                let reason = FinishReason::Abort;
                 let output = FinalOutput {
                     index: i,
-                    text: self.tokenizer.decode(&seq.output).unwrap_or_default(),
+                    text: output_text(&self.tokenizer, &seq.output, &seq.params, &reason, None),
                     token_ids: seq.output,
-                    finish_reason: FinishReason::Abort,
+                    finish_reason: reason,
                     num_prompt_tokens: seq.prompt.len(),
                     num_cached_tokens: seq.num_cached_tokens,
                     routing: None,
@@ -279,4 +280,28 @@ impl SchedulerActor {
             self.abort(request, ctx);
         }
     }
+}
+
+/// A finished continuation's text: its tokens decoded as the request asks (special tokens kept or
+/// not), cut at a matched stop string (`text_len`), and without the special token that ended it
+/// (EOS or a special stop token) unless `include_stop_str_in_output`: vLLM and SGLang leave it
+/// out, which only shows when special tokens are kept.
+fn output_text(
+    tokenizer: &Tokenizer,
+    output: &[TokenId],
+    params: &SamplingParams,
+    reason: &FinishReason,
+    text_len: Option<usize>,
+) -> String {
+    let on_token =
+        matches!(reason, FinishReason::Stop { matched: None | Some(StopMatch::Token(_)) });
+    let trim = on_token
+        && !params.include_stop_str_in_output
+        && output.last().is_some_and(|&t| tokenizer.is_special(t));
+    let ids = if trim { &output[..output.len() - 1] } else { output };
+    let mut text = tokenizer.decode_with(ids, params.skip_special_tokens).unwrap_or_default();
+    if let Some(len) = text_len {
+        text.truncate(len);
+    }
+    text
 }

@@ -210,6 +210,8 @@ fn entry_sampling(
         ignore_eos: sp.ignore_eos,
         stop: sp.stop.clone(),
         stop_token_ids: sp.stop_token_ids.clone(),
+        include_stop_str: sp.no_stop_trim,
+        skip_special_tokens: sp.skip_special_tokens,
         presence_penalty: sp.presence_penalty,
         frequency_penalty: sp.frequency_penalty,
         repetition_penalty: sp.repetition_penalty,

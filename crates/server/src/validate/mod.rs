@@ -53,9 +53,9 @@ pub(crate) struct Job {
 }
 
 impl Job {
-    /// Prompt `prompt`'s stop strings, held back while streaming.
-    pub(crate) fn stop(&self, prompt: usize) -> &[String] {
-        &self.requests[prompt].sampling.stop
+    /// How prompt `prompt` samples: its stop strings and special tokens shape streamed text.
+    pub(crate) fn sampling(&self, prompt: usize) -> &SamplingParams {
+        &self.requests[prompt].sampling
     }
 
     /// Prompt lengths, one per prompt.
@@ -284,6 +284,8 @@ fn sampling_fields(c: &CommonFields, prompt_logprobs: Option<u32>) -> SamplingFi
         ignore_eos: c.ignore_eos,
         stop: c.stop.clone(),
         stop_token_ids: c.stop_token_ids.clone(),
+        include_stop_str: c.include_stop_str_in_output,
+        skip_special_tokens: c.skip_special_tokens,
         presence_penalty: c.presence_penalty,
         frequency_penalty: c.frequency_penalty,
         repetition_penalty: c.repetition_penalty,
