@@ -128,6 +128,22 @@ def main():
     ]
     assert draws[0] == draws[1], draws
 
+    # Token-in/token-out agents read the sampled ids back from chat logprobs named
+    # `token_id:<id>`, and keep the stop string they stopped on.
+    ided = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=5, temperature=0, logprobs=True,
+        extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True},
+    ).model_dump()["choices"][0]
+    parsed = [int(entry["token"].split(":")[-1]) for entry in ided["logprobs"]["content"]]
+    assert parsed == ided["token_ids"], (parsed, ided["token_ids"])
+    text = c["message"]["content"]
+    stop = text[2:4]
+    kept = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=6, temperature=0, stop=[stop],
+        extra_body={"include_stop_str_in_output": True},
+    ).model_dump()["choices"][0]["message"]["content"]
+    assert kept == text[: text.index(stop) + len(stop)], (kept, text, stop)
+
     # Scoring a prompt as lm-eval's loglikelihood tasks do: echo with logprobs, the first token
     # without a logprob; and vLLM's prompt_logprobs beside it.
     text = "The experts route every token"

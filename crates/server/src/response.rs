@@ -71,6 +71,22 @@ pub(crate) fn token_text(tokenizer: &Tokenizer, id: TokenId) -> String {
     tokenizer.decode(&[id]).unwrap_or_default()
 }
 
+/// How logprobs name tokens: by their text, or as `token_id:<id>` (vLLM's
+/// `return_tokens_as_token_ids`, exact where a token's text alone is not, say half a
+/// multi-byte character).
+#[derive(Clone, Copy)]
+pub(crate) struct TokenNames<'a> {
+    pub tokenizer: &'a Tokenizer,
+    pub as_ids: bool,
+}
+
+impl TokenNames<'_> {
+    /// Token `id` as logprobs name it.
+    fn name(&self, id: TokenId) -> String {
+        if self.as_ids { format!("token_id:{id}") } else { token_text(self.tokenizer, id) }
+    }
+}
+
 /// One token of the legacy completions logprobs: its logprob (`None` for the first prompt
 /// token, which nothing predicts) and its top alternatives.
 #[derive(Clone, Copy, Debug)]
@@ -94,32 +110,30 @@ fn clamp_logprob(logprob: f32) -> f32 {
 /// Legacy completions logprobs over `tokens`; `offset` is the text offset of the first one and
 /// is advanced past them.
 pub(crate) fn completion_logprobs(
-    tokenizer: &Tokenizer,
+    names: TokenNames<'_>,
     tokens: &[TokenEvent],
     offset: &mut usize,
 ) -> Value {
-    legacy_logprobs(tokenizer, tokens.iter().map(Scored::from), offset)
+    legacy_logprobs(names, tokens.iter().map(Scored::from), offset)
 }
 
 /// Legacy completions logprobs: `tokens`, `token_logprobs`, `top_logprobs` (a map from token
 /// text to logprob that includes the token itself; `null` where the token has no logprob) and
-/// `text_offset`, counted from `offset`, which is advanced past them.
+/// `text_offset`, counted from `offset`, which is advanced past them (by the names' lengths, as
+/// vLLM counts them).
 pub(crate) fn legacy_logprobs<'a>(
-    tokenizer: &Tokenizer,
+    names: TokenNames<'_>,
     tokens: impl Iterator<Item = Scored<'a>>,
     offset: &mut usize,
 ) -> Value {
     let (mut texts, mut logprobs, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
     for t in tokens {
-        let text = token_text(tokenizer, t.token);
+        let text = names.name(t.token);
         offsets.push(*offset);
         *offset += text.chars().count();
         let top = t.logprob.map(|logprob| {
-            let mut top: BTreeMap<String, f32> = t
-                .top
-                .iter()
-                .map(|&(id, lp)| (token_text(tokenizer, id), clamp_logprob(lp)))
-                .collect();
+            let mut top: BTreeMap<String, f32> =
+                t.top.iter().map(|&(id, lp)| (names.name(id), clamp_logprob(lp))).collect();
             top.entry(text.clone()).or_insert(clamp_logprob(logprob));
             top
         });
@@ -172,11 +186,11 @@ pub(crate) fn prompt_logprobs_json(
     Value::Array(positions.map(|p| p.unwrap_or(Value::Null)).collect())
 }
 
-/// Chat logprobs entries over `tokens`.
-pub(crate) fn chat_logprobs(tokenizer: &Tokenizer, tokens: &[TokenEvent]) -> Value {
+/// Chat logprobs entries over `tokens`; `bytes` are the token's text's whatever its name.
+pub(crate) fn chat_logprobs(names: TokenNames<'_>, tokens: &[TokenEvent]) -> Value {
     let entry = |id: TokenId, lp: f32| {
-        let text = token_text(tokenizer, id);
-        json!({"token": text, "logprob": lp, "bytes": text.as_bytes()})
+        let text = token_text(names.tokenizer, id);
+        json!({"token": names.name(id), "logprob": lp, "bytes": text.as_bytes()})
     };
     let content: Vec<Value> = tokens
         .iter()
@@ -296,7 +310,7 @@ pub(crate) fn whole(
             Route::Chat => json!({
                 "index": i,
                 "message": {"role": "assistant", "content": output.text},
-                "logprobs": job.logprobs.map(|_| chat_logprobs(tokenizer, &c.tokens)),
+                "logprobs": job.logprobs.map(|_| chat_logprobs(job.names(tokenizer), &c.tokens)),
             }),
         };
         choice["finish_reason"] = json!(finish_reason(&output.finish_reason));
@@ -361,9 +375,9 @@ fn completion_choice(
         match echoed {
             Some(_) => {
                 let all = echoed_prompt(prompt, scores, k).chain(generated);
-                legacy_logprobs(tokenizer, all, &mut 0)
+                legacy_logprobs(job.names(tokenizer), all, &mut 0)
             }
-            None => legacy_logprobs(tokenizer, generated, &mut 0),
+            None => legacy_logprobs(job.names(tokenizer), generated, &mut 0),
         }
     });
     let mut choice = json!({"index": index, "text": text, "logprobs": logprobs});

@@ -122,7 +122,11 @@ impl SseState {
             let prompt = &self.job.requests[prompt_index].prompt_token_ids;
             let scores = output.and_then(|o| o.prompt_logprobs.as_deref());
             let offset = &mut self.choices[i].text_offset;
-            legacy_logprobs(&self.tokenizer, echoed_prompt(prompt, scores, k), offset)
+            legacy_logprobs(
+                self.job.names(&self.tokenizer),
+                echoed_prompt(prompt, scores, k),
+                offset,
+            )
         });
         let mut choice = json!({"index": i, "text": text.unwrap_or_default(),
                                 "logprobs": logprobs, "finish_reason": null});
@@ -242,12 +246,14 @@ impl SseState {
         match self.route {
             Route::Completions => {
                 let logprobs = self.job.logprobs.map(|_| {
-                    completion_logprobs(&self.tokenizer, tokens, &mut self.choices[i].text_offset)
+                    let names = self.job.names(&self.tokenizer);
+                    completion_logprobs(names, tokens, &mut self.choices[i].text_offset)
                 });
                 json!({"index": i, "text": text, "logprobs": logprobs})
             }
             Route::Chat => {
-                let logprobs = self.job.logprobs.map(|_| chat_logprobs(&self.tokenizer, tokens));
+                let names = self.job.names(&self.tokenizer);
+                let logprobs = self.job.logprobs.map(|_| chat_logprobs(names, tokens));
                 json!({"index": i, "delta": {"content": text}, "logprobs": logprobs})
             }
         }

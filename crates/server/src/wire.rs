@@ -72,6 +72,8 @@ pub(crate) struct CommonFields {
     /// SGLang's second cache namespace; combined with `cache_salt`.
     pub extra_key: Option<String>,
     pub return_token_ids: Option<bool>,
+    /// vLLM's: logprobs name tokens `token_id:<id>`.
+    pub return_tokens_as_token_ids: Option<bool>,
     pub echo: Option<bool>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,

@@ -247,3 +247,47 @@ fn special_tokens_and_stop_strings_stay_in_the_text_when_asked() {
     );
     assert_eq!(marked["text"], json!("<|im_start|>".repeat(2)));
 }
+
+#[test]
+fn logprobs_name_tokens_by_id_when_asked() {
+    let s = server(MODEL);
+    let prompt = prompt_ids(8, 35);
+    let names = |ids: &[u64]| ids.iter().map(|id| json!(format!("token_id:{id}"))).collect();
+    let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": true,
+                      "logprobs": 2, "return_token_ids": true, "return_routed_experts": false,
+                      "return_tokens_as_token_ids": true});
+    let whole = s.ok("/v1/completions", &body);
+    let choice = &whole["choices"][0];
+    let tokens = ids(&choice["token_ids"]);
+    let logprobs = &choice["logprobs"];
+    assert_eq!(logprobs["tokens"], Value::Array(names(&tokens)), "{logprobs}");
+    // Alternatives are named the same way; offsets count the names, as vLLM counts them.
+    let top = logprobs["top_logprobs"][0].as_object().unwrap();
+    assert!(top.keys().all(|k| k.starts_with("token_id:")), "{top:?}");
+    let offsets = ids(&logprobs["text_offset"]);
+    assert_eq!(offsets[1] - offsets[0], format!("token_id:{}", tokens[0]).len() as u64);
+    let events = s.post("/v1/completions", &with(&body, json!({"stream": true}))).sse_json();
+    let streamed: Vec<Value> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["logprobs"]["tokens"].as_array())
+        .flatten()
+        .cloned()
+        .collect();
+    assert_eq!(streamed, names(&tokens));
+
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                      "temperature": 0, "ignore_eos": true, "logprobs": true, "top_logprobs": 1,
+                      "return_token_ids": true, "return_tokens_as_token_ids": true});
+    let answer = s.ok("/v1/chat/completions", &chat);
+    let choice = &answer["choices"][0];
+    let content = choice["logprobs"]["content"].as_array().unwrap();
+    let named: Vec<Value> = content.iter().map(|c| c["token"].clone()).collect();
+    assert_eq!(named, names(&ids(&choice["token_ids"])));
+    // `bytes` stay the token's text's, as vLLM gives them.
+    let text: Vec<u8> = content
+        .iter()
+        .flat_map(|c| c["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8))
+        .collect();
+    assert_eq!(String::from_utf8_lossy(&text), choice["message"]["content"].as_str().unwrap());
+    assert!(content[0]["top_logprobs"][0]["token"].as_str().unwrap().starts_with("token_id:"));
+}

@@ -289,6 +289,7 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         routing,
         stream: b.stream.unwrap_or(false).then_some(false),
         return_token_ids: true,
+        tokens_as_ids: false,
         logprobs,
         echo: None,
         prompt_logprobs: None,

@@ -15,12 +15,14 @@ mod sampling;
 
 use std::borrow::Cow;
 
+use routed_model::Tokenizer;
 use routed_runtime::{EngineError, GenerateRequest, MAX_N, ModelInfo};
 use routed_types::{MAX_LOGPROBS, SamplingError, SamplingParams, TokenId};
 use serde_json::{Value, json};
 
 use crate::AppState;
 use crate::error::ApiError;
+use crate::response::TokenNames;
 use crate::routing_wire::{self, RoutingFields, RoutingRequest};
 use crate::wire::{ChatFields, CommonFields, CompletionFields, parse};
 
@@ -42,6 +44,8 @@ pub(crate) struct Job {
     pub stream: Option<bool>,
     /// Add `token_ids` / `prompt_token_ids` to choices.
     pub return_token_ids: bool,
+    /// Logprobs name tokens `token_id:<id>` (vLLM's `return_tokens_as_token_ids`).
+    pub tokens_as_ids: bool,
     /// Top alternatives per token, when logprobs were asked for.
     pub logprobs: Option<u32>,
     /// `echo` (completions): each prompt's text, in prompt order, to put before its choices'
@@ -53,6 +57,11 @@ pub(crate) struct Job {
 }
 
 impl Job {
+    /// How this job's logprobs name tokens.
+    pub(crate) fn names<'a>(&self, tokenizer: &'a Tokenizer) -> TokenNames<'a> {
+        TokenNames { tokenizer, as_ids: self.tokens_as_ids }
+    }
+
     /// How prompt `prompt` samples: its stop strings and special tokens shape streamed text.
     pub(crate) fn sampling(&self, prompt: usize) -> &SamplingParams {
         &self.requests[prompt].sampling
@@ -356,6 +365,7 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         routing,
         stream,
         return_token_ids: c.return_token_ids.unwrap_or(false),
+        tokens_as_ids: c.return_tokens_as_token_ids.unwrap_or(false),
         logprobs: f.logprobs,
         echo: echo.then_some(texts),
         prompt_logprobs: shown,
@@ -417,6 +427,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         routing,
         stream,
         return_token_ids: c.return_token_ids.unwrap_or(false),
+        tokens_as_ids: c.return_tokens_as_token_ids.unwrap_or(false),
         logprobs,
         echo: None,
         prompt_logprobs: asked,
