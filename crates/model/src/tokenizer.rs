@@ -24,8 +24,6 @@ pub struct Tokenizer {
     bos_token: Option<String>,
     eos_token: Option<String>,
     eos_token_ids: Vec<TokenId>,
-    /// Ids of the special added tokens (those `skip_special_tokens` drops), sorted.
-    special_ids: Vec<TokenId>,
     /// How many tokens a text needs at least, when the pipeline allows a bound.
     bound: Option<TokenBound>,
 }
@@ -56,12 +54,7 @@ impl Tokenizer {
         {
             eos_token_ids.push(id);
         }
-        let added = inner.get_added_tokens_decoder();
-        let mut special_ids: Vec<TokenId> =
-            added.iter().filter(|(_, t)| t.special).map(|(&id, _)| id).collect();
-        special_ids.sort_unstable();
         Ok(Self {
-            special_ids,
             bound: TokenBound::of(&inner),
             chat_template: chat_template.map(str::to_owned),
             bos_token: config.as_ref().and_then(|c| token_str(c, "bos_token")),
@@ -112,11 +105,6 @@ impl Tokenizer {
         self.inner
             .decode(ids, skip_special_tokens)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))
-    }
-
-    /// Whether `id` is a special token: one that decoding with `skip_special_tokens` drops.
-    pub fn is_special(&self, id: TokenId) -> bool {
-        self.special_ids.binary_search(&id).is_ok()
     }
 
     /// The vocabulary entry of `id` (transformers' `convert_ids_to_tokens`), `None` outside the

@@ -176,7 +176,9 @@ pub struct FinalOutput {
     pub index: usize,
     /// Every generated token (a stop token included, a stop string's tokens included).
     pub token_ids: Vec<TokenId>,
-    /// Decoded text of the generated tokens, cut before a matched stop string.
+    /// Decoded text of the generated tokens (special tokens kept or not, as the request asks),
+    /// cut before a matched stop string and without the stop token or EOS that ended it (unless
+    /// the request keeps its stop: `include_stop_str_in_output`).
     pub text: String,
     /// Why it ended.
     pub finish_reason: FinishReason,

@@ -4,9 +4,10 @@
 //! window (as TGI and vLLM do) and emits only the text past what the window already produced,
 //! holding back a trailing U+FFFD (an incomplete character). The text a client has been sent must
 //! never contain a stop string, which the engine cuts from its final text, so the tail that could
-//! still grow into a stop string is held back too, and so is a trailing special token when special
-//! tokens are kept (the one that ends the request is left out of the final text). The engine's
-//! final text is authoritative: the last delta is whatever of it has not been sent.
+//! still grow into a stop string is held back too, and so is the text of a token that may end the
+//! request (EOS, a stop token), which the final text leaves out unless the request keeps its
+//! stop. The engine's final text is authoritative: the last delta is whatever of it has not been
+//! sent.
 
 use routed_model::Tokenizer;
 use routed_types::{SamplingParams, TokenId};
@@ -33,6 +34,7 @@ impl Detokenizer {
         params: &SamplingParams,
     ) -> String {
         self.tokens.push(token);
+        let before = self.decoded.len();
         let skip = params.skip_special_tokens;
         let prefix =
             tokenizer.decode_with(&self.tokens[self.prefix_offset..self.read_offset], skip);
@@ -47,12 +49,11 @@ impl Detokenizer {
             self.read_offset = self.tokens.len();
         }
         let mut safe = safe_len(&self.decoded, &params.stop);
-        if !skip && tokenizer.is_special(token) {
-            // It may be the token that ends the request, whose text the final text leaves out.
-            let special = tokenizer.decode_with(&[token], false).unwrap_or_default();
-            if self.decoded.ends_with(&special) {
-                safe = safe.min(self.decoded.len() - special.len());
-            }
+        let may_end = params.stop_token_ids.contains(&token)
+            || (!params.ignore_eos && tokenizer.eos_token_ids().contains(&token));
+        if may_end && !params.include_stop_str_in_output {
+            // Held until the next token shows the request went on.
+            safe = safe.min(before);
         }
         if safe <= self.sent {
             return String::new();

@@ -233,13 +233,27 @@ fn special_tokens_and_stop_strings_stay_in_the_text_when_asked() {
     let through = full[..at + stop.len()].to_owned();
     let kept = with(&cut, json!({"include_stop_str_in_output": true}));
     assert_eq!(texts(&s, &kept), (through.clone(), through.clone()));
-    // SGLang's names on /generate: `no_stop_trim` and `skip_special_tokens`.
+    // SGLang's name on /generate: `no_stop_trim`.
     let generated = s.ok(
         "/generate",
         &json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": 12, "temperature": 0,
                 "ignore_eos": true, "stop": [stop], "no_stop_trim": true}}),
     );
     assert_eq!(generated["text"], json!(through));
+    // A stop token's text is left out too (an ordinary token here), or kept on request.
+    let generated =
+        ids(&s.ok("/v1/completions", &with(&plain, json!({"return_token_ids": true})))["choices"]
+            [0]["token_ids"]);
+    let stop_id = generated[4];
+    let first = generated.iter().position(|&t| t == stop_id).unwrap() as u64;
+    let upto = |n: u64| texts(&s, &with(&plain, json!({"max_tokens": n}))).0;
+    let on_token = with(&plain, json!({"stop_token_ids": [stop_id]}));
+    let (before, through) = (upto(first), upto(first + 1));
+    assert_ne!(before, through, "the stop token has text");
+    assert_eq!(texts(&s, &on_token), (before.clone(), before));
+    let kept = with(&on_token, json!({"include_stop_str_in_output": true}));
+    assert_eq!(texts(&s, &kept), (through.clone(), through));
+    // And `skip_special_tokens` in SGLang's `sampling_params`.
     let marked = s.ok(
         "/generate",
         &json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": 2, "temperature": 0,

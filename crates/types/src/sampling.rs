@@ -36,8 +36,9 @@ pub struct SamplingParams {
     /// Strings that end the request; the match is cut from the text unless
     /// `include_stop_str_in_output`.
     pub stop: Vec<String>,
-    /// Keep a matched stop string at the end of the text, and the text of a special token that
-    /// ended the request (vLLM's `include_stop_str_in_output`, SGLang's `no_stop_trim`).
+    /// Keep a matched stop string at the end of the text, and the text of the token (EOS, a stop
+    /// token) that ended the request (vLLM's `include_stop_str_in_output`, SGLang's
+    /// `no_stop_trim`).
     pub include_stop_str_in_output: bool,
     /// Leave special tokens (EOS, chat markers) out of the text, as vLLM and SGLang do by default.
     /// With `false` they are in it, but for the one that ended the request (unless

@@ -283,9 +283,8 @@ impl SchedulerActor {
 }
 
 /// A finished continuation's text: its tokens decoded as the request asks (special tokens kept or
-/// not), cut at a matched stop string (`text_len`), and without the special token that ended it
-/// (EOS or a special stop token) unless `include_stop_str_in_output`: vLLM and SGLang leave it
-/// out, which only shows when special tokens are kept.
+/// not), cut at a matched stop string (`text_len`), and without the token that ended it (EOS or a
+/// stop token) unless `include_stop_str_in_output`, as vLLM and SGLang leave it out.
 fn output_text(
     tokenizer: &Tokenizer,
     output: &[TokenId],
@@ -295,9 +294,7 @@ fn output_text(
 ) -> String {
     let on_token =
         matches!(reason, FinishReason::Stop { matched: None | Some(StopMatch::Token(_)) });
-    let trim = on_token
-        && !params.include_stop_str_in_output
-        && output.last().is_some_and(|&t| tokenizer.is_special(t));
+    let trim = on_token && !params.include_stop_str_in_output && !output.is_empty();
     let ids = if trim { &output[..output.len() - 1] } else { output };
     let mut text = tokenizer.decode_with(ids, params.skip_special_tokens).unwrap_or_default();
     if let Some(len) = text_len {
