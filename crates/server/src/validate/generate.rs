@@ -148,10 +148,10 @@ fn check_start(start: Option<usize>, prompt_len: usize) -> Result<(), ApiError> 
 /// object (or none) serves every prompt. A list must have one entry per prompt, and the same `n`
 /// in every entry (each prompt's continuations are answered `n` apart).
 fn sampling_entries(
-    b: &GenerateBody,
+    params: Option<SamplingParamsField>,
     num_prompts: usize,
 ) -> Result<(Vec<SglSamplingParams>, bool), ApiError> {
-    let entries = match b.sampling_params.clone() {
+    let entries = match params {
         None => return Ok((vec![SglSamplingParams::default()], false)),
         Some(SamplingParamsField::One(one)) => return Ok((vec![one], false)),
         Some(SamplingParamsField::PerPrompt(entries)) => entries,
@@ -197,7 +197,7 @@ fn in_entry(e: ApiError, i: usize) -> ApiError {
 /// The engine's sampling parameters of one `sampling_params` object.
 fn entry_sampling(
     state: &AppState,
-    sp: &SglSamplingParams,
+    sp: SglSamplingParams,
     logprobs: Option<u32>,
     prompt_logprobs: Option<u32>,
 ) -> Result<SamplingParams, ApiError> {
@@ -208,15 +208,15 @@ fn entry_sampling(
         seed: sp.seed.or(sp.sampling_seed),
         min_tokens: sp.min_new_tokens,
         ignore_eos: sp.ignore_eos,
-        stop: sp.stop.clone(),
-        stop_token_ids: sp.stop_token_ids.clone(),
+        stop: sp.stop,
+        stop_token_ids: sp.stop_token_ids,
         include_stop_str: sp.no_stop_trim,
         skip_special_tokens: sp.skip_special_tokens,
         presence_penalty: sp.presence_penalty,
         frequency_penalty: sp.frequency_penalty,
         repetition_penalty: sp.repetition_penalty,
         min_p: sp.min_p,
-        logit_bias: sp.logit_bias.clone(),
+        logit_bias: sp.logit_bias,
         prompt_logprobs,
         prefix: "sampling_params.",
     };
@@ -227,11 +227,12 @@ fn entry_sampling(
 /// Validates a `/generate` body. Routing, when returned, is always raw int32. Each prompt of a
 /// batch is encoded and checked in turn, so a batch stops at its first bad prompt.
 pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, ApiError> {
-    let b: GenerateBody = parse(body)?;
+    let mut b: GenerateBody = parse(body)?;
+    let params = b.sampling_params.take();
     let info = state.info();
     let (inputs, listed, prompt_param) = prompts(&b)?;
     let rids = rids(&b, inputs.len(), listed)?;
-    let (entries, per_prompt) = sampling_entries(&b, inputs.len())?;
+    let (entries, per_prompt) = sampling_entries(params, inputs.len())?;
     let n = entries[0].n.unwrap_or(1) as usize;
     check_batch(
         info,
@@ -254,7 +255,7 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
     // Errors about an entry of a list name it (`sampling_params[1].top_p`).
     let named = |e: ApiError, i: usize| if per_prompt { in_entry(e, i) } else { e };
     let samplings = entries
-        .iter()
+        .into_iter()
         .enumerate()
         .map(|(i, sp)| {
             entry_sampling(state, sp, logprobs, prompt_logprobs).map_err(|e| named(e, i))
