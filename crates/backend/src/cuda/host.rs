@@ -11,7 +11,7 @@ use super::{
 use crate::BackendError;
 use cudarc::driver::{
     PinnedHostSlice, result,
-    sys::{CUDA_MEMCPY2D, CUevent_flags, CUmemorytype, cuMemcpy2DAsync_v2},
+    sys::{CUDA_MEMCPY2D, CUdeviceptr, CUevent_flags, CUmemorytype, cuMemcpy2DAsync_v2},
 };
 
 /// A page-locked host buffer that the CPU reads after a copy from the device, or writes before a
@@ -141,20 +141,9 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
             (HostMemory::Pinned(host), Some(stream)) => {
                 let base = host.as_mut_ptr().map_err(driver_err)?;
                 stream.context().bind_to_thread().map_err(driver_err)?;
-                let copy = CUDA_MEMCPY2D {
-                    srcMemoryType: CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                    srcDevice: src.addr(),
-                    srcPitch: pitch * elem,
-                    dstMemoryType: CUmemorytype::CU_MEMORYTYPE_HOST,
-                    // SAFETY: `at + total` elements lie inside the buffer (checked above).
-                    dstHost: unsafe { base.add(at) }.cast(),
-                    dstPitch: width * elem,
-                    WidthInBytes: width * elem,
-                    Height: rows,
-                    // SAFETY: every other field is an offset, a null handle or an unused array:
-                    // zero is their "none".
-                    ..unsafe { std::mem::zeroed() }
-                };
+                // SAFETY: `at + total` elements lie inside the buffer (checked above).
+                let dst = unsafe { base.add(at) }.cast();
+                let copy = device_to_host_2d(src.addr(), pitch * elem, dst, width * elem, rows);
                 // SAFETY: the source runs lie inside `src` (checked above), the destination's
                 // `total` elements inside the page-locked buffer, alive with `self`; the copy is
                 // ordered on `stream`.
@@ -313,6 +302,38 @@ pub struct SampleParams {
 // SAFETY: `repr(C)` of two u64 then four 4-byte fields: 32 bytes, no padding, any bits valid.
 unsafe impl DeviceElem for SampleParams {}
 
+/// The driver's descriptor of a strided device-to-host copy: `rows` runs of `width_bytes` from
+/// `src`, `pitch_bytes` apart, packed one after another at `dst`.
+///
+/// Every field is spelled out: the memory-type fields are Rust enums without a zero variant, so a
+/// zeroed descriptor is undefined behaviour (`mem::zeroed` panics on it at run time).
+fn device_to_host_2d(
+    src: CUdeviceptr,
+    pitch_bytes: usize,
+    dst: *mut std::ffi::c_void,
+    width_bytes: usize,
+    rows: usize,
+) -> CUDA_MEMCPY2D {
+    CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: pitch_bytes,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: CUmemorytype::CU_MEMORYTYPE_HOST,
+        dstHost: dst,
+        dstDevice: 0,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: width_bytes,
+        WidthInBytes: width_bytes,
+        Height: rows,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,6 +343,20 @@ mod tests {
         assert_eq!(size_of::<SampleParams>(), 32);
         assert_eq!(std::mem::offset_of!(SampleParams, temperature), 16);
         assert_eq!(std::mem::offset_of!(SampleParams, top_k), 24);
+    }
+
+    /// The descriptor of the routing rows' copy is built only on a GPU (the simulator copies
+    /// through its own queue), so it is checked here.
+    #[test]
+    fn the_strided_copy_descriptor_names_every_field() {
+        let mut host = [0u8; 64];
+        let c = device_to_host_2d(0x1000, 48, host.as_mut_ptr().cast(), 16, 4);
+        assert_eq!((c.srcDevice, c.srcPitch, c.srcXInBytes, c.srcY), (0x1000, 48, 0, 0));
+        assert_eq!((c.dstPitch, c.WidthInBytes, c.Height), (16, 16, 4));
+        assert_eq!(c.dstHost, host.as_mut_ptr().cast());
+        assert_eq!(c.srcMemoryType, CUmemorytype::CU_MEMORYTYPE_DEVICE);
+        assert_eq!(c.dstMemoryType, CUmemorytype::CU_MEMORYTYPE_HOST);
+        assert!(c.srcHost.is_null() && c.srcArray.is_null() && c.dstArray.is_null());
     }
 
     #[test]
