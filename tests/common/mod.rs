@@ -49,6 +49,26 @@ pub fn engine(arch: &str, tweak: impl FnOnce(&mut EngineConfig)) -> EngineHandle
     Engine::start(config).expect("engine starts")
 }
 
+/// An engine like [`engine`]'s, or `None` (the reason printed) where its settings ask for more
+/// GPUs than the machine has: expert parallelism over `cuda:N` puts rank r on `cuda:N+r`, so a
+/// test of several ranks runs on the simulator (CI) and on machines with that many GPUs.
+pub fn engine_if_devices(
+    arch: &str,
+    test: &str,
+    tweak: impl FnOnce(&mut EngineConfig),
+) -> Option<EngineHandle> {
+    let mut config = test_config(arch);
+    tweak(&mut config);
+    match Engine::start(config) {
+        Ok(handle) => Some(handle),
+        Err(EngineError::Load(why)) if why.contains("device(s) are present") => {
+            eprintln!("skipping {test} ({arch}): {why}");
+            None
+        }
+        Err(e) => panic!("engine starts: {e}"),
+    }
+}
+
 /// Greedy sampling of `n` tokens, EOS ignored.
 pub fn greedy(n: u32) -> SamplingParams {
     SamplingParams { ignore_eos: true, ..SamplingParams::greedy(n) }
