@@ -3,17 +3,26 @@
 #
 #   bash benches/gpu_session.sh tests   # the device, then every GPU test on cuda:0
 #   bash benches/gpu_session.sh bench   # routed and transformers on the benchmark checkpoints
+#   bash benches/gpu_session.sh all     # both in one lease: checkpoints built while tests run
 #
-# Logs and JSON records go to $OUT (else gpu-out/); the last lines printed are the summary.
-# DEVICE (default cuda:0) picks the device; DEVICE=cuda-sim runs the same steps on the CUDA
-# simulator, which is how the script itself is checked without a GPU.
+# Logs and JSON records go to $OUT (else gpu-out/), and all of them once more packed into
+# $OUT/gpu-out.tar.gz (a lease brings back a few files only); the last lines printed are the
+# summary. BUDGET_S (default: none) is the wall time the whole run may take: every step runs under
+# `timeout` with what is left of it, the least important steps last, so a lease that ends early
+# still returns the logs of what ran. DEVICE (default cuda:0) picks the device; DEVICE=cuda-sim
+# runs the same steps on the CUDA simulator, which is how the script itself is checked without a
+# GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-WHAT=${1:?tests or bench}
+WHAT=${1:?tests, bench or all}
 DEVICE=${DEVICE:-cuda:0}
 OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
+OUT=$(mkdir -p "$OUT" && cd "$OUT" && pwd)
+BUDGET_S=${BUDGET_S:-0}
+START=$(date +%s)
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
 KIT=/tmp/routed-kit
 mkdir -p "$KIT" && tar -C "$KIT" -xJf gpu-kit/kit.tar.xz
 export ROUTED_GOLDEN_DIR="$PWD/tests/golden"
@@ -34,7 +43,21 @@ PY
 ) && export ROUTED_NVRTC_LIB
 fi
 
-summary=()
+# One line of the summary (a file, so that steps run in the background can add theirs).
+note() { echo "$*" >>"$SUMMARY"; }
+
+# Runs "$@" under `timeout` for at most CAP seconds, fewer if less of BUDGET_S is left; a step
+# with under 10 s left is skipped (exit status 124, as timed out).
+limited() {
+    local cap=$1
+    shift
+    if [ "$BUDGET_S" != 0 ]; then
+        local left=$((START + BUDGET_S - $(date +%s)))
+        [ "$left" -lt "$cap" ] && cap=$left
+    fi
+    [ "$cap" -lt 10 ] && return 124
+    timeout -k 5 "$cap" "$@"
+}
 
 device_info() {
     {
@@ -45,79 +68,117 @@ device_info() {
     } 2>&1 | tee "$OUT/device.txt"
 }
 
-# Runs one test executable, its log under $OUT, its result line into the summary.
+# Runs one test executable (at most TEST_CAP_S seconds), its log under $OUT, its result line and
+# the names of its failed tests into the summary.
 run_test() {
     local name=$1
-    shift
-    "$KIT/bin/$name" --test-threads=1 "$@" >"$OUT/$name.log" 2>&1
+    limited "${TEST_CAP_S:-300}" "$KIT/bin/$name" --test-threads=1 >"$OUT/$name.log" 2>&1
     local rc=$?
-    summary+=("$name (rc $rc): $(grep -h '^test result' "$OUT/$name.log" | tail -1)")
+    note "$name (rc $rc): $(grep -h '^test result' "$OUT/$name.log" | tail -1)" \
+        "$(grep -h -- '---- .* stdout ----' "$OUT/$name.log" | tr -d '-' | tr '\n' ' ')"
 }
+export -f run_test limited note
+export KIT OUT SUMMARY START BUDGET_S
 
 tests() {
     device_info
     if [ "$DEVICE" = cuda-sim ]; then export ROUTED_CUDA_SIM=1; fi
+    # The op tests first and alone: they compile every kernel into the shared cache.
     run_test cuda_ops
     export ROUTED_TEST_DEVICE=$DEVICE
-    for t in engine_cuda engine_cuda_bf16 worker_cuda serve_cuda engine engine_api engine_sampling \
-        engine_routing_cap engine_weights engine_pause engine_memory; do
-        run_test "$t"
-    done
+    # The rest side by side (each engine's pools are small; the GPU has room for several).
+    printf '%s\n' engine_cuda engine_cuda_bf16 worker_cuda serve_cuda engine engine_api \
+        engine_sampling engine_routing_cap engine_weights engine_pause engine_memory |
+        xargs -P "${TEST_JOBS:-4}" -I{} bash -c 'run_test {}'
+}
+
+# Builds the benchmark checkpoints unless they are there (a few minutes of CPU, no GPU).
+models=target/bench-models
+make_models() {
+    [ -f "$models/nemotron_h/model.safetensors" ] && return 0
+    limited 600 "$PYTHON" benches/make_bench_models.py "$models" >"$OUT/models.log" 2>&1
+    local rc=$?
+    [ $rc = 0 ] || note "make_bench_models failed (rc $rc): see models.log"
+    return $rc
+}
+
+# One `routed bench` run (at most CAP seconds), its output appended to the model's log.
+routed_bench() {
+    local cap=$1 m=$2 label=$3
+    shift 3
+    limited "$cap" "$KIT/bin/routed" bench "$@" --model "$models/$m" --device "$DEVICE" \
+        >>"$OUT/routed-$m.log" 2>&1
+    note "routed $label $m: rc $?"
 }
 
 bench() {
     device_info
-    local models=target/bench-models
-    if [ ! -f "$models/nemotron_h/model.safetensors" ]; then
-        "$PYTHON" benches/make_bench_models.py "$models" >"$OUT/models.log" 2>&1 \
-            || { summary+=("make_bench_models failed: see models.log"); return; }
-    fi
+    wait_models || return
+    # The most telling records first: decode in both precisions, then the kernels beside
+    # PyTorch's, the prefill, transformers, and the paired comparisons last.
     for m in qwen3_moe nemotron_h; do
-        "$KIT/bin/routed" bench throughput --model "$models/$m" --device "$DEVICE" \
-            --batch-sizes 1,8,64,256 --prompt-len 16 --output-len 65 \
-            --json "$OUT/routed-$m-throughput.json" >"$OUT/routed-$m.log" 2>&1
-        summary+=("routed throughput $m: rc $?")
-        "$KIT/bin/routed" bench prefix-hit --model "$models/$m" --device "$DEVICE" \
-            --prompt-len 512 --json "$OUT/routed-$m-prefill.json" >>"$OUT/routed-$m.log" 2>&1
-        summary+=("routed prefill $m: rc $?")
+        routed_bench 120 $m throughput throughput --batch-sizes 1,8,64,256 --prompt-len 16 \
+            --output-len 65 --json "$OUT/routed-$m-throughput.json"
         # bf16 precision on tensor cores (records with dtype bf16-tc).
-        "$KIT/bin/routed" bench throughput --model "$models/$m" --device "$DEVICE" \
-            --matmul-precision bf16 --batch-sizes 1,8,64,256 --prompt-len 16 --output-len 65 \
-            --json "$OUT/routed-$m-throughput-tc.json" >>"$OUT/routed-$m.log" 2>&1
-        summary+=("routed throughput bf16-tc $m: rc $?")
-        "$KIT/bin/routed" bench prefix-hit --model "$models/$m" --device "$DEVICE" \
-            --matmul-precision bf16 --prompt-len 512 \
-            --json "$OUT/routed-$m-prefill-tc.json" >>"$OUT/routed-$m.log" 2>&1
-        summary+=("routed prefill bf16-tc $m: rc $?")
-        # Routing capture on vs off, and graphs vs eager decode, in interleaved pairs.
-        for scenario in routing-overhead cuda-graphs; do
-            "$KIT/bin/routed" bench "$scenario" --model "$models/$m" --device "$DEVICE" \
-                --prompt-len 16 --output-len 65 --repeats 6 \
-                --json "$OUT/routed-$m-$scenario.json" >>"$OUT/routed-$m.log" 2>&1
-            summary+=("routed $scenario $m: rc $? $(grep -h 'median\|faster' "$OUT/routed-$m.log" | tail -2 | tr '\n' ' ')")
-        done
+        routed_bench 120 $m "throughput bf16-tc" throughput --matmul-precision bf16 \
+            --batch-sizes 1,8,64,256 --prompt-len 16 --output-len 65 \
+            --json "$OUT/routed-$m-throughput-tc.json"
     done
     # The kernels alone (the matrix product and decode attention at qwen3_moe's shapes), beside
     # PyTorch's at the same shapes and the device's copy bandwidth.
     local sizes=1,8,64,256
     [ "$DEVICE" = cuda-sim ] && sizes=1
-    "$KIT/bin/routed" bench kernels --model "$models/qwen3_moe" --device "$DEVICE" \
+    limited 120 "$KIT/bin/routed" bench kernels --model "$models/qwen3_moe" --device "$DEVICE" \
         --batch-sizes "$sizes" --repeats 10 --json "$OUT/routed-kernels.json" >"$OUT/kernels.log" 2>&1
-    summary+=("routed kernels: rc $?")
+    note "routed kernels: rc $?"
     if [ "$DEVICE" != cuda-sim ]; then
-        "$PYTHON" benches/torch_kernels.py --model "$models/qwen3_moe" --batch-sizes 1 8 64 256 \
-            --json "$OUT/torch-kernels.json" >>"$OUT/kernels.log" 2>&1
-        summary+=("torch kernels: rc $?")
-        "$PYTHON" benches/hf_baseline.py "$models" --device cuda --dtypes bf16 --compile \
-            --batches 1 8 64 256 --runs 3 --json "$OUT/transformers.json" >"$OUT/transformers.log" 2>&1
-        summary+=("transformers: rc $?")
-        "$PYTHON" benches/compare.py "$OUT"/*.json 2>&1 | tee "$OUT/table.txt"
+        limited 120 "$PYTHON" benches/torch_kernels.py --model "$models/qwen3_moe" \
+            --batch-sizes 1 8 64 256 --json "$OUT/torch-kernels.json" >>"$OUT/kernels.log" 2>&1
+        note "torch kernels: rc $?"
     fi
+    for m in qwen3_moe nemotron_h; do
+        routed_bench 90 $m prefill prefix-hit --prompt-len 512 --json "$OUT/routed-$m-prefill.json"
+        routed_bench 90 $m "prefill bf16-tc" prefix-hit --matmul-precision bf16 --prompt-len 512 \
+            --json "$OUT/routed-$m-prefill-tc.json"
+    done
+    if [ "$DEVICE" != cuda-sim ]; then
+        # Eager first (records survive a timeout per model), then torch.compile.
+        limited 300 "$PYTHON" benches/hf_baseline.py "$models" --device cuda --dtypes bf16 \
+            --batches 1 8 64 256 --runs 3 --quiet-wait 5 --json "$OUT/transformers.json" >"$OUT/transformers.log" 2>&1
+        note "transformers: rc $?"
+    fi
+    # Routing capture on vs off, and graphs vs eager decode, in interleaved pairs.
+    for m in qwen3_moe nemotron_h; do
+        for scenario in routing-overhead cuda-graphs; do
+            routed_bench 90 $m "$scenario" "$scenario" --prompt-len 16 --output-len 65 \
+                --repeats "${PAIR_REPEATS:-6}" --json "$OUT/routed-$m-$scenario.json"
+        done
+    done
+    if [ "$DEVICE" != cuda-sim ]; then
+        limited 600 "$PYTHON" benches/hf_baseline.py "$models" --device cuda --dtypes bf16 \
+            --compile --compiled-only --batches 1 8 64 256 --runs 3 --quiet-wait 5 --json "$OUT/transformers-compile.json" \
+            >"$OUT/transformers-compile.log" 2>&1
+        note "transformers compiled: rc $?"
+        "$PYTHON" benches/compare.py "$OUT"/*.json >"$OUT/table.txt" 2>&1
+    fi
+}
+
+# Waits for the checkpoints that `all` builds in the background (or builds them).
+wait_models() {
+    if [ -n "${MODELS_PID:-}" ]; then wait "$MODELS_PID"; else make_models; fi
 }
 
 case "$WHAT" in
     tests) tests ;;
     bench) bench ;;
-    *) echo "unknown: $WHAT (tests or bench)" >&2; exit 2 ;;
+    all)
+        make_models &
+        MODELS_PID=$!
+        tests
+        bench
+        ;;
+    *) echo "unknown: $WHAT (tests, bench or all)" >&2; exit 2 ;;
 esac
-printf '%s\n' "${summary[@]}"
+tar -C "$OUT" --exclude gpu-out.tar.gz -czf "$OUT/gpu-out.tar.gz" . 2>/dev/null
+[ -f "$OUT/table.txt" ] && cat "$OUT/table.txt"
+cat "$SUMMARY"

@@ -53,7 +53,7 @@ class StepClock(StoppingCriteria):
     def __call__(self, input_ids, scores, **kwargs):
         sync(input_ids.device)
         self.stamps.append(time.perf_counter())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 def generate(model, ids, new_tokens, clock=None):
@@ -148,6 +148,8 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (GPU 0)")
     ap.add_argument("--compile", action="store_true",
                     help="also measure with a static cache and torch.compile (engine transformers+compile)")
+    ap.add_argument("--compiled-only", action="store_true",
+                    help="with --compile, measure the compiled model alone (the eager one measured apart)")
     add_scenario_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -156,7 +158,8 @@ def main():
     for name in args.models:
         for dtype in args.dtypes:
             model_dir = os.path.join(args.models_dir, name)
-            records += bench(model_dir, name, dtype, args)
+            if not (args.compile and args.compiled_only):
+                records += bench(model_dir, name, dtype, args)
             if args.compile:
                 try:
                     records += bench(model_dir, name, dtype, args, compile_=True)

@@ -136,6 +136,8 @@ def main():
         cfg = json.load(f)
     model = os.path.basename(os.path.normpath(args.model))
     dev = torch.device(args.device)
+    if dev.type == "cuda" and dev.index is None:  # set_device wants an ordinal
+        dev = torch.device("cuda", 0)
     name = torch.cuda.get_device_name(dev)
     torch.cuda.set_device(dev)
     products, attention = model_shapes(cfg)
