@@ -32,7 +32,7 @@
 //! (`routed_model::gpu`'s exchange), so their steps run eagerly. Only rank 0 computes logits and
 //! captures routing.
 //!
-//! Nothing here has run on a GPU yet; all of it runs on the CUDA simulator in CI.
+//! CI runs all of it on the CUDA simulator; `docs/gpu.md` records its runs on an H100.
 
 use super::{
     AbortOnExit, CacheShape, CudaLimits, ExecutedStep, LockstepId, Worker, WorkerError,
