@@ -81,6 +81,72 @@ __device__ __forceinline__ float fold_acc(int kind, float acc_run, float acc_par
     return kind == 1 ? acc_part : add(mul(acc_run, c_run), mul(acc_part, c_part));
 }
 
+// Where one tile's keys and values are: positions base .. base + ATTN_TILE of one KV head,
+// those outside [lo, hi] (no row of the CTA sees them) staged as zeros.
+struct KvTile {
+    const bf16_t* k_cache;
+    const bf16_t* v_cache;
+    const int* table;
+    int block_size, num_kv_heads, kvh, head_dim, base, lo, hi;
+
+    // The element offset of key j's first element, or -1 outside [lo, hi].
+    __device__ __forceinline__ i64 at(int j) const {
+        int kp = base + j;
+        if (kp < lo || kp > hi) return -1;
+        u64 slot = (u64)table[kp / block_size] * block_size + kp % block_size;
+        return (i64)((slot * num_kv_heads + kvh) * head_dim);
+    }
+};
+
+// Up to this many 8-element vectors of keys and as many of values per thread and tile.
+#define ATTN_TILE_VECS (ATTN_TILE * ATTN_MAX_HEAD_DIM / 8 / ATTN_THREADS)
+
+// Stages a tile in shared memory as f32 (keys with a padded stride against bank conflicts),
+// head_dim a multiple of 8: every thread issues all of its 16-byte loads before it uses any, so
+// a tile costs one memory latency, not one per element (the rows of a KV head are 16-byte
+// aligned: the pools are 256-byte aligned and head_dim * 2 bytes a multiple of 16).
+__device__ __forceinline__ void stage_kv_tile_vec(const KvTile& t, float* ks, float* vs, int tid) {
+    const int vecs = t.head_dim / 8, count = ATTN_TILE * vecs;
+    u32x4 kr[ATTN_TILE_VECS], vr[ATTN_TILE_VECS];
+#pragma unroll
+    for (int u = 0; u < ATTN_TILE_VECS; ++u) {
+        int idx = tid + u * ATTN_THREADS;
+        kr[u] = vr[u] = u32x4{0, 0, 0, 0};
+        if (idx >= count) continue;
+        i64 at = t.at(idx / vecs);
+        if (at < 0) continue;
+        at += (idx % vecs) * 8;
+        kr[u] = *reinterpret_cast<const u32x4*>(t.k_cache + at);
+        vr[u] = *reinterpret_cast<const u32x4*>(t.v_cache + at);
+    }
+#pragma unroll
+    for (int u = 0; u < ATTN_TILE_VECS; ++u) {
+        int idx = tid + u * ATTN_THREADS;
+        if (idx >= count) break;
+        int j = idx / vecs, d = (idx % vecs) * 8;
+        const u32 kw[4] = {kr[u].x, kr[u].y, kr[u].z, kr[u].w};
+        const u32 vw[4] = {vr[u].x, vr[u].y, vr[u].z, vr[u].w};
+        float* kd = ks + j * (t.head_dim + 1) + d;
+        float* vd = vs + j * t.head_dim + d;
+        for (int e = 0; e < 4; ++e) {
+            kd[2 * e] = bf16_lo(kw[e]);
+            kd[2 * e + 1] = bf16_hi(kw[e]);
+            vd[2 * e] = bf16_lo(vw[e]);
+            vd[2 * e + 1] = bf16_hi(vw[e]);
+        }
+    }
+}
+
+// The same, one element at a time, for a head_dim that is not a multiple of 8.
+__device__ __forceinline__ void stage_kv_tile(const KvTile& t, float* ks, float* vs, int tid) {
+    for (int idx = tid; idx < ATTN_TILE * t.head_dim; idx += ATTN_THREADS) {
+        int j = idx / t.head_dim, d = idx % t.head_dim;
+        i64 at = t.at(j);
+        ks[j * (t.head_dim + 1) + d] = at < 0 ? 0.0f : bf16_to_f32(t.k_cache[at + d]);
+        vs[j * t.head_dim + d] = at < 0 ? 0.0f : bf16_to_f32(t.v_cache[at + d]);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) paged_attention_bf16kv(
     const float* __restrict__ q,             // device [num_tokens, num_heads, head_dim]
     const bf16_t* __restrict__ k_cache,      // device [num_slots, num_kv_heads, head_dim]
@@ -163,18 +229,10 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) paged_attention_bf16k
         for (int tile = t_begin; tile <= t_end; ++tile) {
             const int base = tile * ATTN_TILE;
             __syncthreads();  // the previous tile's K, V and P are no longer read
-            for (int idx = tid; idx < ATTN_TILE * head_dim; idx += ATTN_THREADS) {
-                int j = idx / head_dim, d = idx % head_dim, kp = base + j;
-                float kv = 0.0f, vv = 0.0f;
-                if (kp >= min_first && kp <= max_pos) {
-                    u64 slot = (u64)table[kp / block_size] * block_size + kp % block_size;
-                    u64 at = (slot * num_kv_heads + kvh) * head_dim + d;
-                    kv = bf16_to_f32(k_cache[at]);
-                    vv = bf16_to_f32(v_cache[at]);
-                }
-                ks[j * (head_dim + 1) + d] = kv;
-                vs[j * head_dim + d] = vv;
-            }
+            const KvTile tile_at = {k_cache, v_cache, table, block_size, num_kv_heads, kvh, head_dim,
+                                    base, min_first, max_pos};
+            if (head_dim % 8 == 0) stage_kv_tile_vec(tile_at, ks, vs, tid);
+            else stage_kv_tile(tile_at, ks, vs, tid);
             __syncthreads();
             // Scores and the online-softmax update: warp w takes rows w, w + 4, ...; lane j is
             // key j.

@@ -28,6 +28,19 @@ __device__ __forceinline__ float bf16_to_f32(bf16_t v) { return __uint_as_float(
 __device__ __forceinline__ float load_weight(const bf16_t* p) { return bf16_to_f32(*p); }
 __device__ __forceinline__ float load_weight(const float* p) { return *p; }
 
+// 16 bytes loaded or stored by one instruction (8 bf16 or 4 f32); the address must be 16-byte
+// aligned.
+struct alignas(16) u32x4 {
+    u32 x, y, z, w;
+};
+struct alignas(16) f32x4 {
+    float x, y, z, w;
+};
+
+// The two bf16 halves of a word loaded from memory: element 2i in the low half (little endian).
+__device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
 // Round to nearest even; a NaN stays a quiet NaN with its sign and top payload bits (as the `half`
 // crate's conversion does, so host and device agree bit for bit).
 __device__ __forceinline__ bf16_t f32_to_bf16(float f) {

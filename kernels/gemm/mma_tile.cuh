@@ -29,13 +29,6 @@
 // Groups of MMA_ROWS input rows a warp takes at once in the dense and the expert products.
 #define MMA_ROW_GROUPS 4
 
-struct alignas(16) u32x4 {
-    u32 x, y, z, w;
-};
-struct alignas(16) f32x4 {
-    float x, y, z, w;
-};
-
 __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
     return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
 }

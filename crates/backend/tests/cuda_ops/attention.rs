@@ -261,3 +261,20 @@ fn sliding_window_attention_with_wide_heads_matches_the_cpu() {
     };
     check("sliding_window_attention_with_wide_heads_matches_the_cpu", p, &[90, 41, 1], 12);
 }
+
+/// A head width that is not a multiple of 8 stages its tiles one element at a time (the wider
+/// heads above take 16-byte loads): the same bits.
+#[test]
+fn head_widths_off_the_vector_width_match_the_cpu() {
+    let p = AttentionParams {
+        num_heads: 6,
+        num_kv_heads: 3,
+        head_dim: 36,
+        block_size: 8,
+        max_blocks_per_seq: 10,
+        sliding_window: None,
+        scale: 1.0 / 6.0,
+        partition_tiles: 1,
+    };
+    check("head_widths_off_the_vector_width_match_the_cpu", p, &[70, 9], 13);
+}

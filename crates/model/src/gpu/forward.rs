@@ -30,9 +30,11 @@ use routed_types::{ScheduledSeq, StepPlan};
 
 /// Decode steps of up to this many sequences split attention over the keys' partitions: their
 /// CTAs would otherwise be one per sequence and KV head, each reading its whole context alone
-/// (4 CTAs for one sequence of a model with 4 KV heads, on a GPU of 132 SMs). Larger batches
-/// have CTAs enough. Either way a row's bits are the same.
-pub(crate) const ATTENTION_SPLIT_MAX_SEQS: usize = 16;
+/// (4 CTAs for one sequence of a model with 4 KV heads, on a GPU of 132 SMs). On an H100
+/// (`routed bench kernels`, qwen3_moe's 4 KV heads, `docs/performance.md`) split steps were 2.9x
+/// faster at 64 sequences over 2048 positions and no faster at 256, so 64 is where splitting
+/// stops. Either way a row's bits are the same.
+pub(crate) const ATTENTION_SPLIT_MAX_SEQS: usize = 64;
 
 /// Whether a step splits attention: a decode step of a few sequences, one of which has keys in
 /// more than one partition.
