@@ -5,7 +5,9 @@
 // outputs are bit for bit those of cpu::linear whatever the batch.
 //
 // Block: 128 threads = GEMM_HALF_WARPS half-warps side by side along n. Grid:
-// (ceil(n / (GEMM_HALF_WARPS * GEMM_RN)), ceil(m / GEMM_RM)).
+// (ceil(m / GEMM_RM), ceil(n / (GEMM_HALF_WARPS * GEMM_RN))): the row tiles vary fastest, so the
+// blocks that read the same weights are scheduled together and the weights come from HBM about
+// once, then from L2 (with the column tiles first, every row tile streamed all of them again).
 
 template <typename W>
 __device__ __forceinline__ void gemm_body(
@@ -13,8 +15,8 @@ __device__ __forceinline__ void gemm_body(
     int m_rows, int n_cols, int k) {
     int half_warp = threadIdx.x / DOT_LANES;
     int lane = threadIdx.x % DOT_LANES;
-    int n0 = (blockIdx.x * GEMM_HALF_WARPS + half_warp) * GEMM_RN;
-    int m0 = blockIdx.y * GEMM_RM;
+    int n0 = (blockIdx.y * GEMM_HALF_WARPS + half_warp) * GEMM_RN;
+    int m0 = blockIdx.x * GEMM_RM;
     const float* xs[GEMM_RM];
     const W* ws[GEMM_RN];
     for (int m = 0; m < GEMM_RM; ++m) xs[m] = m0 + m < m_rows ? x + (u64)(m0 + m) * k : nullptr;

@@ -3,8 +3,9 @@
 // the arithmetic and why a row's bits never depend on the batch).
 //
 // Block: MMA_WARPS warps side by side along n, each MMA_COLS output columns by MMA_ROW_GROUPS
-// groups of MMA_ROWS input rows. Grid: (ceil(n / (MMA_WARPS * MMA_COLS)),
-// ceil(m / (MMA_ROW_GROUPS * MMA_ROWS))).
+// groups of MMA_ROWS input rows. Grid: (ceil(m / (MMA_ROW_GROUPS * MMA_ROWS)),
+// ceil(n / (MMA_WARPS * MMA_COLS))), row blocks fastest so that the blocks reading the same
+// weights run together (gemm.cu).
 
 extern "C" __global__ void __launch_bounds__(128) gemm_bf16w_mma(
     const float* __restrict__ x,   // device [m, k]
@@ -12,8 +13,8 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16w_mma(
     float* __restrict__ out,       // device [m, n]
     int m_rows, int n_cols, int k) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int n0 = (blockIdx.x * MMA_WARPS + threadIdx.x / 32) * MMA_COLS;
-    const int m0 = blockIdx.y * MMA_ROW_GROUPS * MMA_ROWS;
+    const int n0 = (blockIdx.y * MMA_WARPS + threadIdx.x / 32) * MMA_COLS;
+    const int m0 = blockIdx.x * MMA_ROW_GROUPS * MMA_ROWS;
     // The whole warp leaves together: the instruction needs every lane.
     if (n0 >= n_cols) return;
     const bf16_t* w_lo[1] = {n0 + g < n_cols ? w + (u64)(n0 + g) * k : nullptr};

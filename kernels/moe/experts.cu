@@ -9,7 +9,8 @@
 // Under expert parallelism a rank holds experts first_local .. first_local + num_local (weights
 // stacked from its first expert); tiles of the other ranks' experts return at once and their rows
 // are left as they are, to be filled by the exchange between ranks.
-// Block: 128 threads. Grid: (ceil(cols / (GEMM_HALF_WARPS * GEMM_RN)), max_tiles).
+// Block: 128 threads. Grid: (max_tiles, ceil(cols / (GEMM_HALF_WARPS * GEMM_RN))): tiles fastest,
+// so an expert's tiles, which are adjacent, read its weights together (gemm.cu).
 
 // The tile's input rows: row r of the sorted layout reads input row row_of(r); padding is null.
 template <typename RowOf>
@@ -42,12 +43,12 @@ __device__ __forceinline__ void expert_up(
     int activation,
     int first_local,
     int num_local) {
-    const int tile = blockIdx.y;
+    const int tile = blockIdx.x;
     if (tile >= num_tiles[0]) return;
     const int local = local_expert(tile_experts, tile, first_local, num_local);
     if (local < 0) return;
     const int lane = threadIdx.x % DOT_LANES;
-    const int n0 = (blockIdx.x * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
+    const int n0 = (blockIdx.y * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
     const u64 expert = local;
     const float* xs[GEMM_RM];
     tile_rows(x, hidden, sorted_pairs, tile, [=](int, int pair) { return pair / top_k; }, xs);
@@ -101,12 +102,12 @@ __device__ __forceinline__ void expert_down(
     int inter,
     int first_local,
     int num_local) {
-    const int tile = blockIdx.y;
+    const int tile = blockIdx.x;
     if (tile >= num_tiles[0]) return;
     const int local = local_expert(tile_experts, tile, first_local, num_local);
     if (local < 0) return;
     const int lane = threadIdx.x % DOT_LANES;
-    const int n0 = (blockIdx.x * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
+    const int n0 = (blockIdx.y * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
     const u64 expert = local;
     const float* xs[GEMM_RM];
     tile_rows(act, inter, sorted_pairs, tile, [=](int row, int) { return row; }, xs);

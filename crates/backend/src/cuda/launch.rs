@@ -83,17 +83,18 @@ impl Shape {
     }
 }
 
-/// The matrix product of `m` rows by `n` columns: half-warp tiles of `GEMM_RM x GEMM_RN`.
+/// The matrix product of `m` rows by `n` columns: half-warp tiles of `GEMM_RM x GEMM_RN`, the row
+/// tiles along x (scheduled first, so blocks sharing weights run together).
 pub fn gemm(m: usize, n: usize) -> Option<Shape> {
     let cols_per_block = GEMM_HALF_WARPS * GEMM_RN;
-    Shape::new((n.div_ceil(cols_per_block), m.div_ceil(GEMM_RM)), GEMM_HALF_WARPS * 16, 0)
+    Shape::new((m.div_ceil(GEMM_RM), n.div_ceil(cols_per_block)), GEMM_HALF_WARPS * 16, 0)
 }
 
 /// The tensor-core matrix product of `m` rows by `n` columns: warps of `MMA_COLS` columns by
 /// `MMA_ROW_GROUPS * MMA_ROWS` rows.
 pub fn gemm_mma(m: usize, n: usize) -> Option<Shape> {
     let (cols_per_block, rows_per_block) = (MMA_WARPS * MMA_COLS, MMA_ROW_GROUPS * MMA_ROWS);
-    Shape::new((n.div_ceil(cols_per_block), m.div_ceil(rows_per_block)), MMA_WARPS * 32, 0)
+    Shape::new((m.div_ceil(rows_per_block), n.div_ceil(cols_per_block)), MMA_WARPS * 32, 0)
 }
 
 /// A row norm over `rows` rows (also the gated norm, with one row per token and group).
@@ -195,11 +196,11 @@ pub fn moe_sort() -> Shape {
     Shape { grid: (1, 1, 1), block: (MOE_SORT_THREADS as u32, 1, 1), smem: 0 }
 }
 
-/// A grouped expert product with `cols` outputs per row, over the worst-case tiles.
+/// A grouped expert product with `cols` outputs per row, over the worst-case tiles (along x).
 pub fn moe_expert(cols: usize, num_pairs: usize, num_experts: usize) -> Option<Shape> {
     let cols_per_block = GEMM_HALF_WARPS * GEMM_RN;
     let tiles = moe_max_tiles(num_pairs, num_experts);
-    Shape::new((cols.div_ceil(cols_per_block), tiles), GEMM_HALF_WARPS * 16, 0)
+    Shape::new((tiles, cols.div_ceil(cols_per_block)), GEMM_HALF_WARPS * 16, 0)
 }
 
 /// A grouped tensor-core expert product with `cols` outputs per row: a block row per expert of
@@ -296,15 +297,16 @@ mod tests {
     #[test]
     fn gemm_grids_cover_every_output_once() {
         let s = gemm(1, 4096).unwrap();
-        assert_eq!((s.grid, s.block), ((128, 1, 1), (128, 1, 1)));
+        assert_eq!((s.grid, s.block), ((1, 128, 1), (128, 1, 1)));
         let s = gemm(513, 33).unwrap();
-        assert_eq!(s.grid, (2, 129, 1));
+        assert_eq!(s.grid, (129, 2, 1));
         assert!(gemm(0, 8).is_none() && gemm(8, 0).is_none());
-        assert!(gemm(65_536 * GEMM_RM, 8).is_none(), "grid y over the driver's limit");
+        assert!(gemm(65_536 * GEMM_RM, 8).is_some(), "rows along x: 2^31 - 1 blocks");
+        assert!(gemm(8, 65_536 * 32).is_none(), "grid y over the driver's limit");
         // 64 columns and 32 rows per block of the tensor-core product.
         let s = gemm_mma(1, 4096).unwrap();
-        assert_eq!((s.grid, s.block), ((64, 1, 1), (128, 1, 1)));
-        assert_eq!(gemm_mma(513, 65).unwrap().grid, (2, 17, 1));
+        assert_eq!((s.grid, s.block), ((1, 64, 1), (128, 1, 1)));
+        assert_eq!(gemm_mma(513, 65).unwrap().grid, (17, 2, 1));
         assert!(gemm_mma(0, 8).is_none() && gemm_mma(8, 0).is_none());
     }
 
@@ -333,7 +335,7 @@ mod tests {
         assert!(moe_max_sorted_rows(pairs, experts) >= worst_real);
         assert_eq!(moe_max_sorted_rows(8, 2), 16);
         assert_eq!(moe_max_tiles(8, 2), 4);
-        assert_eq!(moe_expert(2048, 8, 2).unwrap().grid, (64, 4, 1));
+        assert_eq!(moe_expert(2048, 8, 2).unwrap().grid, (4, 64, 1));
         assert_eq!(moe_expert_mma(2048, 128).unwrap().grid, (32, 128, 1));
     }
 
