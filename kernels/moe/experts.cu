@@ -63,7 +63,11 @@ __device__ __forceinline__ void expert_up(
     float up[GEMM_RM][GEMM_RN], gate[GEMM_RM][GEMM_RN];
     dot_tile(xs, ups, hidden, lane, up);
     if (activation == MOE_ACT_SWIGLU) dot_tile(xs, gates, hidden, lane, gate);
+    // Unrolled, so that up and gate stay in registers (an index the compiler cannot resolve puts
+    // an array in local memory; tests/cuda_kernels_compile.rs checks that none is there).
+#pragma unroll
     for (int m = 0; m < GEMM_RM; ++m) {
+#pragma unroll
         for (int n = 0; n < GEMM_RN; ++n) {
             float u = fold16(up[m][n]);
             float g = activation == MOE_ACT_SWIGLU ? fold16(gate[m][n]) : 0.0f;

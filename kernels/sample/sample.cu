@@ -146,10 +146,11 @@ struct SearchScratch {
     u64 top[SEARCH_WAYS][SAMPLE_WARPS];
 };
 
-__device__ void block_reduce_ways(
+__device__ __forceinline__ void block_reduce_ways(
     double (&mass)[SEARCH_WAYS], u64 (&count)[SEARCH_WAYS], u64 (&top)[SEARCH_WAYS],
     SearchScratch* sh) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
     for (int j = 0; j < SEARCH_WAYS; ++j) {
         for (int o = 16; o > 0; o >>= 1) {
             mass[j] += __shfl_xor_sync(FULL_MASK, mass[j], o);
@@ -159,6 +160,7 @@ __device__ void block_reduce_ways(
     }
     __syncthreads();  // the scratch is free again
     if (lane == 0) {
+#pragma unroll
         for (int j = 0; j < SEARCH_WAYS; ++j) {
             sh->mass[j][warp] = mass[j];
             sh->count[j][warp] = count[j];
@@ -166,6 +168,7 @@ __device__ void block_reduce_ways(
         }
     }
     __syncthreads();
+#pragma unroll
     for (int j = 0; j < SEARCH_WAYS; ++j) {
         mass[j] = 0.0, count[j] = 0, top[j] = 0;
         for (int w = 0; w < SAMPLE_WARPS; ++w) {
@@ -187,6 +190,11 @@ __device__ void block_reduce_ways(
 // holding the cut, and a bucket holding one token is the answer. A pass reads the whole row but
 // weighs only the tokens inside the interval, which after the first pass are few. Every sum is a
 // fixed tree over the block (block_reduce_ways), so the cut depends on the row alone.
+//
+// The per-way arrays are only ever indexed by constants (the loops over the ways unrolled, the
+// picked way's figures taken while the ways are visited): one index not known at compile time
+// puts an array in local memory, and then every token of every pass reads and writes it there
+// (tests/cuda_kernels_compile.rs holds every kernel to no stack frame).
 template <typename Weight>
 __device__ u64 search_cut(
     const float* row, int vocab, u64 lo, u64 hi, double above, double target, bool relative,
@@ -194,14 +202,17 @@ __device__ u64 search_cut(
     for (bool first = true; lo < hi; first = false) {
         const u64 span = hi - lo, step = span / SEARCH_WAYS + 1;
         u64 pivot[SEARCH_WAYS];
+#pragma unroll
         for (int j = 0; j < SEARCH_WAYS; ++j) pivot[j] = (u64)j * step <= span ? lo + (u64)j * step : ~0ull;
         double mass[SEARCH_WAYS];
         u64 count[SEARCH_WAYS], top[SEARCH_WAYS];
+#pragma unroll
         for (int j = 0; j < SEARCH_WAYS; ++j) mass[j] = 0.0, count[j] = 0, top[j] = 0;
         for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
             const u64 k = rank_key(row[i], i);
             if (k < lo || k > hi) continue;
             const double w = weight(i);
+#pragma unroll
             for (int j = 0; j < SEARCH_WAYS; ++j) {
                 const bool from = pivot[j] != ~0ull && k >= pivot[j];
                 const bool below_next = j + 1 == SEARCH_WAYS || pivot[j + 1] == ~0ull || k < pivot[j + 1];
@@ -211,16 +222,26 @@ __device__ u64 search_cut(
         }
         block_reduce_ways(mass, count, top, sh);
         if (first && relative) target *= above + mass[0];
-        int pick = 0;
+        // The bucket [from, next) holding the cut: the last way whose sum passes, its figures
+        // taken as the ways are visited.
+        u64 from = pivot[0], from_count = count[0], from_top = top[0];
+        u64 next = pivot[1], next_count = count[1];
+        double next_mass = mass[1];
+#pragma unroll
         for (int j = 1; j < SEARCH_WAYS; ++j) {
             const double s = above + mass[j];
-            if (pivot[j] != ~0ull && (strict ? s > target : s >= target)) pick = j;
+            if (pivot[j] != ~0ull && (strict ? s > target : s >= target)) {
+                from = pivot[j], from_count = count[j], from_top = top[j];
+                next = j + 1 < SEARCH_WAYS ? pivot[j + 1] : ~0ull;
+                next_count = j + 1 < SEARCH_WAYS ? count[j + 1] : 0;
+                next_mass = j + 1 < SEARCH_WAYS ? mass[j + 1] : 0.0;
+            }
         }
-        const bool last = pick + 1 == SEARCH_WAYS || pivot[pick + 1] == ~0ull;
-        const u64 in_bucket = count[pick] - (last ? 0 : count[pick + 1]);
-        if (in_bucket == 1) return top[pick];
-        lo = pivot[pick];
-        if (!last) hi = pivot[pick + 1] - 1, above += mass[pick + 1];
+        const bool last = next == ~0ull;
+        const u64 in_bucket = from_count - (last ? 0 : next_count);
+        if (in_bucket == 1) return from_top;
+        lo = from;
+        if (!last) hi = next - 1, above += next_mass;
     }
     return lo;
 }
@@ -254,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     const float inv_t = dvd(1.0f, pr.temperature);
     auto one = [](int) { return 1.0; };
     // The host sampler's weights, bit for bit: the CPU's polynomial exp.
-    auto prob = [&](int i) { return (double)exp_nonpositive(mul(sub(row[i], mx), inv_t)); };
+    auto prob = [=](int i) { return (double)exp_nonpositive(mul(sub(row[i], mx), inv_t)); };
     u64 floor = 0;
     if (pr.top_k > 0 && pr.top_k < (u32)vocab)
         floor = search_cut(row, vocab, 0, top, 0.0, (double)pr.top_k, false, false, one, &sh);

@@ -6,6 +6,7 @@
 use routed_backend::cuda::{
     compile::{Arch, compile},
     libs::{self, CudaLibrary},
+    resources::unit_resources,
     source::{KernelUnit, UNITS},
 };
 
@@ -74,4 +75,48 @@ fn a_kernel_that_does_not_compile_is_an_error_with_the_log() {
     .expect_err("an undefined identifier does not compile");
     let msg = err.to_string();
     assert!(msg.contains("broken.cu") && msg.contains("undefined_thing"), "{msg}");
+}
+
+/// Kernels allowed a stack frame, with why: an array the kernel indexes by a count known only at
+/// run time, small and outside any loop over the data.
+const STACK_ALLOWED: &[(&str, &str)] =
+    [("moe_router_topk", "a token's top-k weights, indexed up to the run-time top_k")].as_slice();
+
+/// No kernel spills registers, and none but [`STACK_ALLOWED`] keeps arrays in local memory
+/// (`routed_backend::cuda::resources` says why that matters), on the H100's architecture. With
+/// `--nocapture` it prints every kernel's registers, spills, stack and shared memory.
+#[test]
+fn no_kernel_spills_or_keeps_its_arrays_in_local_memory() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let arch = Arch::from_capability(9, 0);
+    let mut bad = Vec::new();
+    eprintln!(
+        "{:32} {:>5} {:>9} {:>9} {:>6} {:>6}",
+        "kernel", "regs", "spill st", "spill ld", "stack", "smem"
+    );
+    for unit in UNITS {
+        let kernels = unit_resources(unit, &arch).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(kernels.len(), unit.kernels().count(), "{}: a report per kernel", unit.path);
+        for k in kernels {
+            eprintln!(
+                "{:32} {:5} {:9} {:9} {:6} {:6}",
+                k.name,
+                k.num_registers,
+                k.spill_store_bytes,
+                k.spill_load_bytes,
+                k.stack_bytes,
+                k.shared_bytes
+            );
+            let allowed = STACK_ALLOWED.iter().any(|(name, _)| *name == k.name);
+            if k.spill_store_bytes + k.spill_load_bytes > 0 || (k.stack_bytes > 0 && !allowed) {
+                bad.push(format!(
+                    "{} ({} stack, {} spilled)",
+                    k.name, k.stack_bytes, k.spill_store_bytes
+                ));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "kernels with local memory: {bad:?}");
 }

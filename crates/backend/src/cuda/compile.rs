@@ -73,17 +73,30 @@ pub fn cubin(unit: &'static KernelUnit, arch: &Arch) -> Result<Vec<u8>, BackendE
 /// Compiles a source to CUBIN without the cache. NVRTC must be present
 /// ([`libs::CudaLibrary::require`]).
 pub fn compile(name: &'static str, src: &str, arch: &Arch) -> Result<Vec<u8>, BackendError> {
+    compile_with(name, src, arch, &[]).map(|(bin, _)| bin)
+}
+
+/// Compiles a source to CUBIN with options beyond [`COMPILE_OPTIONS`]; returns the CUBIN and
+/// NVRTC's log (where `--ptxas-options=-v` puts its resource report).
+pub(crate) fn compile_with(
+    name: &'static str,
+    src: &str,
+    arch: &Arch,
+    extra: &[&str],
+) -> Result<(Vec<u8>, String), BackendError> {
     let fail = |log: String| BackendError::Compile { unit: name, arch: arch.0.clone(), log };
     let c_src = CString::new(src).map_err(|_| fail("the source holds a NUL byte".into()))?;
     let c_name = CString::new(name).map_err(|_| fail("the name holds a NUL byte".into()))?;
     let prog = result::create_program(&c_src, Some(&c_name)).map_err(|e| fail(e.to_string()))?;
     let mut options: Vec<String> = vec![format!("--gpu-architecture={}", arch.0)];
-    options.extend(COMPILE_OPTIONS.iter().map(|o| o.to_string()));
+    options.extend(COMPILE_OPTIONS.iter().chain(extra).map(|o| o.to_string()));
     // SAFETY: `prog` was just created and is destroyed exactly once, below.
     let compiled = unsafe { result::compile_program(prog, &options) };
     let out = match compiled {
         // SAFETY: as above; the program compiled.
-        Ok(()) => unsafe { get_cubin(prog) }.map_err(|e| fail(e.to_string())),
+        Ok(()) => unsafe { get_cubin(prog) }
+            .map(|bin| (bin, unsafe { program_log(prog) }))
+            .map_err(|e| fail(e.to_string())),
         // SAFETY: as above.
         Err(e) => Err(fail(format!("{e}\n{}", unsafe { program_log(prog) }))),
     };

@@ -30,6 +30,7 @@ pub mod libs;
 pub mod ops;
 pub mod peer;
 pub mod pools;
+pub mod resources;
 pub mod sim;
 pub mod source;
 pub mod stream;
