@@ -136,7 +136,6 @@ def bench(model_dir, name, dtype, args, compile_=False):
                                   others_cpu=others, dropped_runs=dropped,
                                   prompt_tokens=args.decode_prompt, new_tokens=args.decode, **extra))
             print_table(records[-1:])
-    del model
     return records
 
 
