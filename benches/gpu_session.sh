@@ -155,10 +155,18 @@ bench() {
         done
     done
     if [ "$DEVICE" != cuda-sim ]; then
-        limited 600 "$PYTHON" benches/hf_baseline.py "$models" --device cuda --dtypes bf16 \
-            --compile --compiled-only --batches 1 8 64 256 --runs 3 --quiet-wait 5 --json "$OUT/transformers-compile.json" \
-            >"$OUT/transformers-compile.log" 2>&1
-        note "transformers compiled: rc $?"
+        # torch.compile one model and mode per process: reduce-overhead crashed the process during
+        # qwen3_moe's decode on the H100 (2026-11-26), which would lose every later figure.
+        for mode in default reduce-overhead; do
+            for m in qwen3_moe nemotron_h; do
+                limited 240 "$PYTHON" benches/hf_baseline.py "$models" --models $m --device cuda \
+                    --dtypes bf16 --compile --compile-mode $mode --compiled-only \
+                    --batches 1 8 64 256 --runs 3 --quiet-wait 5 \
+                    --json "$OUT/transformers-compile-$mode-$m.json" \
+                    >"$OUT/transformers-compile-$mode-$m.log" 2>&1
+                note "transformers compiled ($mode) $m: rc $?"
+            done
+        done
         "$PYTHON" benches/compare.py "$OUT"/*.json >"$OUT/table.txt" 2>&1
     fi
 }

@@ -2,12 +2,16 @@
 """Hugging Face transformers on the benchmark checkpoints, on the CPU or a GPU (benches/README.md).
 
     python benches/hf_baseline.py [MODELS_DIR] [--models qwen3_moe nemotron_h] [--dtypes f32 bf16]
-        [--runs 5] [--threads 2] [--device cpu|cuda] [--compile] [--json FILE]
+        [--runs 5] [--threads 2] [--device cpu|cuda] [--compile [--compile-mode MODE]
+        [--compiled-only]] [--json FILE]
 
 --device cuda runs on GPU 0 (every clock reading waits for the device first). --compile also
-measures the model with a static KV cache and its forward through torch.compile (mode
-"reduce-overhead", CUDA graphs on a GPU), recorded as engine "transformers+compile"; a model that
-does not compile is reported and skipped.
+measures the model with a static KV cache and its forward through torch.compile (--compile-mode,
+default "reduce-overhead": CUDA graphs on a GPU), recorded as engine "transformers+compile"
+(another mode as "transformers+compile:MODE"); a model that does not compile is reported and
+skipped. A compiled model can also crash the process (reduce-overhead did, on an H100 with
+PyTorch 2.11, in the CUDA-graph trees during qwen3_moe's decode): run one model per process to
+keep the others' figures.
 
 For each model and dtype: load with from_pretrained (default attention and experts
 implementations), one warm-up of each scenario, then RUNS measured runs; the figure is the median.
@@ -91,13 +95,13 @@ def decode_rate(model, ids, steps):
     return ids.shape[0] * steps / (clock.stamps[-1] - clock.stamps[0])
 
 
-def compiled(model):
-    """The model with a static KV cache and its forward compiled (CUDA graphs on a GPU)."""
+def compiled(model, mode):
+    """The model with a static KV cache and its forward compiled in `mode`."""
     model.generation_config.cache_implementation = "static"
     # Every batch size and cache length is a recompilation; past torch's default limit of 8 the
     # forward would silently run uncompiled, and the figures with it.
     torch._dynamo.config.recompile_limit = 256
-    model.forward = torch.compile(model.forward, mode="reduce-overhead")
+    model.forward = torch.compile(model.forward, mode=mode)
     return model
 
 
@@ -107,11 +111,13 @@ def bench(model_dir, name, dtype, args, compile_=False):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).to(device)
     model.eval()
     if compile_:
-        model = compiled(model)
+        model = compiled(model, args.compile_mode)
     load_s = time.perf_counter() - t0
     cfg = model.config
-    engine = "transformers+compile" if compile_ else "transformers"
-    extra = dict(threads=args.threads, torch=torch.__version__, transformers=transformers.__version__,
+    engine = "transformers"
+    if compile_:  # reduce-overhead keeps the plain name the earlier records have
+        engine += "+compile" + ("" if args.compile_mode == "reduce-overhead" else f":{args.compile_mode}")
+    extra = dict(compile_mode=args.compile_mode if compile_ else None, threads=args.threads, torch=torch.__version__, transformers=transformers.__version__,
                  attn_implementation=cfg._attn_implementation,
                  experts_implementation=getattr(cfg, "_experts_implementation", None),
                  device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -147,6 +153,8 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (GPU 0)")
     ap.add_argument("--compile", action="store_true",
                     help="also measure with a static cache and torch.compile (engine transformers+compile)")
+    ap.add_argument("--compile-mode", default="reduce-overhead",
+                    help="torch.compile's mode: reduce-overhead (CUDA graphs), default, max-autotune...")
     ap.add_argument("--compiled-only", action="store_true",
                     help="with --compile, measure the compiled model alone (the eager one measured apart)")
     add_scenario_args(ap)
