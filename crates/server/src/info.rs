@@ -1,5 +1,6 @@
-//! SGLang's introspection routes, which routers, launchers and benchmark tools poll:
-//! `GET /server_info` (and its older name `/get_server_info`) and `GET /get_load`.
+//! The introspection routes routers, launchers and benchmark tools poll: SGLang's `GET
+//! /server_info` (and its older name `/get_server_info`) and `GET /get_load`, and vLLM's `GET
+//! /version`.
 //!
 //! SGLang answers `/server_info` with its whole server configuration flattened into one object,
 //! its scheduler's limits beside them, one `internal_states` entry per data-parallel rank and its
@@ -84,4 +85,10 @@ pub(crate) async fn get_load(state: web::Data<AppState>) -> Result<HttpResponse,
         "num_pending_tokens": capacity - used_tokens(&stats, block_size),
         "ts_tic": ts_tic,
     }])))
+}
+
+/// `GET /version`: vLLM's `{"version": ...}`, routed's version (the one `/server_info` reports),
+/// which launchers read to tell that the server is up and what it runs.
+pub(crate) async fn version() -> HttpResponse {
+    HttpResponse::Ok().json(json!({ "version": env!("CARGO_PKG_VERSION") }))
 }

@@ -18,6 +18,7 @@
 //! | `GET\|POST /release_memory_occupation`, `GET\|POST /resume_memory_occupation`; `POST /sleep`, `POST /wake_up`, `GET /is_sleeping` | memory given back to a colocated trainer, as SGLang and vLLM serve it |
 //! | `GET /v1/routing/stats`, `POST /v1/routing/stats/reset` | tokens per expert per MoE layer |
 //! | `GET /server_info` (or `/get_server_info`), `GET /get_load` | settings and load, as SGLang reports them |
+//! | `GET /version` | routed's version, as vLLM answers it |
 //!
 //! Both OpenAI routes return routing replay: `choices[i].routed_experts` (base64 `.npy` by
 //! default, `[rows, num_hidden_layers, top_k]` indexed by decoder layer as vLLM and SGLang return

@@ -125,6 +125,7 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: web::Data<AppState>) {
         .service(resource("/server_info", [web::get().to(info::server_info)]))
         .service(resource("/get_server_info", [web::get().to(info::server_info)]))
         .service(resource("/get_load", [web::get().to(info::get_load)]))
+        .service(resource("/version", [web::get().to(info::version)]))
         .service(resource("/v1/routing/stats", [web::get().to(routing_stats::stats)]))
         .service(resource("/v1/routing/stats/reset", [web::post().to(routing_stats::reset)]))
         .service(resource("/v1/models", [web::get().to(routes::models)]))

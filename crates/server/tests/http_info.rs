@@ -1,6 +1,7 @@
-//! SGLang's introspection routes against the real engine: `/server_info` (and `/get_server_info`)
-//! report the settings the server runs with under SGLang's names, and `/get_load` the requests
-//! and KV tokens in use, idle and with a request holding blocks.
+//! The introspection routes against the real engine: SGLang's `/server_info` (and
+//! `/get_server_info`) report the settings the server runs with under SGLang's names, `/get_load`
+//! the requests and KV tokens in use, idle and with a request holding blocks, and vLLM's
+//! `/version` the version.
 
 mod common;
 
@@ -34,6 +35,8 @@ fn server_info_and_load_report_settings_and_what_is_in_use() {
     let idle = &info["internal_states"][0];
     assert_eq!((&idle["num_running_reqs"], &idle["num_used_tokens"]), (&json!(0), &json!(0)));
     assert_eq!(s.get("/get_server_info").json(), info, "the older name answers the same");
+    // vLLM's version route: the same version, alone.
+    assert_eq!(s.get("/version").json(), json!({"version": env!("CARGO_PKG_VERSION")}));
 
     let load = s.get("/get_load").json();
     let idle = &load.as_array().expect("one entry per rank")[0];
