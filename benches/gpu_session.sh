@@ -124,6 +124,11 @@ bench() {
             --batch-sizes 1,8,64,256 --prompt-len 16 --output-len 65 \
             --json "$OUT/routed-$m-throughput-tc.json"
     done
+    # Where a step's time goes at batch 1 and 64: the engine, the worker's host side, the device.
+    for m in qwen3_moe nemotron_h; do
+        routed_bench 90 $m "engine overhead" engine-overhead --prompt-len 16 --output-len 65 \
+            --json "$OUT/routed-$m-engine-overhead.json"
+    done
     # The kernels alone (the matrix product and decode attention at qwen3_moe's shapes), beside
     # PyTorch's at the same shapes and the device's copy bandwidth.
     local sizes=1,8,64,256

@@ -5,8 +5,8 @@ use crate::cli::EngineArgs;
 use anyhow::{Context, Result};
 use futures_util::{StreamExt, future::join_all};
 use routed::{
-    EngineHandle, GenerateRequest, RequestEvent, runtime::MatmulPrecision, types::SamplingParams,
-    types::TokenId,
+    EngineHandle, GenerateRequest, RequestEvent, runtime::EngineStats, runtime::MatmulPrecision,
+    types::SamplingParams, types::TokenId,
 };
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -20,7 +20,8 @@ pub enum Scenario {
     RoutingOverhead,
     /// (c) Time to first token with 0, 50, 90 and 99 % of the prompt cached, relative to cold.
     PrefixHit,
-    /// (d) Per-step time outside the model forward at batch 64.
+    /// (d) Where a step's time goes at batch 1 and 64: the engine around the worker, the host
+    /// inside it, and (on a GPU) the device.
     EngineOverhead,
     /// (e) HTTP serving: concurrent clients on loopback, requests/s and latency percentiles.
     Http,
@@ -398,22 +399,38 @@ async fn prefix_hit(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value
 }
 
 async fn engine_overhead(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<Value>> {
-    let before = engine.stats().await?;
-    batch(engine, 900, 64, args).await?;
-    let after = engine.stats().await?;
+    let mut records = Vec::new();
+    for (seed, size) in [(900, 1), (901, 64)] {
+        let before = engine.stats().await?;
+        batch(engine, seed, size, args).await?;
+        let after = engine.stats().await?;
+        records.push(step_split(size, &before, &after));
+    }
+    Ok(records)
+}
+
+/// One batch's step time split into the engine around the worker (scheduling, the cache
+/// manager, actor hops, routing hand-off), the host inside the worker and the device (its events;
+/// 0 without a device clock, and then the worker's whole time counts as the host's).
+fn step_split(size: usize, before: &EngineStats, after: &EngineStats) -> Value {
     let steps = (after.num_steps - before.num_steps).max(1) as f64;
     let step = after.step_seconds - before.step_seconds;
     let forward = after.forward_seconds - before.forward_seconds;
+    let device = after.device_seconds - before.device_seconds;
+    let ms = |s: f64| s / steps * 1e3;
     let share = (step - forward) / step.max(1e-12);
     println!(
-        "(d) engine overhead at batch 64: {steps} steps, {:.3} ms per step, {:.3} ms outside the forward ({:.2} %)",
-        step / steps * 1e3,
-        (step - forward) / steps * 1e3,
-        share * 100.0
+        "(d) batch {size}: {steps} steps, {:.3} ms per step: {:.3} ms in the engine around the \
+         worker ({:.2} %), {:.3} ms on the worker's host side, {:.3} ms on the device",
+        ms(step),
+        ms(step - forward),
+        share * 100.0,
+        ms(forward - device),
+        ms(device)
     );
-    Ok(vec![
-        json!({"scenario": "engine_overhead_b64", "steps": steps, "step_ms": step / steps * 1e3, "overhead_ms": (step - forward) / steps * 1e3, "overhead_share": share}),
-    ])
+    json!({"scenario": format!("engine_overhead_b{size}"), "steps": steps, "step_ms": ms(step),
+        "overhead_ms": ms(step - forward), "overhead_share": share,
+        "worker_host_ms": ms(forward - device), "device_ms": ms(device)})
 }
 
 /// Memory read bandwidth with every rayon thread summing its share of `data` (median of 3

@@ -131,8 +131,15 @@ fn bench_writes_comparable_records() {
     {
         assert_eq!(find(scenario)["cached_tokens"], cached, "{scenario}");
     }
-    for scenario in ["routing_overhead", "engine_overhead_b64", "roofline_b1"] {
+    for scenario in ["routing_overhead", "roofline_b1"] {
         find(scenario);
+    }
+    // The step split: the engine around the worker, the worker's host side, no device clock.
+    for scenario in ["engine_overhead_b1", "engine_overhead_b64"] {
+        let r = find(scenario);
+        assert!(r["worker_host_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["overhead_ms"].as_f64().unwrap() >= 0.0, "{r}");
+        assert_eq!(r["device_ms"].as_f64(), Some(0.0), "{r}");
     }
 }
 

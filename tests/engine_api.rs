@@ -204,3 +204,26 @@ async fn shutdown_drains_in_flight_requests_and_refuses_new_ones() {
         Err(EngineError::ShutDown)
     ));
 }
+
+/// The stats split a step's time whether routing is captured or not: the worker's wall time
+/// (`forward_seconds`) inside the step's, and of that the device's own time where the device
+/// has a clock (a GPU: its events) and none elsewhere (the CPU, the CUDA simulator).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_split_the_step_time_with_routing_captured_or_not() {
+    let arch = "qwen3_moe";
+    let prompt = Golden::open(arch).prompt("main");
+    for capture in [true, false] {
+        let handle = engine(arch, |c| c.enable_routing_capture = capture);
+        let on_gpu = handle.model_info().device.starts_with("cuda:");
+        let asked = GenerateRequest { return_routing: capture, ..request(&prompt, 4) };
+        let out = run(&handle, asked).await;
+        assert!(out.error.is_none(), "{:?}", out.error);
+        let s = handle.stats().await.unwrap();
+        let what = format!("capture {capture}: {s:?}");
+        assert!(s.num_steps > 0 && s.forward_seconds > 0.0, "{what}");
+        assert!(s.forward_seconds <= s.step_seconds, "{what}");
+        assert!(s.device_seconds <= s.forward_seconds, "{what}");
+        assert_eq!(s.device_seconds > 0.0, on_gpu, "{what}");
+        handle.shutdown().await;
+    }
+}

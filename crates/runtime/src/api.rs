@@ -478,8 +478,12 @@ pub struct EngineStats {
     pub num_steps: u64,
     /// Wall time of all steps, from planning to applied output.
     pub step_seconds: f64,
-    /// Time in the model forward and sampling.
+    /// Time in the model forward and sampling (the worker's wall time, rank 0).
     pub forward_seconds: f64,
+    /// Of that, the device's own time (its events around each step's work); 0 on the CPU and
+    /// the CUDA simulator. `forward_seconds - device_seconds` is the host's share in the worker
+    /// (packing, launches, waits), `step_seconds - forward_seconds` the engine's around it.
+    pub device_seconds: f64,
     /// Time the runner spent handing routing off (queueing the copy, slot mapping, message).
     pub routing_capture_seconds: f64,
     /// Time the copy worker spent copying routing to host memory.

@@ -115,7 +115,13 @@ impl RunnerActor {
         let Some(RoutingSink { ring, copy }) =
             self.routing.as_ref().filter(|_| plan.capture_routing)
         else {
-            return contain(|| worker.execute(plan, unit)).map(|s| s.output);
+            let started = Instant::now();
+            let step = contain(|| worker.execute(plan, unit))?;
+            // Rank 0's figures only (the ranks of a group step together).
+            if self.rank == 0 {
+                self.timings.add_step(started.elapsed(), step.device_time);
+            }
+            return Ok(step.output);
         };
         // The slot is taken first, so a step whose routing could not be kept does not run. When
         // every slot is in flight this waits for the copy worker to read one: backpressure,
@@ -132,7 +138,7 @@ impl RunnerActor {
         };
         let started = Instant::now();
         let step = contain(|| worker.execute(plan, unit))?;
-        Timings::add(&self.timings.forward_ns, started.elapsed());
+        self.timings.add_step(started.elapsed(), step.device_time);
         let started = Instant::now();
         let msg = CopyRouting {
             step_id: plan.step_id,

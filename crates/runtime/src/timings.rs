@@ -8,8 +8,10 @@ use std::time::Duration;
 /// Nanoseconds spent per pipeline stage since the engine started.
 #[derive(Debug, Default)]
 pub struct Timings {
-    /// Model forward + sampling in the runner.
+    /// Model forward + sampling in rank 0's runner (the worker's wall time).
     pub forward_ns: AtomicU64,
+    /// The device's own time for those steps, as its events measured (GPU workers only).
+    pub device_ns: AtomicU64,
     /// The runner's routing hand-off (queueing the copy, slot mapping, message to the copy
     /// worker).
     pub capture_ns: AtomicU64,
@@ -25,6 +27,14 @@ impl Timings {
     /// Adds `d` to `counter`.
     pub fn add(counter: &AtomicU64, d: Duration) {
         counter.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Adds one step's worker wall time and, where the device measured it, its device time.
+    pub fn add_step(&self, wall: Duration, device: Option<Duration>) {
+        Self::add(&self.forward_ns, wall);
+        if let Some(device) = device {
+            Self::add(&self.device_ns, device);
+        }
     }
 
     /// Reads a counter in seconds.

@@ -239,6 +239,12 @@ impl CudaDevice {
         self.event_with(None)
     }
 
+    /// A new event that times: [`Event::seconds_since`] reads the device's time between two of
+    /// them (the driver's `CU_EVENT_DEFAULT`; the simulator has no device clock).
+    pub fn new_timing_event(&self) -> Result<Event, BackendError> {
+        self.event_with(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+    }
+
     /// A new event with the driver's `flags`.
     pub(crate) fn event_with(
         &self,

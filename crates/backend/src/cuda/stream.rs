@@ -145,6 +145,21 @@ impl Event {
     }
 }
 
+impl Event {
+    /// Seconds of device time from `start` to this event, both recorded and done, made with
+    /// [`super::CudaDevice::new_timing_event`]; `None` on the simulator, which has no device
+    /// clock (its work runs on the host when waited for).
+    pub fn seconds_since(&self, start: &Event) -> Result<Option<f64>, BackendError> {
+        match (&self.0, &start.0) {
+            (EventKind::Driver(end), EventKind::Driver(start)) => {
+                start.elapsed_ms(end).map(|ms| Some(f64::from(ms) * 1e-3)).map_err(driver_err)
+            }
+            (EventKind::Sim(..), EventKind::Sim(..)) => Ok(None),
+            _ => Err(mixed()),
+        }
+    }
+}
+
 fn mixed() -> BackendError {
     BackendError::Driver("a stream or event used with another device's".into())
 }

@@ -115,6 +115,7 @@ impl Handler<GetStats> for SchedulerActor {
         stats.num_live_states_held = self.policy.num_live_states_held();
         let t = &self.peers.timings;
         stats.forward_seconds = Timings::seconds(&t.forward_ns);
+        stats.device_seconds = Timings::seconds(&t.device_ns);
         stats.routing_capture_seconds = Timings::seconds(&t.capture_ns);
         stats.routing_copy_seconds = Timings::seconds(&t.copy_ns);
         stats.routing_slot_wait_seconds = Timings::seconds(&t.slot_wait_ns);

@@ -180,6 +180,7 @@ impl Worker for CpuWorker {
             output: StepOutput { step_id: plan.step_id, sampled, prompt_logprobs },
             slot_mapping: out.slot_mapping,
             blocks: written_blocks(plan, shape.block_size),
+            device_time: None,
         })
     }
 

@@ -41,7 +41,7 @@ use super::{
 use crate::{MemoryTags, routing_ring::CopyEngine};
 use routed_backend::{
     cpu::MatmulPrecision,
-    cuda::CudaDevice,
+    cuda::{CudaDevice, Event},
     step_inputs::{LogitUse, ScoreUse, StepCapacity},
 };
 use routed_model::{
@@ -52,7 +52,7 @@ use routed_types::{
     BlockGeneration, BlockId, BlockRef, PromptLogprobs, RoutingMeta, SampledToken, ScheduledSeq,
     SeqId, StepOutput, StepPlan,
 };
-use std::{ops::Range, path::Path, sync::Arc};
+use std::{ops::Range, path::Path, sync::Arc, time::Duration};
 
 /// Device memory the KV cache leaves free for what is allocated later (cuBLAS handles, the
 /// driver's own), in bytes.
@@ -86,6 +86,14 @@ pub struct CudaWorker {
     routing: Option<Arc<CudaCopyEngine>>,
     sampler: Sampler,
     logits: LogitsOut,
+    /// The events around each step's device work.
+    timer: StepTimer,
+}
+
+/// Two timing events: recorded before a step's upload and after its sampled tokens.
+struct StepTimer {
+    start: Event,
+    end: Event,
 }
 
 struct Caches {
@@ -109,7 +117,9 @@ impl CudaWorker {
     /// `dev`. `limits` bound the pools that [`Worker::initialize_cache`] allocates later, so the
     /// memory left for KV blocks is known before.
     pub fn new(dev: CudaDevice, model: &Model, limits: CudaLimits) -> Result<Self, WorkerError> {
+        let timer = StepTimer { start: dev.new_timing_event()?, end: dev.new_timing_event()? };
         Ok(Self {
+            timer,
             meta: model.routing_meta(),
             weight_bytes_per_token: model.weight_bytes_per_token(),
             model: GpuModel::upload(model, dev)?,
@@ -376,7 +386,8 @@ impl Worker for CudaWorker {
             guard.disarm();
             let sampled = vec![None; plan.seqs.len()];
             let output = StepOutput { step_id: plan.step_id, sampled, prompt_logprobs: Vec::new() };
-            return Ok(ExecutedStep { output, slot_mapping: Vec::new(), blocks: Vec::new() });
+            let (slot_mapping, blocks) = (Vec::new(), Vec::new());
+            return Ok(ExecutedStep { output, slot_mapping, blocks, device_time: None });
         }
         ranks.begin(unit.0).map_err(routed_model::ModelError::from)?;
         // Only rank 0's samples and routing are used: the other ranks skip the LM head.
@@ -384,6 +395,10 @@ impl Worker for CudaWorker {
         let largest = caches.graph_capacity;
         let batch =
             caches.graph_pad.as_ref().and_then(|pad| Some((pad, graph_batch(plan, largest)?)));
+        // The device's time from the step's upload to its sampled tokens, between two events on
+        // the compute stream (recorded outside any graph capture).
+        let stream = self.model.device().compute_stream();
+        self.timer.start.record(stream)?;
         let step = match batch {
             Some(pad) => self.model.forward_graph(&mut caches.gpu, plan, pad, lead, capture)?,
             None => self.model.forward(&mut caches.gpu, plan, lead, capture)?,
@@ -391,10 +406,12 @@ impl Worker for CudaWorker {
         #[cfg(feature = "fault-injection")]
         super::faults::inside_step(plan);
         self.model.finish_logits(&mut caches.gpu, &step, &mut self.logits)?;
+        self.timer.end.record(self.model.device().compute_stream())?;
         // Steps without logits (intermediate chunks) end here too, so a device error is this
         // step's, not the next one's.
         self.model.synchronize()?;
         guard.disarm();
+        let device_time = self.timer.end.seconds_since(&self.timer.start)?;
         let block_size = caches.block_size;
         let uses = (caches.gpu.logit_uses(), caches.gpu.score_uses());
         let vocab = self.model.config().vocab_size;
@@ -404,6 +421,7 @@ impl Worker for CudaWorker {
             output,
             slot_mapping: slot_mapping(plan, block_size),
             blocks: written_blocks(plan, block_size),
+            device_time: device_time.map(Duration::from_secs_f64),
         })
     }
 

@@ -33,7 +33,7 @@ use crate::{
 use routed_backend::{BackendError, collective::Collective, cpu::MatmulPrecision};
 use routed_model::{Model, ModelConfig, ModelError};
 use routed_types::{BlockId, BlockRef, RoutingMeta, StepOutput, StepPlan};
-use std::{path::Path, sync::Arc};
+use std::{path::Path, sync::Arc, time::Duration};
 
 /// Numbers the units the ranks execute in lockstep: every engine step and every dummy forward, in
 /// the order the executor sends them. Every rank of a unit gets the same id, which the ranks'
@@ -116,6 +116,10 @@ pub struct ExecutedStep {
     pub slot_mapping: Vec<usize>,
     /// Every block the step wrote, with its generation.
     pub blocks: Vec<BlockRef>,
+    /// The device's own time for the step's work (the forward to the sampled tokens), as its
+    /// events measured: set by a GPU worker, `None` where there is no device clock (the CPU, the
+    /// CUDA simulator). What the worker's wall time holds beyond it is the host's.
+    pub device_time: Option<Duration>,
 }
 
 /// Why a worker could not execute a step or a dummy forward. The step's requests fail; the engine
