@@ -410,8 +410,9 @@ async fn engine_overhead(engine: &EngineHandle, args: &BenchArgs) -> Result<Vec<
 }
 
 /// One batch's step time split into the engine around the worker (scheduling, the cache
-/// manager, actor hops, routing hand-off), the host inside the worker and the device (its events;
-/// 0 without a device clock, and then the worker's whole time counts as the host's).
+/// manager, actor hops, routing hand-off), the worker's host time, and the time between the
+/// device's events around the step's work (kernels and launch gaps; 0 without a device clock,
+/// and then the worker's whole time counts as the host's).
 fn step_split(size: usize, before: &EngineStats, after: &EngineStats) -> Value {
     let steps = (after.num_steps - before.num_steps).max(1) as f64;
     let step = after.step_seconds - before.step_seconds;
@@ -421,7 +422,7 @@ fn step_split(size: usize, before: &EngineStats, after: &EngineStats) -> Value {
     let share = (step - forward) / step.max(1e-12);
     println!(
         "(d) batch {size}: {steps} steps, {:.3} ms per step: {:.3} ms in the engine around the \
-         worker ({:.2} %), {:.3} ms on the worker's host side, {:.3} ms on the device",
+         worker ({:.2} %), {:.3} ms on the worker's host side, {:.3} ms between the device's events",
         ms(step),
         ms(step - forward),
         share * 100.0,

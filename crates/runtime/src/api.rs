@@ -480,9 +480,12 @@ pub struct EngineStats {
     pub step_seconds: f64,
     /// Time in the model forward and sampling (the worker's wall time, rank 0).
     pub forward_seconds: f64,
-    /// Of that, the device's own time (its events around each step's work); 0 on the CPU and
-    /// the CUDA simulator. `forward_seconds - device_seconds` is the host's share in the worker
-    /// (packing, launches, waits), `step_seconds - forward_seconds` the engine's around it.
+    /// Of that, the time on the device's clock between two events recorded around each step's
+    /// work: its kernels and copies, and the gaps where it waited for the host to launch them
+    /// (few when a decode step replays a graph); 0 on the CPU and the CUDA simulator.
+    /// `forward_seconds - device_seconds` is the worker's host time before and after (packing,
+    /// waiting for the results, what the host samples), `step_seconds - forward_seconds` the
+    /// engine's around the worker.
     pub device_seconds: f64,
     /// Time the runner spent handing routing off (queueing the copy, slot mapping, message).
     pub routing_capture_seconds: f64,

@@ -10,7 +10,7 @@ use std::time::Duration;
 pub struct Timings {
     /// Model forward + sampling in rank 0's runner (the worker's wall time).
     pub forward_ns: AtomicU64,
-    /// The device's own time for those steps, as its events measured (GPU workers only).
+    /// The device's clock between events around those steps' work (GPU workers only).
     pub device_ns: AtomicU64,
     /// The runner's routing hand-off (queueing the copy, slot mapping, message to the copy
     /// worker).

@@ -395,7 +395,7 @@ impl Worker for CudaWorker {
         let largest = caches.graph_capacity;
         let batch =
             caches.graph_pad.as_ref().and_then(|pad| Some((pad, graph_batch(plan, largest)?)));
-        // The device's time from the step's upload to its sampled tokens, between two events on
+        // The device's clock from the step's upload to its sampled tokens, between two events on
         // the compute stream (recorded outside any graph capture).
         let stream = self.model.device().compute_stream();
         self.timer.start.record(stream)?;

@@ -116,9 +116,9 @@ pub struct ExecutedStep {
     pub slot_mapping: Vec<usize>,
     /// Every block the step wrote, with its generation.
     pub blocks: Vec<BlockRef>,
-    /// The device's own time for the step's work (the forward to the sampled tokens), as its
-    /// events measured: set by a GPU worker, `None` where there is no device clock (the CPU, the
-    /// CUDA simulator). What the worker's wall time holds beyond it is the host's.
+    /// The time on the device's clock from the step's first work to its sampled tokens (two
+    /// events; gaps while the device waited for launches count): set by a GPU worker, `None`
+    /// where there is no device clock (the CPU, the CUDA simulator).
     pub device_time: Option<Duration>,
 }
 
