@@ -220,13 +220,15 @@ fn route(num_tokens: usize, num_experts: usize, top_k: usize) -> Vec<i32> {
     ids
 }
 
-/// The model's products as `(name, outputs, inputs)`: the attention's query and output
-/// projections, a routed expert's up projection, the dense or shared MLP's, and the LM head.
+/// The model's products as `(name, outputs, inputs)`: the attention's query, key (or value: the
+/// same shape, the thinnest product of a layer) and output projections, a routed expert's up
+/// projection, the dense or shared MLP's, and the LM head.
 fn products(c: &ModelConfig) -> Vec<(&'static str, usize, usize)> {
     let h = c.hidden_size;
     let mut out = Vec::new();
     if let Some(a) = &c.attention {
         out.push(("q_proj", a.num_heads * a.head_dim, h));
+        out.push(("kv_proj", a.num_kv_heads * a.head_dim, h));
         out.push(("o_proj", h, a.num_heads * a.head_dim));
     }
     if let Some(m) = &c.moe {

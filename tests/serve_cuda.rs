@@ -66,7 +66,8 @@ fn bench_kernels_times_the_models_products_and_attention() {
     };
     // m = 2 rows: bf16 weights [n, k], f32 inputs [m, k] and outputs [m, n]; in the CPU's order
     // and on tensor cores.
-    for (case, n, k) in [("q_proj_m2", 64, 64), ("expert_up_m2", 16, 64), ("lm_head_m2", 512, 64)] {
+    let cases = [("q_proj_m2", 64, 64), ("kv_proj_m2", 32, 64), ("expert_up_m2", 16, 64)];
+    for (case, n, k) in cases.into_iter().chain([("lm_head_m2", 512, 64)]) {
         for (prefix, kernel) in [("gemm", "gemm_bf16w_f32"), ("gemm_mma", "gemm_bf16w_mma")] {
             let r = find(&format!("{prefix}_{case}"));
             assert_eq!(r["kernel"], kernel, "{r}");
