@@ -101,10 +101,17 @@ struct KvTile {
 // Up to this many 8-element vectors of keys and as many of values per thread and tile.
 #define ATTN_TILE_VECS (ATTN_TILE * ATTN_MAX_HEAD_DIM / 8 / ATTN_THREADS)
 
-// Stages a tile in shared memory as f32 (keys with a padded stride against bank conflicts),
-// head_dim a multiple of 8: every thread issues all of its 16-byte loads before it uses any, so
-// a tile costs one memory latency, not one per element (the rows of a KV head are 16-byte
-// aligned: the pools are 256-byte aligned and head_dim * 2 bytes a multiple of 16).
+// Whether a tile can be staged with 16-byte loads: every key's row of a KV head starts 16-byte
+// aligned when head_dim is a multiple of 8 and the caches' bases are aligned (the pools are, at
+// 256 bytes; a cache handed over at another offset takes the element path).
+__device__ __forceinline__ bool kv_vec_ok(
+    const bf16_t* k_cache, const bf16_t* v_cache, int head_dim) {
+    return head_dim % 8 == 0 && (u64)k_cache % 16 == 0 && (u64)v_cache % 16 == 0;
+}
+
+// Stages a tile in shared memory as f32 (keys with a padded stride against bank conflicts) where
+// kv_vec_ok: every thread issues all of its 16-byte loads before it uses any, so a tile costs one
+// memory latency, not one per element.
 __device__ __forceinline__ void stage_kv_tile_vec(const KvTile& t, float* ks, float* vs, int tid) {
     const int vecs = t.head_dim / 8, count = ATTN_TILE * vecs;
     u32x4 kr[ATTN_TILE_VECS], vr[ATTN_TILE_VECS];
@@ -137,7 +144,7 @@ __device__ __forceinline__ void stage_kv_tile_vec(const KvTile& t, float* ks, fl
     }
 }
 
-// The same, one element at a time, for a head_dim that is not a multiple of 8.
+// The same, one element at a time, where 16-byte loads would not be aligned.
 __device__ __forceinline__ void stage_kv_tile(const KvTile& t, float* ks, float* vs, int tid) {
     for (int idx = tid; idx < ATTN_TILE * t.head_dim; idx += ATTN_THREADS) {
         int j = idx / t.head_dim, d = idx % t.head_dim;
@@ -215,6 +222,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) paged_attention_bf16k
 #pragma unroll
     for (int j = 0; j < ATTN_ACC_PER_THREAD; ++j) acc_run[j] = 0.0f;
     const int* table = block_tables + (u64)seq * max_blocks_per_seq;
+    const bool vec_loads = kv_vec_ok(k_cache, v_cache, head_dim);
 
     for (int part = part_lo; part <= part_hi; ++part) {
         __syncthreads();  // the previous partition's fold has read its m and l
@@ -229,9 +237,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) paged_attention_bf16k
         for (int tile = t_begin; tile <= t_end; ++tile) {
             const int base = tile * ATTN_TILE;
             __syncthreads();  // the previous tile's K, V and P are no longer read
-            const KvTile tile_at = {k_cache, v_cache, table, block_size, num_kv_heads, kvh, head_dim,
-                                    base, min_first, max_pos};
-            if (head_dim % 8 == 0) stage_kv_tile_vec(tile_at, ks, vs, tid);
+            const KvTile tile_at = {k_cache, v_cache, table, block_size, num_kv_heads,
+                                    kvh, head_dim, base, min_first, max_pos};
+            if (vec_loads) stage_kv_tile_vec(tile_at, ks, vs, tid);
             else stage_kv_tile(tile_at, ks, vs, tid);
             __syncthreads();
             // Scores and the online-softmax update: warp w takes rows w, w + 4, ...; lane j is

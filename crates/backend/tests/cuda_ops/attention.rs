@@ -26,6 +26,9 @@ struct Seq {
 struct Case {
     p: AttentionParams,
     seqs: Vec<Seq>,
+    /// Elements the caches start past their pools' (aligned) starts: 0, or an offset that breaks
+    /// the 16-byte alignment the vector loads want.
+    kv_offset: usize,
 }
 
 impl Case {
@@ -48,7 +51,7 @@ impl Case {
                 }
             })
             .collect();
-        Self { p, seqs }
+        Self { p, seqs, kv_offset: 0 }
     }
 
     /// Blocks the cache needs: one past the largest block any table names.
@@ -84,7 +87,8 @@ impl Cache {
     fn new(dev: &CudaDevice, case: &Case) -> Self {
         let mut layout = ArenaLayout::new("kv");
         let width = case.p.num_kv_heads * case.p.head_dim;
-        let kv = KvPool::reserve(&mut layout, 1, case.num_blocks(), case.p.block_size, width);
+        // A block more than the tables name: room for the caches' offset (`step`).
+        let kv = KvPool::reserve(&mut layout, 1, case.num_blocks() + 1, case.p.block_size, width);
         Self { arena: DeviceArena::new(dev, &layout).unwrap(), kv }
     }
 }
@@ -128,8 +132,12 @@ fn step(
     let parts =
         plan.output::<f32>(AttentionSplit::partials_len(n, p.num_heads, p.head_dim, num_parts));
     let m = plan.alloc();
-    let (kc, vc) =
-        (cache.arena.get(cache.kv.k[0]).unwrap(), cache.arena.get(cache.kv.v[0]).unwrap());
+    // Whole blocks from `kv_offset` on (the pool holds a block more than the tables reach).
+    let at = |span| {
+        let s = cache.arena.get(span).unwrap();
+        s.sub(case.kv_offset, s.len() - p.block_size * width).unwrap()
+    };
+    let (kc, vc) = (at(cache.kv.k[0]), at(cache.kv.v[0]));
     dev.kv_write(m.get(ks), m.get(vs), m.get(ss), kc, vc, n, width).unwrap();
     let bufs = AttentionBuffers {
         q: m.get(qs),
@@ -185,8 +193,12 @@ fn run_chunked(
 }
 
 fn check(name: &str, p: AttentionParams, lens: &[usize], seed: u64) {
+    check_at(name, p, lens, seed, 0);
+}
+
+fn check_at(name: &str, p: AttentionParams, lens: &[usize], seed: u64, kv_offset: usize) {
     let Some(dev) = gpu_or_skip(name) else { return };
-    let case = Case::new(p, lens, &mut Rng::new(seed));
+    let case = Case { kv_offset, ..Case::new(p, lens, &mut Rng::new(seed)) };
     let whole = run_chunked(dev, &case, &[usize::MAX], false);
     let (hd, heads) = (p.head_dim, p.num_heads);
     for (s, out) in whole.iter().enumerate() {
@@ -215,7 +227,7 @@ fn check(name: &str, p: AttentionParams, lens: &[usize], seed: u64) {
     }
     // A sequence alone gives the bits it has in the batch.
     for (s, (seq, want)) in case.seqs.iter().zip(&whole).enumerate() {
-        let alone = Case { p, seqs: vec![clone_seq(seq)] };
+        let alone = Case { p, seqs: vec![clone_seq(seq)], kv_offset: case.kv_offset };
         let got = run_chunked(dev, &alone, &[usize::MAX], false);
         assert_bits(&format!("{name}: seq {s} alone"), &got[0], want);
     }
@@ -277,4 +289,21 @@ fn head_widths_off_the_vector_width_match_the_cpu() {
         partition_tiles: 1,
     };
     check("head_widths_off_the_vector_width_match_the_cpu", p, &[70, 9], 13);
+}
+
+/// Caches whose bases are not 16-byte aligned (one element past the pool's start) stage their
+/// tiles one element at a time, with the same results: a 16-byte load there would fault.
+#[test]
+fn caches_off_the_vector_alignment_match_the_cpu() {
+    let p = AttentionParams {
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 32,
+        block_size: 8,
+        max_blocks_per_seq: 8,
+        sliding_window: None,
+        scale: 1.0 / 32f32.sqrt(),
+        partition_tiles: 1,
+    };
+    check_at("caches_off_the_vector_alignment_match_the_cpu", p, &[45, 3], 14, 1);
 }
