@@ -41,8 +41,10 @@ pub fn unit_resources(
 }
 
 /// The kernels of a ptxas `-v` log, in its order. Each entry is a `Compiling entry function
-/// 'name'` line, then a line with the stack frame and spills, then one with the registers and
-/// shared memory (device functions compiled apart have no entry line and are skipped).
+/// 'name'` line, then a stack-frame-and-spills line for the kernel and one for each device
+/// function it calls that was not inlined, then one with the registers and shared memory. A
+/// kernel is charged the largest frame and spills among its own and its callees' (their local
+/// memory is the kernel's too).
 pub fn parse_report(log: &str) -> Vec<KernelResources> {
     let mut out = Vec::new();
     let mut current: Option<KernelResources> = None;
@@ -58,9 +60,11 @@ pub fn parse_report(log: &str) -> Vec<KernelResources> {
             });
         } else if let Some(k) = current.as_mut() {
             if line.contains("bytes stack frame") {
-                k.stack_bytes = number_before(line, " bytes stack frame");
-                k.spill_store_bytes = number_before(line, " bytes spill stores");
-                k.spill_load_bytes = number_before(line, " bytes spill loads");
+                k.stack_bytes = k.stack_bytes.max(number_before(line, " bytes stack frame"));
+                let stores = number_before(line, " bytes spill stores");
+                k.spill_store_bytes = k.spill_store_bytes.max(stores);
+                let loads = number_before(line, " bytes spill loads");
+                k.spill_load_bytes = k.spill_load_bytes.max(loads);
             } else if line.contains("Used ") && line.contains(" registers") {
                 k.num_registers = number_after(line, "Used ");
                 k.shared_bytes = number_before(line, " bytes smem");
@@ -96,7 +100,8 @@ fn number_after(line: &str, marker: &str) -> u32 {
 mod tests {
     use super::*;
 
-    /// The shape of NVRTC 13's log for two kernels, the second with spills and a stack frame.
+    /// The shape of NVRTC 13's log for two kernels, the second with spills and a stack frame,
+    /// and a third whose callee (not inlined) has the frame.
     #[test]
     fn the_report_is_read_per_kernel() {
         let log = "ptxas info    : 0 bytes gmem\n\
@@ -107,9 +112,15 @@ mod tests {
             ptxas info    : Compiling entry function 'b_f32' for 'sm_90'\n\
             ptxas info    : Function properties for b_f32\n\
             \x20   208 bytes stack frame, 4 bytes spill stores, 8 bytes spill loads\n\
-            ptxas info    : Used 128 registers, used 1 barriers, 3280 bytes smem\n";
+            ptxas info    : Used 128 registers, used 1 barriers, 3280 bytes smem\n\
+            ptxas info    : Compiling entry function 'c_f32' for 'sm_90'\n\
+            ptxas info    : Function properties for _Z6calleev\n\
+            \x20   96 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+            ptxas info    : Function properties for c_f32\n\
+            \x20   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+            ptxas info    : Used 40 registers, used 0 barriers\n";
         let got = parse_report(log);
-        assert_eq!(got.len(), 2);
+        assert_eq!(got.len(), 3);
         assert_eq!(
             (got[0].name.as_str(), got[0].num_registers, got[0].shared_bytes),
             ("a_f32", 32, 68)
@@ -118,5 +129,9 @@ mod tests {
         let b = &got[1];
         assert_eq!((b.stack_bytes, b.spill_store_bytes, b.spill_load_bytes), (208, 4, 8));
         assert_eq!((b.num_registers, b.shared_bytes), (128, 3280));
+        assert_eq!(
+            (got[2].name.as_str(), got[2].stack_bytes, got[2].num_registers),
+            ("c_f32", 96, 40)
+        );
     }
 }
