@@ -20,7 +20,7 @@ use routed_backend::{
         },
         ops::{
             AttentionBuffers, AttentionParams, AttentionSplit, ExpertActivation, ExpertShard,
-            MoeSortBuffers, Weights,
+            GemmTiling, MoeSortBuffers, Weights,
         },
     },
 };
@@ -79,17 +79,22 @@ fn product_cases(
 ) -> Result<Vec<Value>> {
     let mut records = Vec::new();
     for (what, n, k) in products(c) {
-        // The CPU's arithmetic, then bf16 precision on tensor cores.
-        for (prefix, kernel, mma) in
-            [("gemm", "gemm_bf16w_f32", false), ("gemm_mma", "gemm_bf16w_mma", true)]
-        {
+        // The CPU's arithmetic, then bf16 precision on tensor cores, in each tiling (the engine
+        // takes GemmTiling::for_shape's).
+        for (prefix, kernel, mma, tiling) in [
+            ("gemm", "gemm_bf16w_f32", false, GemmTiling::Thin),
+            ("gemm_staged", "gemm_bf16w_f32_staged", false, GemmTiling::Staged),
+            ("gemm_mma", "gemm_bf16w_mma", true, GemmTiling::Thin),
+            ("gemm_mma_staged", "gemm_bf16w_mma_staged", true, GemmTiling::Staged),
+            ("gemm_mma_wide", "gemm_bf16w_mma_staged_wide", true, GemmTiling::StagedWide),
+        ] {
             let case = Case {
                 scenario: format!("{prefix}_{what}_m{m}"),
                 kernel,
                 bytes: (2 * n * k + 4 * m * k + 4 * m * n) as f64,
                 flops: (2 * m * n * k) as f64,
             };
-            records.push(report(&case, time_gemm(dev, (m, n, k), mma, repeats)?));
+            records.push(report(&case, time_gemm(dev, (m, n, k), (mma, tiling), repeats)?));
         }
     }
     Ok(records)
@@ -296,7 +301,7 @@ fn time_graph(
 fn time_gemm(
     dev: &CudaDevice,
     (m, n, k): (usize, usize, usize),
-    mma: bool,
+    (mma, tiling): (bool, GemmTiling),
     repeats: usize,
 ) -> Result<Vec<f64>> {
     let mut layout = ArenaLayout::new("bench");
@@ -306,7 +311,7 @@ fn time_gemm(
     upload(&mut arena, w, &fill(n * k, 2, bf16::from_f32))?;
     let (x, w, out) = (arena.get(x)?, arena.get(w)?, arena.get(out)?);
     let w = if mma { Weights::Bf16Mma(w) } else { Weights::Bf16(w) };
-    time_graph(dev, repeats, || dev.gemm(x, w, out, (m, n, k)))
+    time_graph(dev, repeats, || dev.gemm_tiled(x, w, out, (m, n, k), tiling))
 }
 
 /// One MoE layer's expert work for the routing `ids` (the router left out): the sort, the grouped

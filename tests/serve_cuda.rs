@@ -65,10 +65,16 @@ fn bench_kernels_times_the_models_products_and_attention() {
         records.iter().find(|r| r["scenario"] == scenario).unwrap_or_else(|| panic!("{scenario}"))
     };
     // m = 2 rows: bf16 weights [n, k], f32 inputs [m, k] and outputs [m, n]; in the CPU's order
-    // and on tensor cores.
+    // and on tensor cores, each in every tiling.
     let cases = [("q_proj_m2", 64, 64), ("kv_proj_m2", 32, 64), ("expert_up_m2", 16, 64)];
     for (case, n, k) in cases.into_iter().chain([("lm_head_m2", 512, 64)]) {
-        for (prefix, kernel) in [("gemm", "gemm_bf16w_f32"), ("gemm_mma", "gemm_bf16w_mma")] {
+        for (prefix, kernel) in [
+            ("gemm", "gemm_bf16w_f32"),
+            ("gemm_staged", "gemm_bf16w_f32_staged"),
+            ("gemm_mma", "gemm_bf16w_mma"),
+            ("gemm_mma_staged", "gemm_bf16w_mma_staged"),
+            ("gemm_mma_wide", "gemm_bf16w_mma_staged_wide"),
+        ] {
             let r = find(&format!("{prefix}_{case}"));
             assert_eq!(r["kernel"], kernel, "{r}");
             assert_eq!(r["bytes"], (2 * n * k + 4 * 2 * k + 4 * 2 * n) as f64, "{r}");

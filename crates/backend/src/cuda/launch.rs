@@ -8,6 +8,11 @@ pub const GEMM_RM: usize = 4;
 pub const GEMM_RN: usize = 4;
 /// Half-warps per block of the matrix products (`GEMM_HALF_WARPS`).
 pub const GEMM_HALF_WARPS: usize = 8;
+/// Input rows per block of the staged `f32` matrix products (`GEMM_STAGE_ROWS`).
+pub const GEMM_STAGE_ROWS: usize = 16;
+/// Most rows for which the matrix products take their thin kernels (each thread reading its own
+/// inputs) rather than the staged ones.
+pub const GEMM_THIN_MAX_ROWS: usize = 8;
 /// Warps per block of the tensor-core products (`MMA_WARPS`).
 pub const MMA_WARPS: usize = 4;
 /// Output columns per warp of the tensor-core products (`MMA_COLS`): the instruction's 16 rows.
@@ -17,6 +22,15 @@ pub const MMA_ROWS: usize = 8;
 /// Groups of `MMA_ROWS` input rows a warp of the tensor-core products takes at once
 /// (`MMA_ROW_GROUPS`).
 pub const MMA_ROW_GROUPS: usize = 4;
+/// Warps per block of the wide staged tensor-core product (`MMA_STAGE_WARPS`).
+pub const MMA_STAGE_WARPS: usize = 8;
+/// Groups of `MMA_ROWS` input rows a block of the wide staged tensor-core product shares
+/// (`MMA_STAGE_GROUPS`).
+pub const MMA_STAGE_GROUPS: usize = 8;
+/// Fewest blocks for which the dense tensor-core product takes the wide staged kernel: two per
+/// SM of an H100 (132), so that its bigger blocks still fill the device. Set by reasoning, not
+/// yet by measurement (`routed bench kernels` times all three kernels at each shape).
+pub const MMA_WIDE_MIN_BLOCKS: usize = 264;
 /// Rows per block of the row norms (`NORM_ROWS_PER_BLOCK`).
 pub const NORM_ROWS_PER_BLOCK: usize = 8;
 /// Keys per attention tile, aligned at absolute position 0 (`ATTN_TILE`).
@@ -90,11 +104,32 @@ pub fn gemm(m: usize, n: usize) -> Option<Shape> {
     Shape::new((m.div_ceil(GEMM_RM), n.div_ceil(cols_per_block)), GEMM_HALF_WARPS * 16, 0)
 }
 
+/// The staged matrix product of `m` rows by `n` columns: blocks of `GEMM_STAGE_ROWS` rows by
+/// `GEMM_HALF_WARPS * GEMM_RN` columns (their inputs in static shared memory).
+pub fn gemm_staged(m: usize, n: usize) -> Option<Shape> {
+    let cols_per_block = GEMM_HALF_WARPS * GEMM_RN;
+    Shape::new((m.div_ceil(GEMM_STAGE_ROWS), n.div_ceil(cols_per_block)), GEMM_HALF_WARPS * 16, 0)
+}
+
 /// The tensor-core matrix product of `m` rows by `n` columns: warps of `MMA_COLS` columns by
 /// `MMA_ROW_GROUPS * MMA_ROWS` rows.
 pub fn gemm_mma(m: usize, n: usize) -> Option<Shape> {
     let (cols_per_block, rows_per_block) = (MMA_WARPS * MMA_COLS, MMA_ROW_GROUPS * MMA_ROWS);
     Shape::new((m.div_ceil(rows_per_block), n.div_ceil(cols_per_block)), MMA_WARPS * 32, 0)
+}
+
+/// The staged tensor-core matrix product of `m` rows by `n` columns: the thin product's blocks,
+/// their inputs in static shared memory.
+pub fn gemm_mma_staged(m: usize, n: usize) -> Option<Shape> {
+    gemm_mma(m, n)
+}
+
+/// The wide staged tensor-core matrix product of `m` rows by `n` columns: blocks of
+/// `MMA_STAGE_WARPS * MMA_COLS` columns by `MMA_STAGE_GROUPS * MMA_ROWS` rows.
+pub fn gemm_mma_staged_wide(m: usize, n: usize) -> Option<Shape> {
+    let cols_per_block = MMA_STAGE_WARPS * MMA_COLS;
+    let rows_per_block = MMA_STAGE_GROUPS * MMA_ROWS;
+    Shape::new((m.div_ceil(rows_per_block), n.div_ceil(cols_per_block)), MMA_STAGE_WARPS * 32, 0)
 }
 
 /// A row norm over `rows` rows (also the gated norm, with one row per token and group).
@@ -272,10 +307,13 @@ mod tests {
             ("GEMM_RM", GEMM_RM),
             ("GEMM_RN", GEMM_RN),
             ("GEMM_HALF_WARPS", GEMM_HALF_WARPS),
+            ("GEMM_STAGE_ROWS", GEMM_STAGE_ROWS),
             ("MMA_WARPS", MMA_WARPS),
             ("MMA_COLS", MMA_COLS),
             ("MMA_ROWS", MMA_ROWS),
             ("MMA_ROW_GROUPS", MMA_ROW_GROUPS),
+            ("MMA_STAGE_WARPS", MMA_STAGE_WARPS),
+            ("MMA_STAGE_GROUPS", MMA_STAGE_GROUPS),
             ("NORM_ROWS_PER_BLOCK", NORM_ROWS_PER_BLOCK),
             ("ATTN_TILE", ATTN_TILE),
             ("ATTN_ROWS", ATTN_ROWS),
@@ -308,6 +346,15 @@ mod tests {
         assert_eq!((s.grid, s.block), ((1, 64, 1), (128, 1, 1)));
         assert_eq!(gemm_mma(513, 65).unwrap().grid, (17, 2, 1));
         assert!(gemm_mma(0, 8).is_none() && gemm_mma(8, 0).is_none());
+        // 16 rows and 32 columns per block of the staged f32 product.
+        let s = gemm_staged(64, 151_936).unwrap();
+        assert_eq!((s.grid, s.block), ((4, 4748, 1), (128, 1, 1)));
+        assert_eq!(gemm_staged(17, 33).unwrap().grid, (2, 2, 1));
+        // 128 columns and 64 rows per block of the wide staged one.
+        let s = gemm_mma_staged_wide(64, 151_936).unwrap();
+        assert_eq!((s.grid, s.block), ((1, 1187, 1), (256, 1, 1)));
+        assert_eq!(gemm_mma_staged_wide(65, 129).unwrap().grid, (2, 2, 1));
+        assert!(gemm_mma_staged_wide(0, 8).is_none() && gemm_mma_staged_wide(8, 0).is_none());
     }
 
     #[test]

@@ -127,7 +127,11 @@ kernel_ids! {
     Scale = "scale_f32" in ACTIVATION;
     GemmBf16 = "gemm_bf16w_f32" in GEMM;
     GemmF32 = "gemm_f32w_f32" in GEMM;
+    GemmBf16Staged = "gemm_bf16w_f32_staged" in GEMM;
+    GemmF32Staged = "gemm_f32w_f32_staged" in GEMM;
     GemmBf16Mma = "gemm_bf16w_mma" in GEMM_MMA;
+    GemmBf16MmaStaged = "gemm_bf16w_mma_staged" in GEMM_MMA;
+    GemmBf16MmaStagedWide = "gemm_bf16w_mma_staged_wide" in GEMM_MMA;
     PagedAttention = "paged_attention_bf16kv" in ATTENTION;
     AttentionCombine = "attention_combine_f32" in ATTENTION;
     KvWrite = "kv_write_bf16" in KV_WRITE;

@@ -5,7 +5,10 @@ use super::support::*;
 use half::bf16;
 use routed_backend::{
     cpu::{self, Matrix, MatrixData},
-    cuda::{host::rope_table, ops::Weights},
+    cuda::{
+        host::rope_table,
+        ops::{GemmTiling, Weights},
+    },
 };
 
 /// Rows of the full batch of the row-invariance tests.
@@ -182,6 +185,44 @@ fn matrix_products_equal_cpu_linear_and_do_not_depend_on_the_batch() {
         cpu::linear(&x, &matrix, &mut want);
         assert_bits(&format!("gemm (bf16 weights: {bf}) vs cpu::linear"), &full, &want);
         check_row_invariance("gemm", n, &full, run);
+    }
+}
+
+/// Both tilings of the `f32` products give cpu::linear's bits: staged blocks whose rows are
+/// partly past m, half-warps past n, k inside one lane stripe, one chunk and a few elements, and
+/// several chunks; inputs whose rows or base defeat 16-byte loads.
+#[test]
+fn staged_and_thin_matrix_products_both_give_cpu_linear_bits() {
+    let name = "staged_and_thin_matrix_products_both_give_cpu_linear_bits";
+    let Some(dev) = gpu_or_skip(name) else { return };
+    // (m, n, k, first element of x in its buffer)
+    let cases =
+        [(9, 33, 7, 0), (17, 70, 130, 0), (40, 32, 700, 0), (20, 45, 258, 1), (3, 50, 64, 0)];
+    for (seed, (m, n, k, at)) in (80..).zip(cases) {
+        let mut rng = Rng::new(seed);
+        let x = rng.vec(at + m * k, -1.0, 1.0);
+        let w16 = rng.bf16_vec(n * k, -0.5, 0.5);
+        let w32 = rng.vec(n * k, -0.5, 0.5);
+        let mut p = Plan::new(dev);
+        let (xs, w16s, w32s) = (p.input(&x), p.input(&w16), p.input(&w32));
+        let outs = [GemmTiling::Thin, GemmTiling::Staged].map(|t| (t, p.output::<f32>(m * n)));
+        let mem = p.alloc();
+        let xv = mem.get(xs).sub(at, m * k).unwrap();
+        for bf in [true, false] {
+            let (w, matrix) = match bf {
+                true => {
+                    (Weights::Bf16(mem.get(w16s)), Matrix::new(n, k, MatrixData::Bf16(w16.clone())))
+                }
+                false => (Weights::F32(mem.get(w32s)), Matrix::from_f32(n, k, w32.clone())),
+            };
+            let mut want = vec![0.0; m * n];
+            cpu::linear(&x[at..], &matrix, &mut want);
+            for (tiling, out) in outs {
+                dev.gemm_tiled(xv, w, mem.get(out), (m, n, k), tiling).unwrap();
+                let what = format!("m {m} n {n} k {k} x at {at}, bf16 weights {bf}, {tiling:?}");
+                assert_bits(&what, &mem.read(out), &want);
+            }
+        }
     }
 }
 

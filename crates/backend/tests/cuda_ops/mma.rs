@@ -13,7 +13,7 @@ use routed_backend::{
     cpu::{self, MatmulPrecision, Matrix, MatrixData},
     cuda::{
         CudaDevice,
-        ops::{ExpertActivation, ExpertShard, Weights},
+        ops::{ExpertActivation, ExpertShard, GemmTiling, Weights},
     },
 };
 
@@ -76,6 +76,45 @@ fn tensor_core_products_sum_the_rounded_inputs_products_whatever_the_batch() {
             }
         }
         check_row_invariance(&format!("gemm_bf16_mma n {n} k {k}"), n, &full, run);
+    }
+}
+
+/// The three tilings of the dense tensor-core product give every output the same bits: blocks whose
+/// row groups are partly or wholly past m, warps past n, k of several staged chunks or of one
+/// partial step, inputs whose rows or base defeat 16-byte loads.
+#[test]
+fn every_tiling_of_the_tensor_core_product_gives_the_same_bits() {
+    let name = "every_tiling_of_the_tensor_core_product_gives_the_same_bits";
+    let Some(dev) = gpu_or_skip(name) else { return };
+    // (m, n, k, first element of x in its buffer)
+    let cases = [
+        (9, 200, 300, 0),
+        (64, 136, 512, 0),
+        (130, 40, 1000, 0),
+        (70, 16, 36, 0),
+        (3, 300, 20, 0),
+        (33, 150, 264, 1),
+    ];
+    for (seed, (m, n, k, at)) in (70..).zip(cases) {
+        let mut rng = Rng::new(seed);
+        let x = rng.vec(at + m * k, -1.0, 1.0);
+        let w = rng.bf16_vec(n * k, -0.5, 0.5);
+        let mut p = Plan::new(dev);
+        let (xs, ws) = (p.input(&x), p.input(&w));
+        let outs = [GemmTiling::Thin, GemmTiling::Staged, GemmTiling::StagedWide]
+            .map(|tiling| (tiling, p.output::<f32>(m * n)));
+        let mem = p.alloc();
+        let xv = mem.get(xs).sub(at, m * k).unwrap();
+        for (tiling, out) in outs {
+            let w = Weights::Bf16Mma(mem.get(ws));
+            dev.gemm_tiled(xv, w, mem.get(out), (m, n, k), tiling).unwrap();
+        }
+        let thin = mem.read(outs[0].1);
+        let what = format!("m {m} n {n} k {k} x at {at}");
+        assert!(thin.iter().all(|v| v.is_finite() && *v != 0.0), "{what}: outputs written");
+        for (tiling, out) in &outs[1..] {
+            assert_bits(&format!("{what}: {tiling:?} against thin"), &mem.read(*out), &thin);
+        }
     }
 }
 

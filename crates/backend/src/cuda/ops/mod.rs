@@ -15,6 +15,7 @@ mod sample;
 mod ssm;
 
 pub use attention::{AttentionBuffers, AttentionParams, AttentionSplit};
+pub use gemm::GemmTiling;
 pub use moe::{ExpertActivation, ExpertShard, MoeSortBuffers, RouterKind, RouterParams};
 pub use ssm::{ConvParams, MambaSeqs, ScanParams, ScanWeights};
 
