@@ -38,7 +38,7 @@ const BLOCK_SIZE: usize = 16;
 /// One timed case.
 struct Case {
     scenario: String,
-    kernel: &'static str,
+    kernel: String,
     bytes: f64,
     flops: f64,
 }
@@ -90,7 +90,7 @@ fn product_cases(
         ] {
             let case = Case {
                 scenario: format!("{prefix}_{what}_m{m}"),
-                kernel,
+                kernel: kernel.into(),
                 bytes: (2 * n * k + 4 * m * k + 4 * m * n) as f64,
                 flops: (2 * m * n * k) as f64,
             };
@@ -100,27 +100,41 @@ fn product_cases(
     Ok(records)
 }
 
-/// A MoE layer's expert work for `m` tokens routed uniformly; its bytes are the experts touched.
+/// A MoE layer's expert work for `m` tokens routed uniformly, whole and kernel by kernel; the
+/// bytes of the whole are the experts touched and the tokens' rows in and out, those of a part
+/// what that kernel must read and write.
 fn expert_case(dev: &CudaDevice, c: &ModelConfig, m: usize, repeats: usize) -> Result<Vec<Value>> {
     let Some(moe) = &c.moe else { return Ok(Vec::new()) };
-    let h = c.hidden_size;
+    let (h, inter) = (c.hidden_size, moe.expert_intermediate);
     let ids = route(m, moe.num_experts, moe.top_k);
     let mut seen = vec![false; moe.num_experts];
     ids.iter().for_each(|&e| seen[e as usize] = true);
     let touched = seen.iter().filter(|&&s| s).count();
-    let matrices = if moe.activation == FfnActivation::SwiGlu { 3 } else { 2 };
+    let up_matrices = if moe.activation == FfnActivation::SwiGlu { 2 } else { 1 };
+    let pairs = ids.len();
+    // Bytes and flops of each part: the expert matrices it reads (bf16), its f32 rows.
+    let up = (touched * up_matrices * inter * h * 2 + 4 * (m * h + pairs * inter), up_matrices);
+    let down = (touched * inter * h * 2 + 4 * (pairs * inter + pairs * h), 1);
     let mut records = Vec::new();
-    for (prefix, kernel, mma) in [
-        ("moe_experts", "moe sort, up, down, combine", false),
-        ("moe_experts_mma", "moe sort, up, down (mma), combine", true),
-    ] {
-        let case = Case {
-            scenario: format!("{prefix}_m{m}"),
+    for (suffix, kernels, mma) in [("", "", false), ("_mma", " (mma)", true)] {
+        let t = time_moe(dev, moe, h, (&ids, mma), repeats)?;
+        let case = |name: &str, kernel: String, (bytes, matrices): (usize, usize)| Case {
+            scenario: format!("{name}{suffix}_m{m}"),
             kernel,
-            bytes: (touched * matrices * moe.expert_intermediate * h * 2 + 8 * m * h) as f64,
-            flops: (2 * ids.len() * matrices * moe.expert_intermediate * h) as f64,
+            bytes: bytes as f64,
+            flops: (2 * pairs * matrices * inter * h) as f64,
         };
-        records.push(report(&case, time_moe(dev, moe, h, (&ids, mma), repeats)?));
+        let whole = (touched * (up_matrices + 1) * inter * h * 2 + 8 * m * h, up_matrices + 1);
+        let all = case("moe_experts", format!("moe sort, up, down{kernels}, combine"), whole);
+        records.push(report(&all, t.all));
+        records.push(report(&case("moe_up", format!("moe_expert_up{kernels}"), up), t.up));
+        records.push(report(&case("moe_down", format!("moe_expert_down{kernels}"), down), t.down));
+        if !mma {
+            let sort = case("moe_sort", "moe_sort_pairs".into(), (4 * pairs * 3, 0));
+            records.push(report(&sort, t.sort));
+            let combine = (4 * (pairs * h + m * h), 0);
+            records.push(report(&case("moe_combine", "moe_combine".into(), combine), t.combine));
+        }
     }
     Ok(records)
 }
@@ -145,7 +159,7 @@ fn attention_cases(
         ] {
             let case = Case {
                 scenario: format!("{name}_b{m}_ctx{ctx}"),
-                kernel,
+                kernel: kernel.into(),
                 bytes: kv + qo,
                 flops: (4 * m * ctx * a.num_heads * a.head_dim) as f64,
             };
@@ -186,8 +200,12 @@ fn sampling_cases(
     let (plain, cut) = (arena.get(params)?.sub(0, m), arena.get(params)?.sub(m, m));
     let (plain, cut) = (plain.context("sized")?, cut.context("sized")?);
     let bytes = (4 * m * vocab) as f64;
-    let case =
-        |name: &str, kernel| Case { scenario: format!("{name}_b{m}"), kernel, bytes, flops: 0.0 };
+    let case = |name: &str, kernel: &str| Case {
+        scenario: format!("{name}_b{m}"),
+        kernel: kernel.into(),
+        bytes,
+        flops: 0.0,
+    };
     Ok(vec![
         report(
             &case("argmax", "argmax_f32"),
@@ -315,14 +333,15 @@ fn time_gemm(
 }
 
 /// One MoE layer's expert work for the routing `ids` (the router left out): the sort, the grouped
-/// up and down products of every expert (on tensor cores with `mma`), and the combine.
+/// up and down products of every expert (on tensor cores with `mma`), and the combine, together
+/// and each alone.
 fn time_moe(
     dev: &CudaDevice,
     moe: &routed_model::MoeConfig,
     h: usize,
     (ids, mma): (&[i32], bool),
     repeats: usize,
-) -> Result<Vec<f64>> {
+) -> Result<MoeTimes> {
     let (e, k, inter) = (moe.num_experts, moe.top_k, moe.expert_intermediate);
     let (pairs, tokens) = (ids.len(), ids.len() / k);
     let (rows, tiles) = (moe_max_sorted_rows(pairs, e), moe_max_tiles(pairs, e));
@@ -359,12 +378,36 @@ fn time_moe(
     let gate = gated.then(|| arena.get(gate).map(bf16)).transpose()?;
     let activation = if gated { ExpertActivation::SwiGlu } else { ExpertActivation::Relu2 };
     let shard = ExpertShard::all(e);
-    time_graph(dev, repeats, || {
-        dev.moe_sort(ids, &sort, pairs, e)?;
-        dev.moe_expert_up(x, up, gate, &sort, act, activation, (tokens, k), shard, (h, inter))?;
-        dev.moe_expert_down(act, down, &sort, expert_out, (pairs, shard), (h, inter))?;
-        dev.moe_combine(expert_out, sort.pair_rows, weights, None, out, (tokens, k), h)
+    let sort_ids = || dev.moe_sort(ids, &sort, pairs, e);
+    let up =
+        || dev.moe_expert_up(x, up, gate, &sort, act, activation, (tokens, k), shard, (h, inter));
+    let down = || dev.moe_expert_down(act, down, &sort, expert_out, (pairs, shard), (h, inter));
+    let combine =
+        || dev.moe_combine(expert_out, sort.pair_rows, weights, None, out, (tokens, k), h);
+    let all = time_graph(dev, repeats, || {
+        sort_ids()?;
+        up()?;
+        down()?;
+        combine()
+    })?;
+    // The whole graph ran, so each part alone finds the sorted rows and activations it reads.
+    Ok(MoeTimes {
+        all,
+        sort: time_graph(dev, repeats, sort_ids)?,
+        up: time_graph(dev, repeats, up)?,
+        down: time_graph(dev, repeats, down)?,
+        combine: time_graph(dev, repeats, combine)?,
     })
+}
+
+/// A MoE layer's expert work timed whole and kernel by kernel (microseconds per launch, each
+/// graph replay's figure).
+struct MoeTimes {
+    all: Vec<f64>,
+    sort: Vec<f64>,
+    up: Vec<f64>,
+    down: Vec<f64>,
+    combine: Vec<f64>,
 }
 
 /// Decode attention: `num_seqs` sequences of `ctx` tokens each, one query each, over a paged

@@ -90,6 +90,22 @@ fn bench_kernels_times_the_models_products_and_attention() {
         let experts = bytes / per_expert;
         assert!(bytes.is_multiple_of(per_expert) && (2..=4).contains(&experts), "{r}");
     }
+    // Kernel by kernel: the up (and gate) and down products read the same experts as the whole,
+    // besides their f32 rows (2 tokens of 64 in, 4 pairs of 16 out; 4 pairs of 16 in, 64 out).
+    let touched = (find("moe_experts_m2")["bytes"].as_f64().unwrap() as usize - 8 * 2 * 64)
+        / (3 * 16 * 64 * 2);
+    for (part, kernel, bytes) in [
+        ("moe_up", "moe_expert_up", touched * 2 * 16 * 64 * 2 + 4 * (2 * 64 + 4 * 16)),
+        ("moe_down", "moe_expert_down", touched * 16 * 64 * 2 + 4 * (4 * 16 + 4 * 64)),
+    ] {
+        for (suffix, tc) in [("", ""), ("_mma", " (mma)")] {
+            let r = find(&format!("{part}{suffix}_m2"));
+            assert_eq!(r["kernel"], format!("{kernel}{tc}"), "{r}");
+            assert_eq!(r["bytes"], bytes as f64, "{r}");
+        }
+    }
+    assert_eq!(find("moe_sort_m2")["kernel"], "moe_sort_pairs");
+    assert_eq!(find("moe_combine_m2")["bytes"], (4 * (4 * 64 + 2 * 64)) as f64);
     // Choosing tokens from 2 rows of 512 f32 logits.
     for scenario in ["argmax_b2", "log_softmax_b2", "sample_b2", "sample_top_p_b2"] {
         assert_eq!(find(scenario)["bytes"], (2 * 512 * 4) as f64, "{scenario}");
