@@ -156,7 +156,7 @@ bench() {
     for m in qwen3_moe nemotron_h; do
         for scenario in routing-overhead cuda-graphs; do
             routed_bench 90 $m "$scenario" "$scenario" --prompt-len 16 --output-len 65 \
-                --repeats "${PAIR_REPEATS:-6}" --json "$OUT/routed-$m-$scenario.json"
+                --repeats "${PAIR_REPEATS:-10}" --json "$OUT/routed-$m-$scenario.json"
         done
     done
     if [ "$DEVICE" != cuda-sim ]; then
