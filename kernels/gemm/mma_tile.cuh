@@ -164,3 +164,97 @@ __device__ __forceinline__ void mma_tile(
         mma_step(lo, hi, xs, has, k0 + 8 * t, k, vec, acc);
     }
 }
+
+// Staging: a block whose warps share their input rows rounds them to bf16 once into shared
+// memory, MMA_STAGE_K elements of k at a time, and its warps read their fragments there instead
+// of each loading (and rounding) the rows itself. The instructions, operands and order are
+// mma_tile's, so the outputs are the same bits.
+#define MMA_STAGE_K (MMA_UNROLL * MMA_K)
+// Row stride of a staged chunk in bf16 elements: 320 bytes, 64 modulo 128, so the eight lanes of
+// a 16-byte load phase (groups g and g + 1, t = 0..3) hit 32 distinct banks.
+#define MMA_STAGE_STRIDE (MMA_STAGE_K + 32)
+
+// Rounds `rows` input rows at [c0, c0 + MMA_STAGE_K) to bf16 pairs in `dst` (zero past k, and for
+// a row whose row_ptr(r) is null): four elements a thread at a time, consecutive threads along a
+// row, so a warp reads 512 contiguous bytes of a row.
+template <typename RowPtr>
+__device__ __forceinline__ void stage_rows(
+    RowPtr row_ptr, int rows, int c0, int k, bool vec, bf16_t* dst) {
+    constexpr int QUADS = MMA_STAGE_K / 4;
+    for (int q = threadIdx.x; q < rows * QUADS; q += blockDim.x) {
+        const int r = q / QUADS, c = (q % QUADS) * 4, col = c0 + c;
+        const float* p = row_ptr(r);
+        float e[4];
+        if (p && vec && col + 4 <= k) {
+            const f32x4 v = *reinterpret_cast<const f32x4*>(p + col);
+            e[0] = v.x, e[1] = v.y, e[2] = v.z, e[3] = v.w;
+        } else {
+            for (int j = 0; j < 4; ++j) e[j] = p && col + j < k ? p[col + j] : 0.0f;
+        }
+        u32* d = reinterpret_cast<u32*>(dst + r * MMA_STAGE_STRIDE + c);
+        d[0] = pack_bf16x2(e[0], e[1]);
+        d[1] = pack_bf16x2(e[2], e[3]);
+    }
+}
+
+// Step s of a staged chunk: the lane's input fragment of each group that takes part, from shared
+// memory, then the step's two instructions for every matrix onto its sums (mma_step's order).
+template <int NW, int GROUPS>
+__device__ __forceinline__ void mma_step_staged(
+    const u32 (&lo)[NW][4], const u32 (&hi)[NW][4], const bf16_t* chunk, int s,
+    const bool (&has)[GROUPS], float (&acc)[NW][GROUPS][4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int r = 0; r < GROUPS; ++r) {
+        if (!has[r]) continue;
+        const u32x4 v = *reinterpret_cast<const u32x4*>(
+            chunk + (r * MMA_ROWS + g) * MMA_STAGE_STRIDE + s * MMA_K + 8 * t);
+        const u32 b0[2] = {v.x, v.y};
+        const u32 b1[2] = {v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+            const u32 a0[4] = {lo[j][0], hi[j][0], lo[j][1], hi[j][1]};
+            const u32 a1[4] = {lo[j][2], hi[j][2], lo[j][3], hi[j][3]};
+            mma_bf16_16816(acc[j][r], a0, b0, acc[j][r]);
+            mma_bf16_16816(acc[j][r], a1, b1, acc[j][r]);
+        }
+    }
+}
+
+// mma_tile over GROUPS groups of input rows that the whole block shares (row_ptr(r) for row r
+// of the groups, null when absent), staged through `chunks` (two chunks of GROUPS * MMA_ROWS *
+// MMA_STAGE_STRIDE elements, 16-byte aligned). Every thread of the block must call it with the
+// same rows and k; a warp that is not `live` (its columns past the matrix) stages its share and
+// meets the others at each barrier but multiplies nothing. `buf` is the chunk to fill first; it
+// carries over from call to call, so that consecutive chunks always alternate (the barrier before
+// a chunk is read then also orders the next write to that buffer after every read of it).
+template <int NW, int GROUPS, typename RowPtr>
+__device__ __forceinline__ void mma_tile_staged(
+    const bf16_t* const (&w_lo)[NW], const bf16_t* const (&w_hi)[NW], RowPtr row_ptr,
+    const bool (&has)[GROUPS], int k, bool vec, bool live, bf16_t* chunks, int& buf,
+    float (&acc)[NW][GROUPS][4]) {
+    constexpr int CHUNK = GROUPS * MMA_ROWS * MMA_STAGE_STRIDE;
+    const int t = (threadIdx.x % 32) % 4;
+#pragma unroll
+    for (int j = 0; j < NW; ++j)
+#pragma unroll
+        for (int r = 0; r < GROUPS; ++r)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[j][r][i] = 0.0f;
+    for (int c0 = 0; c0 < k; c0 += MMA_STAGE_K, buf ^= 1) {
+        // The chunk's weights are requested first, so they are in flight while the block stages.
+        u32 lo[MMA_UNROLL][NW][4], hi[MMA_UNROLL][NW][4];
+#pragma unroll
+        for (int u = 0; u < MMA_UNROLL; ++u)
+            load_step_weights(w_lo, w_hi, c0 + u * MMA_K + 8 * t, k, vec, lo[u], hi[u]);
+        bf16_t* chunk = chunks + buf * CHUNK;
+        stage_rows(row_ptr, GROUPS * MMA_ROWS, c0, k, vec, chunk);
+        __syncthreads();
+        if (!live) continue;
+#pragma unroll
+        for (int u = 0; u < MMA_UNROLL; ++u) {
+            // mma_tile has no step at or past k.
+            if (c0 + u * MMA_K < k) mma_step_staged(lo[u], hi[u], chunk, u, has, acc);
+        }
+    }
+}

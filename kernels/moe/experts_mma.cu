@@ -3,9 +3,11 @@
 //
 // A block takes one of this rank's experts and MMA_WARPS * MMA_COLS of its output columns, and
 // walks the expert's sorted rows (expert_starts[e] .. expert_starts[e + 1], padding included) in
-// passes of MMA_ROW_GROUPS * MMA_ROWS rows, each pass one mma_tile: the expert's weights are read
-// once per 32 rows, not once per tile of MOE_TILE_ROWS. An expert row's bits depend on its token
-// and expert only, whatever else is routed and however the rows fall into passes.
+// passes of MMA_ROW_GROUPS * MMA_ROWS rows, each pass one mma_tile_staged: the expert's weights
+// are read once per 32 rows, not once per tile of MOE_TILE_ROWS, and the pass's input rows are
+// gathered and rounded once into shared memory for the block's warps (not once per warp). An
+// expert row's bits depend on its token and expert only (mma_tile's instructions and order),
+// whatever else is routed and however the rows fall into passes.
 //
 // The grid covers every expert of the rank whatever the routing (an expert without rows returns
 // at once), which keeps the launch graph-capturable; the other ranks' rows are left as they are.
@@ -29,21 +31,23 @@ __device__ __forceinline__ ExpertRows expert_rows(const int* expert_starts, int 
     return ExpertRows{expert_starts[e], expert_starts[e + 1]};
 }
 
-// The lane's input row of each group of the pass at `base` (null for padding and past the end),
-// and which groups take part (the same on every lane). RowOf maps (sorted row, pair) to a row of
-// `in`.
+// The input row of row r of the pass at `base` (null for padding and past the end): RowOf maps
+// (sorted row, pair) to a row of `in`.
 template <typename RowOf>
-__device__ __forceinline__ void pass_rows(
-    const float* in, int width, const int* sorted_pairs, int base, int end, RowOf row_of,
-    const float* (&xs)[MMA_ROW_GROUPS], bool (&has)[MMA_ROW_GROUPS]) {
-    const int g = (threadIdx.x % 32) / 4;
-    for (int r = 0; r < MMA_ROW_GROUPS; ++r) {
-        const int row = base + r * MMA_ROWS + g;
-        const int pair = row < end ? sorted_pairs[row] : -1;
-        xs[r] = pair >= 0 ? in + (u64)row_of(row, pair) * width : nullptr;
-        has[r] = base + r * MMA_ROWS < end;
-    }
+__device__ __forceinline__ const float* pass_row(
+    const float* in, int width, const int* sorted_pairs, int base, int end, RowOf row_of, int r) {
+    const int row = base + r;
+    const int pair = row < end ? sorted_pairs[row] : -1;
+    return pair >= 0 ? in + (u64)row_of(row, pair) * width : nullptr;
 }
+
+// Which groups of the pass at `base` take part (the same on every lane).
+__device__ __forceinline__ void pass_groups(int base, int end, bool (&has)[MMA_ROW_GROUPS]) {
+    for (int r = 0; r < MMA_ROW_GROUPS; ++r) has[r] = base + r * MMA_ROWS < end;
+}
+
+// The two chunks a block stages its passes' rows in (mma_tile_staged).
+#define EXPERT_CHUNKS (2 * MMA_ROW_GROUPS * MMA_ROWS * MMA_STAGE_STRIDE * 2 / 16)
 
 // Calls store(row, col, r, i) for each of the lane's outputs of the pass at `base` (acc[..][r][i]
 // of mma_tile) that is a real row (not padding, not past the end) and column.
@@ -62,21 +66,27 @@ __device__ __forceinline__ void pass_outputs(
 }
 
 // The up projection (ws[0]) and, for SwiGLU, the gate (ws[1]) of the block's columns for every
-// row of its expert, activated into `act`.
+// row of its expert, activated into `act`. Every thread of the block calls it (the staging meets
+// at barriers); a warp past `inter` only helps stage.
 template <int NW>
 __device__ __forceinline__ void expert_up_mma(
     const float* x, const bf16_t* const (&ws)[NW], const int* sorted_pairs, float* act,
-    ExpertRows rows, int n0, int top_k, int hidden, int inter, int activation) {
+    ExpertRows rows, int n0, int top_k, int hidden, int inter, int activation, bf16_t* chunks) {
     const bf16_t *lo[NW], *hi[NW];
     for (int j = 0; j < NW; ++j) mma_weight_rows(ws[j], n0, inter, hidden, lo[j], hi[j]);
     const bool vec = mma_vec_ok(x, ws[0], hidden) && (u64)ws[NW - 1] % 16 == 0;
+    const bool live = n0 < inter;
+    int buf = 0;
     for (int base = rows.start; base < rows.end; base += MMA_ROW_GROUPS * MMA_ROWS) {
-        const float* xs[MMA_ROW_GROUPS];
         bool has[MMA_ROW_GROUPS];
-        pass_rows(x, hidden, sorted_pairs, base, rows.end,
-                  [=](int, int pair) { return pair / top_k; }, xs, has);
+        pass_groups(base, rows.end, has);
+        const auto token = [=](int, int pair) { return pair / top_k; };
+        const auto row_ptr = [=](int r) {
+            return pass_row(x, hidden, sorted_pairs, base, rows.end, token, r);
+        };
         float acc[NW][MMA_ROW_GROUPS][4];
-        mma_tile(lo, hi, xs, has, hidden, vec, acc);
+        mma_tile_staged(lo, hi, row_ptr, has, hidden, vec, live, chunks, buf, acc);
+        if (!live) continue;
         pass_outputs(sorted_pairs, base, rows.end, n0, inter, [&](int row, int col, int r, int i) {
             const float gate = NW > 1 ? acc[NW - 1][r][i] : 0.0f;
             act[(u64)row * inter + col] = expert_activation(activation, acc[0][r][i], gate);
@@ -94,17 +104,19 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_up_mma(
     const int* __restrict__ expert_starts,   // device [num_experts + 1]
     float* __restrict__ act,                 // device [max_sorted_rows, inter]
     int top_k, int hidden, int inter, int activation, int first_local) {
+    __shared__ u32x4 staged[EXPERT_CHUNKS];
+    bf16_t* chunks = reinterpret_cast<bf16_t*>(staged);
     const ExpertRows rows = expert_rows(expert_starts, first_local);
     const int n0 = (blockIdx.x * MMA_WARPS + threadIdx.x / 32) * MMA_COLS;
-    // The whole warp leaves together: the instruction needs every lane.
-    if (rows.start == rows.end || n0 >= inter) return;
+    // The whole block leaves together: its threads meet at the staging's barriers.
+    if (rows.start == rows.end) return;
     const u64 at = (u64)blockIdx.y * inter * hidden;
     if (activation == MOE_ACT_SWIGLU) {
         const bf16_t* ws[2] = {w_up + at, w_gate + at};
-        expert_up_mma(x, ws, sorted_pairs, act, rows, n0, top_k, hidden, inter, activation);
+        expert_up_mma(x, ws, sorted_pairs, act, rows, n0, top_k, hidden, inter, activation, chunks);
     } else {
         const bf16_t* ws[1] = {w_up + at};
-        expert_up_mma(x, ws, sorted_pairs, act, rows, n0, top_k, hidden, inter, activation);
+        expert_up_mma(x, ws, sorted_pairs, act, rows, n0, top_k, hidden, inter, activation, chunks);
     }
 }
 
@@ -116,20 +128,28 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_down_mma(
     const int* __restrict__ expert_starts,   // device [num_experts + 1]
     float* __restrict__ out,                 // device [max_sorted_rows, hidden]
     int hidden, int inter, int first_local) {
+    __shared__ u32x4 staged[EXPERT_CHUNKS];
+    bf16_t* chunks = reinterpret_cast<bf16_t*>(staged);
     const ExpertRows rows = expert_rows(expert_starts, first_local);
     const int n0 = (blockIdx.x * MMA_WARPS + threadIdx.x / 32) * MMA_COLS;
-    if (rows.start == rows.end || n0 >= hidden) return;
+    // The whole block leaves together; a warp past `hidden` only helps stage.
+    if (rows.start == rows.end) return;
+    const bool live = n0 < hidden;
     const bf16_t* w = w_down + (u64)blockIdx.y * hidden * inter;
     const bf16_t *lo[1], *hi[1];
     mma_weight_rows(w, n0, hidden, inter, lo[0], hi[0]);
     const bool vec = mma_vec_ok(act, w, inter);
+    int buf = 0;
     for (int base = rows.start; base < rows.end; base += MMA_ROW_GROUPS * MMA_ROWS) {
-        const float* xs[MMA_ROW_GROUPS];
         bool has[MMA_ROW_GROUPS];
-        pass_rows(act, inter, sorted_pairs, base, rows.end, [=](int row, int) { return row; }, xs,
-                  has);
+        pass_groups(base, rows.end, has);
+        const auto same = [=](int row, int) { return row; };
+        const auto row_ptr = [=](int r) {
+            return pass_row(act, inter, sorted_pairs, base, rows.end, same, r);
+        };
         float acc[1][MMA_ROW_GROUPS][4];
-        mma_tile(lo, hi, xs, has, inter, vec, acc);
+        mma_tile_staged(lo, hi, row_ptr, has, inter, vec, live, chunks, buf, acc);
+        if (!live) continue;
         pass_outputs(sorted_pairs, base, rows.end, n0, hidden, [&](int row, int col, int r, int i) {
             out[(u64)row * hidden + col] = acc[0][r][i];
         });
