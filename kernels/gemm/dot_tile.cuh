@@ -53,3 +53,75 @@ __device__ __forceinline__ void dot_tile(
         }
     }
 }
+
+// Staging: a block whose half-warps share ROWS input rows copies them into shared memory once,
+// DOT_STAGE_K elements of k at a time, and every half-warp keeps the sums of all ROWS rows for
+// its GEMM_RN columns, its weights loaded once per chunk: an input element leaves L2 once per
+// block of columns, a weight once per ROWS rows. Lane l still accumulates elements l, l + 16, ...
+// in ascending order (multiply, round, add, round), none past k, so once folded (fold16) every
+// output is cpu::dot's, as dot_tile's are.
+#define DOT_STAGE_K (DOT_UNROLL * DOT_LANES)
+
+// Copies `rows` rows at [c0, c0 + DOT_STAGE_K) into `dst` (zero past k, and for a row whose
+// row_ptr(r) is null), four elements a thread at a time, consecutive threads along a row.
+template <typename RowPtr>
+__device__ __forceinline__ void stage_f32_rows(
+    RowPtr row_ptr, int rows, int c0, int k, bool vec, float* dst) {
+    constexpr int QUADS = DOT_STAGE_K / 4;
+    for (int q = threadIdx.x; q < rows * QUADS; q += blockDim.x) {
+        const int r = q / QUADS, c = (q % QUADS) * 4, col = c0 + c;
+        const float* p = row_ptr(r);
+        f32x4 v;
+        if (p && vec && col + 4 <= k) {
+            v = *reinterpret_cast<const f32x4*>(p + col);
+        } else {
+            v.x = p && col < k ? p[col] : 0.0f;
+            v.y = p && col + 1 < k ? p[col + 1] : 0.0f;
+            v.z = p && col + 2 < k ? p[col + 2] : 0.0f;
+            v.w = p && col + 3 < k ? p[col + 3] : 0.0f;
+        }
+        *reinterpret_cast<f32x4*>(dst + r * DOT_STAGE_K + c) = v;
+    }
+}
+
+// The lane sums of ROWS shared input rows (row_ptr(r), null when absent: `vec` says whether the
+// present ones allow 16-byte loads) against this half-warp's GEMM_RN weight rows (null past the
+// matrix), staged through `chunks` (two chunks of ROWS * DOT_STAGE_K floats, 16-byte aligned).
+// Every thread of the block must call it with the same rows and k. `buf` is the chunk to fill
+// first; it carries over from call to call, so that consecutive chunks always alternate (the
+// barrier before a chunk is read then also orders the next write to that buffer after every read
+// of it).
+template <int ROWS, typename W, typename RowPtr>
+__device__ __forceinline__ void dot_tile_staged(
+    RowPtr row_ptr, const W* const (&ws)[GEMM_RN], int k, bool vec, int lane, float* chunks,
+    int& buf, float (&acc)[ROWS][GEMM_RN]) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int n = 0; n < GEMM_RN; ++n) acc[r][n] = 0.0f;
+    for (int c0 = 0; c0 < k; c0 += DOT_STAGE_K, buf ^= 1) {
+        // The chunk's weights are requested first, so they are in flight while the block stages.
+        float wv[DOT_UNROLL][GEMM_RN];
+#pragma unroll
+        for (int u = 0; u < DOT_UNROLL; ++u) {
+            const int c = c0 + u * DOT_LANES + lane;
+#pragma unroll
+            for (int n = 0; n < GEMM_RN; ++n)
+                wv[u][n] = ws[n] && c < k ? load_weight(ws[n] + c) : 0.0f;
+        }
+        float* chunk = chunks + buf * ROWS * DOT_STAGE_K;
+        stage_f32_rows(row_ptr, ROWS, c0, k, vec, chunk);
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < DOT_UNROLL; ++u) {
+            // The CPU adds nothing past k; a lane's elements ascend, so the rest are past it too.
+            if (c0 + u * DOT_LANES + lane >= k) break;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                const float xv = chunk[r * DOT_STAGE_K + u * DOT_LANES + lane];
+#pragma unroll
+                for (int n = 0; n < GEMM_RN; ++n) acc[r][n] = add(acc[r][n], mul(xv, wv[u][n]));
+            }
+        }
+    }
+}

@@ -47,45 +47,17 @@ extern "C" __global__ void __launch_bounds__(128) gemm_f32w_f32(
     gemm_body(x, w, out, m, n, k);
 }
 
-// The staged variant, for products of more than 8 rows. Above, a half-warp reads its own 4 input
+// The staged variants, for products of more than 8 rows. Above, a half-warp reads its own 4 input
 // rows (f32, twice the bytes of its 4 weight rows) and a weight is read once per 4 rows, so at 64
 // rows the LM head moves about fifty times its weights' bytes through L2. Here a block's
-// GEMM_HALF_WARPS half-warps share GEMM_STAGE_ROWS input rows, which the block copies into shared
-// memory GEMM_STAGE_K elements of k at a time (two buffers, one barrier a chunk), and each
-// half-warp keeps the sums of all of them: an input element leaves L2 once per
-// GEMM_HALF_WARPS * GEMM_RN columns, a weight once per GEMM_STAGE_ROWS rows.
-//
-// Bits: lane l still accumulates elements l, l + 16, ... in ascending order (multiply, round,
-// add, round), none past k, and the lane sums fold by fold16: dot_tile's operations exactly, so
-// the outputs are cpu::linear's, as above.
+// GEMM_HALF_WARPS half-warps share GEMM_STAGE_ROWS input rows (dot_tile_staged): an input element
+// leaves L2 once per GEMM_HALF_WARPS * GEMM_RN columns, a weight once per GEMM_STAGE_ROWS rows,
+// and every output is still cpu::linear's.
 //
 // Block: 128 threads, GEMM_HALF_WARPS half-warps along n. Grid: (ceil(m / GEMM_STAGE_ROWS),
 // ceil(n / (GEMM_HALF_WARPS * GEMM_RN))).
 
 #define GEMM_STAGE_ROWS 16
-#define GEMM_STAGE_K (DOT_UNROLL * DOT_LANES)
-
-// Copies the block's GEMM_STAGE_ROWS rows from m0 of x at [c0, c0 + GEMM_STAGE_K) into `dst`
-// (zero past m and past k), consecutive threads along a row.
-__device__ __forceinline__ void stage_f32_rows(
-    const float* x, int m0, int m_rows, int c0, int k, bool vec, float* dst) {
-    constexpr int QUADS = GEMM_STAGE_K / 4;
-    for (int q = threadIdx.x; q < GEMM_STAGE_ROWS * QUADS; q += blockDim.x) {
-        const int r = q / QUADS, c = (q % QUADS) * 4;
-        const int row = m0 + r, col = c0 + c;
-        f32x4 v;
-        if (row < m_rows && vec && col + 4 <= k) {
-            v = *reinterpret_cast<const f32x4*>(x + (u64)row * k + col);
-        } else {
-            const float* p = x + (u64)row * k + col;
-            v.x = row < m_rows && col < k ? p[0] : 0.0f;
-            v.y = row < m_rows && col + 1 < k ? p[1] : 0.0f;
-            v.z = row < m_rows && col + 2 < k ? p[2] : 0.0f;
-            v.w = row < m_rows && col + 3 < k ? p[3] : 0.0f;
-        }
-        *reinterpret_cast<f32x4*>(dst + r * GEMM_STAGE_K + c) = v;
-    }
-}
 
 template <typename W>
 __device__ __forceinline__ void gemm_staged_body(
@@ -96,39 +68,10 @@ __device__ __forceinline__ void gemm_staged_body(
     const int m0 = blockIdx.x * GEMM_STAGE_ROWS;
     const W* ws[GEMM_RN];
     for (int n = 0; n < GEMM_RN; ++n) ws[n] = n0 + n < n_cols ? w + (u64)(n0 + n) * k : nullptr;
+    const auto row_ptr = [=](int r) { return m0 + r < m_rows ? x + (u64)(m0 + r) * k : nullptr; };
     float acc[GEMM_STAGE_ROWS][GEMM_RN];
-#pragma unroll
-    for (int r = 0; r < GEMM_STAGE_ROWS; ++r)
-#pragma unroll
-        for (int n = 0; n < GEMM_RN; ++n) acc[r][n] = 0.0f;
-    const bool vec = k % 4 == 0 && (u64)x % 16 == 0;
-    for (int c0 = 0, buf = 0; c0 < k; c0 += GEMM_STAGE_K, buf ^= 1) {
-        // The chunk's weights are requested first, so they are in flight while the block stages.
-        float wv[DOT_UNROLL][GEMM_RN];
-#pragma unroll
-        for (int u = 0; u < DOT_UNROLL; ++u) {
-            const int c = c0 + u * DOT_LANES + lane;
-#pragma unroll
-            for (int n = 0; n < GEMM_RN; ++n)
-                wv[u][n] = ws[n] && c < k ? load_weight(ws[n] + c) : 0.0f;
-        }
-        float* chunk = chunks + buf * GEMM_STAGE_ROWS * GEMM_STAGE_K;
-        stage_f32_rows(x, m0, m_rows, c0, k, vec, chunk);
-        // Also orders these writes after every thread's reads of the chunk before last, which
-        // used this buffer: each passed the previous barrier after them.
-        __syncthreads();
-#pragma unroll
-        for (int u = 0; u < DOT_UNROLL; ++u) {
-            // The CPU adds nothing past k; a lane's elements ascend, so the rest are past it too.
-            if (c0 + u * DOT_LANES + lane >= k) break;
-#pragma unroll
-            for (int r = 0; r < GEMM_STAGE_ROWS; ++r) {
-                const float xv = chunk[r * GEMM_STAGE_K + u * DOT_LANES + lane];
-#pragma unroll
-                for (int n = 0; n < GEMM_RN; ++n) acc[r][n] = add(acc[r][n], mul(xv, wv[u][n]));
-            }
-        }
-    }
+    int buf = 0;
+    dot_tile_staged(row_ptr, ws, k, k % 4 == 0 && (u64)x % 16 == 0, lane, chunks, buf, acc);
 #pragma unroll
     for (int r = 0; r < GEMM_STAGE_ROWS; ++r) {
 #pragma unroll
@@ -144,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16w_f32_staged(
     const bf16_t* __restrict__ w,  // device [n, k]
     float* __restrict__ out,       // device [m, n]
     int m, int n, int k) {
-    __shared__ f32x4 chunks[2 * GEMM_STAGE_ROWS * GEMM_STAGE_K / 4];
+    __shared__ f32x4 chunks[2 * GEMM_STAGE_ROWS * DOT_STAGE_K / 4];
     gemm_staged_body(x, w, out, m, n, k, reinterpret_cast<float*>(chunks));
 }
 
@@ -153,6 +96,6 @@ extern "C" __global__ void __launch_bounds__(128) gemm_f32w_f32_staged(
     const float* __restrict__ w,  // device [n, k]
     float* __restrict__ out,      // device [m, n]
     int m, int n, int k) {
-    __shared__ f32x4 chunks[2 * GEMM_STAGE_ROWS * GEMM_STAGE_K / 4];
+    __shared__ f32x4 chunks[2 * GEMM_STAGE_ROWS * DOT_STAGE_K / 4];
     gemm_staged_body(x, w, out, m, n, k, reinterpret_cast<float*>(chunks));
 }

@@ -6,13 +6,6 @@
 #define MOE_ACT_SWIGLU 0
 #define MOE_ACT_RELU2 1
 
-// The tile's expert among this rank's, or -1 when another rank holds it.
-__device__ __forceinline__ int local_expert(
-    const int* tile_experts, int tile, int first_local, int num_local) {
-    int e = tile_experts[tile] - first_local;
-    return e >= 0 && e < num_local ? e : -1;
-}
-
 // The activation of an expert's up (and gate) outputs: silu(gate) * up, or relu(up)^2 (the
 // CPU's mul_silu_inplace and relu2_inplace).
 __device__ __forceinline__ float expert_activation(int activation, float up, float gate) {

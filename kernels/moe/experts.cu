@@ -1,29 +1,32 @@
-// Grouped expert products over the sorted (token, rank) rows of moe_sort_pairs: a tile of
-// MOE_TILE_ROWS rows belongs to one expert, whose weight rows every row of the tile shares. Each
-// output is a half-warp's dot product in the CPU's order (gemm/dot_tile.cuh), so an expert row is
-// bit for bit what cpu::linear_rows gives for that token and expert, whatever else is routed.
+// Grouped expert products over the sorted (token, rank) rows of moe_sort_pairs, in the CPU's
+// arithmetic. Each output is a half-warp's dot product in the CPU's order (gemm/dot_tile.cuh), so
+// an expert row is bit for bit what cpu::linear_rows gives for that token and expert, whatever
+// else is routed and however the rows fall into passes.
 //
-// Launched for the worst case (grid.y = max tiles, known on the host without reading the device);
-// tiles at or past num_tiles[0] return at once, which keeps the launch graph-capturable.
+// A block takes one of this rank's experts and GEMM_HALF_WARPS * GEMM_RN of its output columns,
+// and walks the expert's sorted rows (expert_starts[e] .. expert_starts[e + 1], padding included)
+// in passes of EXPERT_UP_ROWS or EXPERT_DOWN_ROWS rows, each pass's inputs staged in shared
+// memory for the block's half-warps (dot_tile_staged): the expert's weights are read once per
+// pass, not once per tile of MOE_TILE_ROWS rows.
 //
-// Under expert parallelism a rank holds experts first_local .. first_local + num_local (weights
-// stacked from its first expert); tiles of the other ranks' experts return at once and their rows
-// are left as they are, to be filled by the exchange between ranks.
-// Block: 128 threads. Grid: (max_tiles, ceil(cols / (GEMM_HALF_WARPS * GEMM_RN))): tiles fastest,
-// so an expert's tiles, which are adjacent, read its weights together (gemm.cu).
+// The grid covers every expert of the rank whatever the routing (an expert without rows returns
+// at once), which keeps the launch graph-capturable; under expert parallelism a rank holds experts
+// first_local .. first_local + num_local (weights stacked from its first expert), and the other
+// ranks' rows are left as they are, to be filled by the exchange between ranks.
+// Block: 128 threads. Grid: (ceil(cols / (GEMM_HALF_WARPS * GEMM_RN)), num_local).
 
-// The tile's input rows: row r of the sorted layout reads input row row_of(r); padding is null.
+// Rows a pass takes: fewer in the up product, whose up and gate sums are both held.
+#define EXPERT_UP_ROWS 8
+#define EXPERT_DOWN_ROWS 16
+
+// The input row of row r of the pass at `base` (null for padding and past the end): RowOf maps
+// (sorted row, pair) to a row of `in`.
 template <typename RowOf>
-__device__ __forceinline__ bool tile_rows(
-    const float* in, int width, const int* sorted_pairs, int tile, RowOf row_of,
-    const float* (&xs)[GEMM_RM]) {
-    bool any = false;
-    for (int m = 0; m < GEMM_RM; ++m) {
-        int pair = sorted_pairs[tile * MOE_TILE_ROWS + m];
-        xs[m] = pair >= 0 ? in + (u64)row_of(tile * MOE_TILE_ROWS + m, pair) * width : nullptr;
-        any |= pair >= 0;
-    }
-    return any;
+__device__ __forceinline__ const float* expert_pass_row(
+    const float* in, int width, const int* sorted_pairs, int base, int end, RowOf row_of, int r) {
+    const int row = base + r;
+    const int pair = row < end ? sorted_pairs[row] : -1;
+    return pair >= 0 ? in + (u64)row_of(row, pair) * width : nullptr;
 }
 
 // act[row, i] = silu(x . gate[e, i]) * (x . up[e, i]) (SwiGLU) or relu(x . up[e, i])^2, for the
@@ -34,63 +37,72 @@ __device__ __forceinline__ void expert_up(
     const W* __restrict__ w_up,              // device [num_local, inter, hidden]
     const W* __restrict__ w_gate,            // device [num_local, inter, hidden] (SwiGLU) or null
     const int* __restrict__ sorted_pairs,    // device [max_sorted_rows]
-    const int* __restrict__ tile_experts,    // device [max_tiles]
-    const int* __restrict__ num_tiles,       // device [1]
+    const int* __restrict__ expert_starts,   // device [num_experts + 1]
     float* __restrict__ act,                 // device [max_sorted_rows, inter]
     int top_k,
     int hidden,
     int inter,
     int activation,
     int first_local,
-    int num_local) {
-    const int tile = blockIdx.x;
-    if (tile >= num_tiles[0]) return;
-    const int local = local_expert(tile_experts, tile, first_local, num_local);
-    if (local < 0) return;
+    float* chunks) {
+    const int start = expert_starts[first_local + blockIdx.y];
+    const int end = expert_starts[first_local + blockIdx.y + 1];
+    // The whole block leaves together: its threads meet at the staging's barriers.
+    if (start == end) return;
     const int lane = threadIdx.x % DOT_LANES;
-    const int n0 = (blockIdx.y * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
-    const u64 expert = local;
-    const float* xs[GEMM_RM];
-    tile_rows(x, hidden, sorted_pairs, tile, [=](int, int pair) { return pair / top_k; }, xs);
+    const int n0 = (blockIdx.x * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
+    const u64 expert = blockIdx.y;
     const W* ups[GEMM_RN];
     const W* gates[GEMM_RN];
     for (int n = 0; n < GEMM_RN; ++n) {
-        bool in = n0 + n < inter;
-        u64 at = (expert * inter + n0 + n) * hidden;
+        const bool in = n0 + n < inter;
+        const u64 at = (expert * inter + n0 + n) * hidden;
         ups[n] = in ? w_up + at : nullptr;
         gates[n] = in && w_gate ? w_gate + at : nullptr;
     }
-    float up[GEMM_RM][GEMM_RN], gate[GEMM_RM][GEMM_RN];
-    dot_tile(xs, ups, hidden, lane, up);
-    if (activation == MOE_ACT_SWIGLU) dot_tile(xs, gates, hidden, lane, gate);
-    // Unrolled, so that up and gate stay in registers (an index the compiler cannot resolve puts
-    // an array in local memory; tests/cuda_kernels_compile.rs checks that none is there).
+    const bool vec = hidden % 4 == 0 && (u64)x % 16 == 0;
+    const bool gated = activation == MOE_ACT_SWIGLU;
+    int buf = 0;
+    for (int base = start; base < end; base += EXPERT_UP_ROWS) {
+        const auto token = [=](int, int pair) { return pair / top_k; };
+        const auto row_ptr = [=](int r) {
+            return expert_pass_row(x, hidden, sorted_pairs, base, end, token, r);
+        };
+        float up[EXPERT_UP_ROWS][GEMM_RN], gate[EXPERT_UP_ROWS][GEMM_RN];
+        dot_tile_staged(row_ptr, ups, hidden, vec, lane, chunks, buf, up);
+        if (gated) dot_tile_staged(row_ptr, gates, hidden, vec, lane, chunks, buf, gate);
+        // Unrolled, so that up and gate stay in registers (an index the compiler cannot resolve
+        // puts an array in local memory; tests/cuda_kernels_compile.rs checks that none is there).
 #pragma unroll
-    for (int m = 0; m < GEMM_RM; ++m) {
+        for (int r = 0; r < EXPERT_UP_ROWS; ++r) {
 #pragma unroll
-        for (int n = 0; n < GEMM_RN; ++n) {
-            float u = fold16(up[m][n]);
-            float g = activation == MOE_ACT_SWIGLU ? fold16(gate[m][n]) : 0.0f;
-            if (lane != 0 || !xs[m] || !ups[n]) continue;
-            act[(u64)(tile * MOE_TILE_ROWS + m) * inter + n0 + n] = expert_activation(activation, u, g);
+            for (int n = 0; n < GEMM_RN; ++n) {
+                const float u = fold16(up[r][n]);
+                const float g = gated ? fold16(gate[r][n]) : 0.0f;
+                const int row = base + r;
+                if (lane != 0 || row >= end || sorted_pairs[row] < 0 || !ups[n]) continue;
+                act[(u64)row * inter + n0 + n] = expert_activation(activation, u, g);
+            }
         }
     }
 }
 
 extern "C" __global__ void __launch_bounds__(128) moe_expert_up(
     const float* x, const bf16_t* w_up, const bf16_t* w_gate, const int* sorted_pairs,
-    const int* tile_experts, const int* num_tiles, float* act, int top_k, int hidden, int inter,
-    int activation, int first_local, int num_local) {
-    expert_up(x, w_up, w_gate, sorted_pairs, tile_experts, num_tiles, act, top_k, hidden, inter,
-              activation, first_local, num_local);
+    const int* expert_starts, float* act, int top_k, int hidden, int inter, int activation,
+    int first_local) {
+    __shared__ f32x4 chunks[2 * EXPERT_UP_ROWS * DOT_STAGE_K / 4];
+    expert_up(x, w_up, w_gate, sorted_pairs, expert_starts, act, top_k, hidden, inter,
+              activation, first_local, reinterpret_cast<float*>(chunks));
 }
 
 extern "C" __global__ void __launch_bounds__(128) moe_expert_up_f32w(
     const float* x, const float* w_up, const float* w_gate, const int* sorted_pairs,
-    const int* tile_experts, const int* num_tiles, float* act, int top_k, int hidden, int inter,
-    int activation, int first_local, int num_local) {
-    expert_up(x, w_up, w_gate, sorted_pairs, tile_experts, num_tiles, act, top_k, hidden, inter,
-              activation, first_local, num_local);
+    const int* expert_starts, float* act, int top_k, int hidden, int inter, int activation,
+    int first_local) {
+    __shared__ f32x4 chunks[2 * EXPERT_UP_ROWS * DOT_STAGE_K / 4];
+    expert_up(x, w_up, w_gate, sorted_pairs, expert_starts, act, top_k, hidden, inter,
+              activation, first_local, reinterpret_cast<float*>(chunks));
 }
 
 // out[row, h] = act[row, :] . down[e, h, :] for every sorted row. W: bf16_t or float.
@@ -99,45 +111,55 @@ __device__ __forceinline__ void expert_down(
     const float* __restrict__ act,           // device [max_sorted_rows, inter]
     const W* __restrict__ w_down,            // device [num_local, hidden, inter]
     const int* __restrict__ sorted_pairs,    // device [max_sorted_rows]
-    const int* __restrict__ tile_experts,    // device [max_tiles]
-    const int* __restrict__ num_tiles,       // device [1]
+    const int* __restrict__ expert_starts,   // device [num_experts + 1]
     float* __restrict__ out,                 // device [max_sorted_rows, hidden]
     int hidden,
     int inter,
     int first_local,
-    int num_local) {
-    const int tile = blockIdx.x;
-    if (tile >= num_tiles[0]) return;
-    const int local = local_expert(tile_experts, tile, first_local, num_local);
-    if (local < 0) return;
+    float* chunks) {
+    const int start = expert_starts[first_local + blockIdx.y];
+    const int end = expert_starts[first_local + blockIdx.y + 1];
+    if (start == end) return;
     const int lane = threadIdx.x % DOT_LANES;
-    const int n0 = (blockIdx.y * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
-    const u64 expert = local;
-    const float* xs[GEMM_RM];
-    tile_rows(act, inter, sorted_pairs, tile, [=](int row, int) { return row; }, xs);
+    const int n0 = (blockIdx.x * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
+    const u64 expert = blockIdx.y;
     const W* ws[GEMM_RN];
     for (int n = 0; n < GEMM_RN; ++n)
         ws[n] = n0 + n < hidden ? w_down + (expert * hidden + n0 + n) * inter : nullptr;
-    float acc[GEMM_RM][GEMM_RN];
-    dot_tile(xs, ws, inter, lane, acc);
-    for (int m = 0; m < GEMM_RM; ++m) {
-        for (int n = 0; n < GEMM_RN; ++n) {
-            float v = fold16(acc[m][n]);
-            if (lane == 0 && xs[m] && ws[n]) out[(u64)(tile * MOE_TILE_ROWS + m) * hidden + n0 + n] = v;
+    const bool vec = inter % 4 == 0 && (u64)act % 16 == 0;
+    int buf = 0;
+    for (int base = start; base < end; base += EXPERT_DOWN_ROWS) {
+        const auto same = [=](int row, int) { return row; };
+        const auto row_ptr = [=](int r) {
+            return expert_pass_row(act, inter, sorted_pairs, base, end, same, r);
+        };
+        float acc[EXPERT_DOWN_ROWS][GEMM_RN];
+        dot_tile_staged(row_ptr, ws, inter, vec, lane, chunks, buf, acc);
+#pragma unroll
+        for (int r = 0; r < EXPERT_DOWN_ROWS; ++r) {
+#pragma unroll
+            for (int n = 0; n < GEMM_RN; ++n) {
+                const float v = fold16(acc[r][n]);
+                const int row = base + r;
+                if (lane != 0 || row >= end || sorted_pairs[row] < 0 || !ws[n]) continue;
+                out[(u64)row * hidden + n0 + n] = v;
+            }
         }
     }
 }
 
 extern "C" __global__ void __launch_bounds__(128) moe_expert_down(
-    const float* act, const bf16_t* w_down, const int* sorted_pairs, const int* tile_experts,
-    const int* num_tiles, float* out, int hidden, int inter, int first_local, int num_local) {
-    expert_down(act, w_down, sorted_pairs, tile_experts, num_tiles, out, hidden, inter,
-                first_local, num_local);
+    const float* act, const bf16_t* w_down, const int* sorted_pairs, const int* expert_starts,
+    float* out, int hidden, int inter, int first_local) {
+    __shared__ f32x4 chunks[2 * EXPERT_DOWN_ROWS * DOT_STAGE_K / 4];
+    expert_down(act, w_down, sorted_pairs, expert_starts, out, hidden, inter, first_local,
+                reinterpret_cast<float*>(chunks));
 }
 
 extern "C" __global__ void __launch_bounds__(128) moe_expert_down_f32w(
-    const float* act, const float* w_down, const int* sorted_pairs, const int* tile_experts,
-    const int* num_tiles, float* out, int hidden, int inter, int first_local, int num_local) {
-    expert_down(act, w_down, sorted_pairs, tile_experts, num_tiles, out, hidden, inter,
-                first_local, num_local);
+    const float* act, const float* w_down, const int* sorted_pairs, const int* expert_starts,
+    float* out, int hidden, int inter, int first_local) {
+    __shared__ f32x4 chunks[2 * EXPERT_DOWN_ROWS * DOT_STAGE_K / 4];
+    expert_down(act, w_down, sorted_pairs, expert_starts, out, hidden, inter, first_local,
+                reinterpret_cast<float*>(chunks));
 }

@@ -231,11 +231,11 @@ pub fn moe_sort() -> Shape {
     Shape { grid: (1, 1, 1), block: (MOE_SORT_THREADS as u32, 1, 1), smem: 0 }
 }
 
-/// A grouped expert product with `cols` outputs per row, over the worst-case tiles (along x).
-pub fn moe_expert(cols: usize, num_pairs: usize, num_experts: usize) -> Option<Shape> {
+/// A grouped expert product with `cols` outputs per row: a block row per expert of the rank,
+/// whatever the routing.
+pub fn moe_expert(cols: usize, num_local: usize) -> Option<Shape> {
     let cols_per_block = GEMM_HALF_WARPS * GEMM_RN;
-    let tiles = moe_max_tiles(num_pairs, num_experts);
-    Shape::new((tiles, cols.div_ceil(cols_per_block)), GEMM_HALF_WARPS * 16, 0)
+    Shape::new((cols.div_ceil(cols_per_block), num_local), GEMM_HALF_WARPS * 16, 0)
 }
 
 /// A grouped tensor-core expert product with `cols` outputs per row: a block row per expert of
@@ -382,7 +382,7 @@ mod tests {
         assert!(moe_max_sorted_rows(pairs, experts) >= worst_real);
         assert_eq!(moe_max_sorted_rows(8, 2), 16);
         assert_eq!(moe_max_tiles(8, 2), 4);
-        assert_eq!(moe_expert(2048, 8, 2).unwrap().grid, (4, 64, 1));
+        assert_eq!(moe_expert(2048, 128).unwrap().grid, (64, 128, 1));
         assert_eq!(moe_expert_mma(2048, 128).unwrap().grid, (32, 128, 1));
     }
 

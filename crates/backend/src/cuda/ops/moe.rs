@@ -231,7 +231,7 @@ impl CudaDevice {
             [KernelId::MoeExpertUp, KernelId::MoeExpertUpMma, KernelId::MoeExpertUpF32];
         let id = up.kernel(UP);
         let (pairs, num_experts) = (num_tokens * top_k, experts.num_experts);
-        let (first, num_local) = experts.check(id)?;
+        let (first, _) = experts.check(id)?;
         fits(id, "x", &x, num_tokens * hidden)?;
         up.fits(id, "up", experts.num_local * inter * hidden)?;
         let gate = match (activation, gate) {
@@ -246,29 +246,17 @@ impl CudaDevice {
             (ExpertActivation::Relu2, _) => 0,
         };
         fits(id, "act", &act, cfg::moe_max_sorted_rows(pairs, num_experts) * inter)?;
-        let sh = self.expert_shape(id, inter, (pairs, experts), s)?;
+        let sh = self.expert_shape(id, inter, experts, s)?;
         let (x, up, sorted, act) = (x.addr(), up.addr(), s.sorted_pairs.addr(), act.addr());
         let (top_k, hidden, inter) =
             (int(id, "top_k", top_k)?, int(id, "hidden", hidden)?, int(id, "inter", inter)?);
         let activation = activation as i32;
-        if id == KernelId::MoeExpertUpMma {
-            let starts = s.expert_starts.addr();
-            return launch!(
-                self,
-                id,
-                sh,
-                [x, up, gate, sorted, starts, act, top_k, hidden, inter, activation, first]
-            );
-        }
-        let (tiles, num_tiles) = (s.tile_experts.addr(), s.num_tiles.addr());
+        let starts = s.expert_starts.addr();
         launch!(
             self,
             id,
             sh,
-            [
-                x, up, gate, sorted, tiles, num_tiles, act, top_k, hidden, inter, activation,
-                first, num_local
-            ]
+            [x, up, gate, sorted, starts, act, top_k, hidden, inter, activation, first]
         )
     }
 
@@ -290,43 +278,34 @@ impl CudaDevice {
             KernelId::MoeExpertDownMma,
             KernelId::MoeExpertDownF32,
         ]);
-        let (first, num_local) = experts.check(id)?;
+        let (first, _) = experts.check(id)?;
         let rows = cfg::moe_max_sorted_rows(num_pairs, experts.num_experts);
         fits(id, "act", &act, rows * inter)?;
         down.fits(id, "down", experts.num_local * hidden * inter)?;
         fits(id, "out", &out, rows * hidden)?;
-        let sh = self.expert_shape(id, hidden, (num_pairs, experts), s)?;
+        let sh = self.expert_shape(id, hidden, experts, s)?;
         let (act, down, sorted, out) = (act.addr(), down.addr(), s.sorted_pairs.addr(), out.addr());
         let (hidden, inter) = (int(id, "hidden", hidden)?, int(id, "inter", inter)?);
-        if id == KernelId::MoeExpertDownMma {
-            let starts = s.expert_starts.addr();
-            return launch!(self, id, sh, [act, down, sorted, starts, out, hidden, inter, first]);
-        }
-        let (tiles, num_tiles) = (s.tile_experts.addr(), s.num_tiles.addr());
-        launch!(
-            self,
-            id,
-            sh,
-            [act, down, sorted, tiles, num_tiles, out, hidden, inter, first, num_local]
-        )
+        let starts = s.expert_starts.addr();
+        launch!(self, id, sh, [act, down, sorted, starts, out, hidden, inter, first])
     }
 
-    /// The grid of expert kernel `id` with `cols` outputs per row: over the worst case's tiles,
-    /// or for the tensor-core kernels over the rank's experts (which also need bf16 tensor cores
-    /// and the sort's expert starts).
+    /// The grid of expert kernel `id` with `cols` outputs per row: a block row per expert of the
+    /// rank (the tensor-core kernels also need bf16 tensor cores), walking the rows the sort's
+    /// expert starts give it.
     fn expert_shape(
         &self,
         id: KernelId,
         cols: usize,
-        (num_pairs, experts): (usize, ExpertShard),
+        experts: ExpertShard,
         s: &MoeSortBuffers<'_>,
     ) -> Result<cfg::Shape, BackendError> {
+        fits(id, "expert_starts", &s.expert_starts, experts.num_experts + 1)?;
         if matches!(id, KernelId::MoeExpertUpMma | KernelId::MoeExpertDownMma) {
             self.check_mma(id)?;
-            fits(id, "expert_starts", &s.expert_starts, experts.num_experts + 1)?;
             return shape(id, cfg::moe_expert_mma(cols, experts.num_local));
         }
-        shape(id, cfg::moe_expert(cols, num_pairs, experts.num_experts))
+        shape(id, cfg::moe_expert(cols, experts.num_local))
     }
 
     /// Each token's output: its experts' rows weighted in rank order, plus the shared expert's
