@@ -136,26 +136,23 @@ __device__ u64 block_max_key(u64 v, u64* scratch) {
 
 #define SEARCH_WAYS 8
 
-// Each thread's SEARCH_WAYS masses, counts and largest keys reduced over the block, the result in
-// every thread: butterflies within each warp (whose lanes all end with the same value, addition
-// being commutative), then every thread folds the warps' partials in warp order. Fixed trees, two
-// barriers for all 3 * SEARCH_WAYS values.
+// Each thread's SEARCH_WAYS masses and counts reduced over the block, the result in every thread:
+// butterflies within each warp (whose lanes all end with the same value, addition being
+// commutative), then every thread folds the warps' partials in warp order. Fixed trees, two
+// barriers for all 2 * SEARCH_WAYS values.
 struct SearchScratch {
     double mass[SEARCH_WAYS][SAMPLE_WARPS];
-    u64 count[SEARCH_WAYS][SAMPLE_WARPS];
-    u64 top[SEARCH_WAYS][SAMPLE_WARPS];
+    u32 count[SEARCH_WAYS][SAMPLE_WARPS];
 };
 
 __device__ __forceinline__ void block_reduce_ways(
-    double (&mass)[SEARCH_WAYS], u64 (&count)[SEARCH_WAYS], u64 (&top)[SEARCH_WAYS],
-    SearchScratch* sh) {
+    double (&mass)[SEARCH_WAYS], u32 (&count)[SEARCH_WAYS], SearchScratch* sh) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
     for (int j = 0; j < SEARCH_WAYS; ++j) {
         for (int o = 16; o > 0; o >>= 1) {
             mass[j] += __shfl_xor_sync(FULL_MASK, mass[j], o);
             count[j] += __shfl_xor_sync(FULL_MASK, count[j], o);
-            top[j] = max(top[j], __shfl_xor_sync(FULL_MASK, top[j], o));
         }
     }
     __syncthreads();  // the scratch is free again
@@ -164,18 +161,38 @@ __device__ __forceinline__ void block_reduce_ways(
         for (int j = 0; j < SEARCH_WAYS; ++j) {
             sh->mass[j][warp] = mass[j];
             sh->count[j][warp] = count[j];
-            sh->top[j][warp] = top[j];
         }
     }
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < SEARCH_WAYS; ++j) {
-        mass[j] = 0.0, count[j] = 0, top[j] = 0;
+        mass[j] = 0.0, count[j] = 0;
         for (int w = 0; w < SAMPLE_WARPS; ++w) {
             mass[j] += sh->mass[j][w];
             count[j] += sh->count[j][w];
-            top[j] = max(top[j], sh->top[j][w]);
         }
+    }
+}
+
+// Candidates a thread lists for the later passes of a search (search_cut): its tokens inside the
+// interval, in stripe order.
+#define SEARCH_LIST 8
+
+// Where a search keeps its candidates: SEARCH_LIST ids per thread (entry c of thread t at
+// ids[c * SAMPLE_THREADS + t]), and a scratch for the block's largest figures.
+struct SearchList {
+    int* ids;
+    u64* scratch;
+};
+
+// Calls f(i) for this thread's tokens: its list's `num_listed` entries, or (num_listed < 0) its
+// stripe of the row, in ascending order either way.
+template <typename F>
+__device__ __forceinline__ void for_each_token(int vocab, int num_listed, const int* ids, F f) {
+    if (num_listed >= 0) {
+        for (int c = 0; c < num_listed; ++c) f(ids[c * SAMPLE_THREADS + threadIdx.x]);
+    } else {
+        for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) f(i);
     }
 }
 
@@ -186,10 +203,15 @@ __device__ __forceinline__ void block_reduce_ways(
 // first pass).
 //
 // Each pass splits the interval at SEARCH_WAYS pivots and sums, per pivot, the weight and the
-// number of tokens from it to hi, and per bucket the largest key: the interval becomes the bucket
-// holding the cut, and a bucket holding one token is the answer. A pass reads the whole row but
-// weighs only the tokens inside the interval, which after the first pass are few. Every sum is a
-// fixed tree over the block (block_reduce_ways), so the cut depends on the row alone.
+// number of tokens from it to hi: the interval becomes the bucket holding the cut, until a bucket
+// holds one token, whose key a last pass takes. Every sum is a fixed tree over the block
+// (block_reduce_ways), so the cut depends on the row alone.
+//
+// A pass over the whole row also lists each thread's tokens inside the interval. Once every
+// thread's fit in SEARCH_LIST (after a pass or two the interval holds few tokens), the passes
+// visit the lists instead of the row: the same tokens of each thread (the interval only shrinks)
+// in the same order, so each thread's sums, and every cut, are those of whole-row passes, which
+// read the row again each time the interval narrows SEARCH_WAYS-fold.
 //
 // The per-way arrays are only ever indexed by constants (the loops over the ways unrolled, the
 // picked way's figures taken while the ways are visited): one index not known at compile time
@@ -198,50 +220,66 @@ __device__ __forceinline__ void block_reduce_ways(
 template <typename Weight>
 __device__ u64 search_cut(
     const float* row, int vocab, u64 lo, u64 hi, double above, double target, bool relative,
-    bool strict, Weight weight, SearchScratch* sh) {
+    bool strict, Weight weight, SearchScratch* sh, SearchList list) {
+    // Entries of this thread's list once every thread's candidates fit (valid or not on every
+    // thread alike), else -1.
+    int num_listed = -1;
     for (bool first = true; lo < hi; first = false) {
         const u64 span = hi - lo, step = span / SEARCH_WAYS + 1;
         u64 pivot[SEARCH_WAYS];
 #pragma unroll
         for (int j = 0; j < SEARCH_WAYS; ++j) pivot[j] = (u64)j * step <= span ? lo + (u64)j * step : ~0ull;
         double mass[SEARCH_WAYS];
-        u64 count[SEARCH_WAYS], top[SEARCH_WAYS];
+        // Counts of tokens: at most the vocabulary, so 32 bits (and fewer registers).
+        u32 count[SEARCH_WAYS];
 #pragma unroll
-        for (int j = 0; j < SEARCH_WAYS; ++j) mass[j] = 0.0, count[j] = 0, top[j] = 0;
-        for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
+        for (int j = 0; j < SEARCH_WAYS; ++j) mass[j] = 0.0, count[j] = 0;
+        int* record = num_listed < 0 ? list.ids : nullptr;
+        int listed = 0;
+        for_each_token(vocab, num_listed, list.ids, [&](int i) {
             const u64 k = rank_key(row[i], i);
-            if (k < lo || k > hi) continue;
+            if (k < lo || k > hi) return;
+            if (record) {
+                if (listed < SEARCH_LIST) record[listed * SAMPLE_THREADS + threadIdx.x] = i;
+                ++listed;
+            }
             const double w = weight(i);
 #pragma unroll
             for (int j = 0; j < SEARCH_WAYS; ++j) {
-                const bool from = pivot[j] != ~0ull && k >= pivot[j];
-                const bool below_next = j + 1 == SEARCH_WAYS || pivot[j + 1] == ~0ull || k < pivot[j + 1];
-                if (from) mass[j] += w, count[j] += 1;
-                if (from && below_next && k > top[j]) top[j] = k;
+                if (pivot[j] != ~0ull && k >= pivot[j]) mass[j] += w, count[j] += 1;
             }
-        }
-        block_reduce_ways(mass, count, top, sh);
+        });
+        block_reduce_ways(mass, count, sh);
+        if (num_listed < 0 && block_max_key((u64)listed, list.scratch) <= SEARCH_LIST)
+            num_listed = listed;
         if (first && relative) target *= above + mass[0];
         // The bucket [from, next) holding the cut: the last way whose sum passes, its figures
         // taken as the ways are visited.
-        u64 from = pivot[0], from_count = count[0], from_top = top[0];
-        u64 next = pivot[1], next_count = count[1];
+        u64 from = pivot[0], next = pivot[1];
+        u32 from_count = count[0], next_count = count[1];
         double next_mass = mass[1];
 #pragma unroll
         for (int j = 1; j < SEARCH_WAYS; ++j) {
             const double s = above + mass[j];
             if (pivot[j] != ~0ull && (strict ? s > target : s >= target)) {
-                from = pivot[j], from_count = count[j], from_top = top[j];
+                from = pivot[j], from_count = count[j];
                 next = j + 1 < SEARCH_WAYS ? pivot[j + 1] : ~0ull;
-                next_count = j + 1 < SEARCH_WAYS ? count[j + 1] : 0;
+                next_count = j + 1 < SEARCH_WAYS ? count[j + 1] : 0u;
                 next_mass = j + 1 < SEARCH_WAYS ? mass[j + 1] : 0.0;
             }
         }
         const bool last = next == ~0ull;
-        const u64 in_bucket = from_count - (last ? 0 : next_count);
-        if (in_bucket == 1) return from_top;
         lo = from;
         if (!last) hi = next - 1, above += next_mass;
+        if (from_count - (last ? 0u : next_count) == 1) {
+            // One token in [lo, hi]: its key.
+            u64 key = 0;
+            for_each_token(vocab, num_listed, list.ids, [&](int i) {
+                const u64 k = rank_key(row[i], i);
+                if (k >= lo && k <= hi) key = k;
+            });
+            return block_max_key(key, list.scratch);
+        }
     }
     return lo;
 }
@@ -262,6 +300,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     __shared__ float fscratch[SAMPLE_WARPS + 1];
     __shared__ u64 uscratch[SAMPLE_WARPS + 1];
     __shared__ SearchScratch sh;
+    __shared__ int listed_ids[SEARCH_LIST * SAMPLE_THREADS];
+    const SearchList list{listed_ids, uscratch};
     const float* row = logits + (u64)blockIdx.x * vocab;
     const SampleParams pr = params[blockIdx.x];
     float mx = neg_inf();
@@ -278,7 +318,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     auto prob = [=](int i) { return (double)exp_nonpositive(mul(sub(row[i], mx), inv_t)); };
     u64 floor = 0;
     if (pr.top_k > 0 && pr.top_k < (u32)vocab)
-        floor = search_cut(row, vocab, 0, top, 0.0, (double)pr.top_k, false, false, one, &sh);
+        floor = search_cut(row, vocab, 0, top, 0.0, (double)pr.top_k, false, false, one, &sh, list);
     if (pr.min_p > 0.0f) {
         // The last kept candidate is the smallest key whose probability reaches min_p; the most
         // likely token (probability 1) always does, as the CPU keeps at least one.
@@ -291,9 +331,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
         floor = ~block_max_key(~last, uscratch);
     }
     if (pr.top_p < 1.0f)
-        floor = search_cut(row, vocab, floor, top, 0.0, (double)pr.top_p, true, false, prob, &sh);
+        floor = search_cut(
+            row, vocab, floor, top, 0.0, (double)pr.top_p, true, false, prob, &sh, list);
     const double u = uniform(pr.seed, pr.index);
-    const u64 chosen = search_cut(row, vocab, floor, top, 0.0, u, true, true, prob, &sh);
+    const u64 chosen = search_cut(row, vocab, floor, top, 0.0, u, true, true, prob, &sh, list);
     if (threadIdx.x == 0) out[blockIdx.x] = 0xffffffffu - (u32)(chosen & 0xffffffffull);
 }
 

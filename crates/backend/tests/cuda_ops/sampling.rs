@@ -164,6 +164,49 @@ fn seeded_samples_with_ties_and_masked_tokens_equal_the_cpu_sampler() {
     assert!(num_clear >= rows / 2, "only {num_clear} of {rows} draws were clear of a boundary");
 }
 
+/// Rows whose likely tokens all fall in one thread's stripe (token ids 512 apart: more of them
+/// than a thread lists for the search's later passes, so every pass reads the whole row) and rows
+/// whose likely tokens spread over the threads (the later passes read the lists): both draw the
+/// CPU sampler's tokens.
+#[test]
+fn seeded_samples_whatever_the_threads_holding_the_likely_tokens() {
+    let name = "seeded_samples_whatever_the_threads_holding_the_likely_tokens";
+    let Some(dev) = gpu_or_skip(name) else { return };
+    // 12 tokens per stripe of 512 threads, more than SEARCH_LIST (8).
+    let (rows, vocab) = (24, 6000);
+    let mut rng = Rng::new(45);
+    let mut logits = vec![0.0f32; rows * vocab];
+    for (r, row) in logits.chunks_exact_mut(vocab).enumerate() {
+        for (i, l) in row.iter_mut().enumerate() {
+            // Even rows: the likely tokens are one thread's (ids 7 mod 512); odd rows: every
+            // 37th token, spread over the threads.
+            let likely = if r % 2 == 0 { i % 512 == 7 } else { i % 37 == 0 };
+            *l = if likely { rng.uniform(2.0, 4.0) } else { rng.uniform(-30.0, -20.0) };
+        }
+    }
+    let params: Vec<SampleParams> = (0..rows)
+        .map(|r| SampleParams {
+            seed: rng.next_u64(),
+            index: r as u64,
+            temperature: [1.0, 0.7][r / 2 % 2],
+            top_p: [1.0, 1.0, 0.8][r / 4 % 3],
+            top_k: [0, 0, 0, 5][r / 2 % 4],
+            min_p: 0.0,
+        })
+        .collect();
+    let mut p = Plan::new(dev);
+    let (ls, ps, out) = (p.input(&logits), p.input(&params), p.output::<u32>(rows));
+    let m = p.alloc();
+    dev.sample(m.get(ls), m.get(ps), m.get(out), rows, vocab).unwrap();
+    let got = m.read(out);
+    let num_clear = check_draws(&logits, &params, &got, vocab);
+    assert!(num_clear >= rows * 3 / 4, "only {num_clear} of {rows} draws were clear of a boundary");
+    for (r, &token) in got.iter().enumerate() {
+        let likely = if r % 2 == 0 { token % 512 == 7 } else { token % 37 == 0 };
+        assert!(likely, "row {r} drew the unlikely token {token}");
+    }
+}
+
 #[test]
 fn chosen_logprobs_are_the_logit_minus_the_normaliser() {
     let Some(dev) = gpu_or_skip("chosen_logprobs_are_the_logit_minus_the_normaliser") else {
