@@ -14,10 +14,7 @@ use routed_backend::{
     cuda::{
         ArenaLayout, CudaDevice, DeviceArena, DeviceElem, Span,
         host::SampleParams,
-        launch::{
-            ATTN_PARTITION_TILES, attention_items, attention_parts, moe_max_sorted_rows,
-            moe_max_tiles,
-        },
+        launch::{ATTN_PARTITION_TILES, attention_items, attention_parts},
         ops::{
             AttentionBuffers, AttentionParams, AttentionSplit, ExpertActivation, ExpertShard,
             GemmTiling, MoeSortBuffers, Weights,
@@ -344,7 +341,8 @@ fn time_moe(
 ) -> Result<MoeTimes> {
     let (e, k, inter) = (moe.num_experts, moe.top_k, moe.expert_intermediate);
     let (pairs, tokens) = (ids.len(), ids.len() / k);
-    let (rows, tiles) = (moe_max_sorted_rows(pairs, e), moe_max_tiles(pairs, e));
+    // The sorted layout: a row per pair.
+    let rows = pairs;
     let gated = moe.activation == FfnActivation::SwiGlu;
     let mut layout = ArenaLayout::new("bench");
     let (x, out) = (layout.push::<f32>(tokens * h), layout.push::<f32>(tokens * h));
@@ -352,7 +350,6 @@ fn time_moe(
     let gate = layout.push::<bf16>(if gated { e * inter * h } else { 0 });
     let (id_span, weights) = (layout.push::<i32>(pairs), layout.push::<f32>(pairs));
     let (sorted, pair_rows) = (layout.push::<i32>(rows), layout.push::<i32>(pairs));
-    let (tile_experts, num_tiles) = (layout.push::<i32>(tiles), layout.push::<i32>(1));
     let (counts, starts) = (layout.push::<i32>(e), layout.push::<i32>(e + 1));
     let (act, expert_out) = (layout.push::<f32>(rows * inter), layout.push::<f32>(rows * h));
     let mut arena = DeviceArena::new(dev, &layout)?;
@@ -365,8 +362,6 @@ fn time_moe(
     let sort = MoeSortBuffers {
         sorted_pairs: arena.get(sorted)?,
         pair_rows: arena.get(pair_rows)?,
-        tile_experts: arena.get(tile_experts)?,
-        num_tiles: arena.get(num_tiles)?,
         expert_counts: arena.get(counts)?,
         expert_starts: arena.get(starts)?,
     };

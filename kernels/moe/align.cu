@@ -1,11 +1,10 @@
 // Deterministic counting sort of the step's (token, rank) pairs by expert, the order of the CPU
 // MoE block: experts ascending, and within an expert its pairs in pair order (pair = token *
-// top_k + rank). Each expert's rows are padded to a multiple of MOE_TILE_ROWS so that a tile of
-// the grouped expert products never straddles two experts; padding rows hold -1.
+// top_k + rank).
 //
-// Outputs: sorted_pairs[row] (the pair of each padded row, or -1), pair_rows[pair] (where the
-// pair's output row sits, for the combine), tile_experts[tile] and num_tiles[0] (tiles in use;
-// the expert kernels are launched for the worst case and tiles past it return at once).
+// Outputs: sorted_pairs[row] (the pair of each row, a row per pair), pair_rows[pair]
+// (where the pair's output row sits, for the combine) and expert_starts[e] (expert e's first row;
+// expert_starts[num_experts] is the number of pairs), which the grouped expert products walk.
 //
 // One block of MOE_SORT_THREADS threads. Thread e counts and then places expert e's pairs
 // (e, e + blockDim, ... for more experts than threads), scanning the ids in pair order from
@@ -16,19 +15,15 @@
 
 extern "C" __global__ void __launch_bounds__(MOE_SORT_THREADS) moe_sort_pairs(
     const int* __restrict__ topk_ids,    // device [num_pairs]
-    int* __restrict__ sorted_pairs,      // device [max_sorted_rows]
+    int* __restrict__ sorted_pairs,      // device [num_pairs]
     int* __restrict__ pair_rows,         // device [num_pairs]
-    int* __restrict__ tile_experts,      // device [max_sorted_rows / MOE_TILE_ROWS]
-    int* __restrict__ num_tiles,         // device [1]
     int* __restrict__ expert_counts,     // device [num_experts] (scratch)
-    int* __restrict__ expert_starts,     // device [num_experts + 1] (padded row offsets)
+    int* __restrict__ expert_starts,     // device [num_experts + 1]
     int num_pairs,
-    int num_experts,
-    int max_sorted_rows) {
+    int num_experts) {
     __shared__ int chunk[MOE_SORT_CHUNK];
     const int tid = threadIdx.x;
     for (int e = tid; e < num_experts; e += blockDim.x) expert_counts[e] = 0;
-    for (int i = tid; i < max_sorted_rows; i += blockDim.x) sorted_pairs[i] = -1;
     __syncthreads();
     // Pass 1: counts.
     for (int c0 = 0; c0 < num_pairs; c0 += MOE_SORT_CHUNK) {
@@ -43,21 +38,16 @@ extern "C" __global__ void __launch_bounds__(MOE_SORT_THREADS) moe_sort_pairs(
         }
     }
     __syncthreads();
-    // Padded starts: a serial prefix sum (experts are few), then the tile owners.
+    // Starts: a serial prefix sum (experts are few).
     if (tid == 0) {
         int at = 0;
         for (int e = 0; e < num_experts; ++e) {
             expert_starts[e] = at;
-            at += (expert_counts[e] + MOE_TILE_ROWS - 1) / MOE_TILE_ROWS * MOE_TILE_ROWS;
+            at += expert_counts[e];
         }
         expert_starts[num_experts] = at;
-        num_tiles[0] = at / MOE_TILE_ROWS;
     }
     __syncthreads();
-    for (int e = tid; e < num_experts; e += blockDim.x) {
-        for (int tile = expert_starts[e] / MOE_TILE_ROWS; tile < expert_starts[e + 1] / MOE_TILE_ROWS; ++tile)
-            tile_experts[tile] = e;
-    }
     // Pass 2: places, each expert's pairs in pair order.
     for (int e = tid; e < num_experts; e += blockDim.x) expert_counts[e] = expert_starts[e];
     for (int c0 = 0; c0 < num_pairs; c0 += MOE_SORT_CHUNK) {

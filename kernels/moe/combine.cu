@@ -3,7 +3,7 @@
 //
 // Grid: (ceil(hidden / blockDim.x), num_tokens).
 extern "C" __global__ void moe_combine(
-    const float* __restrict__ expert_out,    // device [max_sorted_rows, hidden]
+    const float* __restrict__ expert_out,    // device [num_pairs, hidden]
     const int* __restrict__ pair_rows,       // device [num_tokens * top_k]
     const float* __restrict__ topk_weights,  // device [num_tokens, top_k]
     const float* __restrict__ shared,        // device [num_tokens, hidden] or null
@@ -28,9 +28,9 @@ extern "C" __global__ void moe_combine(
 // the run expert_starts[q * num_local] .. expert_starts[(q + 1) * num_local] of the sorted layout,
 // the same on every rank. A plain copy: the rows keep their bits.
 //
-// Grid: (max_sorted_rows); a block per row. Rows past the step's, and this rank's own, return.
+// Grid: (num_pairs); a block per row. Rows past the step's, and this rank's own, return.
 extern "C" __global__ void moe_gather_peer_rows(
-    float* __restrict__ expert_out,         // device [max_sorted_rows, hidden]: this rank's
+    float* __restrict__ expert_out,         // device [num_pairs, hidden]: this rank's
     const u64* __restrict__ peer_rows,      // device [world_size]: each rank's expert_out
     const int* __restrict__ expert_starts,  // device [world_size * num_local + 1]
     int num_local,

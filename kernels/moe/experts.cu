@@ -4,10 +4,9 @@
 // else is routed and however the rows fall into passes.
 //
 // A block takes one of this rank's experts and GEMM_HALF_WARPS * GEMM_RN of its output columns,
-// and walks the expert's sorted rows (expert_starts[e] .. expert_starts[e + 1], padding included)
-// in passes of EXPERT_UP_ROWS or EXPERT_DOWN_ROWS rows, each pass's inputs staged in shared
-// memory for the block's half-warps (dot_tile_staged): the expert's weights are read once per
-// pass, not once per tile of MOE_TILE_ROWS rows.
+// and walks the expert's sorted rows (expert_starts[e] .. expert_starts[e + 1]) in passes of
+// EXPERT_UP_ROWS or EXPERT_DOWN_ROWS rows, each pass's inputs staged in shared memory for the
+// block's half-warps (dot_tile_staged): the expert's weights are read once per pass.
 //
 // The grid covers every expert of the rank whatever the routing (an expert without rows returns
 // at once), which keeps the launch graph-capturable; under expert parallelism a rank holds experts
@@ -19,14 +18,13 @@
 #define EXPERT_UP_ROWS 8
 #define EXPERT_DOWN_ROWS 16
 
-// The input row of row r of the pass at `base` (null for padding and past the end): RowOf maps
+// The input row of row r of the pass at `base` (null past the end): RowOf maps
 // (sorted row, pair) to a row of `in`.
 template <typename RowOf>
 __device__ __forceinline__ const float* expert_pass_row(
     const float* in, int width, const int* sorted_pairs, int base, int end, RowOf row_of, int r) {
     const int row = base + r;
-    const int pair = row < end ? sorted_pairs[row] : -1;
-    return pair >= 0 ? in + (u64)row_of(row, pair) * width : nullptr;
+    return row < end ? in + (u64)row_of(row, sorted_pairs[row]) * width : nullptr;
 }
 
 // act[row, i] = silu(x . gate[e, i]) * (x . up[e, i]) (SwiGLU) or relu(x . up[e, i])^2, for the
@@ -36,9 +34,9 @@ __device__ __forceinline__ void expert_up(
     const float* __restrict__ x,             // device [num_tokens, hidden]
     const W* __restrict__ w_up,              // device [num_local, inter, hidden]
     const W* __restrict__ w_gate,            // device [num_local, inter, hidden] (SwiGLU) or null
-    const int* __restrict__ sorted_pairs,    // device [max_sorted_rows]
+    const int* __restrict__ sorted_pairs,    // device [num_pairs]
     const int* __restrict__ expert_starts,   // device [num_experts + 1]
-    float* __restrict__ act,                 // device [max_sorted_rows, inter]
+    float* __restrict__ act,                 // device [num_pairs, inter]
     int top_k,
     int hidden,
     int inter,
@@ -80,7 +78,7 @@ __device__ __forceinline__ void expert_up(
                 const float u = fold16(up[r][n]);
                 const float g = gated ? fold16(gate[r][n]) : 0.0f;
                 const int row = base + r;
-                if (lane != 0 || row >= end || sorted_pairs[row] < 0 || !ups[n]) continue;
+                if (lane != 0 || row >= end || !ups[n]) continue;
                 act[(u64)row * inter + n0 + n] = expert_activation(activation, u, g);
             }
         }
@@ -108,11 +106,11 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_up_f32w(
 // out[row, h] = act[row, :] . down[e, h, :] for every sorted row. W: bf16_t or float.
 template <typename W>
 __device__ __forceinline__ void expert_down(
-    const float* __restrict__ act,           // device [max_sorted_rows, inter]
+    const float* __restrict__ act,           // device [num_pairs, inter]
     const W* __restrict__ w_down,            // device [num_local, hidden, inter]
-    const int* __restrict__ sorted_pairs,    // device [max_sorted_rows]
+    const int* __restrict__ sorted_pairs,    // device [num_pairs]
     const int* __restrict__ expert_starts,   // device [num_experts + 1]
-    float* __restrict__ out,                 // device [max_sorted_rows, hidden]
+    float* __restrict__ out,                 // device [num_pairs, hidden]
     int hidden,
     int inter,
     int first_local,
@@ -141,7 +139,7 @@ __device__ __forceinline__ void expert_down(
             for (int n = 0; n < GEMM_RN; ++n) {
                 const float v = fold16(acc[r][n]);
                 const int row = base + r;
-                if (lane != 0 || row >= end || sorted_pairs[row] < 0 || !ws[n]) continue;
+                if (lane != 0 || row >= end || !ws[n]) continue;
                 out[(u64)row * hidden + n0 + n] = v;
             }
         }

@@ -2,11 +2,10 @@
 // the sorted rows of moe_sort_pairs (gemm/mma_tile.cuh has the arithmetic).
 //
 // A block takes one of this rank's experts and MMA_WARPS * MMA_COLS of its output columns, and
-// walks the expert's sorted rows (expert_starts[e] .. expert_starts[e + 1], padding included) in
-// passes of MMA_ROW_GROUPS * MMA_ROWS rows, each pass one mma_tile_staged: the expert's weights
-// are read once per 32 rows, not once per tile of MOE_TILE_ROWS, and the pass's input rows are
-// gathered and rounded once into shared memory for the block's warps (not once per warp). An
-// expert row's bits depend on its token and expert only (mma_tile's instructions and order),
+// walks the expert's sorted rows (expert_starts[e] .. expert_starts[e + 1]) in passes of
+// MMA_ROW_GROUPS * MMA_ROWS rows, each pass one mma_tile_staged: the expert's weights are read
+// once per 32 rows, and the pass's input rows are gathered and rounded once into shared memory
+// for the block's warps (not once per warp). An expert row's bits depend on its token and expert only (mma_tile's instructions and order),
 // whatever else is routed and however the rows fall into passes.
 //
 // The grid covers every expert of the rank whatever the routing (an expert without rows returns
@@ -21,7 +20,7 @@ __device__ __forceinline__ void mma_weight_rows(
     hi = n0 + g + 8 < cols ? w + (u64)(n0 + g + 8) * k : nullptr;
 }
 
-// The sorted rows of this block's expert: [start, end), padding rows included.
+// The sorted rows of this block's expert: [start, end).
 struct ExpertRows {
     int start, end;
 };
@@ -31,14 +30,13 @@ __device__ __forceinline__ ExpertRows expert_rows(const int* expert_starts, int 
     return ExpertRows{expert_starts[e], expert_starts[e + 1]};
 }
 
-// The input row of row r of the pass at `base` (null for padding and past the end): RowOf maps
+// The input row of row r of the pass at `base` (null past the end): RowOf maps
 // (sorted row, pair) to a row of `in`.
 template <typename RowOf>
 __device__ __forceinline__ const float* pass_row(
     const float* in, int width, const int* sorted_pairs, int base, int end, RowOf row_of, int r) {
     const int row = base + r;
-    const int pair = row < end ? sorted_pairs[row] : -1;
-    return pair >= 0 ? in + (u64)row_of(row, pair) * width : nullptr;
+    return row < end ? in + (u64)row_of(row, sorted_pairs[row]) * width : nullptr;
 }
 
 // Which groups of the pass at `base` take part (the same on every lane).
@@ -50,17 +48,16 @@ __device__ __forceinline__ void pass_groups(int base, int end, bool (&has)[MMA_R
 #define EXPERT_CHUNKS (2 * MMA_ROW_GROUPS * MMA_ROWS * MMA_STAGE_STRIDE * 2 / 16)
 
 // Calls store(row, col, r, i) for each of the lane's outputs of the pass at `base` (acc[..][r][i]
-// of mma_tile) that is a real row (not padding, not past the end) and column.
+// of mma_tile) that is a row of the expert and a column of the matrix.
 template <typename Store>
-__device__ __forceinline__ void pass_outputs(
-    const int* sorted_pairs, int base, int end, int n0, int cols, Store store) {
+__device__ __forceinline__ void pass_outputs(int base, int end, int n0, int cols, Store store) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int r = 0; r < MMA_ROW_GROUPS; ++r) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = base + r * MMA_ROWS + 2 * t + (i & 1), col = n0 + g + 8 * (i >> 1);
-            if (row < end && col < cols && sorted_pairs[row] >= 0) store(row, col, r, i);
+            if (row < end && col < cols) store(row, col, r, i);
         }
     }
 }
@@ -87,7 +84,7 @@ __device__ __forceinline__ void expert_up_mma(
         float acc[NW][MMA_ROW_GROUPS][4];
         mma_tile_staged(lo, hi, row_ptr, has, hidden, vec, live, chunks, buf, acc);
         if (!live) continue;
-        pass_outputs(sorted_pairs, base, rows.end, n0, inter, [&](int row, int col, int r, int i) {
+        pass_outputs(base, rows.end, n0, inter, [&](int row, int col, int r, int i) {
             const float gate = NW > 1 ? acc[NW - 1][r][i] : 0.0f;
             act[(u64)row * inter + col] = expert_activation(activation, acc[0][r][i], gate);
         });
@@ -100,9 +97,9 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_up_mma(
     const float* __restrict__ x,             // device [num_tokens, hidden]
     const bf16_t* __restrict__ w_up,         // device [num_local, inter, hidden]
     const bf16_t* __restrict__ w_gate,       // device [num_local, inter, hidden] (SwiGLU) or null
-    const int* __restrict__ sorted_pairs,    // device [max_sorted_rows]
+    const int* __restrict__ sorted_pairs,    // device [num_pairs]
     const int* __restrict__ expert_starts,   // device [num_experts + 1]
-    float* __restrict__ act,                 // device [max_sorted_rows, inter]
+    float* __restrict__ act,                 // device [num_pairs, inter]
     int top_k, int hidden, int inter, int activation, int first_local) {
     __shared__ u32x4 staged[EXPERT_CHUNKS];
     bf16_t* chunks = reinterpret_cast<bf16_t*>(staged);
@@ -122,11 +119,11 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_up_mma(
 
 // out[row, h] = bf16(act[row, :]) . down[e, h, :] for every sorted row.
 extern "C" __global__ void __launch_bounds__(128) moe_expert_down_mma(
-    const float* __restrict__ act,           // device [max_sorted_rows, inter]
+    const float* __restrict__ act,           // device [num_pairs, inter]
     const bf16_t* __restrict__ w_down,       // device [num_local, hidden, inter]
-    const int* __restrict__ sorted_pairs,    // device [max_sorted_rows]
+    const int* __restrict__ sorted_pairs,    // device [num_pairs]
     const int* __restrict__ expert_starts,   // device [num_experts + 1]
-    float* __restrict__ out,                 // device [max_sorted_rows, hidden]
+    float* __restrict__ out,                 // device [num_pairs, hidden]
     int hidden, int inter, int first_local) {
     __shared__ u32x4 staged[EXPERT_CHUNKS];
     bf16_t* chunks = reinterpret_cast<bf16_t*>(staged);
@@ -150,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_down_mma(
         float acc[1][MMA_ROW_GROUPS][4];
         mma_tile_staged(lo, hi, row_ptr, has, inter, vec, live, chunks, buf, acc);
         if (!live) continue;
-        pass_outputs(sorted_pairs, base, rows.end, n0, hidden, [&](int row, int col, int r, int i) {
+        pass_outputs(base, rows.end, n0, hidden, [&](int row, int col, int r, int i) {
             out[(u64)row * hidden + col] = acc[0][r][i];
         });
     }

@@ -51,8 +51,6 @@ pub const ROUTER_WARPS: usize = 4;
 pub const ROUTER_MAX_GROUPS: usize = 64;
 /// Most experts per token (`ROUTER_MAX_TOP_K`).
 pub const ROUTER_MAX_TOP_K: usize = 32;
-/// Rows per tile of the grouped expert products; experts are padded to it (`MOE_TILE_ROWS`).
-pub const MOE_TILE_ROWS: usize = 4;
 /// Threads of the single block of the expert sort (`MOE_SORT_THREADS`).
 pub const MOE_SORT_THREADS: usize = 1024;
 /// Widest conv1d kernel (`CONV_MAX_KERNEL`).
@@ -215,17 +213,6 @@ pub fn router(num_tokens: usize, num_experts: usize) -> Option<Shape> {
     Shape::new((num_tokens.div_ceil(ROUTER_WARPS), 1), ROUTER_WARPS * 32, smem)
 }
 
-/// Rows of the sorted expert layout in the worst case: every pair, plus each expert's padding to a
-/// whole tile. Buffers and the expert grids are sized by this, never by the actual routing.
-pub fn moe_max_sorted_rows(num_pairs: usize, num_experts: usize) -> usize {
-    (num_pairs + num_experts * (MOE_TILE_ROWS - 1)).next_multiple_of(MOE_TILE_ROWS)
-}
-
-/// Tiles of the sorted layout in the worst case.
-pub fn moe_max_tiles(num_pairs: usize, num_experts: usize) -> usize {
-    moe_max_sorted_rows(num_pairs, num_experts) / MOE_TILE_ROWS
-}
-
 /// The expert sort: one block.
 pub fn moe_sort() -> Shape {
     Shape { grid: (1, 1, 1), block: (MOE_SORT_THREADS as u32, 1, 1), smem: 0 }
@@ -322,7 +309,6 @@ mod tests {
             ("ROUTER_WARPS", ROUTER_WARPS),
             ("ROUTER_MAX_GROUPS", ROUTER_MAX_GROUPS),
             ("ROUTER_MAX_TOP_K", ROUTER_MAX_TOP_K),
-            ("MOE_TILE_ROWS", MOE_TILE_ROWS),
             ("MOE_SORT_THREADS", MOE_SORT_THREADS),
             ("CONV_MAX_KERNEL", CONV_MAX_KERNEL),
             ("SAMPLE_THREADS", SAMPLE_THREADS),
@@ -375,13 +361,7 @@ mod tests {
     }
 
     #[test]
-    fn moe_worst_case_holds_any_routing() {
-        // Every expert with one pair pads to a whole tile; the bound covers that and more.
-        let (pairs, experts) = (16, 64);
-        let worst_real: usize = (0..experts).map(|e| usize::from(e < pairs) * MOE_TILE_ROWS).sum();
-        assert!(moe_max_sorted_rows(pairs, experts) >= worst_real);
-        assert_eq!(moe_max_sorted_rows(8, 2), 16);
-        assert_eq!(moe_max_tiles(8, 2), 4);
+    fn expert_grids_have_a_block_row_per_local_expert() {
         assert_eq!(moe_expert(2048, 128).unwrap().grid, (64, 128, 1));
         assert_eq!(moe_expert_mma(2048, 128).unwrap().grid, (32, 128, 1));
     }

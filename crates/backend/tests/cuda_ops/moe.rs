@@ -8,7 +8,6 @@ use routed_backend::{
     cuda::{
         ArenaLayout, CudaDevice, DeviceArena, Span,
         host::PinnedBuffer,
-        launch::{moe_max_sorted_rows, moe_max_tiles},
         ops::{ExpertActivation, ExpertShard, MoeSortBuffers, RouterKind, RouterParams, Weights},
         pools::RoutingBuffer,
     },
@@ -301,7 +300,8 @@ pub fn moe_forward(
     shard: ExpertShard,
 ) -> MoeRun {
     let (e, h, i) = (ex.e, ex.h, ex.i);
-    let (pairs, rows, tiles) = (n * k, moe_max_sorted_rows(n * k, e), moe_max_tiles(n * k, e));
+    // The sorted layout: a row per pair.
+    let (pairs, rows) = (n * k, n * k);
     let local = |w: &[bf16]| {
         let per = w.len() / e;
         w[shard.first * per..(shard.first + shard.num_local) * per].to_vec()
@@ -317,8 +317,7 @@ pub fn moe_forward(
     let (xs, ls) = (p.input(&x[..n * h]), p.input(&logits[..n * e]));
     let (ids, ws) = (p.output::<i32>(pairs), p.output::<f32>(pairs));
     let sorted = p.output::<i32>(rows);
-    let (pair_rows, tile_experts, num_tiles) =
-        (p.output::<i32>(pairs), p.output::<i32>(tiles), p.output::<i32>(1));
+    let pair_rows = p.output::<i32>(pairs);
     let (counts, starts) = (p.output::<i32>(e), p.output::<i32>(e + 1));
     let (acts, eout, out) =
         (p.output::<f32>(rows * i), p.output::<f32>(rows * h), p.output::<f32>(n * h));
@@ -332,8 +331,6 @@ pub fn moe_forward(
     let sort = MoeSortBuffers {
         sorted_pairs: m.get(sorted),
         pair_rows: m.get(pair_rows),
-        tile_experts: m.get(tile_experts),
-        num_tiles: m.get(num_tiles),
         expert_counts: m.get(counts),
         expert_starts: m.get(starts),
     };
@@ -349,7 +346,8 @@ pub fn moe_forward(
     dev.moe_expert_down(a, get(ds), &sort, m.get(eout), (pairs, shard), (h, i)).unwrap();
     dev.moe_combine(m.get(eout), m.get(pair_rows), m.get(ws), None, m.get(out), (n, k), h).unwrap();
     let (got_ids, sorted_pairs, rows_of) = (m.read(ids), m.read(sorted), m.read(pair_rows));
-    check_sort(&got_ids, &sorted_pairs, &rows_of, &m.read(tile_experts), m.read(num_tiles)[0], e);
+    let starts = m.read(starts);
+    check_sort(&got_ids, &sorted_pairs, &rows_of, &starts, e);
     MoeRun {
         out: m.read(out),
         ids: got_ids,
@@ -357,29 +355,19 @@ pub fn moe_forward(
         sorted_pairs,
         act: m.read(acts),
         expert_out: m.read(eout),
-        expert_starts: m.read(starts),
+        expert_starts: starts,
     }
 }
 
 /// The sort's invariants: experts ascending, pairs ascending within an expert, every pair once,
-/// tiles owned by one expert, padding marked -1.
-fn check_sort(
-    ids: &[i32],
-    sorted: &[i32],
-    rows_of: &[i32],
-    tile_experts: &[i32],
-    num_tiles: i32,
-    e: usize,
-) {
-    let used = num_tiles as usize * 4;
+/// each expert's rows from its start to the next expert's.
+fn check_sort(ids: &[i32], sorted: &[i32], rows_of: &[i32], starts: &[i32], e: usize) {
+    assert_eq!((starts.len(), starts[0], starts[e]), (e + 1, 0, ids.len() as i32), "{starts:?}");
     let mut last: Option<(i32, i32)> = None;
-    for (row, &pair) in sorted[..used].iter().enumerate() {
-        let tile_expert = tile_experts[row / 4];
-        if pair < 0 {
-            continue;
-        }
+    for (row, &pair) in sorted.iter().enumerate() {
         let expert = ids[pair as usize];
-        assert_eq!(expert, tile_expert, "row {row} in a tile of expert {tile_expert}");
+        let owner = starts.partition_point(|&s| s <= row as i32) - 1;
+        assert_eq!(expert as usize, owner, "row {row} between expert {owner}'s starts");
         assert_eq!(rows_of[pair as usize], row as i32, "pair {pair}'s row");
         if let Some(prev) = last {
             assert!(
@@ -390,9 +378,10 @@ fn check_sort(
         }
         last = Some((expert, pair));
     }
-    assert_eq!(sorted[..used].iter().filter(|&&p| p >= 0).count(), ids.len(), "every pair once");
-    assert!(sorted[used..].iter().all(|&p| p == -1));
-    assert!(tile_experts[..num_tiles as usize].iter().all(|&t| (t as usize) < e));
+    let mut seen = vec![false; ids.len()];
+    for &pair in sorted {
+        assert!(!std::mem::replace(&mut seen[pair as usize], true), "pair {pair} twice");
+    }
 }
 
 fn moe_case(name: &str, act: ExpertActivation, seed: u64) {

@@ -4,7 +4,6 @@
 use super::support::*;
 use routed_backend::cuda::{
     CudaDevice,
-    launch::moe_max_sorted_rows,
     ops::ExpertShard,
     peer::{PeerLink, PeerPhase},
 };
@@ -15,11 +14,11 @@ use routed_backend::cuda::{
 #[test]
 fn gather_copies_the_other_ranks_runs_bit_for_bit() {
     let Some(dev) = gpu_or_skip("gather_copies_the_other_ranks_runs_bit_for_bit") else { return };
-    let (world, num_local, hidden, num_pairs) = (4, 4, 40, 30);
+    let (world, num_local, hidden, num_pairs) = (4, 4, 40, 41);
     let num_experts = world * num_local;
-    let rows = moe_max_sorted_rows(num_pairs, num_experts);
-    // Padded starts of 16 experts (tiles of 4 rows): rank 2's experts have no rows, rank 3 one
-    // expert of 8.
+    // A row per pair; the starts of 16 experts: rank 2's experts have no rows, rank 3 one expert
+    // of 8 (one row is left past the runs).
+    let rows = num_pairs;
     let counts = [4, 8, 0, 4, 4, 0, 4, 8, 0, 0, 0, 0, 0, 8, 0, 0];
     let mut starts = vec![0i32];
     for c in counts {
@@ -100,8 +99,8 @@ fn a_peer_reads_rows_between_their_writes() {
         (dev0.peer_link().unwrap(), dev1.peer_link().unwrap());
     assert_eq!((link0.rank(), link1.rank(), link1.world_size()), (0, 1, 2));
     for rank1_first in [false, true] {
-        let (num_local, hidden, num_pairs) = (1, 8, 4);
-        let rows = moe_max_sorted_rows(num_pairs, 2);
+        let (num_local, hidden, num_pairs) = (1, 8, 8);
+        let rows = num_pairs;
         // Expert 0 (rank 0) has rows 0..4, expert 1 (rank 1) rows 4..8.
         let starts = [0i32, 4, 8];
         let (mut p0, mut p1) = (Plan::new(dev0), Plan::new(dev1));

@@ -17,7 +17,7 @@ use routed_backend::{
     cuda::{
         ArenaLayout, CudaDevice, DeviceArena, Graph, Span,
         host::{PinnedBuffer, rope_table},
-        launch::{ATTN_PARTITION_TILES, attention_parts, moe_max_sorted_rows, moe_max_tiles},
+        launch::{ATTN_PARTITION_TILES, attention_parts},
         ops::AttentionSplit,
         pools::{KvPool, RoutingBuffer, StatePool},
     },
@@ -89,8 +89,6 @@ pub(crate) struct MoeScratch {
     pub weights: Span<f32>,
     pub sorted_pairs: Span<i32>,
     pub pair_rows: Span<i32>,
-    pub tile_experts: Span<i32>,
-    pub num_tiles: Span<i32>,
     pub expert_counts: Span<i32>,
     pub expert_starts: Span<i32>,
     pub act: Span<f32>,
@@ -269,15 +267,14 @@ fn moe_scratch(l: &mut ArenaLayout, config: &ModelConfig, n: usize) -> MoeScratc
         config.moe.as_ref().map_or((0, 0, 0), |m| (m.num_experts, m.top_k, m.expert_intermediate));
     let h = config.hidden_size;
     let pairs = n * k;
-    let rows = if e > 0 { moe_max_sorted_rows(pairs, e) } else { 0 };
+    // The sorted layout: a row per pair.
+    let rows = if e > 0 { pairs } else { 0 };
     MoeScratch {
         router_logits: l.push(n * e),
         ids: l.push(pairs),
         weights: l.push(pairs),
         sorted_pairs: l.push(rows),
         pair_rows: l.push(pairs),
-        tile_experts: l.push(if e > 0 { moe_max_tiles(pairs, e) } else { 0 }),
-        num_tiles: l.push(1),
         expert_counts: l.push(e),
         expert_starts: l.push(e + 1),
         act: l.push(rows * inter),

@@ -22,7 +22,6 @@ use routed_backend::{
     cuda::{
         ArenaLayout, CudaDevice, DevSlice, DeviceArena, Span,
         host::PinnedBuffer,
-        launch::moe_max_sorted_rows,
         ops::ExpertShard,
         peer::{PeerLink, PeerPhase},
     },
@@ -38,7 +37,7 @@ pub(crate) enum Exchange {
 }
 
 impl Exchange {
-    /// The exchange of a rank whose expert rows are `expert_out` (`[max_sorted_rows, hidden]`):
+    /// The exchange of a rank whose expert rows are `expert_out` (`[num_pairs, hidden]`):
     /// between the devices if `dev` was linked to the other ranks' (which then read
     /// `expert_out`), else through host memory.
     pub fn new(
@@ -144,8 +143,8 @@ impl PeerExchange {
         self.link.signal(PeerPhase::Written, stream)?;
         self.ranks.barrier()?;
         self.link.wait_for_others(PeerPhase::Written, stream)?;
-        let rows = moe_max_sorted_rows(num_pairs, shard.num_experts);
-        self.link.buffers(rows * hidden, &mut self.current)?;
+        // The sorted layout: a row per pair.
+        self.link.buffers(num_pairs * hidden, &mut self.current)?;
         if self.current != self.uploaded {
             self.table.upload(self.table_span, &self.current)?;
             std::mem::swap(&mut self.uploaded, &mut self.current);
@@ -169,26 +168,26 @@ impl PeerExchange {
 /// The exchange through host memory: one rank's host buffers, sized for the largest step.
 pub(crate) struct HostExchange {
     ranks: Arc<dyn Collective>,
-    /// The sort's padded row starts of every expert, and the end, `[num_experts + 1]`.
+    /// The sort's first row of every expert, and the end, `[num_experts + 1]`.
     starts: PinnedBuffer<i32>,
-    /// The expert rows of the largest step, `[max_sorted_rows, hidden]`.
+    /// The expert rows of the largest step, `[num_pairs, hidden]`.
     rows: PinnedBuffer<f32>,
     /// Each rank's run of `rows`, in elements.
     segments: Vec<Range<usize>>,
 }
 
 impl HostExchange {
-    /// Host buffers for `num_experts` experts and up to `max_sorted_rows` rows of `hidden`.
+    /// Host buffers for `num_experts` experts and up to `max_rows` sorted rows of `hidden`.
     fn new(
         dev: &CudaDevice,
         ranks: Arc<dyn Collective>,
         num_experts: usize,
-        max_sorted_rows: usize,
+        max_rows: usize,
         hidden: usize,
     ) -> Result<Self> {
         Ok(Self {
             starts: PinnedBuffer::new(dev, num_experts + 1)?,
-            rows: PinnedBuffer::new(dev, max_sorted_rows * hidden)?,
+            rows: PinnedBuffer::new(dev, max_rows * hidden)?,
             segments: Vec::with_capacity(ranks.world_size()),
             ranks,
         })

@@ -431,8 +431,6 @@ impl Ctx<'_> {
         let sort = MoeSortBuffers {
             sorted_pairs: self.arena.get(s.sorted_pairs)?,
             pair_rows: self.arena.get(s.pair_rows)?,
-            tile_experts: self.arena.get(s.tile_experts)?,
-            num_tiles: self.arena.get(s.num_tiles)?,
             expert_counts: self.arena.get(s.expert_counts)?,
             expert_starts: self.arena.get(s.expert_starts)?,
         };

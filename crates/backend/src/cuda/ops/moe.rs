@@ -79,21 +79,17 @@ impl ExpertShard {
     }
 }
 
-/// The outputs of the expert sort (sized by [`cfg::moe_max_sorted_rows`] and
-/// [`cfg::moe_max_tiles`]) that the expert products and the combine read.
+/// The outputs of the expert sort that the expert products and the combine read. The sorted
+/// layout has a row per pair, experts ascending, each expert's pairs in pair order.
 #[derive(Clone, Copy, Debug)]
 pub struct MoeSortBuffers<'a> {
-    /// The pair of each sorted row, or -1 for padding, `[max_sorted_rows]`.
+    /// The pair of each sorted row, `[num_pairs]`.
     pub sorted_pairs: DevSlice<'a, i32>,
     /// The sorted row of each pair, `[num_pairs]`.
     pub pair_rows: DevSlice<'a, i32>,
-    /// The expert of each tile, `[max_tiles]`.
-    pub tile_experts: DevSlice<'a, i32>,
-    /// Tiles in use, `[1]`.
-    pub num_tiles: DevSlice<'a, i32>,
     /// Scratch, `[num_experts]`.
     pub expert_counts: DevSlice<'a, i32>,
-    /// Padded row offset of each expert, `[num_experts + 1]`.
+    /// The first sorted row of each expert, and the number of pairs last, `[num_experts + 1]`.
     pub expert_starts: DevSlice<'a, i32>,
 }
 
@@ -179,38 +175,24 @@ impl CudaDevice {
         num_experts: usize,
     ) -> Result<(), BackendError> {
         let id = KernelId::MoeSortPairs;
-        let rows = cfg::moe_max_sorted_rows(num_pairs, num_experts);
         fits(id, "ids", &ids, num_pairs)?;
-        fits(id, "sorted_pairs", &s.sorted_pairs, rows)?;
+        fits(id, "sorted_pairs", &s.sorted_pairs, num_pairs)?;
         fits(id, "pair_rows", &s.pair_rows, num_pairs)?;
-        fits(id, "tile_experts", &s.tile_experts, cfg::moe_max_tiles(num_pairs, num_experts))?;
-        fits(id, "num_tiles", &s.num_tiles, 1)?;
         fits(id, "expert_counts", &s.expert_counts, num_experts)?;
         fits(id, "expert_starts", &s.expert_starts, num_experts + 1)?;
-        let (ids, sorted, pair_rows, tiles, num_tiles, counts, starts) = (
+        let (ids, sorted, pair_rows, counts, starts) = (
             ids.addr(),
             s.sorted_pairs.addr(),
             s.pair_rows.addr(),
-            s.tile_experts.addr(),
-            s.num_tiles.addr(),
             s.expert_counts.addr(),
             s.expert_starts.addr(),
         );
-        let (pairs, experts, rows) = (
-            int(id, "pairs", num_pairs)?,
-            int(id, "experts", num_experts)?,
-            int(id, "rows", rows)?,
-        );
-        launch!(
-            self,
-            id,
-            cfg::moe_sort(),
-            [ids, sorted, pair_rows, tiles, num_tiles, counts, starts, pairs, experts, rows,]
-        )
+        let (pairs, experts) = (int(id, "pairs", num_pairs)?, int(id, "experts", num_experts)?);
+        launch!(self, id, cfg::moe_sort(), [ids, sorted, pair_rows, counts, starts, pairs, experts])
     }
 
     /// The up (and gate) projections of every sorted row of this rank's experts with their
-    /// weights `[num_local, inter, hidden]`, activated, into `act` `[max_sorted_rows, inter]`
+    /// weights `[num_local, inter, hidden]`, activated, into `act` `[num_pairs, inter]`
     /// (`moe_expert_up`; `moe_expert_up_f32w` for f32 weights, `moe_expert_up_mma` for bf16
     /// precision on tensor cores); the other ranks' rows are left as they are. `gate` is required
     /// for SwiGLU (in the storage of `up`) and ignored for relu^2.
@@ -230,7 +212,7 @@ impl CudaDevice {
         const UP: [KernelId; 3] =
             [KernelId::MoeExpertUp, KernelId::MoeExpertUpMma, KernelId::MoeExpertUpF32];
         let id = up.kernel(UP);
-        let (pairs, num_experts) = (num_tokens * top_k, experts.num_experts);
+        let pairs = num_tokens * top_k;
         let (first, _) = experts.check(id)?;
         fits(id, "x", &x, num_tokens * hidden)?;
         up.fits(id, "up", experts.num_local * inter * hidden)?;
@@ -245,7 +227,7 @@ impl CudaDevice {
             (ExpertActivation::SwiGlu, None) => return Err(bad(id, "SwiGLU needs gate weights")),
             (ExpertActivation::Relu2, _) => 0,
         };
-        fits(id, "act", &act, cfg::moe_max_sorted_rows(pairs, num_experts) * inter)?;
+        fits(id, "act", &act, pairs * inter)?;
         let sh = self.expert_shape(id, inter, experts, s)?;
         let (x, up, sorted, act) = (x.addr(), up.addr(), s.sorted_pairs.addr(), act.addr());
         let (top_k, hidden, inter) =
@@ -261,7 +243,7 @@ impl CudaDevice {
     }
 
     /// The down projections of every sorted row of this rank's experts with their weights
-    /// `[num_local, hidden, inter]` into `out` `[max_sorted_rows, hidden]` (`moe_expert_down`;
+    /// `[num_local, hidden, inter]` into `out` `[num_pairs, hidden]` (`moe_expert_down`;
     /// `moe_expert_down_f32w` for f32 weights, `moe_expert_down_mma` for bf16 precision on tensor
     /// cores); the other ranks' rows are left as they are.
     pub fn moe_expert_down(
@@ -279,7 +261,7 @@ impl CudaDevice {
             KernelId::MoeExpertDownF32,
         ]);
         let (first, _) = experts.check(id)?;
-        let rows = cfg::moe_max_sorted_rows(num_pairs, experts.num_experts);
+        let rows = num_pairs;
         fits(id, "act", &act, rows * inter)?;
         down.fits(id, "down", experts.num_local * hidden * inter)?;
         fits(id, "out", &out, rows * hidden)?;
@@ -364,7 +346,7 @@ impl CudaDevice {
                 ),
             ));
         }
-        let rows = cfg::moe_max_sorted_rows(num_pairs, shard.num_experts);
+        let rows = num_pairs;
         fits(id, "expert_out", &expert_out, rows * hidden)?;
         fits(id, "peer_rows", &peer_rows, world_size)?;
         fits(id, "expert_starts", &expert_starts, shard.num_experts + 1)?;

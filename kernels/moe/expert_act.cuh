@@ -1,8 +1,6 @@
-// What the grouped expert products share, compiled in front of both variants (moe/experts.cu,
-// moe/experts_mma.cu): the sorted rows come in tiles of MOE_TILE_ROWS rows of one expert
-// (moe/align.cu pads every expert to it), and the activation codes of the host's enum.
+// The activation codes of the host's enum and the activation itself, compiled in front of both
+// variants of the grouped expert products (moe/experts.cu, moe/experts_mma.cu).
 
-#define MOE_TILE_ROWS 4
 #define MOE_ACT_SWIGLU 0
 #define MOE_ACT_RELU2 1
 
