@@ -39,6 +39,8 @@ struct Inner {
     ordinal: usize,
     name: String,
     arch: Arch,
+    /// `arch.has_bf16_mma()`, taken once: every tensor-core launch asks.
+    bf16_mma: bool,
     driver_version: i32,
     compute: Stream,
     copy: Stream,
@@ -120,6 +122,7 @@ impl CudaDevice {
         let inner = Inner {
             ordinal,
             name,
+            bf16_mma: arch.has_bf16_mma(),
             arch,
             driver_version,
             compute: Stream::driver(compute.clone()),
@@ -156,6 +159,7 @@ impl CudaDevice {
             ordinal,
             name: "CUDA simulator".to_owned(),
             arch: Arch::simulator(),
+            bf16_mma: Arch::simulator().has_bf16_mma(),
             driver_version: 0,
             compute: Stream::sim(queues.clone(), compute),
             copy: Stream::sim(queues, copy),
@@ -207,7 +211,7 @@ impl CudaDevice {
 
     /// Whether the products in bf16 precision can run (bf16 tensor cores: sm_80 and later).
     pub fn has_bf16_mma(&self) -> bool {
-        self.inner.arch.has_bf16_mma()
+        self.inner.bf16_mma
     }
 
     /// The driver's CUDA version (`13000` for 13.0; 0 for the simulator).
