@@ -117,17 +117,20 @@ extern "C" __global__ void moe_router_topk(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int t = blockIdx.x * ROUTER_WARPS + warp;
     if (t >= num_tokens) return;  // whole warps leave together
-    const int stride = 2 * num_experts + (num_experts + 3) / 4 + ROUTER_MAX_GROUPS + ROUTER_MAX_TOP_K;
+    const int stride =
+        2 * num_experts + (num_experts + 3) / 4 + ROUTER_MAX_GROUPS + 2 * ROUTER_MAX_TOP_K;
     float* scores = smem + warp * stride;
     float* choice = scores + num_experts;
     unsigned char* taken = (unsigned char*)(choice + num_experts);
     float* group_scores = choice + num_experts + (num_experts + 3) / 4;
     int* ids = (int*)(group_scores + ROUTER_MAX_GROUPS);
+    // The k weights, in shared memory rather than a local array: k is known at run time only,
+    // and an array indexed by it would live in local memory.
+    float* weights = (float*)(ids + ROUTER_MAX_TOP_K);
     const float* row = logits + (u64)t * num_experts;
     for (int i = lane; i < num_experts; i += 32) scores[i] = row[i];
     __syncwarp();
 
-    float weights[ROUTER_MAX_TOP_K];
     if (kind == ROUTER_SOFTMAX_TOPK) {
         warp_softmax(scores, num_experts);
         warp_top_k(scores, taken, num_experts, ids, top_k);

@@ -202,9 +202,10 @@ pub fn attention_parts(max_positions: usize, part_tiles: usize) -> usize {
     max_positions.div_ceil(ATTN_TILE * part_tiles.max(1)).max(1)
 }
 
-/// Floats of router scratch per warp: scores, choices, taken flags (bytes), group scores, ids.
+/// Floats of router scratch per warp: scores, choices, taken flags (bytes), group scores, ids,
+/// weights.
 pub fn router_warp_floats(num_experts: usize) -> usize {
-    2 * num_experts + num_experts.div_ceil(4) + ROUTER_MAX_GROUPS + ROUTER_MAX_TOP_K
+    2 * num_experts + num_experts.div_ceil(4) + ROUTER_MAX_GROUPS + 2 * ROUTER_MAX_TOP_K
 }
 
 /// The router over `num_tokens` tokens: a warp each.
@@ -368,9 +369,9 @@ mod tests {
 
     #[test]
     fn router_and_scan_shared_memory() {
-        assert_eq!(router_warp_floats(128), 256 + 32 + 64 + 32);
+        assert_eq!(router_warp_floats(128), 256 + 32 + 64 + 32 + 32);
         let r = router(9, 128).unwrap();
-        assert_eq!((r.grid.0, r.smem), (3, 4 * 4 * 384));
+        assert_eq!((r.grid.0, r.smem), (3, 4 * 4 * 416));
         let s = scan(64, 3, 64, 128).unwrap();
         assert_eq!((s.grid, s.block.0, s.smem), ((64, 3, 1), 64, 4 * (128 * 64 + 256)));
         assert!(scan(8, 1, 128, 128).unwrap().needs_smem_opt_in());
