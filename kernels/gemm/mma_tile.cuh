@@ -98,6 +98,36 @@ __device__ __forceinline__ void load_step_weights(
     }
 }
 
+// A step's two instructions for every matrix onto group r's sums, from the lane's weights and its
+// input fragment of the group (8 elements as bf16 pairs: 0-3 for the first instruction, 4-7 for
+// the second). Every product kernel, thin or staged, multiplies through here, hence the same
+// bits. r must be known at compile time (the callers' loops are unrolled).
+template <int NW, int RT>
+__device__ __forceinline__ void mma_step_group(
+    const u32 (&lo)[NW][4], const u32 (&hi)[NW][4], const u32 (&xv)[4], int r,
+    float (&acc)[NW][RT][4]) {
+    const u32 b0[2] = {xv[0], xv[1]};
+    const u32 b1[2] = {xv[2], xv[3]};
+#pragma unroll
+    for (int j = 0; j < NW; ++j) {
+        const u32 a0[4] = {lo[j][0], hi[j][0], lo[j][1], hi[j][1]};
+        const u32 a1[4] = {lo[j][2], hi[j][2], lo[j][3], hi[j][3]};
+        mma_bf16_16816(acc[j][r], a0, b0, acc[j][r]);
+        mma_bf16_16816(acc[j][r], a1, b1, acc[j][r]);
+    }
+}
+
+// Every running sum to zero (unrolled: the arrays stay in registers).
+template <int NW, int RT>
+__device__ __forceinline__ void zero_sums(float (&acc)[NW][RT][4]) {
+#pragma unroll
+    for (int j = 0; j < NW; ++j)
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[j][r][i] = 0.0f;
+}
+
 // One step at c: the input rows' elements loaded and rounded, then the step's two instructions
 // for every matrix and row group, onto the running sums.
 template <int NW, int RT>
@@ -109,15 +139,7 @@ __device__ __forceinline__ void mma_step(
         if (!has[r]) continue;
         u32 xv[4];
         load_x8(xs[r], c, k, vec, xv);
-        const u32 b0[2] = {xv[0], xv[1]};
-        const u32 b1[2] = {xv[2], xv[3]};
-#pragma unroll
-        for (int j = 0; j < NW; ++j) {
-            const u32 a0[4] = {lo[j][0], hi[j][0], lo[j][1], hi[j][1]};
-            const u32 a1[4] = {lo[j][2], hi[j][2], lo[j][3], hi[j][3]};
-            mma_bf16_16816(acc[j][r], a0, b0, acc[j][r]);
-            mma_bf16_16816(acc[j][r], a1, b1, acc[j][r]);
-        }
+        mma_step_group(lo, hi, xv, r, acc);
     }
 }
 
@@ -141,12 +163,7 @@ __device__ __forceinline__ void mma_tile(
     bool vec,
     float (&acc)[NW][RT][4]) {
     const int t = (threadIdx.x % 32) % 4;
-#pragma unroll
-    for (int j = 0; j < NW; ++j)
-#pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[j][r][i] = 0.0f;
+    zero_sums(acc);
     int k0 = 0;
     for (; k0 + MMA_UNROLL * MMA_K <= k; k0 += MMA_UNROLL * MMA_K) {
         u32 lo[MMA_UNROLL][NW][4], hi[MMA_UNROLL][NW][4];
@@ -209,15 +226,8 @@ __device__ __forceinline__ void mma_step_staged(
         if (!has[r]) continue;
         const u32x4 v = *reinterpret_cast<const u32x4*>(
             chunk + (r * MMA_ROWS + g) * MMA_STAGE_STRIDE + s * MMA_K + 8 * t);
-        const u32 b0[2] = {v.x, v.y};
-        const u32 b1[2] = {v.z, v.w};
-#pragma unroll
-        for (int j = 0; j < NW; ++j) {
-            const u32 a0[4] = {lo[j][0], hi[j][0], lo[j][1], hi[j][1]};
-            const u32 a1[4] = {lo[j][2], hi[j][2], lo[j][3], hi[j][3]};
-            mma_bf16_16816(acc[j][r], a0, b0, acc[j][r]);
-            mma_bf16_16816(acc[j][r], a1, b1, acc[j][r]);
-        }
+        const u32 xv[4] = {v.x, v.y, v.z, v.w};
+        mma_step_group(lo, hi, xv, r, acc);
     }
 }
 
@@ -235,12 +245,7 @@ __device__ __forceinline__ void mma_tile_staged(
     float (&acc)[NW][GROUPS][4]) {
     constexpr int CHUNK = GROUPS * MMA_ROWS * MMA_STAGE_STRIDE;
     const int t = (threadIdx.x % 32) % 4;
-#pragma unroll
-    for (int j = 0; j < NW; ++j)
-#pragma unroll
-        for (int r = 0; r < GROUPS; ++r)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[j][r][i] = 0.0f;
+    zero_sums(acc);
     for (int c0 = 0; c0 < k; c0 += MMA_STAGE_K, buf ^= 1) {
         // The chunk's weights are requested first, so they are in flight while the block stages.
         u32 lo[MMA_UNROLL][NW][4], hi[MMA_UNROLL][NW][4];

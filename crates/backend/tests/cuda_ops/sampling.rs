@@ -4,7 +4,7 @@
 
 use super::support::*;
 use routed_backend::{
-    cuda::host::SampleParams,
+    cuda::{CudaDevice, host::SampleParams},
     logit_edits::{EditBuilder, LOGIT_EDIT_WORDS, LogitEdit},
 };
 use routed_types::{SamplingParams, SeqContext};
@@ -85,6 +85,21 @@ fn check_draws(logits: &[f32], params: &[SampleParams], got: &[u32], vocab: usiz
     num_clear
 }
 
+/// One draw per row of `logits` by the device sampler.
+fn draw(
+    dev: &'static CudaDevice,
+    logits: &[f32],
+    params: &[SampleParams],
+    vocab: usize,
+) -> Vec<u32> {
+    let rows = params.len();
+    let mut p = Plan::new(dev);
+    let (ls, ps, out) = (p.input(logits), p.input(params), p.output::<u32>(rows));
+    let m = p.alloc();
+    dev.sample(m.get(ls), m.get(ps), m.get(out), rows, vocab).unwrap();
+    m.read(out)
+}
+
 #[test]
 fn seeded_samples_equal_the_cpu_sampler_and_do_not_depend_on_the_batch() {
     let Some(dev) =
@@ -156,11 +171,7 @@ fn seeded_samples_with_ties_and_masked_tokens_equal_the_cpu_sampler() {
             min_p: [0.0, 0.0, 0.05, 0.0, 0.3][r % 5],
         })
         .collect();
-    let mut p = Plan::new(dev);
-    let (ls, ps, out) = (p.input(&logits), p.input(&params), p.output::<u32>(rows));
-    let m = p.alloc();
-    dev.sample(m.get(ls), m.get(ps), m.get(out), rows, vocab).unwrap();
-    let num_clear = check_draws(&logits, &params, &m.read(out), vocab);
+    let num_clear = check_draws(&logits, &params, &draw(dev, &logits, &params, vocab), vocab);
     assert!(num_clear >= rows / 2, "only {num_clear} of {rows} draws were clear of a boundary");
 }
 
@@ -194,11 +205,7 @@ fn seeded_samples_whatever_the_threads_holding_the_likely_tokens() {
             min_p: 0.0,
         })
         .collect();
-    let mut p = Plan::new(dev);
-    let (ls, ps, out) = (p.input(&logits), p.input(&params), p.output::<u32>(rows));
-    let m = p.alloc();
-    dev.sample(m.get(ls), m.get(ps), m.get(out), rows, vocab).unwrap();
-    let got = m.read(out);
+    let got = draw(dev, &logits, &params, vocab);
     let num_clear = check_draws(&logits, &params, &got, vocab);
     assert!(num_clear >= rows * 3 / 4, "only {num_clear} of {rows} draws were clear of a boundary");
     for (r, &token) in got.iter().enumerate() {
