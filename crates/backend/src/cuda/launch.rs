@@ -27,10 +27,11 @@ pub const MMA_STAGE_WARPS: usize = 8;
 /// Groups of `MMA_ROWS` input rows a block of the wide staged tensor-core product shares
 /// (`MMA_STAGE_GROUPS`).
 pub const MMA_STAGE_GROUPS: usize = 8;
-/// Fewest blocks for which the dense tensor-core product takes the wide staged kernel: two per
-/// SM of an H100 (132), so that its bigger blocks still fill the device. Set by reasoning, not
-/// yet by measurement (`routed bench kernels` times all three kernels at each shape).
-pub const MMA_WIDE_MIN_BLOCKS: usize = 264;
+/// Fewest blocks for which a dense product takes a kernel of bigger blocks than the thin one (the
+/// `f32` staged kernel, the wide staged tensor-core kernel): two per SM of an H100 (132), so that
+/// they still fill the device. Set by reasoning, not yet by measurement (`routed bench kernels`
+/// times every kernel at each shape).
+pub const GEMM_BIG_MIN_BLOCKS: usize = 264;
 /// Rows per block of the row norms (`NORM_ROWS_PER_BLOCK`).
 pub const NORM_ROWS_PER_BLOCK: usize = 8;
 /// Keys per attention tile, aligned at absolute position 0 (`ATTN_TILE`).

@@ -20,8 +20,8 @@ pub enum GemmTiling {
     /// latency-bound steps of a decode.
     Thin,
     /// `gemm_*_f32_staged`, `gemm_bf16w_mma_staged`: a block copies its rows' inputs into shared
-    /// memory once for all its threads (16 rows by 32 columns in the `f32` kernels; on tensor
-    /// cores the thin kernel's blocks, 32 rows by 64 columns).
+    /// memory once for all its threads (16 rows by 32 columns in the `f32` kernels, 4 times the
+    /// thin kernel's rows; on tensor cores the thin kernel's blocks, 32 rows by 64 columns).
     Staged,
     /// `gemm_bf16w_mma_staged_wide` on tensor cores (the `f32` kernels take [`Self::Staged`]):
     /// blocks of 64 rows by 128 columns, which read an input once per 128 columns and a weight
@@ -31,17 +31,19 @@ pub enum GemmTiling {
 
 impl GemmTiling {
     /// The tiling [`CudaDevice::gemm`] takes for `m` rows by `n` columns, on tensor cores if
-    /// `mma`: thin up to [`cfg::GEMM_THIN_MAX_ROWS`] rows, staged beyond (where the thin kernels'
-    /// input reads outgrow their weights), on tensor cores wide where its grid still has
-    /// [`cfg::MMA_WIDE_MIN_BLOCKS`] blocks.
+    /// `mma`: thin up to [`cfg::GEMM_THIN_MAX_ROWS`] rows; beyond, where the thin kernels' input
+    /// reads outgrow their weights, a staged kernel, with blocks bigger than the thin ones (the
+    /// `f32` kernel, the wide tensor-core one) only where its grid still has
+    /// [`cfg::GEMM_BIG_MIN_BLOCKS`] blocks. A narrow `f32` product of a few dozen rows stays thin.
     pub fn for_shape(m: usize, n: usize, mma: bool) -> Self {
-        let wide_blocks = cfg::gemm_mma_staged_wide(m, n).map_or(0, |s| s.grid.0 * s.grid.1);
-        if m <= cfg::GEMM_THIN_MAX_ROWS {
-            Self::Thin
-        } else if mma && wide_blocks as usize >= cfg::MMA_WIDE_MIN_BLOCKS {
-            Self::StagedWide
-        } else {
-            Self::Staged
+        let blocks = |s: Option<cfg::Shape>| s.map_or(0, |s| s.grid.0 as usize * s.grid.1 as usize);
+        let big = |s| blocks(s) >= cfg::GEMM_BIG_MIN_BLOCKS;
+        match (m <= cfg::GEMM_THIN_MAX_ROWS, mma) {
+            (true, _) => Self::Thin,
+            (false, true) if big(cfg::gemm_mma_staged_wide(m, n)) => Self::StagedWide,
+            (false, true) => Self::Staged,
+            (false, false) if big(cfg::gemm_staged(m, n)) => Self::Staged,
+            (false, false) => Self::Thin,
         }
     }
 }
@@ -106,5 +108,29 @@ impl CudaDevice {
             return Err(bad(id, format!("bf16 tensor cores need sm_80 or later; this is {arch}")));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GemmTiling::{self, *};
+
+    #[test]
+    fn tilings_follow_the_rows_and_the_grid() {
+        let (lm_head, q_proj) = (151_936, 1024);
+        // A decode step of up to 8 rows: thin, whatever the width.
+        for mma in [false, true] {
+            assert_eq!(GemmTiling::for_shape(1, lm_head, mma), Thin);
+            assert_eq!(GemmTiling::for_shape(8, q_proj, mma), Thin);
+        }
+        // f32: staged where its 16-row blocks still number 264 or more, else thin.
+        assert_eq!(GemmTiling::for_shape(9, lm_head, false), Staged);
+        assert_eq!(GemmTiling::for_shape(64, q_proj, false), Thin);
+        assert_eq!(GemmTiling::for_shape(512, q_proj, false), Staged);
+        // Tensor cores: staged beyond 8 rows, wide where its 64 x 128 blocks fill the device.
+        assert_eq!(GemmTiling::for_shape(64, lm_head, true), StagedWide);
+        assert_eq!(GemmTiling::for_shape(64, q_proj, true), Staged);
+        assert_eq!(GemmTiling::for_shape(2048, q_proj, true), Staged);
+        assert_eq!(GemmTiling::for_shape(4096, q_proj, true), StagedWide);
     }
 }
