@@ -127,7 +127,7 @@ def torch_rates(threads, gib, args):
         return x.numel() * 4 / (time.perf_counter() - t0) / 1e9
 
     sums = measure(sum_pass, args.runs, args.max_others, args.retries, args.quiet_wait)
-    del x
+    x = None  # the buffer is freed before the product's weights are made
     w = torch.randn(151936, 1024).to(torch.bfloat16)
     v = torch.randn(1024).to(torch.bfloat16)
 
