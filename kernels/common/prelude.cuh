@@ -37,6 +37,18 @@ struct alignas(16) f32x4 {
     float x, y, z, w;
 };
 
+// The 4 floats at [c, c + 4) of row p, zero past k and for a null row: one 16-byte load when
+// `vec` (p and the row length keep it aligned) and all 4 lie inside k.
+__device__ __forceinline__ f32x4 load_f32x4(const float* p, int c, int k, bool vec) {
+    if (p && vec && c + 4 <= k) return *reinterpret_cast<const f32x4*>(p + c);
+    f32x4 v;
+    v.x = p && c < k ? p[c] : 0.0f;
+    v.y = p && c + 1 < k ? p[c + 1] : 0.0f;
+    v.z = p && c + 2 < k ? p[c + 2] : 0.0f;
+    v.w = p && c + 3 < k ? p[c + 3] : 0.0f;
+    return v;
+}
+
 // The two bf16 halves of a word loaded from memory: element 2i in the low half (little endian).
 __device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }

@@ -69,17 +69,8 @@ __device__ __forceinline__ void stage_f32_rows(
     RowPtr row_ptr, int rows, int c0, int k, bool vec, float* dst) {
     constexpr int QUADS = DOT_STAGE_K / 4;
     for (int q = threadIdx.x; q < rows * QUADS; q += blockDim.x) {
-        const int r = q / QUADS, c = (q % QUADS) * 4, col = c0 + c;
-        const float* p = row_ptr(r);
-        f32x4 v;
-        if (p && vec && col + 4 <= k) {
-            v = *reinterpret_cast<const f32x4*>(p + col);
-        } else {
-            v.x = p && col < k ? p[col] : 0.0f;
-            v.y = p && col + 1 < k ? p[col + 1] : 0.0f;
-            v.z = p && col + 2 < k ? p[col + 2] : 0.0f;
-            v.w = p && col + 3 < k ? p[col + 3] : 0.0f;
-        }
+        const int r = q / QUADS, c = (q % QUADS) * 4;
+        const f32x4 v = load_f32x4(row_ptr(r), c0 + c, k, vec);
         *reinterpret_cast<f32x4*>(dst + r * DOT_STAGE_K + c) = v;
     }
 }

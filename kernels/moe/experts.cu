@@ -18,15 +18,6 @@
 #define EXPERT_UP_ROWS 8
 #define EXPERT_DOWN_ROWS 16
 
-// The input row of row r of the pass at `base` (null past the end): RowOf maps
-// (sorted row, pair) to a row of `in`.
-template <typename RowOf>
-__device__ __forceinline__ const float* expert_pass_row(
-    const float* in, int width, const int* sorted_pairs, int base, int end, RowOf row_of, int r) {
-    const int row = base + r;
-    return row < end ? in + (u64)row_of(row, sorted_pairs[row]) * width : nullptr;
-}
-
 // act[row, i] = silu(x . gate[e, i]) * (x . up[e, i]) (SwiGLU) or relu(x . up[e, i])^2, for the
 // token of each sorted row; the CPU's mul_silu_inplace and relu2_inplace. W: bf16_t or float.
 template <typename W>

@@ -5,8 +5,9 @@
 // walks the expert's sorted rows (expert_starts[e] .. expert_starts[e + 1]) in passes of
 // MMA_ROW_GROUPS * MMA_ROWS rows, each pass one mma_tile_staged: the expert's weights are read
 // once per 32 rows, and the pass's input rows are gathered and rounded once into shared memory
-// for the block's warps (not once per warp). An expert row's bits depend on its token and expert only (mma_tile's instructions and order),
-// whatever else is routed and however the rows fall into passes.
+// for the block's warps (not once per warp). An expert row's bits depend on its token and expert
+// only (mma_tile's instructions and order), whatever else is routed and however the rows fall
+// into passes.
 //
 // The grid covers every expert of the rank whatever the routing (an expert without rows returns
 // at once), which keeps the launch graph-capturable; the other ranks' rows are left as they are.
@@ -28,15 +29,6 @@ struct ExpertRows {
 __device__ __forceinline__ ExpertRows expert_rows(const int* expert_starts, int first_local) {
     const int e = first_local + blockIdx.y;
     return ExpertRows{expert_starts[e], expert_starts[e + 1]};
-}
-
-// The input row of row r of the pass at `base` (null past the end): RowOf maps
-// (sorted row, pair) to a row of `in`.
-template <typename RowOf>
-__device__ __forceinline__ const float* pass_row(
-    const float* in, int width, const int* sorted_pairs, int base, int end, RowOf row_of, int r) {
-    const int row = base + r;
-    return row < end ? in + (u64)row_of(row, sorted_pairs[row]) * width : nullptr;
 }
 
 // Which groups of the pass at `base` take part (the same on every lane).
@@ -79,7 +71,7 @@ __device__ __forceinline__ void expert_up_mma(
         pass_groups(base, rows.end, has);
         const auto token = [=](int, int pair) { return pair / top_k; };
         const auto row_ptr = [=](int r) {
-            return pass_row(x, hidden, sorted_pairs, base, rows.end, token, r);
+            return expert_pass_row(x, hidden, sorted_pairs, base, rows.end, token, r);
         };
         float acc[NW][MMA_ROW_GROUPS][4];
         mma_tile_staged(lo, hi, row_ptr, has, hidden, vec, live, chunks, buf, acc);
@@ -142,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_down_mma(
         pass_groups(base, rows.end, has);
         const auto same = [=](int row, int) { return row; };
         const auto row_ptr = [=](int r) {
-            return pass_row(act, inter, sorted_pairs, base, rows.end, same, r);
+            return expert_pass_row(act, inter, sorted_pairs, base, rows.end, same, r);
         };
         float acc[1][MMA_ROW_GROUPS][4];
         mma_tile_staged(lo, hi, row_ptr, has, inter, vec, live, chunks, buf, acc);

@@ -17,7 +17,7 @@ const PRELUDE: &str = kernel_file!("common/prelude.cuh");
 /// The product tile shared by the dense and the MoE matrix products.
 const DOT_TILE: &str = kernel_file!("gemm/dot_tile.cuh");
 const MMA_TILE: &str = kernel_file!("gemm/mma_tile.cuh");
-const EXPERT_ACT: &str = kernel_file!("moe/expert_act.cuh");
+const EXPERT_COMMON: &str = kernel_file!("moe/expert_common.cuh");
 /// The step's sequences as the Mamba kernels see them.
 const SSM_SEQS: &str = kernel_file!("ssm/seqs.cuh");
 
@@ -73,8 +73,8 @@ units! {
     STATE_COPY = "cache/state_copy.cu" [];
     ROUTER = "moe/router.cu" [];
     ALIGN = "moe/align.cu" [];
-    EXPERTS = "moe/experts.cu" [DOT_TILE, EXPERT_ACT];
-    EXPERTS_MMA = "moe/experts_mma.cu" [MMA_TILE, EXPERT_ACT];
+    EXPERTS = "moe/experts.cu" [DOT_TILE, EXPERT_COMMON];
+    EXPERTS_MMA = "moe/experts_mma.cu" [MMA_TILE, EXPERT_COMMON];
     COMBINE = "moe/combine.cu" [];
     CONV1D = "ssm/conv1d.cu" [SSM_SEQS];
     SCAN = "ssm/scan.cu" [SSM_SEQS];
@@ -243,7 +243,7 @@ mod tests {
                 );
             }
             let used = bodies.contains(&text.as_str())
-                || [PRELUDE, DOT_TILE, MMA_TILE, EXPERT_ACT, SSM_SEQS].contains(&text.as_str());
+                || [PRELUDE, DOT_TILE, MMA_TILE, EXPERT_COMMON, SSM_SEQS].contains(&text.as_str());
             assert!(used, "{rel} is in kernels/ but no unit compiles it");
         }
         for unit in UNITS {
