@@ -126,11 +126,11 @@ fn expert_case(dev: &CudaDevice, c: &ModelConfig, m: usize, repeats: usize) -> R
         records.push(report(&all, t.all));
         records.push(report(&case("moe_up", format!("moe_expert_up{kernels}"), up), t.up));
         records.push(report(&case("moe_down", format!("moe_expert_down{kernels}"), down), t.down));
-        if !mma {
+        if let Some((sort_us, combine_us)) = t.sort_combine {
             let sort = case("moe_sort", "moe_sort_pairs".into(), (4 * pairs * 3, 0));
-            records.push(report(&sort, t.sort));
+            records.push(report(&sort, sort_us));
             let combine = (4 * (pairs * h + m * h), 0);
-            records.push(report(&case("moe_combine", "moe_combine".into(), combine), t.combine));
+            records.push(report(&case("moe_combine", "moe_combine".into(), combine), combine_us));
         }
     }
     Ok(records)
@@ -388,21 +388,25 @@ fn time_moe(
     // The whole graph ran, so each part alone finds the sorted rows and activations it reads.
     Ok(MoeTimes {
         all,
-        sort: time_graph(dev, repeats, sort_ids)?,
         up: time_graph(dev, repeats, up)?,
         down: time_graph(dev, repeats, down)?,
-        combine: time_graph(dev, repeats, combine)?,
+        // The sort and the combine are the same kernels in either precision: timed once.
+        sort_combine: match mma {
+            false => {
+                Some((time_graph(dev, repeats, sort_ids)?, time_graph(dev, repeats, combine)?))
+            }
+            true => None,
+        },
     })
 }
 
 /// A MoE layer's expert work timed whole and kernel by kernel (microseconds per launch, each
-/// graph replay's figure).
+/// graph replay's figure); the sort and the combine with the `f32` products only.
 struct MoeTimes {
     all: Vec<f64>,
-    sort: Vec<f64>,
     up: Vec<f64>,
     down: Vec<f64>,
-    combine: Vec<f64>,
+    sort_combine: Option<(Vec<f64>, Vec<f64>)>,
 }
 
 /// Decode attention: `num_seqs` sequences of `ctx` tokens each, one query each, over a paged
