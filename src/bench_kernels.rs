@@ -350,7 +350,7 @@ fn time_moe(
     let gate = layout.push::<bf16>(if gated { e * inter * h } else { 0 });
     let (id_span, weights) = (layout.push::<i32>(pairs), layout.push::<f32>(pairs));
     let (sorted, pair_rows) = (layout.push::<i32>(rows), layout.push::<i32>(pairs));
-    let (counts, starts) = (layout.push::<i32>(e), layout.push::<i32>(e + 1));
+    let starts = layout.push::<i32>(e + 1);
     let (act, expert_out) = (layout.push::<f32>(rows * inter), layout.push::<f32>(rows * h));
     let mut arena = DeviceArena::new(dev, &layout)?;
     upload(&mut arena, x, &fill(tokens * h, 6, |v| v))?;
@@ -362,7 +362,6 @@ fn time_moe(
     let sort = MoeSortBuffers {
         sorted_pairs: arena.get(sorted)?,
         pair_rows: arena.get(pair_rows)?,
-        expert_counts: arena.get(counts)?,
         expert_starts: arena.get(starts)?,
     };
     let (x, out, act, expert_out) =

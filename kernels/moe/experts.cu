@@ -6,13 +6,16 @@
 // A block takes one of this rank's experts and GEMM_HALF_WARPS * GEMM_RN of its output columns,
 // and walks the expert's sorted rows (expert_starts[e] .. expert_starts[e + 1]) in passes of
 // EXPERT_UP_ROWS or EXPERT_DOWN_ROWS rows, each pass's inputs staged in shared memory for the
-// block's half-warps (dot_tile_staged): the expert's weights are read once per pass.
+// block's half-warps (dot_tile_staged): the expert's weights are read once per pass. `splits`
+// blocks share an expert's columns, block s taking passes s, s + splits, ... (expert_passes in
+// expert_common.cuh), so that an expert with many rows is not walked by one block alone.
 //
 // The grid covers every expert of the rank whatever the routing (an expert without rows returns
 // at once), which keeps the launch graph-capturable; under expert parallelism a rank holds experts
 // first_local .. first_local + num_local (weights stacked from its first expert), and the other
 // ranks' rows are left as they are, to be filled by the exchange between ranks.
-// Block: 128 threads. Grid: (ceil(cols / (GEMM_HALF_WARPS * GEMM_RN)), num_local).
+// Block: 128 threads. Grid: (ceil(cols / (GEMM_HALF_WARPS * GEMM_RN)) * splits, num_local), the
+// splits of a column tile side by side in x (scheduled together, they share its weights in L2).
 
 // Rows a pass takes: fewer in the up product, whose up and gate sums are both held.
 #define EXPERT_UP_ROWS 8
@@ -33,13 +36,14 @@ __device__ __forceinline__ void expert_up(
     int inter,
     int activation,
     int first_local,
+    int splits,
     float* chunks) {
-    const int start = expert_starts[first_local + blockIdx.y];
-    const int end = expert_starts[first_local + blockIdx.y + 1];
+    const ExpertPasses p = expert_passes(expert_starts, first_local, splits, EXPERT_UP_ROWS);
     // The whole block leaves together: its threads meet at the staging's barriers.
-    if (start == end) return;
+    if (p.first >= p.end) return;
+    const int end = p.end;
     const int lane = threadIdx.x % DOT_LANES;
-    const int n0 = (blockIdx.x * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
+    const int n0 = (p.col_tile * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
     const u64 expert = blockIdx.y;
     const W* ups[GEMM_RN];
     const W* gates[GEMM_RN];
@@ -52,7 +56,7 @@ __device__ __forceinline__ void expert_up(
     const bool vec = hidden % 4 == 0 && (u64)x % 16 == 0;
     const bool gated = activation == MOE_ACT_SWIGLU;
     int buf = 0;
-    for (int base = start; base < end; base += EXPERT_UP_ROWS) {
+    for (int base = p.first; base < end; base += p.stride) {
         const auto token = [=](int, int pair) { return pair / top_k; };
         const auto row_ptr = [=](int r) {
             return expert_pass_row(x, hidden, sorted_pairs, base, end, token, r);
@@ -81,19 +85,19 @@ __device__ __forceinline__ void expert_up(
 extern "C" __global__ void __launch_bounds__(128) moe_expert_up(
     const float* x, const bf16_t* w_up, const bf16_t* w_gate, const int* sorted_pairs,
     const int* expert_starts, float* act, int top_k, int hidden, int inter, int activation,
-    int first_local) {
+    int first_local, int splits) {
     __shared__ f32x4 chunks[2 * EXPERT_UP_ROWS * DOT_STAGE_K / 4];
     expert_up(x, w_up, w_gate, sorted_pairs, expert_starts, act, top_k, hidden, inter,
-              activation, first_local, reinterpret_cast<float*>(chunks));
+              activation, first_local, splits, reinterpret_cast<float*>(chunks));
 }
 
 extern "C" __global__ void __launch_bounds__(128) moe_expert_up_f32w(
     const float* x, const float* w_up, const float* w_gate, const int* sorted_pairs,
     const int* expert_starts, float* act, int top_k, int hidden, int inter, int activation,
-    int first_local) {
+    int first_local, int splits) {
     __shared__ f32x4 chunks[2 * EXPERT_UP_ROWS * DOT_STAGE_K / 4];
     expert_up(x, w_up, w_gate, sorted_pairs, expert_starts, act, top_k, hidden, inter,
-              activation, first_local, reinterpret_cast<float*>(chunks));
+              activation, first_local, splits, reinterpret_cast<float*>(chunks));
 }
 
 // out[row, h] = act[row, :] . down[e, h, :] for every sorted row. W: bf16_t or float.
@@ -107,19 +111,20 @@ __device__ __forceinline__ void expert_down(
     int hidden,
     int inter,
     int first_local,
+    int splits,
     float* chunks) {
-    const int start = expert_starts[first_local + blockIdx.y];
-    const int end = expert_starts[first_local + blockIdx.y + 1];
-    if (start == end) return;
+    const ExpertPasses p = expert_passes(expert_starts, first_local, splits, EXPERT_DOWN_ROWS);
+    if (p.first >= p.end) return;
+    const int end = p.end;
     const int lane = threadIdx.x % DOT_LANES;
-    const int n0 = (blockIdx.x * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
+    const int n0 = (p.col_tile * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES) * GEMM_RN;
     const u64 expert = blockIdx.y;
     const W* ws[GEMM_RN];
     for (int n = 0; n < GEMM_RN; ++n)
         ws[n] = n0 + n < hidden ? w_down + (expert * hidden + n0 + n) * inter : nullptr;
     const bool vec = inter % 4 == 0 && (u64)act % 16 == 0;
     int buf = 0;
-    for (int base = start; base < end; base += EXPERT_DOWN_ROWS) {
+    for (int base = p.first; base < end; base += p.stride) {
         const auto same = [=](int row, int) { return row; };
         const auto row_ptr = [=](int r) {
             return expert_pass_row(act, inter, sorted_pairs, base, end, same, r);
@@ -141,16 +146,16 @@ __device__ __forceinline__ void expert_down(
 
 extern "C" __global__ void __launch_bounds__(128) moe_expert_down(
     const float* act, const bf16_t* w_down, const int* sorted_pairs, const int* expert_starts,
-    float* out, int hidden, int inter, int first_local) {
+    float* out, int hidden, int inter, int first_local, int splits) {
     __shared__ f32x4 chunks[2 * EXPERT_DOWN_ROWS * DOT_STAGE_K / 4];
-    expert_down(act, w_down, sorted_pairs, expert_starts, out, hidden, inter, first_local,
+    expert_down(act, w_down, sorted_pairs, expert_starts, out, hidden, inter, first_local, splits,
                 reinterpret_cast<float*>(chunks));
 }
 
 extern "C" __global__ void __launch_bounds__(128) moe_expert_down_f32w(
     const float* act, const float* w_down, const int* sorted_pairs, const int* expert_starts,
-    float* out, int hidden, int inter, int first_local) {
+    float* out, int hidden, int inter, int first_local, int splits) {
     __shared__ f32x4 chunks[2 * EXPERT_DOWN_ROWS * DOT_STAGE_K / 4];
-    expert_down(act, w_down, sorted_pairs, expert_starts, out, hidden, inter, first_local,
+    expert_down(act, w_down, sorted_pairs, expert_starts, out, hidden, inter, first_local, splits,
                 reinterpret_cast<float*>(chunks));
 }

@@ -5,13 +5,15 @@
 // walks the expert's sorted rows (expert_starts[e] .. expert_starts[e + 1]) in passes of
 // MMA_ROW_GROUPS * MMA_ROWS rows, each pass one mma_tile_staged: the expert's weights are read
 // once per 32 rows, and the pass's input rows are gathered and rounded once into shared memory
-// for the block's warps (not once per warp). An expert row's bits depend on its token and expert
-// only (mma_tile's instructions and order), whatever else is routed and however the rows fall
-// into passes.
+// for the block's warps (not once per warp). `splits` blocks share an expert's columns, block s
+// taking passes s, s + splits, ... (expert_passes in expert_common.cuh). An expert row's bits
+// depend on its token and expert only (mma_tile's instructions and order), whatever else is
+// routed and however the rows fall into passes and blocks.
 //
 // The grid covers every expert of the rank whatever the routing (an expert without rows returns
 // at once), which keeps the launch graph-capturable; the other ranks' rows are left as they are.
-// Block: MMA_WARPS warps. Grid: (ceil(cols / (MMA_WARPS * MMA_COLS)), num_local).
+// Block: MMA_WARPS warps. Grid: (ceil(cols / (MMA_WARPS * MMA_COLS)) * splits, num_local), the
+// splits of a column tile side by side in x (scheduled together, they share its weights in L2).
 
 // The lane's two weight rows (g and g + 8 of the warp's columns) of an expert's [cols, k] matrix.
 __device__ __forceinline__ void mma_weight_rows(
@@ -21,15 +23,8 @@ __device__ __forceinline__ void mma_weight_rows(
     hi = n0 + g + 8 < cols ? w + (u64)(n0 + g + 8) * k : nullptr;
 }
 
-// The sorted rows of this block's expert: [start, end).
-struct ExpertRows {
-    int start, end;
-};
-
-__device__ __forceinline__ ExpertRows expert_rows(const int* expert_starts, int first_local) {
-    const int e = first_local + blockIdx.y;
-    return ExpertRows{expert_starts[e], expert_starts[e + 1]};
-}
+// Rows a pass takes.
+#define EXPERT_MMA_ROWS (MMA_ROW_GROUPS * MMA_ROWS)
 
 // Which groups of the pass at `base` take part (the same on every lane).
 __device__ __forceinline__ void pass_groups(int base, int end, bool (&has)[MMA_ROW_GROUPS]) {
@@ -60,13 +55,13 @@ __device__ __forceinline__ void pass_outputs(int base, int end, int n0, int cols
 template <int NW>
 __device__ __forceinline__ void expert_up_mma(
     const float* x, const bf16_t* const (&ws)[NW], const int* sorted_pairs, float* act,
-    ExpertRows rows, int n0, int top_k, int hidden, int inter, int activation, bf16_t* chunks) {
+    ExpertPasses rows, int n0, int top_k, int hidden, int inter, int activation, bf16_t* chunks) {
     const bf16_t *lo[NW], *hi[NW];
     for (int j = 0; j < NW; ++j) mma_weight_rows(ws[j], n0, inter, hidden, lo[j], hi[j]);
     const bool vec = mma_vec_ok(x, ws[0], hidden) && (u64)ws[NW - 1] % 16 == 0;
     const bool live = n0 < inter;
     int buf = 0;
-    for (int base = rows.start; base < rows.end; base += MMA_ROW_GROUPS * MMA_ROWS) {
+    for (int base = rows.first; base < rows.end; base += rows.stride) {
         bool has[MMA_ROW_GROUPS];
         pass_groups(base, rows.end, has);
         const auto token = [=](int, int pair) { return pair / top_k; };
@@ -92,13 +87,13 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_up_mma(
     const int* __restrict__ sorted_pairs,    // device [num_pairs]
     const int* __restrict__ expert_starts,   // device [num_experts + 1]
     float* __restrict__ act,                 // device [num_pairs, inter]
-    int top_k, int hidden, int inter, int activation, int first_local) {
+    int top_k, int hidden, int inter, int activation, int first_local, int splits) {
     __shared__ u32x4 staged[EXPERT_CHUNKS];
     bf16_t* chunks = reinterpret_cast<bf16_t*>(staged);
-    const ExpertRows rows = expert_rows(expert_starts, first_local);
-    const int n0 = (blockIdx.x * MMA_WARPS + threadIdx.x / 32) * MMA_COLS;
+    const ExpertPasses rows = expert_passes(expert_starts, first_local, splits, EXPERT_MMA_ROWS);
+    const int n0 = (rows.col_tile * MMA_WARPS + threadIdx.x / 32) * MMA_COLS;
     // The whole block leaves together: its threads meet at the staging's barriers.
-    if (rows.start == rows.end) return;
+    if (rows.first >= rows.end) return;
     const u64 at = (u64)blockIdx.y * inter * hidden;
     if (activation == MOE_ACT_SWIGLU) {
         const bf16_t* ws[2] = {w_up + at, w_gate + at};
@@ -116,20 +111,20 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_down_mma(
     const int* __restrict__ sorted_pairs,    // device [num_pairs]
     const int* __restrict__ expert_starts,   // device [num_experts + 1]
     float* __restrict__ out,                 // device [num_pairs, hidden]
-    int hidden, int inter, int first_local) {
+    int hidden, int inter, int first_local, int splits) {
     __shared__ u32x4 staged[EXPERT_CHUNKS];
     bf16_t* chunks = reinterpret_cast<bf16_t*>(staged);
-    const ExpertRows rows = expert_rows(expert_starts, first_local);
-    const int n0 = (blockIdx.x * MMA_WARPS + threadIdx.x / 32) * MMA_COLS;
+    const ExpertPasses rows = expert_passes(expert_starts, first_local, splits, EXPERT_MMA_ROWS);
+    const int n0 = (rows.col_tile * MMA_WARPS + threadIdx.x / 32) * MMA_COLS;
     // The whole block leaves together; a warp past `hidden` only helps stage.
-    if (rows.start == rows.end) return;
+    if (rows.first >= rows.end) return;
     const bool live = n0 < hidden;
     const bf16_t* w = w_down + (u64)blockIdx.y * hidden * inter;
     const bf16_t *lo[1], *hi[1];
     mma_weight_rows(w, n0, hidden, inter, lo[0], hi[0]);
     const bool vec = mma_vec_ok(act, w, inter);
     int buf = 0;
-    for (int base = rows.start; base < rows.end; base += MMA_ROW_GROUPS * MMA_ROWS) {
+    for (int base = rows.first; base < rows.end; base += rows.stride) {
         bool has[MMA_ROW_GROUPS];
         pass_groups(base, rows.end, has);
         const auto same = [=](int row, int) { return row; };

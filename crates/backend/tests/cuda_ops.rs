@@ -11,6 +11,7 @@ mod cuda_ops {
     pub mod mamba;
     pub mod mma;
     pub mod moe;
+    pub mod moe_skew;
     pub mod peer;
     pub mod sampling;
     pub mod support;

@@ -52,8 +52,16 @@ pub const ROUTER_WARPS: usize = 4;
 pub const ROUTER_MAX_GROUPS: usize = 64;
 /// Most experts per token (`ROUTER_MAX_TOP_K`).
 pub const ROUTER_MAX_TOP_K: usize = 32;
-/// Threads of the single block of the expert sort (`MOE_SORT_THREADS`).
-pub const MOE_SORT_THREADS: usize = 1024;
+/// Threads of the single block of the expert sort (`MOE_SORT_THREADS`), a pair each per chunk.
+pub const MOE_SORT_THREADS: usize = 256;
+/// Rows per pass of the `f32` grouped up (and gate) products (`EXPERT_UP_ROWS`).
+pub const EXPERT_UP_ROWS: usize = 8;
+/// Rows per pass of the `f32` grouped down product (`EXPERT_DOWN_ROWS`).
+pub const EXPERT_DOWN_ROWS: usize = 16;
+/// Rows per pass of the tensor-core grouped products.
+pub const EXPERT_MMA_ROWS: usize = MMA_ROW_GROUPS * MMA_ROWS;
+/// Most blocks sharing the rows of one expert's column tile in a grouped expert product.
+pub const MOE_MAX_ROW_SPLITS: usize = 32;
 /// Widest conv1d kernel (`CONV_MAX_KERNEL`).
 pub const CONV_MAX_KERNEL: usize = 8;
 /// Threads per row of the sampling kernels (`SAMPLE_THREADS`).
@@ -215,22 +223,35 @@ pub fn router(num_tokens: usize, num_experts: usize) -> Option<Shape> {
     Shape::new((num_tokens.div_ceil(ROUTER_WARPS), 1), ROUTER_WARPS * 32, smem)
 }
 
-/// The expert sort: one block.
-pub fn moe_sort() -> Shape {
-    Shape { grid: (1, 1, 1), block: (MOE_SORT_THREADS as u32, 1, 1), smem: 0 }
+/// The expert sort: one block, each warp's count of every expert and the running counts in
+/// shared memory.
+pub fn moe_sort(num_experts: usize) -> Option<Shape> {
+    let smem = 4 * (MOE_SORT_THREADS / 32 + 1) * num_experts;
+    Shape::new((1, 1), MOE_SORT_THREADS, smem)
+}
+
+/// How many blocks share the rows of an expert's column tile in a grouped expert product whose
+/// passes take `pass_rows` rows, for `num_pairs` (token, expert) pairs over `num_experts`
+/// experts: enough that an expert routed twice its mean share of the pairs takes one pass per
+/// block, so that the busiest experts are not walked by one block each while the rest of the
+/// device idles; at most [`MOE_MAX_ROW_SPLITS`]. A function of the step's size only, never of its
+/// routing, so a decode graph's launch holds for every replay.
+pub fn moe_row_splits(num_pairs: usize, num_experts: usize, pass_rows: usize) -> usize {
+    let busy = 2 * num_pairs.div_ceil(num_experts.max(1));
+    busy.div_ceil(pass_rows.max(1)).clamp(1, MOE_MAX_ROW_SPLITS)
 }
 
 /// A grouped expert product with `cols` outputs per row: a block row per expert of the rank,
-/// whatever the routing.
-pub fn moe_expert(cols: usize, num_local: usize) -> Option<Shape> {
+/// whatever the routing, `splits` blocks per column tile side by side.
+pub fn moe_expert(cols: usize, num_local: usize, splits: usize) -> Option<Shape> {
     let cols_per_block = GEMM_HALF_WARPS * GEMM_RN;
-    Shape::new((cols.div_ceil(cols_per_block), num_local), GEMM_HALF_WARPS * 16, 0)
+    Shape::new((cols.div_ceil(cols_per_block) * splits, num_local), GEMM_HALF_WARPS * 16, 0)
 }
 
 /// A grouped tensor-core expert product with `cols` outputs per row: a block row per expert of
-/// the rank, whatever the routing.
-pub fn moe_expert_mma(cols: usize, num_local: usize) -> Option<Shape> {
-    Shape::new((cols.div_ceil(MMA_WARPS * MMA_COLS), num_local), MMA_WARPS * 32, 0)
+/// the rank, whatever the routing, `splits` blocks per column tile side by side.
+pub fn moe_expert_mma(cols: usize, num_local: usize, splits: usize) -> Option<Shape> {
+    Shape::new((cols.div_ceil(MMA_WARPS * MMA_COLS) * splits, num_local), MMA_WARPS * 32, 0)
 }
 
 /// The conv1d: a thread per channel, a block row per sequence.
@@ -312,6 +333,8 @@ mod tests {
             ("ROUTER_MAX_GROUPS", ROUTER_MAX_GROUPS),
             ("ROUTER_MAX_TOP_K", ROUTER_MAX_TOP_K),
             ("MOE_SORT_THREADS", MOE_SORT_THREADS),
+            ("EXPERT_UP_ROWS", EXPERT_UP_ROWS),
+            ("EXPERT_DOWN_ROWS", EXPERT_DOWN_ROWS),
             ("CONV_MAX_KERNEL", CONV_MAX_KERNEL),
             ("SAMPLE_THREADS", SAMPLE_THREADS),
         ];
@@ -364,8 +387,32 @@ mod tests {
 
     #[test]
     fn expert_grids_have_a_block_row_per_local_expert() {
-        assert_eq!(moe_expert(2048, 128).unwrap().grid, (64, 128, 1));
-        assert_eq!(moe_expert_mma(2048, 128).unwrap().grid, (32, 128, 1));
+        assert_eq!(moe_expert(2048, 128, 1).unwrap().grid, (64, 128, 1));
+        assert_eq!(moe_expert_mma(2048, 128, 1).unwrap().grid, (32, 128, 1));
+        assert_eq!(moe_expert(384, 64, 3).unwrap().grid, (36, 64, 1), "splits side by side in x");
+        assert_eq!(moe_expert_mma(384, 64, 2).unwrap().grid, (12, 64, 1));
+    }
+
+    #[test]
+    fn busy_experts_are_split_over_blocks_by_the_steps_size() {
+        // Decode at batch 1 (8 pairs over 64 experts): a block per expert.
+        assert_eq!(moe_row_splits(8, 64, EXPERT_UP_ROWS), 1);
+        // Batch 64, top-8: 8 pairs per expert on average, a busy expert 16: two 8-row passes.
+        assert_eq!(moe_row_splits(512, 64, EXPERT_UP_ROWS), 2);
+        assert_eq!(moe_row_splits(512, 64, EXPERT_DOWN_ROWS), 1);
+        assert_eq!(moe_row_splits(512, 64, EXPERT_MMA_ROWS), 1);
+        // A 512-token prefill: 64 on average, 128 busy.
+        assert_eq!(moe_row_splits(4096, 64, EXPERT_UP_ROWS), 16);
+        assert_eq!(moe_row_splits(4096, 64, EXPERT_MMA_ROWS), 4);
+        // Long prompts stop at the cap; no step is left without a block.
+        assert_eq!(moe_row_splits(1 << 20, 64, EXPERT_UP_ROWS), MOE_MAX_ROW_SPLITS);
+        assert_eq!(moe_row_splits(0, 64, EXPERT_UP_ROWS), 1);
+    }
+
+    #[test]
+    fn the_expert_sort_keeps_a_count_per_warp_and_expert() {
+        assert_eq!(moe_sort(64).unwrap().smem as usize, 4 * 9 * 64);
+        assert!(!moe_sort(1024).unwrap().needs_smem_opt_in(), "1024 experts in 36 KiB");
     }
 
     #[test]

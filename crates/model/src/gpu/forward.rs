@@ -431,7 +431,6 @@ impl Ctx<'_> {
         let sort = MoeSortBuffers {
             sorted_pairs: self.arena.get(s.sorted_pairs)?,
             pair_rows: self.arena.get(s.pair_rows)?,
-            expert_counts: self.arena.get(s.expert_counts)?,
             expert_starts: self.arena.get(s.expert_starts)?,
         };
         dev.moe_sort(ids, &sort, n * k, e)?;

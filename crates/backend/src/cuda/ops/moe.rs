@@ -87,8 +87,6 @@ pub struct MoeSortBuffers<'a> {
     pub sorted_pairs: DevSlice<'a, i32>,
     /// The sorted row of each pair, `[num_pairs]`.
     pub pair_rows: DevSlice<'a, i32>,
-    /// Scratch, `[num_experts]`.
-    pub expert_counts: DevSlice<'a, i32>,
     /// The first sorted row of each expert, and the number of pairs last, `[num_experts + 1]`.
     pub expert_starts: DevSlice<'a, i32>,
 }
@@ -178,17 +176,12 @@ impl CudaDevice {
         fits(id, "ids", &ids, num_pairs)?;
         fits(id, "sorted_pairs", &s.sorted_pairs, num_pairs)?;
         fits(id, "pair_rows", &s.pair_rows, num_pairs)?;
-        fits(id, "expert_counts", &s.expert_counts, num_experts)?;
         fits(id, "expert_starts", &s.expert_starts, num_experts + 1)?;
-        let (ids, sorted, pair_rows, counts, starts) = (
-            ids.addr(),
-            s.sorted_pairs.addr(),
-            s.pair_rows.addr(),
-            s.expert_counts.addr(),
-            s.expert_starts.addr(),
-        );
+        let sh = shape(id, cfg::moe_sort(num_experts))?;
+        let (ids, sorted, pair_rows, starts) =
+            (ids.addr(), s.sorted_pairs.addr(), s.pair_rows.addr(), s.expert_starts.addr());
         let (pairs, experts) = (int(id, "pairs", num_pairs)?, int(id, "experts", num_experts)?);
-        launch!(self, id, cfg::moe_sort(), [ids, sorted, pair_rows, counts, starts, pairs, experts])
+        launch!(self, id, sh, [ids, sorted, pair_rows, starts, pairs, experts])
     }
 
     /// The up (and gate) projections of every sorted row of this rank's experts with their
@@ -228,7 +221,7 @@ impl CudaDevice {
             (ExpertActivation::Relu2, _) => 0,
         };
         fits(id, "act", &act, pairs * inter)?;
-        let sh = self.expert_shape(id, inter, experts, s)?;
+        let (sh, splits) = self.expert_shape(id, inter, pairs, experts, s)?;
         let (x, up, sorted, act) = (x.addr(), up.addr(), s.sorted_pairs.addr(), act.addr());
         let (top_k, hidden, inter) =
             (int(id, "top_k", top_k)?, int(id, "hidden", hidden)?, int(id, "inter", inter)?);
@@ -238,7 +231,7 @@ impl CudaDevice {
             self,
             id,
             sh,
-            [x, up, gate, sorted, starts, act, top_k, hidden, inter, activation, first]
+            [x, up, gate, sorted, starts, act, top_k, hidden, inter, activation, first, splits]
         )
     }
 
@@ -265,29 +258,41 @@ impl CudaDevice {
         fits(id, "act", &act, rows * inter)?;
         down.fits(id, "down", experts.num_local * hidden * inter)?;
         fits(id, "out", &out, rows * hidden)?;
-        let sh = self.expert_shape(id, hidden, experts, s)?;
+        let (sh, splits) = self.expert_shape(id, hidden, rows, experts, s)?;
         let (act, down, sorted, out) = (act.addr(), down.addr(), s.sorted_pairs.addr(), out.addr());
         let (hidden, inter) = (int(id, "hidden", hidden)?, int(id, "inter", inter)?);
         let starts = s.expert_starts.addr();
-        launch!(self, id, sh, [act, down, sorted, starts, out, hidden, inter, first])
+        launch!(self, id, sh, [act, down, sorted, starts, out, hidden, inter, first, splits])
     }
 
-    /// The grid of expert kernel `id` with `cols` outputs per row: a block row per expert of the
-    /// rank (the tensor-core kernels also need bf16 tensor cores), walking the rows the sort's
-    /// expert starts give it.
+    /// The grid of expert kernel `id` with `cols` outputs per row over `num_pairs` pairs, and the
+    /// blocks that share an expert's column tile: a block row per expert of the rank (the
+    /// tensor-core kernels also need bf16 tensor cores), walking the rows the sort's expert starts
+    /// give it ([`cfg::moe_row_splits`]).
     fn expert_shape(
         &self,
         id: KernelId,
         cols: usize,
+        num_pairs: usize,
         experts: ExpertShard,
         s: &MoeSortBuffers<'_>,
-    ) -> Result<cfg::Shape, BackendError> {
+    ) -> Result<(cfg::Shape, i32), BackendError> {
         fits(id, "expert_starts", &s.expert_starts, experts.num_experts + 1)?;
-        if matches!(id, KernelId::MoeExpertUpMma | KernelId::MoeExpertDownMma) {
-            self.check_mma(id)?;
-            return shape(id, cfg::moe_expert_mma(cols, experts.num_local));
-        }
-        shape(id, cfg::moe_expert(cols, experts.num_local))
+        let mma = matches!(id, KernelId::MoeExpertUpMma | KernelId::MoeExpertDownMma);
+        let pass_rows = match id {
+            _ if mma => cfg::EXPERT_MMA_ROWS,
+            KernelId::MoeExpertUp | KernelId::MoeExpertUpF32 => cfg::EXPERT_UP_ROWS,
+            _ => cfg::EXPERT_DOWN_ROWS,
+        };
+        let splits = cfg::moe_row_splits(num_pairs, experts.num_experts, pass_rows);
+        let sh = match mma {
+            true => {
+                self.check_mma(id)?;
+                cfg::moe_expert_mma(cols, experts.num_local, splits)
+            }
+            false => cfg::moe_expert(cols, experts.num_local, splits),
+        };
+        Ok((shape(id, sh)?, splits as i32))
     }
 
     /// Each token's output: its experts' rows weighted in rank order, plus the shared expert's
