@@ -109,32 +109,43 @@ __device__ __forceinline__ bool kv_vec_ok(
     return head_dim % 8 == 0 && (u64)k_cache % 16 == 0 && (u64)v_cache % 16 == 0;
 }
 
-// Stages a tile in shared memory as f32 (keys with a padded stride against bank conflicts) where
-// kv_vec_ok: every thread issues all of its 16-byte loads before it uses any, so a tile costs one
-// memory latency, not one per element.
-__device__ __forceinline__ void stage_kv_tile_vec(const KvTile& t, float* ks, float* vs, int tid) {
+// A tile's keys and values as 16-byte vectors in flight (the thread's share), where kv_vec_ok.
+struct KvVecs {
+    u32x4 k[ATTN_TILE_VECS], v[ATTN_TILE_VECS];
+};
+
+// Issues every 16-byte load of the thread's share of a tile (zeros outside [lo, hi]) without
+// waiting for any: the tile after the one under way is requested before that one is used, so its
+// loads are in flight while the block computes (the loop below).
+__device__ __forceinline__ void load_kv_tile_vec(const KvTile& t, int tid, KvVecs& r) {
     const int vecs = t.head_dim / 8, count = ATTN_TILE * vecs;
-    u32x4 kr[ATTN_TILE_VECS], vr[ATTN_TILE_VECS];
 #pragma unroll
     for (int u = 0; u < ATTN_TILE_VECS; ++u) {
         int idx = tid + u * ATTN_THREADS;
-        kr[u] = vr[u] = u32x4{0, 0, 0, 0};
+        r.k[u] = r.v[u] = u32x4{0, 0, 0, 0};
         if (idx >= count) continue;
         i64 at = t.at(idx / vecs);
         if (at < 0) continue;
         at += (idx % vecs) * 8;
-        kr[u] = *reinterpret_cast<const u32x4*>(t.k_cache + at);
-        vr[u] = *reinterpret_cast<const u32x4*>(t.v_cache + at);
+        r.k[u] = *reinterpret_cast<const u32x4*>(t.k_cache + at);
+        r.v[u] = *reinterpret_cast<const u32x4*>(t.v_cache + at);
     }
+}
+
+// Stores the loaded share of a tile into shared memory as f32 (keys with a padded stride against
+// bank conflicts).
+__device__ __forceinline__ void store_kv_tile_vec(
+    const KvVecs& r, int head_dim, float* ks, float* vs, int tid) {
+    const int vecs = head_dim / 8, count = ATTN_TILE * vecs;
 #pragma unroll
     for (int u = 0; u < ATTN_TILE_VECS; ++u) {
         int idx = tid + u * ATTN_THREADS;
         if (idx >= count) break;
         int j = idx / vecs, d = (idx % vecs) * 8;
-        const u32 kw[4] = {kr[u].x, kr[u].y, kr[u].z, kr[u].w};
-        const u32 vw[4] = {vr[u].x, vr[u].y, vr[u].z, vr[u].w};
-        float* kd = ks + j * (t.head_dim + 1) + d;
-        float* vd = vs + j * t.head_dim + d;
+        const u32 kw[4] = {r.k[u].x, r.k[u].y, r.k[u].z, r.k[u].w};
+        const u32 vw[4] = {r.v[u].x, r.v[u].y, r.v[u].z, r.v[u].w};
+        float* kd = ks + j * (head_dim + 1) + d;
+        float* vd = vs + j * head_dim + d;
         for (int e = 0; e < 4; ++e) {
             kd[2 * e] = bf16_lo(kw[e]);
             kd[2 * e + 1] = bf16_hi(kw[e]);
@@ -144,7 +155,8 @@ __device__ __forceinline__ void stage_kv_tile_vec(const KvTile& t, float* ks, fl
     }
 }
 
-// The same, one element at a time, where 16-byte loads would not be aligned.
+// Stages a tile in shared memory as f32 one element at a time, where 16-byte loads would not be
+// aligned (no loads ahead).
 __device__ __forceinline__ void stage_kv_tile(const KvTile& t, float* ks, float* vs, int tid) {
     for (int idx = tid; idx < ATTN_TILE * t.head_dim; idx += ATTN_THREADS) {
         int j = idx / t.head_dim, d = idx % t.head_dim;
@@ -223,6 +235,16 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) paged_attention_bf16k
     for (int j = 0; j < ATTN_ACC_PER_THREAD; ++j) acc_run[j] = 0.0f;
     const int* table = block_tables + (u64)seq * max_blocks_per_seq;
     const bool vec_loads = kv_vec_ok(k_cache, v_cache, head_dim);
+    // Where tile `tile`'s keys and values are.
+    const auto tile_at = [&](int tile) {
+        return KvTile{k_cache, v_cache, table, block_size, num_kv_heads,
+                      kvh, head_dim, tile * ATTN_TILE, min_first, max_pos};
+    };
+    // The CTA's tiles run from the first partition's first to the last partition's last without a
+    // gap (partitions are consecutive), so the tile after any is the next one up to this.
+    const int last_tile = min(tile_hi, part_hi * part_tiles + part_tiles - 1);
+    KvVecs next;
+    if (vec_loads) load_kv_tile_vec(tile_at(max(tile_lo, part_lo * part_tiles)), tid, next);
 
     for (int part = part_lo; part <= part_hi; ++part) {
         __syncthreads();  // the previous partition's fold has read its m and l
@@ -237,10 +259,12 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) paged_attention_bf16k
         for (int tile = t_begin; tile <= t_end; ++tile) {
             const int base = tile * ATTN_TILE;
             __syncthreads();  // the previous tile's K, V and P are no longer read
-            const KvTile tile_at = {k_cache, v_cache, table, block_size, num_kv_heads,
-                                    kvh, head_dim, base, min_first, max_pos};
-            if (vec_loads) stage_kv_tile_vec(tile_at, ks, vs, tid);
-            else stage_kv_tile(tile_at, ks, vs, tid);
+            if (vec_loads) {
+                store_kv_tile_vec(next, head_dim, ks, vs, tid);
+                if (tile < last_tile) load_kv_tile_vec(tile_at(tile + 1), tid, next);
+            } else {
+                stage_kv_tile(tile_at(tile), ks, vs, tid);
+            }
             __syncthreads();
             // Scores and the online-softmax update: warp w takes rows w, w + 4, ...; lane j is
             // key j.
