@@ -6,8 +6,8 @@
 
 The same cases under the same scenario names as `routed bench kernels` (see benches/README.md):
 `gemm_<proj>_m<M>` is F.linear of bf16 activations [M, k] by the bf16 weight [n, k] (the
-projections: q_proj, kv_proj, o_proj, expert_up, shared_up, lm_head, as the model's config has
-them), and `attn_decode_b<B>_ctx<L>` is scaled_dot_product_attention of one bf16 query per
+projections: qkv_proj, q_proj, kv_proj, o_proj, expert_up, shared_up, lm_head, as the model's
+config has them), and `attn_decode_b<B>_ctx<L>` is scaled_dot_product_attention of one bf16 query per
 sequence over L contiguous bf16 keys and values (grouped heads as the config says), and `argmax_b<B>`,
 `log_softmax_b<B>`, `sample_b<B>` and `sample_top_p_b<B>` choose tokens from B rows of f32 logits
 as vLLM's sampler does (softmax and multinomial; top-k, sort and cumulative sum for top-p). Each
@@ -40,7 +40,8 @@ def model_shapes(cfg):
     attention = None
     if heads and cfg.get("num_key_value_heads") is not None:
         kv = cfg["num_key_value_heads"] * head_dim
-        products += [("q_proj", heads * head_dim, h), ("kv_proj", kv, h), ("o_proj", h, heads * head_dim)]
+        products += [("qkv_proj", heads * head_dim + 2 * kv, h), ("q_proj", heads * head_dim, h),
+                     ("kv_proj", kv, h), ("o_proj", h, heads * head_dim)]
         attention = (heads, cfg["num_key_value_heads"], head_dim)
     # Mixtral names its experts' width intermediate_size.
     inter = cfg.get("moe_intermediate_size") or (cfg.get("num_local_experts") and cfg["intermediate_size"])

@@ -240,13 +240,15 @@ fn route(num_tokens: usize, num_experts: usize, top_k: usize) -> Vec<i32> {
     ids
 }
 
-/// The model's products as `(name, outputs, inputs)`: the attention's query, key (or value: the
-/// same shape, the thinnest product of a layer) and output projections, a routed expert's up
+/// The model's products as `(name, outputs, inputs)`: the attention's fused query, key and value
+/// projection (the product the model runs), its query and key (or value: the same shape, the
+/// thinnest product of a layer) projections alone, its output projection, a routed expert's up
 /// projection, the dense or shared MLP's, and the LM head.
 fn products(c: &ModelConfig) -> Vec<(&'static str, usize, usize)> {
     let h = c.hidden_size;
     let mut out = Vec::new();
     if let Some(a) = &c.attention {
+        out.push(("qkv_proj", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, h));
         out.push(("q_proj", a.num_heads * a.head_dim, h));
         out.push(("kv_proj", a.num_kv_heads * a.head_dim, h));
         out.push(("o_proj", h, a.num_heads * a.head_dim));

@@ -1,6 +1,6 @@
 // Attention over the paged KV cache, one kernel for prefill chunks and decode steps alike.
 //
-// Keys and values of the step are written to the cache (kv_write_bf16) before this kernel runs,
+// Keys and values of the step are written to the cache (qkv_heads_f32) before this kernel runs,
 // so every key, the chunk's own included, is read from the cache. A CTA owns up to ATTN_ROWS
 // query rows of one sequence and one KV head; a row is a (query token, query head of the group)
 // pair, so grouped-query heads share every loaded key and value tile.

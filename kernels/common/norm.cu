@@ -6,14 +6,8 @@
 
 #define NORM_ROWS_PER_BLOCK 8
 
-// 1 / sqrt(mean(x^2) + eps) from a half-warp's lane sums, in every lane (cpu ops::inv_rms).
-__device__ __forceinline__ float inv_rms_from_lanes(float lane_sum, int width, float eps) {
-    float total = __shfl_sync(FULL_MASK, fold16(lane_sum), 0, DOT_LANES);
-    return dvd(1.0f, __fsqrt_rn(add(dvd(total, (float)width), eps)));
-}
-
-// out[r, :] = weight * (x[r, :] * inv_rms(x[r, :])), cpu::rms_norm. `out` may alias `x` (the
-// in-place per-head norm of q and k); rows are `width` wide and `stride` apart.
+// out[r, :] = weight * (x[r, :] * inv_rms(x[r, :])), cpu::rms_norm. `out` may alias `x`; rows
+// are `width` wide and `stride` apart.
 extern "C" __global__ void rms_norm_f32(
     const float* x,                    // device [num_rows, stride]
     const float* __restrict__ weight,  // device [width]

@@ -72,6 +72,14 @@ __device__ __forceinline__ float fold16(float v) {
     return v;
 }
 
+// 1 / sqrt(mean(x^2) + eps) of a row of `width` from a half-warp's lane sums of squares (lane l
+// summing elements l, l + 16, ... in order), in every lane: cpu ops::inv_rms bit for bit. Every
+// thread of the warp must call it.
+__device__ __forceinline__ float inv_rms_from_lanes(float lane_sum, int width, float eps) {
+    float total = __shfl_sync(FULL_MASK, fold16(lane_sum), 0, DOT_LANES);
+    return dvd(1.0f, __fsqrt_rn(add(dvd(total, (float)width), eps)));
+}
+
 // exp(x) for x <= 0 (no NaN), the polynomial of the CPU's exp_nonpositive step for step:
 // 2^n * e^r with x = n ln2 + r, ln2 split in two, Cephes' degree-5 minimax polynomial.
 __device__ __forceinline__ float exp_nonpositive(float x) {

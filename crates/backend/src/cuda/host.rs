@@ -265,8 +265,8 @@ fn mixed() -> BackendError {
     BackendError::Memory("a simulated buffer copied on a device's stream, or the reverse".into())
 }
 
-/// The rotary table `[max_positions, rot_dim / 2, (cos, sin)]` the rope kernel reads, with the
-/// CPU's formula: frequency `1 / theta^(2i / rot_dim)`, angle `position * frequency` in f32.
+/// The rotary table `[max_positions, rot_dim / 2, (cos, sin)]` the q/k/v heads kernel reads, with
+/// the CPU's formula: frequency `1 / theta^(2i / rot_dim)`, angle `position * frequency` in f32.
 pub fn rope_table(theta: f32, rot_dim: usize, max_positions: usize) -> Vec<f32> {
     let half = rot_dim / 2;
     let inv_freq: Vec<f32> =

@@ -34,6 +34,8 @@ pub const MMA_STAGE_GROUPS: usize = 8;
 pub const GEMM_BIG_MIN_BLOCKS: usize = 264;
 /// Rows per block of the row norms (`NORM_ROWS_PER_BLOCK`).
 pub const NORM_ROWS_PER_BLOCK: usize = 8;
+/// Heads per block of the q/k/v heads kernel (`QKV_HEADS_PER_BLOCK`).
+pub const QKV_HEADS_PER_BLOCK: usize = 8;
 /// Keys per attention tile, aligned at absolute position 0 (`ATTN_TILE`).
 pub const ATTN_TILE: usize = 32;
 /// Query rows per attention block (`ATTN_ROWS`).
@@ -159,11 +161,12 @@ pub fn per_row(rows: usize) -> Option<Shape> {
     Shape::new((rows, 1), ELEMENTWISE_THREADS, 0)
 }
 
-/// Rotary embedding: a block per (token, head), a thread per rotated pair.
-pub fn rope(num_tokens: usize, num_heads: usize, rot_dim: usize) -> Option<Shape> {
-    let threads = (rot_dim / 2).div_ceil(32) * 32;
-    (threads <= 1024).then_some(())?;
-    Shape::new((num_tokens, num_heads), threads, 0)
+/// The heads of the fused q/k/v projection: a half-warp per head, `QKV_HEADS_PER_BLOCK` heads a
+/// block, a block row per token, each head's row in shared memory.
+pub fn qkv_heads(num_tokens: usize, num_heads: usize, head_dim: usize) -> Option<Shape> {
+    let blocks = num_heads.div_ceil(QKV_HEADS_PER_BLOCK);
+    let smem = 4 * QKV_HEADS_PER_BLOCK * head_dim;
+    Shape::new((num_tokens, blocks), QKV_HEADS_PER_BLOCK * 16, smem)
 }
 
 /// Dynamic shared memory of the attention kernel for `head_dim`: the query rows, a key tile
@@ -325,6 +328,7 @@ mod tests {
             ("MMA_STAGE_WARPS", MMA_STAGE_WARPS),
             ("MMA_STAGE_GROUPS", MMA_STAGE_GROUPS),
             ("NORM_ROWS_PER_BLOCK", NORM_ROWS_PER_BLOCK),
+            ("QKV_HEADS_PER_BLOCK", QKV_HEADS_PER_BLOCK),
             ("ATTN_TILE", ATTN_TILE),
             ("ATTN_ROWS", ATTN_ROWS),
             ("ATTN_THREADS", ATTN_THREADS),
@@ -423,7 +427,8 @@ mod tests {
         let s = scan(64, 3, 64, 128).unwrap();
         assert_eq!((s.grid, s.block.0, s.smem), ((64, 3, 1), 64, 4 * (128 * 64 + 256)));
         assert!(scan(8, 1, 128, 128).unwrap().needs_smem_opt_in());
-        assert_eq!(rope(5, 12, 128).unwrap().block.0, 64);
-        assert_eq!(rope(5, 12, 24).unwrap().block.0, 32);
+        let h = qkv_heads(5, 24, 128).unwrap();
+        assert_eq!((h.grid, h.block.0, h.smem), ((5, 3, 1), 128, 4 * 8 * 128));
+        assert_eq!(qkv_heads(70_000, 25, 64).unwrap().grid, (70_000, 4, 1), "tokens along x");
     }
 }

@@ -64,12 +64,11 @@ macro_rules! units {
 units! {
     EMBED = "common/embed.cu" [];
     NORM = "common/norm.cu" [];
-    ROPE = "common/rope.cu" [];
     ACTIVATION = "common/activation.cu" [];
     GEMM = "gemm/gemm.cu" [DOT_TILE];
     GEMM_MMA = "gemm/gemm_mma.cu" [MMA_TILE];
     ATTENTION = "attention/paged_attention.cu" [];
-    KV_WRITE = "cache/kv_write.cu" [];
+    QKV_HEADS = "attention/qkv_heads.cu" [];
     STATE_COPY = "cache/state_copy.cu" [];
     ROUTER = "moe/router.cu" [];
     ALIGN = "moe/align.cu" [];
@@ -121,7 +120,6 @@ kernel_ids! {
     EmbedGatherF32 = "embed_gather_f32" in EMBED;
     RmsNorm = "rms_norm_f32" in NORM;
     AddRmsNorm = "add_rms_norm_f32" in NORM;
-    RopeNeox = "rope_neox_f32" in ROPE;
     SiluMul = "silu_mul_f32" in ACTIVATION;
     Relu2 = "relu2_f32" in ACTIVATION;
     Scale = "scale_f32" in ACTIVATION;
@@ -134,7 +132,7 @@ kernel_ids! {
     GemmBf16MmaStagedWide = "gemm_bf16w_mma_staged_wide" in GEMM_MMA;
     PagedAttention = "paged_attention_bf16kv" in ATTENTION;
     AttentionCombine = "attention_combine_f32" in ATTENTION;
-    KvWrite = "kv_write_bf16" in KV_WRITE;
+    QkvHeads = "qkv_heads_f32" in QKV_HEADS;
     StateCopy = "state_copy_f32" in STATE_COPY;
     MoeRouter = "moe_router_topk" in ROUTER;
     MoeSortPairs = "moe_sort_pairs" in ALIGN;

@@ -9,7 +9,7 @@ use routed_backend::{
     cuda::{
         ArenaLayout, CudaDevice, DeviceArena,
         launch::{attention_items, attention_parts},
-        ops::{AttentionBuffers, AttentionParams, AttentionSplit},
+        ops::{AttentionBuffers, AttentionParams, AttentionSplit, QkvHeadsBuffers, QkvHeadsParams},
         pools::KvPool,
     },
 };
@@ -105,14 +105,15 @@ fn step(
 ) -> Vec<Vec<f32>> {
     let p = &case.p;
     let (width, qw) = (p.num_kv_heads * p.head_dim, p.num_heads * p.head_dim);
-    let (mut q, mut k, mut v, mut pos, mut slots, mut starts, mut tables) =
-        (vec![], vec![], vec![], vec![], vec![], vec![0i32], vec![]);
+    let (mut qkv, mut pos, mut slots, mut starts, mut tables) =
+        (vec![], vec![], vec![], vec![0i32], vec![]);
     for &(s, first, len) in chunks {
         let seq = &case.seqs[s];
-        q.extend_from_slice(&seq.q[first * qw..(first + len) * qw]);
-        k.extend_from_slice(&seq.k[first * width..(first + len) * width]);
-        v.extend_from_slice(&seq.v[first * width..(first + len) * width]);
         for t in first..first + len {
+            // The fused projection's layout: a token's queries, keys, then values.
+            qkv.extend_from_slice(&seq.q[t * qw..(t + 1) * qw]);
+            qkv.extend_from_slice(&seq.k[t * width..(t + 1) * width]);
+            qkv.extend_from_slice(&seq.v[t * width..(t + 1) * width]);
             pos.push(t as i32);
             slots.push(cache.kv.slot(&seq.table, t).unwrap() as i32);
         }
@@ -123,8 +124,8 @@ fn step(
     let items: Vec<i32> = attention_items(&lens, p.num_heads / p.num_kv_heads).concat();
     let n = pos.len();
     let mut plan = Plan::new(dev);
-    let (qs, ks, vs, ps, ss) =
-        (plan.input(&q), plan.input(&k), plan.input(&v), plan.input(&pos), plan.input(&slots));
+    let (qkvs, qs, ps, ss) =
+        (plan.input(&qkv), plan.output::<f32>(n * qw), plan.input(&pos), plan.input(&slots));
     let (sts, tbs, its, out) =
         (plan.input(&starts), plan.input(&tables), plan.input(&items), plan.output::<f32>(n * qw));
     let max_pos = pos.iter().max().map_or(0, |&p| p as usize);
@@ -138,7 +139,27 @@ fn step(
         s.sub(case.kv_offset, s.len() - p.block_size * width).unwrap()
     };
     let (kc, vc) = (at(cache.kv.k[0]), at(cache.kv.v[0]));
-    dev.kv_write(m.get(ks), m.get(vs), m.get(ss), kc, vc, n, width).unwrap();
+    // The step's keys and values into the cache (no norm, no rotary: the queries pass through).
+    let heads = QkvHeadsParams {
+        num_heads: p.num_heads,
+        num_kv_heads: p.num_kv_heads,
+        head_dim: p.head_dim,
+        rot_dim: p.head_dim,
+        eps: 1e-6,
+    };
+    let (positions, slots, q) = (m.get(ps), m.get(ss), m.get(qs));
+    let written = QkvHeadsBuffers {
+        qkv: m.get(qkvs),
+        q_norm: None,
+        k_norm: None,
+        cos_sin: None,
+        positions,
+        slots,
+        q,
+        k_cache: kc,
+        v_cache: vc,
+    };
+    dev.qkv_heads(&heads, &written, n).unwrap();
     let bufs = AttentionBuffers {
         q: m.get(qs),
         k_cache: kc,

@@ -7,7 +7,7 @@ use routed_backend::{
     cpu::{self, Matrix, MatrixData},
     cuda::{
         host::rope_table,
-        ops::{GemmTiling, Weights},
+        ops::{GemmTiling, QkvHeadsBuffers, QkvHeadsParams, Weights},
     },
 };
 
@@ -112,42 +112,87 @@ fn rms_norms_equal_the_cpu_and_do_not_depend_on_the_batch() {
     });
 }
 
+/// The CPU attention layer's rotation, written out: pairs (i, i + rot/2) of the first `rot` dims,
+/// angles per position.
+fn rotate_like_the_cpu(head: &mut [f32], pos: i32, rot: usize) {
+    let half = rot / 2;
+    for i in 0..half {
+        let f = 1.0 / 1e6f32.powf((2 * i) as f32 / rot as f32);
+        let (sin, cos) = (pos as f32 * f).sin_cos();
+        let (x0, x1) = (head[i], head[i + half]);
+        head[i] = x0 * cos - x1 * sin;
+        head[i + half] = x1 * cos + x0 * sin;
+    }
+}
+
+/// The fused projection's heads: queries normed and rotated, keys normed, rotated and rounded into
+/// their slots, values rounded into theirs, bit for bit the CPU layer's; a negative slot writes
+/// nothing. Head widths whose rotation pairs sit in one lane (64) and in different lanes (80,
+/// partially rotated), with and without the per-head norms.
 #[test]
-fn per_head_norm_and_rotary_equal_the_cpu() {
-    let Some(dev) = gpu_or_skip("per_head_norm_and_rotary_equal_the_cpu") else { return };
-    let (n, nq, nk, hd) = (19, 4, 2, 64);
+fn qkv_heads_norm_rotate_and_cache_like_the_cpu() {
+    let Some(dev) = gpu_or_skip("qkv_heads_norm_rotate_and_cache_like_the_cpu") else { return };
+    let (n, nq, nk, num_slots) = (19, 4, 2, 64);
     let mut rng = Rng::new(3);
-    let (q, k) = (rng.vec(n * nq * hd, -2.0, 2.0), rng.vec(n * nk * hd, -2.0, 2.0));
-    let qn = rng.vec(hd, 0.5, 1.5);
-    let positions: Vec<i32> = (0..n as i32).map(|i| i * 37 % 500).collect();
-    let table = rope_table(1e6, hd, 512);
-    let mut p = Plan::new(dev);
-    let (qs, ks, ts, ps, ws) =
-        (p.input(&q), p.input(&k), p.input(&table), p.input(&positions), p.input(&qn));
-    let m = p.alloc();
-    dev.rms_norm(m.get(qs), m.get(ws), m.get(qs), n * nq, hd, hd, 1e-6).unwrap();
-    dev.rope_neox(m.get(qs), m.get(ks), m.get(ts), m.get(ps), n, (nq, nk), hd, hd).unwrap();
-    let (mut want_q, mut want_k) = (q.clone(), k.clone());
-    cpu::rms_norm_inplace(&mut want_q, &qn, 1e-6);
-    // The CPU attention layer's rotation, written out: pairs (i, i + d/2), angles per position.
-    let half = hd / 2;
-    for (t, &pos) in positions.iter().enumerate() {
-        let inv: Vec<f32> =
-            (0..half).map(|i| 1.0 / 1e6f32.powf((2 * i) as f32 / hd as f32)).collect();
-        for head in want_q[t * nq * hd..(t + 1) * nq * hd]
-            .chunks_exact_mut(hd)
-            .chain(want_k[t * nk * hd..(t + 1) * nk * hd].chunks_exact_mut(hd))
-        {
-            for (i, &f) in inv.iter().enumerate() {
-                let (sin, cos) = (pos as f32 * f).sin_cos();
-                let (x0, x1) = (head[i], head[i + half]);
-                head[i] = x0 * cos - x1 * sin;
-                head[i + half] = x1 * cos + x0 * sin;
+    for (hd, rot, normed) in [(64, 64, true), (80, 48, true), (64, 64, false)] {
+        let (qw, kw) = (nq * hd, nk * hd);
+        let qkv = rng.vec(n * (qw + 2 * kw), -2.0, 2.0);
+        let (qn, kn) = (rng.vec(hd, 0.5, 1.5), rng.vec(hd, 0.5, 1.5));
+        let positions: Vec<i32> = (0..n as i32).map(|i| i * 37 % 500).collect();
+        let slots: Vec<i32> = (0..n as i32).map(|i| if i % 7 == 3 { -1 } else { i * 3 }).collect();
+        let table = rope_table(1e6, rot, 512);
+        let mut p = Plan::new(dev);
+        let (xs, qns, kns, ts) = (p.input(&qkv), p.input(&qn), p.input(&kn), p.input(&table));
+        let (ps, ss, qs) = (p.input(&positions), p.input(&slots), p.output::<f32>(n * qw));
+        let (kc, vc) = (p.output::<bf16>(num_slots * kw), p.output::<bf16>(num_slots * kw));
+        let m = p.alloc();
+        let params = QkvHeadsParams {
+            num_heads: nq,
+            num_kv_heads: nk,
+            head_dim: hd,
+            rot_dim: rot,
+            eps: 1e-6,
+        };
+        let buffers = QkvHeadsBuffers {
+            qkv: m.get(xs),
+            q_norm: normed.then(|| m.get(qns)),
+            k_norm: normed.then(|| m.get(kns)),
+            cos_sin: Some(m.get(ts)),
+            positions: m.get(ps),
+            slots: m.get(ss),
+            q: m.get(qs),
+            k_cache: m.get(kc),
+            v_cache: m.get(vc),
+        };
+        dev.qkv_heads(&params, &buffers, n).unwrap();
+        let (mut want_q, mut want_k, mut want_v) =
+            (Vec::new(), vec![bf16::ZERO; num_slots * kw], vec![bf16::ZERO; num_slots * kw]);
+        for (t, token) in qkv.chunks_exact(qw + 2 * kw).enumerate() {
+            let (mut q, mut k, v) =
+                (token[..qw].to_vec(), token[qw..qw + kw].to_vec(), &token[qw + kw..]);
+            if normed {
+                cpu::rms_norm_inplace(&mut q, &qn, 1e-6);
+                cpu::rms_norm_inplace(&mut k, &kn, 1e-6);
+            }
+            for head in q.chunks_exact_mut(hd).chain(k.chunks_exact_mut(hd)) {
+                rotate_like_the_cpu(head, positions[t], rot);
+            }
+            want_q.extend_from_slice(&q);
+            if slots[t] >= 0 {
+                let at = slots[t] as usize * kw;
+                for i in 0..kw {
+                    want_k[at + i] = bf16::from_f32(k[i]);
+                    want_v[at + i] = bf16::from_f32(v[i]);
+                }
             }
         }
+        let what = format!("head_dim {hd}, rot_dim {rot}, normed {normed}");
+        assert_bits(&format!("{what}: queries"), &m.read(qs), &want_q);
+        let same =
+            |a: &[bf16], b: &[bf16]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same(&m.read(kc), &want_k), "{what}: keys");
+        assert!(same(&m.read(vc), &want_v), "{what}: values");
     }
-    assert_bits("q after norm and rope", &m.read(qs), &want_q);
-    assert_bits("k after rope", &m.read(ks), &want_k);
 }
 
 #[test]
@@ -245,38 +290,16 @@ fn activations_equal_the_cpu() {
 }
 
 #[test]
-fn kv_write_rounds_to_bf16_at_the_mapped_slots_and_state_copy_moves_slots() {
-    let Some(dev) =
-        gpu_or_skip("kv_write_rounds_to_bf16_at_the_mapped_slots_and_state_copy_moves_slots")
-    else {
-        return;
-    };
-    let (n, width, slots) = (10, 96, 64);
+fn state_copy_moves_slots() {
+    let Some(dev) = gpu_or_skip("state_copy_moves_slots") else { return };
     let mut rng = Rng::new(6);
-    let (k, v) = (rng.vec(n * width, -5.0, 5.0), rng.vec(n * width, -5.0, 5.0));
-    let map: Vec<i32> = vec![3, 60, 17, -1, 0, 63, 18, 19, -1, 5];
-    let mut p = Plan::new(dev);
-    let (ks, vs, ms) = (p.input(&k), p.input(&v), p.input(&map));
-    let (kc, vc) = (p.output::<bf16>(slots * width), p.output::<bf16>(slots * width));
     let slot_len = 1000;
     let live = rng.vec(4 * slot_len, -1.0, 1.0);
     let snaps = rng.vec(3 * slot_len, -1.0, 1.0);
+    let mut p = Plan::new(dev);
     let (ls, ss) = (p.input(&live), p.input(&snaps));
     let pairs = p.input(&[2i32, 0, -1, 3]);
     let m = p.alloc();
-    dev.kv_write(m.get(ks), m.get(vs), m.get(ms), m.get(kc), m.get(vc), n, width).unwrap();
-    let (got_k, got_v) = (m.read(kc), m.read(vc));
-    let mut want_k = vec![bf16::ZERO; slots * width];
-    let mut want_v = want_k.clone();
-    for (t, &s) in map.iter().enumerate().filter(|(_, s)| **s >= 0) {
-        for i in 0..width {
-            want_k[s as usize * width + i] = bf16::from_f32(k[t * width + i]);
-            want_v[s as usize * width + i] = bf16::from_f32(v[t * width + i]);
-        }
-    }
-    assert!(got_k.iter().zip(&want_k).all(|(a, b)| a.to_bits() == b.to_bits()), "keys");
-    assert!(got_v.iter().zip(&want_v).all(|(a, b)| a.to_bits() == b.to_bits()), "values");
-
     // Restore snapshot 2 into live slot 0, clear live slot 3.
     dev.state_copy(m.get(ss), m.get(ls), m.get(pairs), 2, slot_len).unwrap();
     let mut want = live.clone();

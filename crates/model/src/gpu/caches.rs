@@ -53,9 +53,10 @@ pub(crate) struct Activations {
     pub x: Span<f32>,
     pub normed: Span<f32>,
     pub branch: Span<f32>,
+    /// The fused projection's heads, `[tokens, num_heads + 2 * num_kv_heads, head_dim]`.
+    pub qkv: Span<f32>,
+    /// The queries normed and rotated, `[tokens, num_heads, head_dim]`.
     pub q: Span<f32>,
-    pub k: Span<f32>,
-    pub v: Span<f32>,
     pub attn: Span<f32>,
     /// Split attention's partition results, `[ATTENTION_SPLIT_MAX_SEQS, num_heads, parts,
     /// 2 + head_dim]` with the partitions of `max_positions`.
@@ -234,9 +235,8 @@ fn activations(
         x: l.push(n * h),
         normed: l.push(n * h),
         branch: l.push(n * h),
+        qkv: l.push(n * (attn_q + 2 * attn_kv)),
         q: l.push(n * attn_q),
-        k: l.push(n * attn_kv),
-        v: l.push(n * attn_kv),
         attn: l.push(n * attn_q),
         attn_partials: l.push(config.attention.as_ref().map_or(0, |a| {
             let parts = attention_parts(shape.max_positions, ATTN_PARTITION_TILES);

@@ -21,7 +21,8 @@ use routed_backend::{
         launch::{ATTN_PARTITION_TILES, ATTN_TILE, attention_parts},
         ops::{
             AttentionBuffers, AttentionParams, AttentionSplit, ConvParams, ExpertActivation,
-            MambaSeqs, MoeSortBuffers, RouterParams, ScanParams, ScanWeights, Weights,
+            MambaSeqs, MoeSortBuffers, QkvHeadsBuffers, QkvHeadsParams, RouterParams, ScanParams,
+            ScanWeights, Weights,
         },
     },
     step_inputs::{PackedStep, Section, StepInputLayout},
@@ -292,25 +293,30 @@ impl Ctx<'_> {
     ) -> Result<()> {
         let (dev, act, n) = (&self.model.dev, self.act, self.step.num_tokens);
         let c = &b.cfg;
-        let (q, k, v, heads) =
-            (self.f32(act.q)?, self.f32(act.k)?, self.f32(act.v)?, self.f32(act.attn)?);
-        self.gemm(normed, &b.q, q)?;
-        self.gemm(normed, &b.k, k)?;
-        self.gemm(normed, &b.v, v)?;
-        if let (Some(qn), Some(kn)) = (b.q_norm, b.k_norm) {
-            let hd = c.head_dim;
-            dev.rms_norm(q, self.weight(qn)?, q, n * c.num_heads, hd, hd, b.eps)?;
-            dev.rms_norm(k, self.weight(kn)?, k, n * c.num_kv_heads, hd, hd, b.eps)?;
-        }
-        if let Some(rope) = self.caches.rope.filter(|_| c.rope_theta.is_some()) {
-            let heads = (c.num_heads, c.num_kv_heads);
-            let table = self.f32(rope)?;
-            dev.rope_neox(q, k, table, self.v.positions, n, heads, c.head_dim, c.head_dim)?;
-        }
+        let (qkv, q, heads) = (self.f32(act.qkv)?, self.f32(act.q)?, self.f32(act.attn)?);
+        self.gemm(normed, &b.qkv, qkv)?;
         let kv = &self.caches.kv;
         let (kc, vc) = (self.arena.get(kv.k[b.kv_index])?, self.arena.get(kv.v[b.kv_index])?);
-        let width = c.num_kv_heads * c.head_dim;
-        dev.kv_write(k, v, self.v.slot_mapping, kc, vc, n, width)?;
+        let rope = self.caches.rope.filter(|_| c.rope_theta.is_some());
+        let params = QkvHeadsParams {
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            rot_dim: c.head_dim,
+            eps: b.eps,
+        };
+        let buffers = QkvHeadsBuffers {
+            qkv,
+            q_norm: b.q_norm.map(|s| self.weight(s)).transpose()?,
+            k_norm: b.k_norm.map(|s| self.weight(s)).transpose()?,
+            cos_sin: rope.map(|s| self.f32(s)).transpose()?,
+            positions: self.v.positions,
+            slots: self.v.slot_mapping,
+            q,
+            k_cache: kc,
+            v_cache: vc,
+        };
+        dev.qkv_heads(&params, &buffers, n)?;
         let params = AttentionParams {
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,

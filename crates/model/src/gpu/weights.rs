@@ -53,9 +53,9 @@ impl GpuMatrixData {
 pub(crate) struct GpuAttention {
     pub cfg: AttentionConfig,
     pub kv_index: usize,
-    pub q: GpuMatrix,
-    pub k: GpuMatrix,
-    pub v: GpuMatrix,
+    /// The query, key and value projections stacked `[q rows + 2 * kv rows, hidden]`: one product
+    /// gives every head of a token, each output with the bits of its own projection's.
+    pub qkv: GpuMatrix,
     pub o: GpuMatrix,
     pub q_norm: Option<Span<f32>>,
     pub k_norm: Option<Span<f32>>,
@@ -154,6 +154,49 @@ impl<'m> Plan<'m> {
         GpuMatrix { data, rows: m.rows(), cols: m.cols() }
     }
 
+    /// Matrices of one width stacked row-wise into one `[sum of rows, cols]` in their storage and
+    /// arithmetic, which must be one for all: a product with it gives each part's outputs side by
+    /// side, bit for bit each part's own (every output's sum runs over its weight row alone).
+    fn concatenated(&mut self, parts: &[&'m Matrix]) -> Result<GpuMatrix> {
+        let (first, cols) = (parts[0], parts[0].cols());
+        let rows = parts.iter().map(|m| m.rows()).sum();
+        let bf16 = matches!(first.data(), MatrixData::Bf16(_));
+        let same = |m: &&Matrix| {
+            m.cols() == cols
+                && m.precision() == first.precision()
+                && matches!(m.data(), MatrixData::Bf16(_)) == bf16
+        };
+        if !parts.iter().all(same) {
+            return Err(unsupported(
+                "attention projections of different widths, storage or precision (they are \
+                 stacked in one matrix)"
+                    .into(),
+            ));
+        }
+        let data = match bf16 {
+            true => GpuMatrixData::bf16(self.layout.push::<bf16>(rows * cols), first.precision()),
+            false => GpuMatrixData::F32(self.layout.push::<f32>(rows * cols)),
+        };
+        let mut at = 0;
+        for m in parts {
+            let len = m.rows() * cols;
+            let fill: Fill<'m> = match (data, m.data()) {
+                (GpuMatrixData::Bf16(span) | GpuMatrixData::Bf16Mma(span), MatrixData::Bf16(v)) => {
+                    let part = span.sub(at, len).expect("laid out for every part");
+                    Box::new(move |a| a.upload(part, v).map_err(|e| e.to_string()))
+                }
+                (GpuMatrixData::F32(span), MatrixData::F32(v)) => {
+                    let part = span.sub(at, len).expect("laid out for every part");
+                    Box::new(move |a| a.upload(part, v).map_err(|e| e.to_string()))
+                }
+                _ => unreachable!("every part has the first's storage"),
+            };
+            self.fills.push(fill);
+            at += len;
+        }
+        Ok(GpuMatrix { data, rows, cols })
+    }
+
     /// The same projection of every expert given, stacked `[experts, rows, cols]` in the
     /// experts' storage (bf16, or f32 for an f32 or f16 checkpoint) and arithmetic, which must be
     /// one for all.
@@ -217,7 +260,7 @@ impl<'m> Laid<'m> {
         for layer in &model.layers {
             if let Some((norm, mixer)) = &layer.mixer {
                 let block = match mixer {
-                    Mixer::Attention(a) => GpuBlock::Attention(attention(&mut plan, a)),
+                    Mixer::Attention(a) => GpuBlock::Attention(attention(&mut plan, a)?),
                     Mixer::Mamba(m) => GpuBlock::Mamba(mamba(&mut plan, m)),
                 };
                 blocks.push((plan.vector(norm), block));
@@ -303,18 +346,16 @@ impl GpuWeights {
     }
 }
 
-fn attention<'m>(plan: &mut Plan<'m>, a: &'m Attention) -> GpuAttention {
-    GpuAttention {
+fn attention<'m>(plan: &mut Plan<'m>, a: &'m Attention) -> Result<GpuAttention> {
+    Ok(GpuAttention {
         cfg: a.cfg.clone(),
         kv_index: a.kv_index,
-        q: plan.matrix(&a.q_proj),
-        k: plan.matrix(&a.k_proj),
-        v: plan.matrix(&a.v_proj),
+        qkv: plan.concatenated(&[&a.q_proj, &a.k_proj, &a.v_proj])?,
         o: plan.matrix(&a.o_proj),
         q_norm: a.q_norm.as_deref().map(|w| plan.vector(w)),
         k_norm: a.k_norm.as_deref().map(|w| plan.vector(w)),
         eps: a.norm_eps,
-    }
+    })
 }
 
 fn mamba<'m>(plan: &mut Plan<'m>, m: &'m Mamba) -> GpuMamba {

@@ -1,4 +1,4 @@
-//! The paged KV write, attention over the paged cache, and state slot copies.
+//! The step's heads into the paged KV cache, attention over it, and state slot copies.
 
 use super::{bad, fits, int, launch, shape};
 use crate::{
@@ -27,6 +27,46 @@ pub struct AttentionParams {
     /// Tiles per partition ([`cfg::ATTN_PARTITION_TILES`] in the engine): a row's online
     /// softmax restarts at every partition and the partitions are folded in order.
     pub partition_tiles: usize,
+}
+
+/// The shape of the heads that [`CudaDevice::qkv_heads`] takes from a fused q/k/v projection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QkvHeadsParams {
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+    /// Leading dims of a head that are rotated (even, at most `head_dim`); ignored without a
+    /// rotary table.
+    pub rot_dim: usize,
+    /// The per-head norms' epsilon.
+    pub eps: f32,
+}
+
+/// The buffers of one [`CudaDevice::qkv_heads`] launch.
+#[derive(Clone, Copy, Debug)]
+pub struct QkvHeadsBuffers<'a> {
+    /// The fused projection, `[num_tokens, num_heads + 2 * num_kv_heads, head_dim]`: queries,
+    /// then keys, then values.
+    pub qkv: DevSlice<'a, f32>,
+    /// The queries' per-head norm weight, `[head_dim]`.
+    pub q_norm: Option<DevSlice<'a, f32>>,
+    /// The keys' per-head norm weight, `[head_dim]`.
+    pub k_norm: Option<DevSlice<'a, f32>>,
+    /// The rotary table ([`crate::cuda::host::rope_table`]); `None`: no rotary embedding.
+    pub cos_sin: Option<DevSlice<'a, f32>>,
+    /// `[num_tokens]`, inside the rotary table.
+    pub positions: DevSlice<'a, i32>,
+    /// Each token's cache slot, `[num_tokens]`.
+    pub slots: DevSlice<'a, i32>,
+    /// The normed, rotated queries, `[num_tokens, num_heads, head_dim]`.
+    pub q: DevSlice<'a, f32>,
+    /// This layer's keys, `[num_slots, num_kv_heads, head_dim]`.
+    pub k_cache: DevSlice<'a, bf16>,
+    /// This layer's values, same layout.
+    pub v_cache: DevSlice<'a, bf16>,
 }
 
 /// Where split attention writes each partition's results before they are folded.
@@ -72,35 +112,58 @@ pub struct AttentionBuffers<'a> {
 }
 
 impl CudaDevice {
-    /// Writes `num_tokens` keys and values (`[num_tokens, width]`) to their slots of one layer's
-    /// cache, rounded to bf16; a negative slot writes nothing (`kv_write_bf16`).
-    #[allow(clippy::too_many_arguments)] // the kernel's own parameters
-    pub fn kv_write(
+    /// The heads of `num_tokens` tokens from the fused q/k/v projection (`qkv_heads_f32`): each
+    /// query head normed by `q_norm` (when given) and rotated into `q`; each key head normed by
+    /// `k_norm` and rotated, and each value head, written to the token's slot of one layer's
+    /// cache, rounded to bf16. A negative slot writes no key or value. The CPU layer's bits.
+    pub fn qkv_heads(
         &self,
-        k: DevSlice<'_, f32>,
-        v: DevSlice<'_, f32>,
-        slots: DevSlice<'_, i32>,
-        k_cache: DevSlice<'_, bf16>,
-        v_cache: DevSlice<'_, bf16>,
+        p: &QkvHeadsParams,
+        b: &QkvHeadsBuffers<'_>,
         num_tokens: usize,
-        width: usize,
     ) -> Result<(), BackendError> {
-        let id = KernelId::KvWrite;
-        fits(id, "k", &k, num_tokens * width)?;
-        fits(id, "v", &v, num_tokens * width)?;
-        fits(id, "slots", &slots, num_tokens)?;
-        if k_cache.len() != v_cache.len() || !k_cache.len().is_multiple_of(width) {
+        let id = KernelId::QkvHeads;
+        let (hd, nq, nkv) = (p.head_dim, p.num_heads, p.num_kv_heads);
+        let rotary = b.cos_sin.is_some();
+        if hd == 0 || (rotary && (p.rot_dim == 0 || p.rot_dim > hd || !p.rot_dim.is_multiple_of(2)))
+        {
+            return Err(bad(id, format!("rot_dim {} with head_dim {hd}", p.rot_dim)));
+        }
+        fits(id, "qkv", &b.qkv, num_tokens * (nq + 2 * nkv) * hd)?;
+        fits(id, "q", &b.q, num_tokens * nq * hd)?;
+        fits(id, "positions", &b.positions, num_tokens)?;
+        fits(id, "slots", &b.slots, num_tokens)?;
+        for (what, norm) in [("q_norm", &b.q_norm), ("k_norm", &b.k_norm)] {
+            if let Some(w) = norm {
+                fits(id, what, w, hd)?;
+            }
+        }
+        if let Some(table) = &b.cos_sin {
+            fits(id, "cos_sin", table, p.rot_dim)?;
+        }
+        let slot_width = nkv * hd;
+        if b.k_cache.len() != b.v_cache.len() || !b.k_cache.len().is_multiple_of(slot_width) {
             return Err(bad(id, "the key and value caches must be whole slots of the same size"));
         }
-        let sh = shape(id, cfg::per_token(width, num_tokens))?;
-        let (k, v, slots, kc, vc) =
-            (k.addr(), v.addr(), slots.addr(), k_cache.addr(), v_cache.addr());
-        let width = int(id, "width", width)?;
-        launch!(self, id, sh, [k, v, slots, kc, vc, width])
+        let sh = shape(id, cfg::qkv_heads(num_tokens, nq + 2 * nkv, hd))?;
+        let addr = |s: &Option<DevSlice<'_, f32>>| s.as_ref().map_or(0, |s| s.addr());
+        let (qkv, q_norm, k_norm, cos_sin) =
+            (b.qkv.addr(), addr(&b.q_norm), addr(&b.k_norm), addr(&b.cos_sin));
+        let (positions, slots, q) = (b.positions.addr(), b.slots.addr(), b.q.addr());
+        let (kc, vc) = (b.k_cache.addr(), b.v_cache.addr());
+        let (nq, nkv) = (int(id, "num_heads", nq)?, int(id, "num_kv_heads", nkv)?);
+        let (hd, rot) = (int(id, "head_dim", hd)?, int(id, "rot_dim", p.rot_dim)?);
+        let eps = p.eps;
+        launch!(
+            self,
+            id,
+            sh,
+            [qkv, q_norm, k_norm, cos_sin, positions, slots, q, kc, vc, nq, nkv, hd, rot, eps]
+        )
     }
 
     /// Attention of the step's queries over the paged cache (`paged_attention_bf16kv`). The
-    /// step's keys and values must already be written ([`CudaDevice::kv_write`]). With `split`,
+    /// step's keys and values must already be written ([`CudaDevice::qkv_heads`]). With `split`,
     /// each CTA takes one partition of its rows' keys and `attention_combine_f32` folds them:
     /// the same bits as without, from more CTAs (for decode of a few sequences over long
     /// contexts).

@@ -95,38 +95,6 @@ impl CudaDevice {
         )
     }
 
-    /// Rotary embedding in place on `q` and `k` (neox layout, the first `rot_dim` dims of each
-    /// head), angles from `cos_sin` ([`crate::cuda::host::rope_table`]) at each token's position
-    /// (`rope_neox_f32`). Positions must lie inside the table.
-    #[allow(clippy::too_many_arguments)] // the kernel's own parameters, each a plain size
-    pub fn rope_neox(
-        &self,
-        q: DevSlice<'_, f32>,
-        k: DevSlice<'_, f32>,
-        cos_sin: DevSlice<'_, f32>,
-        positions: DevSlice<'_, i32>,
-        num_tokens: usize,
-        heads: (usize, usize),
-        head_dim: usize,
-        rot_dim: usize,
-    ) -> Result<(), BackendError> {
-        let id = KernelId::RopeNeox;
-        let (num_q_heads, num_k_heads) = heads;
-        if rot_dim > head_dim || !rot_dim.is_multiple_of(2) || rot_dim == 0 {
-            return Err(super::bad(id, format!("rot_dim {rot_dim} with head_dim {head_dim}")));
-        }
-        fits(id, "q", &q, num_tokens * num_q_heads * head_dim)?;
-        fits(id, "k", &k, num_tokens * num_k_heads * head_dim)?;
-        fits(id, "positions", &positions, num_tokens)?;
-        fits(id, "cos_sin", &cos_sin, rot_dim)?;
-        let sh = shape(id, cfg::rope(num_tokens, num_q_heads + num_k_heads, rot_dim))?;
-        let (q, k, cos_sin, positions) = (q.addr(), k.addr(), cos_sin.addr(), positions.addr());
-        let nq = num_q_heads as i32;
-        let nk = num_k_heads as i32;
-        let (head_dim, rot_dim) = (int(id, "head_dim", head_dim)?, int(id, "rot_dim", rot_dim)?);
-        launch!(self, id, sh, [q, k, cos_sin, positions, nq, nk, head_dim, rot_dim])
-    }
-
     /// `a[i] *= silu(g[i])` over `n` elements (`silu_mul_f32`).
     pub fn silu_mul(
         &self,

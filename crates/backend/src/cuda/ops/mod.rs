@@ -14,7 +14,9 @@ mod moe;
 mod sample;
 mod ssm;
 
-pub use attention::{AttentionBuffers, AttentionParams, AttentionSplit};
+pub use attention::{
+    AttentionBuffers, AttentionParams, AttentionSplit, QkvHeadsBuffers, QkvHeadsParams,
+};
 pub use gemm::GemmTiling;
 pub use moe::{ExpertActivation, ExpertShard, MoeSortBuffers, RouterKind, RouterParams};
 pub use ssm::{ConvParams, MambaSeqs, ScanParams, ScanWeights};
