@@ -77,14 +77,16 @@ fn product_cases(
     let mut records = Vec::new();
     for (what, n, k) in products(c) {
         // The CPU's arithmetic, then bf16 precision on tensor cores, in each tiling (the engine
-        // takes GemmTiling::for_shape's).
-        for (prefix, kernel, mma, tiling) in [
+        // takes GemmTiling::for_shape's); the row kernel at one row only, where it is taken (it
+        // reads the weights once per row).
+        let row = (m == 1).then_some(("gemm_row", "gemm_bf16w_f32_row", false, GemmTiling::Row));
+        for (prefix, kernel, mma, tiling) in row.into_iter().chain([
             ("gemm", "gemm_bf16w_f32", false, GemmTiling::Thin),
             ("gemm_staged", "gemm_bf16w_f32_staged", false, GemmTiling::Staged),
             ("gemm_mma", "gemm_bf16w_mma", true, GemmTiling::Thin),
             ("gemm_mma_staged", "gemm_bf16w_mma_staged", true, GemmTiling::Staged),
             ("gemm_mma_wide", "gemm_bf16w_mma_staged_wide", true, GemmTiling::StagedWide),
-        ] {
+        ]) {
             let case = Case {
                 scenario: format!("{prefix}_{what}_m{m}"),
                 kernel: kernel.into(),

@@ -47,6 +47,58 @@ extern "C" __global__ void __launch_bounds__(128) gemm_f32w_f32(
     gemm_body(x, w, out, m, n, k);
 }
 
+// The one-row variants, for a decode step of one sequence. There the thin kernel's half-warp
+// walks k in rounds of DOT_UNROLL stripes, each a memory latency (eight rounds at k = 1024), and
+// its four columns keep the product's blocks fewer than the SMs for most projections. Here a
+// half-warp takes one column of one row and has DOT_ROW_UNROLL stripes in flight, so k = 1024
+// takes two rounds and a 1024-wide projection 128 blocks; the order of the sums is dot_tile's.
+//
+// Block: 128 threads, GEMM_HALF_WARPS half-warps along n. Grid: (m, ceil(n / GEMM_HALF_WARPS)).
+
+#define DOT_ROW_UNROLL 32
+
+template <typename W>
+__device__ __forceinline__ void gemm_row_body(
+    const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ out,
+    int n_cols, int k) {
+    const int lane = threadIdx.x % DOT_LANES;
+    const int col = blockIdx.y * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES;
+    const W* wr = col < n_cols ? w + (u64)col * k : nullptr;
+    const float* xr = x + (u64)blockIdx.x * k;
+    float acc = 0.0f;
+    int c = lane;
+    for (; c + (DOT_ROW_UNROLL - 1) * DOT_LANES < k; c += DOT_ROW_UNROLL * DOT_LANES) {
+        float wv[DOT_ROW_UNROLL], xv[DOT_ROW_UNROLL];
+#pragma unroll
+        for (int u = 0; u < DOT_ROW_UNROLL; ++u) {
+            wv[u] = wr ? load_weight(wr + c + u * DOT_LANES) : 0.0f;
+            xv[u] = xr[c + u * DOT_LANES];
+        }
+#pragma unroll
+        for (int u = 0; u < DOT_ROW_UNROLL; ++u) acc = add(acc, mul(xv[u], wv[u]));
+    }
+    // The last stripes, one at a time.
+    for (; c < k; c += DOT_LANES) acc = add(acc, mul(xr[c], wr ? load_weight(wr + c) : 0.0f));
+    const float v = fold16(acc);
+    if (lane == 0 && wr) out[(u64)blockIdx.x * n_cols + col] = v;
+}
+
+extern "C" __global__ void __launch_bounds__(128) gemm_bf16w_f32_row(
+    const float* __restrict__ x,   // device [m, k]
+    const bf16_t* __restrict__ w,  // device [n, k]
+    float* __restrict__ out,       // device [m, n]
+    int m, int n, int k) {
+    gemm_row_body(x, w, out, n, k);
+}
+
+extern "C" __global__ void __launch_bounds__(128) gemm_f32w_f32_row(
+    const float* __restrict__ x,  // device [m, k]
+    const float* __restrict__ w,  // device [n, k]
+    float* __restrict__ out,      // device [m, n]
+    int m, int n, int k) {
+    gemm_row_body(x, w, out, n, k);
+}
+
 // The staged variants, for products of more than 8 rows. Above, a half-warp reads its own 4 input
 // rows (f32, twice the bytes of its 4 weight rows) and a weight is read once per 4 rows, so at 64
 // rows the LM head moves about fifty times its weights' bytes through L2. Here a block's

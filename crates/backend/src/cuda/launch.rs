@@ -113,6 +113,12 @@ pub fn gemm(m: usize, n: usize) -> Option<Shape> {
     Shape::new((m.div_ceil(GEMM_RM), n.div_ceil(cols_per_block)), GEMM_HALF_WARPS * 16, 0)
 }
 
+/// The one-row matrix product of `m` rows by `n` columns: a half-warp per output, a block row
+/// per input row.
+pub fn gemm_row(m: usize, n: usize) -> Option<Shape> {
+    Shape::new((m, n.div_ceil(GEMM_HALF_WARPS)), GEMM_HALF_WARPS * 16, 0)
+}
+
 /// The staged matrix product of `m` rows by `n` columns: blocks of `GEMM_STAGE_ROWS` rows by
 /// `GEMM_HALF_WARPS * GEMM_RN` columns (their inputs in static shared memory).
 pub fn gemm_staged(m: usize, n: usize) -> Option<Shape> {
@@ -362,6 +368,9 @@ mod tests {
         assert_eq!(gemm_mma(513, 65).unwrap().grid, (17, 2, 1));
         assert!(gemm_mma(0, 8).is_none() && gemm_mma(8, 0).is_none());
         // 16 rows and 32 columns per block of the staged f32 product.
+        // A column per half-warp, a block row per input row.
+        assert_eq!(gemm_row(1, 1024).unwrap().grid, (1, 128, 1));
+        assert_eq!(gemm_row(2, 9).unwrap().grid, (2, 2, 1));
         let s = gemm_staged(64, 151_936).unwrap();
         assert_eq!((s.grid, s.block), ((4, 4748, 1), (128, 1, 1)));
         assert_eq!(gemm_staged(17, 33).unwrap().grid, (2, 2, 1));

@@ -125,6 +125,8 @@ kernel_ids! {
     Scale = "scale_f32" in ACTIVATION;
     GemmBf16 = "gemm_bf16w_f32" in GEMM;
     GemmF32 = "gemm_f32w_f32" in GEMM;
+    GemmBf16Row = "gemm_bf16w_f32_row" in GEMM;
+    GemmF32Row = "gemm_f32w_f32_row" in GEMM;
     GemmBf16Staged = "gemm_bf16w_f32_staged" in GEMM;
     GemmF32Staged = "gemm_f32w_f32_staged" in GEMM;
     GemmBf16Mma = "gemm_bf16w_mma" in GEMM_MMA;

@@ -233,16 +233,25 @@ fn matrix_products_equal_cpu_linear_and_do_not_depend_on_the_batch() {
     }
 }
 
-/// Both tilings of the `f32` products give cpu::linear's bits: staged blocks whose rows are
-/// partly past m, half-warps past n, k inside one lane stripe, one chunk and a few elements, and
-/// several chunks; inputs whose rows or base defeat 16-byte loads.
+/// Every tiling of the `f32` products (row, thin, staged) gives cpu::linear's bits: staged blocks
+/// whose rows are partly past m, half-warps past n, k inside one lane stripe, one chunk and a few
+/// elements, several chunks, several of the row kernel's rounds; inputs whose rows or base defeat
+/// 16-byte loads.
 #[test]
-fn staged_and_thin_matrix_products_both_give_cpu_linear_bits() {
-    let name = "staged_and_thin_matrix_products_both_give_cpu_linear_bits";
+fn every_tiling_of_the_f32_products_gives_cpu_linear_bits() {
+    let name = "every_tiling_of_the_f32_products_gives_cpu_linear_bits";
     let Some(dev) = gpu_or_skip(name) else { return };
     // (m, n, k, first element of x in its buffer)
-    let cases =
-        [(9, 33, 7, 0), (17, 70, 130, 0), (40, 32, 700, 0), (20, 45, 258, 1), (3, 50, 64, 0)];
+    // k of several rounds of the row kernel's 32 stripes and a tail (1030, 520).
+    let cases = [
+        (9, 33, 7, 0),
+        (17, 70, 130, 0),
+        (40, 32, 700, 0),
+        (20, 45, 258, 1),
+        (3, 50, 64, 0),
+        (1, 77, 1030, 0),
+        (2, 9, 520, 1),
+    ];
     for (seed, (m, n, k, at)) in (80..).zip(cases) {
         let mut rng = Rng::new(seed);
         let x = rng.vec(at + m * k, -1.0, 1.0);
@@ -250,7 +259,8 @@ fn staged_and_thin_matrix_products_both_give_cpu_linear_bits() {
         let w32 = rng.vec(n * k, -0.5, 0.5);
         let mut p = Plan::new(dev);
         let (xs, w16s, w32s) = (p.input(&x), p.input(&w16), p.input(&w32));
-        let outs = [GemmTiling::Thin, GemmTiling::Staged].map(|t| (t, p.output::<f32>(m * n)));
+        let tilings = [GemmTiling::Row, GemmTiling::Thin, GemmTiling::Staged];
+        let outs = tilings.map(|t| (t, p.output::<f32>(m * n)));
         let mem = p.alloc();
         let xv = mem.get(xs).sub(at, m * k).unwrap();
         for bf in [true, false] {

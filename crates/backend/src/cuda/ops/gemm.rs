@@ -14,6 +14,10 @@ type GridOf = fn(usize, usize) -> Option<cfg::Shape>;
 /// same order, hence the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmTiling {
+    /// `gemm_bf16w_f32_row`, `gemm_f32w_f32_row`: a half-warp per output, 32 stripes of k in
+    /// flight, for a decode step of one sequence, whose products the thin kernel walks in rounds
+    /// of 8 stripes over fewer blocks than the SMs. On tensor cores, the thin kernel.
+    Row,
     /// `gemm_bf16w_f32`, `gemm_f32w_f32`, `gemm_bf16w_mma`: every thread reads its own input
     /// rows, so an input element is read once per 4 output columns (once per 16 on tensor
     /// cores); with a few rows that costs no more than the weights, and no barrier slows the
@@ -31,7 +35,7 @@ pub enum GemmTiling {
 
 impl GemmTiling {
     /// The tiling [`CudaDevice::gemm`] takes for `m` rows by `n` columns, on tensor cores if
-    /// `mma`: thin up to [`cfg::GEMM_THIN_MAX_ROWS`] rows; beyond, where the thin kernels' input
+    /// `mma`: one row in `f32` by the row kernel; thin up to [`cfg::GEMM_THIN_MAX_ROWS`] rows; beyond, where the thin kernels' input
     /// reads outgrow their weights, a staged kernel, with blocks bigger than the thin ones (the
     /// `f32` kernel, the wide tensor-core one) only where its grid still has
     /// [`cfg::GEMM_BIG_MIN_BLOCKS`] blocks. A narrow `f32` product of a few dozen rows stays thin.
@@ -39,6 +43,7 @@ impl GemmTiling {
         let blocks = |s: Option<cfg::Shape>| s.map_or(0, |s| s.grid.0 as usize * s.grid.1 as usize);
         let big = |s| blocks(s) >= cfg::GEMM_BIG_MIN_BLOCKS;
         match (m <= cfg::GEMM_THIN_MAX_ROWS, mma) {
+            (true, false) if m == 1 => Self::Row,
             (true, _) => Self::Thin,
             (false, true) if big(cfg::gemm_mma_staged_wide(m, n)) => Self::StagedWide,
             (false, true) => Self::Staged,
@@ -79,11 +84,13 @@ impl CudaDevice {
     ) -> Result<(), BackendError> {
         use GemmTiling::*;
         let (id, grid): (KernelId, GridOf) = match (w, tiling) {
+            (Weights::Bf16(_), Row) => (KernelId::GemmBf16Row, cfg::gemm_row),
+            (Weights::F32(_), Row) => (KernelId::GemmF32Row, cfg::gemm_row),
             (Weights::Bf16(_), Thin) => (KernelId::GemmBf16, cfg::gemm),
             (Weights::F32(_), Thin) => (KernelId::GemmF32, cfg::gemm),
             (Weights::Bf16(_), Staged | StagedWide) => (KernelId::GemmBf16Staged, cfg::gemm_staged),
             (Weights::F32(_), Staged | StagedWide) => (KernelId::GemmF32Staged, cfg::gemm_staged),
-            (Weights::Bf16Mma(_), Thin) => (KernelId::GemmBf16Mma, cfg::gemm_mma),
+            (Weights::Bf16Mma(_), Row | Thin) => (KernelId::GemmBf16Mma, cfg::gemm_mma),
             (Weights::Bf16Mma(_), Staged) => (KernelId::GemmBf16MmaStaged, cfg::gemm_mma_staged),
             (Weights::Bf16Mma(_), StagedWide) => {
                 (KernelId::GemmBf16MmaStagedWide, cfg::gemm_mma_staged_wide)
@@ -118,9 +125,12 @@ mod tests {
     #[test]
     fn tilings_follow_the_rows_and_the_grid() {
         let (lm_head, q_proj) = (151_936, 1024);
-        // A decode step of up to 8 rows: thin, whatever the width.
+        // A decode step of one sequence: the row kernel in f32, thin on tensor cores.
+        assert_eq!(GemmTiling::for_shape(1, q_proj, false), Row);
+        assert_eq!(GemmTiling::for_shape(1, lm_head, true), Thin);
+        // Up to 8 rows: thin, whatever the width.
         for mma in [false, true] {
-            assert_eq!(GemmTiling::for_shape(1, lm_head, mma), Thin);
+            assert_eq!(GemmTiling::for_shape(2, lm_head, mma), Thin);
             assert_eq!(GemmTiling::for_shape(8, q_proj, mma), Thin);
         }
         // f32: staged where its 16-row blocks still number 264 or more, else thin.
