@@ -114,38 +114,54 @@ struct KvVecs {
     u32x4 k[ATTN_TILE_VECS], v[ATTN_TILE_VECS];
 };
 
-// Issues every 16-byte load of the thread's share of a tile (zeros outside [lo, hi]) without
-// waiting for any: the tile after the one under way is requested before that one is used, so its
-// loads are in flight while the block computes (the loop below).
-__device__ __forceinline__ void load_kv_tile_vec(const KvTile& t, int tid, KvVecs& r) {
-    const int vecs = t.head_dim / 8, count = ATTN_TILE * vecs;
+// The thread's share of every tile, the same for each: vector u is elements d[u] .. d[u] + 8 of
+// key key[u] (-1: none).
+struct KvShare {
+    int key[ATTN_TILE_VECS], d[ATTN_TILE_VECS];
+};
+
+__device__ __forceinline__ KvShare kv_share(int head_dim, int tid) {
+    const int vecs = head_dim / 8;
+    KvShare s;
 #pragma unroll
     for (int u = 0; u < ATTN_TILE_VECS; ++u) {
-        int idx = tid + u * ATTN_THREADS;
+        const int idx = tid + u * ATTN_THREADS;
+        s.key[u] = idx < ATTN_TILE * vecs ? idx / vecs : -1;
+        s.d[u] = (idx % vecs) * 8;
+    }
+    return s;
+}
+
+// Issues every 16-byte load of the thread's share of a tile without waiting for any, from the
+// offsets of the tile's keys (`key_at`, KvTile::at of each; -1 loads zeros), which the first warp
+// works out a tile ahead: no thread divides or reads the block table here, so all of its loads
+// leave at once. The tile after the one under way is requested before that one is used, so its
+// loads are in flight while the block computes (the loop below).
+__device__ __forceinline__ void load_kv_tile_vec(
+    const bf16_t* k_cache, const bf16_t* v_cache, const i64* key_at, const KvShare& share,
+    KvVecs& r) {
+#pragma unroll
+    for (int u = 0; u < ATTN_TILE_VECS; ++u) {
         r.k[u] = r.v[u] = u32x4{0, 0, 0, 0};
-        if (idx >= count) continue;
-        i64 at = t.at(idx / vecs);
+        if (share.key[u] < 0) continue;
+        const i64 at = key_at[share.key[u]];
         if (at < 0) continue;
-        at += (idx % vecs) * 8;
-        r.k[u] = *reinterpret_cast<const u32x4*>(t.k_cache + at);
-        r.v[u] = *reinterpret_cast<const u32x4*>(t.v_cache + at);
+        r.k[u] = *reinterpret_cast<const u32x4*>(k_cache + at + share.d[u]);
+        r.v[u] = *reinterpret_cast<const u32x4*>(v_cache + at + share.d[u]);
     }
 }
 
 // Stores the loaded share of a tile into shared memory as f32 (keys with a padded stride against
 // bank conflicts).
 __device__ __forceinline__ void store_kv_tile_vec(
-    const KvVecs& r, int head_dim, float* ks, float* vs, int tid) {
-    const int vecs = head_dim / 8, count = ATTN_TILE * vecs;
+    const KvVecs& r, const KvShare& share, int head_dim, float* ks, float* vs) {
 #pragma unroll
     for (int u = 0; u < ATTN_TILE_VECS; ++u) {
-        int idx = tid + u * ATTN_THREADS;
-        if (idx >= count) break;
-        int j = idx / vecs, d = (idx % vecs) * 8;
+        if (share.key[u] < 0) break;
         const u32 kw[4] = {r.k[u].x, r.k[u].y, r.k[u].z, r.k[u].w};
         const u32 vw[4] = {r.v[u].x, r.v[u].y, r.v[u].z, r.v[u].w};
-        float* kd = ks + j * (head_dim + 1) + d;
-        float* vd = vs + j * head_dim + d;
+        float* kd = ks + share.key[u] * (head_dim + 1) + share.d[u];
+        float* vd = vs + share.key[u] * head_dim + share.d[u];
         for (int e = 0; e < 4; ++e) {
             kd[2 * e] = bf16_lo(kw[e]);
             kd[2 * e + 1] = bf16_hi(kw[e]);
@@ -243,8 +259,18 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) paged_attention_bf16k
     // The CTA's tiles run from the first partition's first to the last partition's last without a
     // gap (partitions are consecutive), so the tile after any is the next one up to this.
     const int last_tile = min(tile_hi, part_hi * part_tiles + part_tiles - 1);
+    // The vector path: each tile's key offsets in key_at[tile % 2], the first two tiles' now, a
+    // later tile's two tiles ahead (see the end of the tile loop).
+    __shared__ i64 key_at[2][ATTN_TILE];
+    const KvShare share = kv_share(head_dim, tid);
     KvVecs next;
-    if (vec_loads) load_kv_tile_vec(tile_at(max(tile_lo, part_lo * part_tiles)), tid, next);
+    if (vec_loads) {
+        const int first = max(tile_lo, part_lo * part_tiles);
+        for (int t = first; t <= min(first + 1, last_tile); ++t)
+            if (tid < ATTN_TILE) key_at[t & 1][tid] = tile_at(t).at(tid);
+        __syncthreads();
+        load_kv_tile_vec(k_cache, v_cache, key_at[first & 1], share, next);
+    }
 
     for (int part = part_lo; part <= part_hi; ++part) {
         __syncthreads();  // the previous partition's fold has read its m and l
@@ -260,12 +286,18 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) paged_attention_bf16k
             const int base = tile * ATTN_TILE;
             __syncthreads();  // the previous tile's K, V and P are no longer read
             if (vec_loads) {
-                store_kv_tile_vec(next, head_dim, ks, vs, tid);
-                if (tile < last_tile) load_kv_tile_vec(tile_at(tile + 1), tid, next);
+                store_kv_tile_vec(next, share, head_dim, ks, vs);
+                if (tile < last_tile)
+                    load_kv_tile_vec(k_cache, v_cache, key_at[(tile + 1) & 1], share, next);
             } else {
                 stage_kv_tile(tile_at(tile), ks, vs, tid);
             }
             __syncthreads();
+            // The first warp requests the key offsets of the tile two ahead now and stores them
+            // after this tile's work (into the buffer this tile's loads read, free since the
+            // barrier above), so the block-table read is in flight meanwhile.
+            const bool ahead = vec_loads && tid < ATTN_TILE && tile + 2 <= last_tile;
+            const i64 ahead_at = ahead ? tile_at(tile + 2).at(tid) : -1;
             // Scores and the online-softmax update: warp w takes rows w, w + 4, ...; lane j is
             // key j.
             for (int r = warp; r < ATTN_ROWS; r += ATTN_THREADS / 32) {
@@ -308,6 +340,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) paged_attention_bf16k
                     t = add(t, mul(ps[r * ATTN_TILE + key], vs[key * head_dim + d]));
                 acc[j] = add(mul(acc[j], rows.corr[r]), t);
             }
+            if (ahead) key_at[tile & 1][tid] = ahead_at;
         }
         __syncthreads();  // the partition's m and l are final
         if (split) break;
