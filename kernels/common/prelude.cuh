@@ -49,6 +49,20 @@ __device__ __forceinline__ f32x4 load_f32x4(const float* p, int c, int k, bool v
     return v;
 }
 
+// The input rows a staged product reads, by their index r among the block's rows: key(r) names
+// row r (a read of memory where rows are gathered), at(key) is its address (null: absent, read as
+// zeros). The stagings take every row's key before any address, so that a chunk's reads are all
+// requested at once rather than each after the last (dense rows: r's row of x [m, k]; the experts'
+// gathered rows: moe/expert_common.cuh).
+struct DenseRows {
+    const float* x;
+    int m0, m_rows, k;
+    __device__ __forceinline__ int key(int r) const { return m0 + r; }
+    __device__ __forceinline__ const float* at(int row) const {
+        return row < m_rows ? x + (u64)row * k : nullptr;
+    }
+};
+
 // The two bf16 halves of a word loaded from memory: element 2i in the low half (little endian).
 __device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }

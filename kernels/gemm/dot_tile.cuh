@@ -62,29 +62,39 @@ __device__ __forceinline__ void dot_tile(
 // output is cpu::dot's, as dot_tile's are.
 #define DOT_STAGE_K (DOT_UNROLL * DOT_LANES)
 
-// Copies `rows` rows at [c0, c0 + DOT_STAGE_K) into `dst` (zero past k, and for a row whose
-// row_ptr(r) is null), four elements a thread at a time, consecutive threads along a row.
-template <typename RowPtr>
-__device__ __forceinline__ void stage_f32_rows(
-    RowPtr row_ptr, int rows, int c0, int k, bool vec, float* dst) {
-    constexpr int QUADS = DOT_STAGE_K / 4;
-    for (int q = threadIdx.x; q < rows * QUADS; q += blockDim.x) {
-        const int r = q / QUADS, c = (q % QUADS) * 4;
-        const f32x4 v = load_f32x4(row_ptr(r), c0 + c, k, vec);
-        *reinterpret_cast<f32x4*>(dst + r * DOT_STAGE_K + c) = v;
-    }
+// Threads of every block that stages f32 rows (GEMM_HALF_WARPS half-warps).
+#define DOT_STAGE_THREADS (GEMM_HALF_WARPS * DOT_LANES)
+
+// Copies ROWS rows at [c0, c0 + DOT_STAGE_K) into `dst` (zero past k, and for an absent row),
+// four elements a thread at a time, consecutive threads along a row, each thread the same quads
+// of every chunk; every row's key, then every load, is requested before the first store
+// (mma_tile.cuh's stage_rows says why).
+template <int ROWS, typename Rows>
+__device__ __forceinline__ void stage_f32_rows(const Rows& rows, int c0, int k, bool vec, float* dst) {
+    constexpr int QUADS = DOT_STAGE_K / 4, STRIDE = DOT_STAGE_THREADS / QUADS, ITER = ROWS / STRIDE;
+    static_assert(DOT_STAGE_THREADS % QUADS == 0 && ROWS % STRIDE == 0, "whole rows per round");
+    const int c = (threadIdx.x % QUADS) * 4, r0 = threadIdx.x / QUADS;
+    int keys[ITER];
+#pragma unroll
+    for (int i = 0; i < ITER; ++i) keys[i] = rows.key(r0 + i * STRIDE);
+    f32x4 v[ITER];
+#pragma unroll
+    for (int i = 0; i < ITER; ++i) v[i] = load_f32x4(rows.at(keys[i]), c0 + c, k, vec);
+#pragma unroll
+    for (int i = 0; i < ITER; ++i)
+        *reinterpret_cast<f32x4*>(dst + (r0 + i * STRIDE) * DOT_STAGE_K + c) = v[i];
 }
 
-// The lane sums of ROWS shared input rows (row_ptr(r), null when absent: `vec` says whether the
-// present ones allow 16-byte loads) against this half-warp's GEMM_RN weight rows (null past the
+// The lane sums of ROWS shared input rows (`rows`, as the prelude's DenseRows; `vec` says whether
+// the present ones allow 16-byte loads) against this half-warp's GEMM_RN weight rows (null past the
 // matrix), staged through `chunks` (two chunks of ROWS * DOT_STAGE_K floats, 16-byte aligned).
 // Every thread of the block must call it with the same rows and k. `buf` is the chunk to fill
 // first; it carries over from call to call, so that consecutive chunks always alternate (the
 // barrier before a chunk is read then also orders the next write to that buffer after every read
 // of it).
-template <int ROWS, typename W, typename RowPtr>
+template <int ROWS, typename W, typename Rows>
 __device__ __forceinline__ void dot_tile_staged(
-    RowPtr row_ptr, const W* const (&ws)[GEMM_RN], int k, bool vec, int lane, float* chunks,
+    const Rows& rows, const W* const (&ws)[GEMM_RN], int k, bool vec, int lane, float* chunks,
     int& buf, float (&acc)[ROWS][GEMM_RN]) {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
@@ -101,7 +111,7 @@ __device__ __forceinline__ void dot_tile_staged(
                 wv[u][n] = ws[n] && c < k ? load_weight(ws[n] + c) : 0.0f;
         }
         float* chunk = chunks + buf * ROWS * DOT_STAGE_K;
-        stage_f32_rows(row_ptr, ROWS, c0, k, vec, chunk);
+        stage_f32_rows<ROWS>(rows, c0, k, vec, chunk);
         __syncthreads();
 #pragma unroll
         for (int u = 0; u < DOT_UNROLL; ++u) {

@@ -120,10 +120,10 @@ __device__ __forceinline__ void gemm_staged_body(
     const int m0 = blockIdx.x * GEMM_STAGE_ROWS;
     const W* ws[GEMM_RN];
     for (int n = 0; n < GEMM_RN; ++n) ws[n] = n0 + n < n_cols ? w + (u64)(n0 + n) * k : nullptr;
-    const auto row_ptr = [=](int r) { return m0 + r < m_rows ? x + (u64)(m0 + r) * k : nullptr; };
+    const DenseRows rows{x, m0, m_rows, k};
     float acc[GEMM_STAGE_ROWS][GEMM_RN];
     int buf = 0;
-    dot_tile_staged(row_ptr, ws, k, k % 4 == 0 && (u64)x % 16 == 0, lane, chunks, buf, acc);
+    dot_tile_staged(rows, ws, k, k % 4 == 0 && (u64)x % 16 == 0, lane, chunks, buf, acc);
 #pragma unroll
     for (int r = 0; r < GEMM_STAGE_ROWS; ++r) {
 #pragma unroll

@@ -77,9 +77,9 @@ __device__ __forceinline__ void gemm_mma_staged_body(
     for (int r = 0; r < GROUPS; ++r) has[r] = m0 + r * MMA_ROWS < m_rows;
     float acc[1][GROUPS][4];
     int buf = 0;
-    mma_tile_staged(
-        w_lo, w_hi, [=](int r) { return m0 + r < m_rows ? x + (u64)(m0 + r) * k : nullptr; }, has,
-        k, mma_vec_ok(x, w, k), live, chunks, buf, acc);
+    const DenseRows rows{x, m0, m_rows, k};
+    mma_tile_staged<WARPS * 32>(
+        w_lo, w_hi, rows, has, k, mma_vec_ok(x, w, k), live, chunks, buf, acc);
     if (!live) return;
 #pragma unroll
     for (int r = 0; r < GROUPS; ++r) {

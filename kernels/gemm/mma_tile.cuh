@@ -193,19 +193,28 @@ __device__ __forceinline__ void mma_tile(
 // a 16-byte load phase (groups g and g + 1, t = 0..3) hit 32 distinct banks.
 #define MMA_STAGE_STRIDE (MMA_STAGE_K + 32)
 
-// Rounds `rows` input rows at [c0, c0 + MMA_STAGE_K) to bf16 pairs in `dst` (zero past k, and for
-// a row whose row_ptr(r) is null): four elements a thread at a time, consecutive threads along a
-// row, so a warp reads 512 contiguous bytes of a row.
-template <typename RowPtr>
-__device__ __forceinline__ void stage_rows(
-    RowPtr row_ptr, int rows, int c0, int k, bool vec, bf16_t* dst) {
-    constexpr int QUADS = MMA_STAGE_K / 4;
-    for (int q = threadIdx.x; q < rows * QUADS; q += blockDim.x) {
-        const int r = q / QUADS, c = (q % QUADS) * 4;
-        const f32x4 v = load_f32x4(row_ptr(r), c0 + c, k, vec);
-        u32* d = reinterpret_cast<u32*>(dst + r * MMA_STAGE_STRIDE + c);
-        d[0] = pack_bf16x2(v.x, v.y);
-        d[1] = pack_bf16x2(v.z, v.w);
+// Rounds ROWS input rows at [c0, c0 + MMA_STAGE_K) to bf16 pairs in `dst` (zero past k, and for
+// an absent row) with the block's THREADS threads: four elements a thread at a
+// time, consecutive threads along a row (a warp reads 512 contiguous bytes of a row), each thread
+// the same quads of every chunk. Every row's key, then every load, is requested before the first
+// store: in a loop that stored each quad before loading the next, a chunk waited for one memory
+// latency per quad (two where the row is gathered through the sort's pairs).
+template <int ROWS, int THREADS, typename Rows>
+__device__ __forceinline__ void stage_rows(const Rows& rows, int c0, int k, bool vec, bf16_t* dst) {
+    constexpr int QUADS = MMA_STAGE_K / 4, STRIDE = THREADS / QUADS, ITER = ROWS / STRIDE;
+    static_assert(THREADS % QUADS == 0 && ROWS % STRIDE == 0, "whole rows per round");
+    const int c = (threadIdx.x % QUADS) * 4, r0 = threadIdx.x / QUADS;
+    int keys[ITER];
+#pragma unroll
+    for (int i = 0; i < ITER; ++i) keys[i] = rows.key(r0 + i * STRIDE);
+    f32x4 v[ITER];
+#pragma unroll
+    for (int i = 0; i < ITER; ++i) v[i] = load_f32x4(rows.at(keys[i]), c0 + c, k, vec);
+#pragma unroll
+    for (int i = 0; i < ITER; ++i) {
+        u32* d = reinterpret_cast<u32*>(dst + (r0 + i * STRIDE) * MMA_STAGE_STRIDE + c);
+        d[0] = pack_bf16x2(v[i].x, v[i].y);
+        d[1] = pack_bf16x2(v[i].z, v[i].w);
     }
 }
 
@@ -226,16 +235,17 @@ __device__ __forceinline__ void mma_step_staged(
     }
 }
 
-// mma_tile over GROUPS groups of input rows that the whole block shares (row_ptr(r) for row r
-// of the groups, null when absent), staged through `chunks` (two chunks of GROUPS * MMA_ROWS *
-// MMA_STAGE_STRIDE elements, 16-byte aligned). Every thread of the block must call it with the
-// same rows and k; a warp that is not `live` (its columns past the matrix) stages its share and
-// meets the others at each barrier but multiplies nothing. `buf` is the chunk to fill first; it
-// carries over from call to call, so that consecutive chunks always alternate (the barrier before
-// a chunk is read then also orders the next write to that buffer after every read of it).
-template <int NW, int GROUPS, typename RowPtr>
+// mma_tile over GROUPS groups of input rows that the whole block of THREADS threads shares
+// (`rows`, as the prelude's DenseRows: row r of the groups, absent rows read as zeros), staged
+// through `chunks` (two chunks of GROUPS * MMA_ROWS * MMA_STAGE_STRIDE elements, 16-byte
+// aligned). Every thread of the block must call it with the same rows and k; a warp that is not
+// `live` (its columns past the matrix) stages its share and meets the others at each barrier but
+// multiplies nothing. `buf` is the chunk to fill first; it carries over from call to call, so that
+// consecutive chunks always alternate (the barrier before a chunk is read then also orders the
+// next write to that buffer after every read of it).
+template <int THREADS, int NW, int GROUPS, typename Rows>
 __device__ __forceinline__ void mma_tile_staged(
-    const bf16_t* const (&w_lo)[NW], const bf16_t* const (&w_hi)[NW], RowPtr row_ptr,
+    const bf16_t* const (&w_lo)[NW], const bf16_t* const (&w_hi)[NW], const Rows& rows,
     const bool (&has)[GROUPS], int k, bool vec, bool live, bf16_t* chunks, int& buf,
     float (&acc)[NW][GROUPS][4]) {
     constexpr int CHUNK = GROUPS * MMA_ROWS * MMA_STAGE_STRIDE;
@@ -248,7 +258,7 @@ __device__ __forceinline__ void mma_tile_staged(
         for (int u = 0; u < MMA_UNROLL; ++u)
             load_step_weights(w_lo, w_hi, c0 + u * MMA_K + 8 * t, k, vec, lo[u], hi[u]);
         bf16_t* chunk = chunks + buf * CHUNK;
-        stage_rows(row_ptr, GROUPS * MMA_ROWS, c0, k, vec, chunk);
+        stage_rows<GROUPS * MMA_ROWS, THREADS>(rows, c0, k, vec, chunk);
         __syncthreads();
         if (!live) continue;
 #pragma unroll

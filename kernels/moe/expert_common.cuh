@@ -1,6 +1,6 @@
 // What both variants of the grouped expert products share, compiled in front of each
 // (moe/experts.cu, moe/experts_mma.cu): the activation codes of the host's enum, the activation,
-// the input row of a row of an expert's pass, and which passes a block takes.
+// the input rows of an expert's pass, and which passes a block takes.
 
 #define MOE_ACT_SWIGLU 0
 #define MOE_ACT_RELU2 1
@@ -13,14 +13,31 @@ __device__ __forceinline__ float expert_activation(int activation, float up, flo
     return mul(r, r);
 }
 
-// The input row of row r of the pass at sorted row `base` (null past the expert's last row,
-// `end`): RowOf maps (sorted row, pair) to a row of `in`.
-template <typename RowOf>
-__device__ __forceinline__ const float* expert_pass_row(
-    const float* in, int width, const int* sorted_pairs, int base, int end, RowOf row_of, int r) {
-    const int row = base + r;
-    return row < end ? in + (u64)row_of(row, sorted_pairs[row]) * width : nullptr;
-}
+// The input rows of the pass at sorted row `base` of an expert whose rows end at `end` (the
+// prelude's DenseRows says how the stagings read them): each row's token's row of `in`
+// [tokens, width], from the pair the sort placed there (the up products).
+struct TokenRows {
+    const float* in;
+    const int* sorted_pairs;
+    int width, base, end, top_k;
+    __device__ __forceinline__ int key(int r) const {
+        return base + r < end ? sorted_pairs[base + r] : -1;
+    }
+    __device__ __forceinline__ const float* at(int pair) const {
+        return pair < 0 ? nullptr : in + (u64)(pair / top_k) * width;
+    }
+};
+
+// The same pass's rows of `in` [pairs, width] in sorted order (the down products, over the up
+// products' activations).
+struct SortedRows {
+    const float* in;
+    int width, base, end;
+    __device__ __forceinline__ int key(int r) const { return base + r < end ? base + r : -1; }
+    __device__ __forceinline__ const float* at(int row) const {
+        return row < 0 ? nullptr : in + (u64)row * width;
+    }
+};
 
 // The passes of this block: its expert is first_local + blockIdx.y, and blockIdx.x is column
 // tile col_tile's split s of `splits`, which takes the passes of pass_rows rows starting at

@@ -57,15 +57,12 @@ __device__ __forceinline__ void expert_up(
     const bool gated = activation == MOE_ACT_SWIGLU;
     int buf = 0;
     for (int base = p.first; base < end; base += p.stride) {
-        const auto token = [=](int, int pair) { return pair / top_k; };
-        const auto row_ptr = [=](int r) {
-            return expert_pass_row(x, hidden, sorted_pairs, base, end, token, r);
-        };
+        const TokenRows rows{x, sorted_pairs, hidden, base, end, top_k};
         float up[EXPERT_UP_ROWS][GEMM_RN], gate[EXPERT_UP_ROWS][GEMM_RN];
         // The gate stages the pass's rows again (from L2): one staging for both, with both sets
         // of weights in flight, took 168 registers and spilled (146 this way).
-        dot_tile_staged(row_ptr, ups, hidden, vec, lane, chunks, buf, up);
-        if (gated) dot_tile_staged(row_ptr, gates, hidden, vec, lane, chunks, buf, gate);
+        dot_tile_staged(rows, ups, hidden, vec, lane, chunks, buf, up);
+        if (gated) dot_tile_staged(rows, gates, hidden, vec, lane, chunks, buf, gate);
         // Unrolled, so that up and gate stay in registers (an index the compiler cannot resolve
         // puts an array in local memory; tests/cuda_kernels_compile.rs checks that none is there).
 #pragma unroll
@@ -105,7 +102,6 @@ template <typename W>
 __device__ __forceinline__ void expert_down(
     const float* __restrict__ act,           // device [num_pairs, inter]
     const W* __restrict__ w_down,            // device [num_local, hidden, inter]
-    const int* __restrict__ sorted_pairs,    // device [num_pairs]
     const int* __restrict__ expert_starts,   // device [num_experts + 1]
     float* __restrict__ out,                 // device [num_pairs, hidden]
     int hidden,
@@ -125,12 +121,9 @@ __device__ __forceinline__ void expert_down(
     const bool vec = inter % 4 == 0 && (u64)act % 16 == 0;
     int buf = 0;
     for (int base = p.first; base < end; base += p.stride) {
-        const auto same = [=](int row, int) { return row; };
-        const auto row_ptr = [=](int r) {
-            return expert_pass_row(act, inter, sorted_pairs, base, end, same, r);
-        };
+        const SortedRows rows{act, inter, base, end};
         float acc[EXPERT_DOWN_ROWS][GEMM_RN];
-        dot_tile_staged(row_ptr, ws, inter, vec, lane, chunks, buf, acc);
+        dot_tile_staged(rows, ws, inter, vec, lane, chunks, buf, acc);
 #pragma unroll
         for (int r = 0; r < EXPERT_DOWN_ROWS; ++r) {
 #pragma unroll
@@ -145,17 +138,17 @@ __device__ __forceinline__ void expert_down(
 }
 
 extern "C" __global__ void __launch_bounds__(128) moe_expert_down(
-    const float* act, const bf16_t* w_down, const int* sorted_pairs, const int* expert_starts,
+    const float* act, const bf16_t* w_down, const int* expert_starts,
     float* out, int hidden, int inter, int first_local, int splits) {
     __shared__ f32x4 chunks[2 * EXPERT_DOWN_ROWS * DOT_STAGE_K / 4];
-    expert_down(act, w_down, sorted_pairs, expert_starts, out, hidden, inter, first_local, splits,
+    expert_down(act, w_down, expert_starts, out, hidden, inter, first_local, splits,
                 reinterpret_cast<float*>(chunks));
 }
 
 extern "C" __global__ void __launch_bounds__(128) moe_expert_down_f32w(
-    const float* act, const float* w_down, const int* sorted_pairs, const int* expert_starts,
+    const float* act, const float* w_down, const int* expert_starts,
     float* out, int hidden, int inter, int first_local, int splits) {
     __shared__ f32x4 chunks[2 * EXPERT_DOWN_ROWS * DOT_STAGE_K / 4];
-    expert_down(act, w_down, sorted_pairs, expert_starts, out, hidden, inter, first_local, splits,
+    expert_down(act, w_down, expert_starts, out, hidden, inter, first_local, splits,
                 reinterpret_cast<float*>(chunks));
 }

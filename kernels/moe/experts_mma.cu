@@ -64,12 +64,9 @@ __device__ __forceinline__ void expert_up_mma(
     for (int base = rows.first; base < rows.end; base += rows.stride) {
         bool has[MMA_ROW_GROUPS];
         pass_groups(base, rows.end, has);
-        const auto token = [=](int, int pair) { return pair / top_k; };
-        const auto row_ptr = [=](int r) {
-            return expert_pass_row(x, hidden, sorted_pairs, base, rows.end, token, r);
-        };
+        const TokenRows pass{x, sorted_pairs, hidden, base, rows.end, top_k};
         float acc[NW][MMA_ROW_GROUPS][4];
-        mma_tile_staged(lo, hi, row_ptr, has, hidden, vec, live, chunks, buf, acc);
+        mma_tile_staged<MMA_WARPS * 32>(lo, hi, pass, has, hidden, vec, live, chunks, buf, acc);
         if (!live) continue;
         pass_outputs(base, rows.end, n0, inter, [&](int row, int col, int r, int i) {
             const float gate = NW > 1 ? acc[NW - 1][r][i] : 0.0f;
@@ -108,7 +105,6 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_up_mma(
 extern "C" __global__ void __launch_bounds__(128) moe_expert_down_mma(
     const float* __restrict__ act,           // device [num_pairs, inter]
     const bf16_t* __restrict__ w_down,       // device [num_local, hidden, inter]
-    const int* __restrict__ sorted_pairs,    // device [num_pairs]
     const int* __restrict__ expert_starts,   // device [num_experts + 1]
     float* __restrict__ out,                 // device [num_pairs, hidden]
     int hidden, int inter, int first_local, int splits) {
@@ -127,12 +123,9 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_down_mma(
     for (int base = rows.first; base < rows.end; base += rows.stride) {
         bool has[MMA_ROW_GROUPS];
         pass_groups(base, rows.end, has);
-        const auto same = [=](int row, int) { return row; };
-        const auto row_ptr = [=](int r) {
-            return expert_pass_row(act, inter, sorted_pairs, base, rows.end, same, r);
-        };
+        const SortedRows pass{act, inter, base, rows.end};
         float acc[1][MMA_ROW_GROUPS][4];
-        mma_tile_staged(lo, hi, row_ptr, has, inter, vec, live, chunks, buf, acc);
+        mma_tile_staged<MMA_WARPS * 32>(lo, hi, pass, has, inter, vec, live, chunks, buf, acc);
         if (!live) continue;
         pass_outputs(base, rows.end, n0, hidden, [&](int row, int col, int r, int i) {
             out[(u64)row * hidden + col] = acc[0][r][i];

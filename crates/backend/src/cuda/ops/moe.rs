@@ -259,10 +259,11 @@ impl CudaDevice {
         down.fits(id, "down", experts.num_local * hidden * inter)?;
         fits(id, "out", &out, rows * hidden)?;
         let (sh, splits) = self.expert_shape(id, hidden, rows, experts, s)?;
-        let (act, down, sorted, out) = (act.addr(), down.addr(), s.sorted_pairs.addr(), out.addr());
+        // The activations are in sorted order already: no pair is looked up.
+        let (act, down, starts, out) =
+            (act.addr(), down.addr(), s.expert_starts.addr(), out.addr());
         let (hidden, inter) = (int(id, "hidden", hidden)?, int(id, "inter", inter)?);
-        let starts = s.expert_starts.addr();
-        launch!(self, id, sh, [act, down, sorted, starts, out, hidden, inter, first, splits])
+        launch!(self, id, sh, [act, down, starts, out, hidden, inter, first, splits])
     }
 
     /// The grid of expert kernel `id` with `cols` outputs per row over `num_pairs` pairs, and the
