@@ -54,8 +54,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) argmax_f32(
     const float* row = logits + (u64)blockIdx.x * vocab;
     float bv = neg_inf();
     int bi = -1;
+    // Selects, not a branch per token: the loop's loads then leave ahead of the comparisons.
     for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
-        if (bi < 0 || row[i] > bv) { bv = row[i]; bi = i; }
+        const float v = row[i];
+        const bool better = bi < 0 || v > bv;
+        bv = better ? v : bv;
+        bi = better ? i : bi;
     }
     best_v[threadIdx.x] = bv;
     best_i[threadIdx.x] = bi;
