@@ -63,6 +63,20 @@ struct DenseRows {
     }
 };
 
+// The 4 elements at column c of rows r0, r0 + STRIDE, ... (ITER of them) of `rows`, the share of
+// a staging thread: every row's key is requested, then every load, before any value is used, so
+// that they all leave together (a loop that used each quad before loading the next waited for a
+// memory latency per quad, two where the row is gathered through the sort's pairs).
+template <int ITER, int STRIDE, typename Rows>
+__device__ __forceinline__ void load_row_quads(
+    const Rows& rows, int r0, int c, int k, bool vec, f32x4 (&v)[ITER]) {
+    int keys[ITER];
+#pragma unroll
+    for (int i = 0; i < ITER; ++i) keys[i] = rows.key(r0 + i * STRIDE);
+#pragma unroll
+    for (int i = 0; i < ITER; ++i) v[i] = load_f32x4(rows.at(keys[i]), c, k, vec);
+}
+
 // The two bf16 halves of a word loaded from memory: element 2i in the low half (little endian).
 __device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }

@@ -67,19 +67,14 @@ __device__ __forceinline__ void dot_tile(
 
 // Copies ROWS rows at [c0, c0 + DOT_STAGE_K) into `dst` (zero past k, and for an absent row),
 // four elements a thread at a time, consecutive threads along a row, each thread the same quads
-// of every chunk; every row's key, then every load, is requested before the first store
-// (mma_tile.cuh's stage_rows says why).
+// of every chunk, all of them requested before the first store (load_row_quads).
 template <int ROWS, typename Rows>
 __device__ __forceinline__ void stage_f32_rows(const Rows& rows, int c0, int k, bool vec, float* dst) {
     constexpr int QUADS = DOT_STAGE_K / 4, STRIDE = DOT_STAGE_THREADS / QUADS, ITER = ROWS / STRIDE;
     static_assert(DOT_STAGE_THREADS % QUADS == 0 && ROWS % STRIDE == 0, "whole rows per round");
     const int c = (threadIdx.x % QUADS) * 4, r0 = threadIdx.x / QUADS;
-    int keys[ITER];
-#pragma unroll
-    for (int i = 0; i < ITER; ++i) keys[i] = rows.key(r0 + i * STRIDE);
     f32x4 v[ITER];
-#pragma unroll
-    for (int i = 0; i < ITER; ++i) v[i] = load_f32x4(rows.at(keys[i]), c0 + c, k, vec);
+    load_row_quads<ITER, STRIDE>(rows, r0, c0 + c, k, vec, v);
 #pragma unroll
     for (int i = 0; i < ITER; ++i)
         *reinterpret_cast<f32x4*>(dst + (r0 + i * STRIDE) * DOT_STAGE_K + c) = v[i];

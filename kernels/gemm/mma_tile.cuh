@@ -194,22 +194,16 @@ __device__ __forceinline__ void mma_tile(
 #define MMA_STAGE_STRIDE (MMA_STAGE_K + 32)
 
 // Rounds ROWS input rows at [c0, c0 + MMA_STAGE_K) to bf16 pairs in `dst` (zero past k, and for
-// an absent row) with the block's THREADS threads: four elements a thread at a
-// time, consecutive threads along a row (a warp reads 512 contiguous bytes of a row), each thread
-// the same quads of every chunk. Every row's key, then every load, is requested before the first
-// store: in a loop that stored each quad before loading the next, a chunk waited for one memory
-// latency per quad (two where the row is gathered through the sort's pairs).
+// an absent row) with the block's THREADS threads: four elements a thread at a time, consecutive
+// threads along a row (a warp reads 512 contiguous bytes of a row), each thread the same quads of
+// every chunk, all of them requested before the first store (load_row_quads).
 template <int ROWS, int THREADS, typename Rows>
 __device__ __forceinline__ void stage_rows(const Rows& rows, int c0, int k, bool vec, bf16_t* dst) {
     constexpr int QUADS = MMA_STAGE_K / 4, STRIDE = THREADS / QUADS, ITER = ROWS / STRIDE;
     static_assert(THREADS % QUADS == 0 && ROWS % STRIDE == 0, "whole rows per round");
     const int c = (threadIdx.x % QUADS) * 4, r0 = threadIdx.x / QUADS;
-    int keys[ITER];
-#pragma unroll
-    for (int i = 0; i < ITER; ++i) keys[i] = rows.key(r0 + i * STRIDE);
     f32x4 v[ITER];
-#pragma unroll
-    for (int i = 0; i < ITER; ++i) v[i] = load_f32x4(rows.at(keys[i]), c0 + c, k, vec);
+    load_row_quads<ITER, STRIDE>(rows, r0, c0 + c, k, vec, v);
 #pragma unroll
     for (int i = 0; i < ITER; ++i) {
         u32* d = reinterpret_cast<u32*>(dst + (r0 + i * STRIDE) * MMA_STAGE_STRIDE + c);
