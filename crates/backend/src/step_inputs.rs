@@ -170,6 +170,18 @@ impl StepInputLayout {
     }
 }
 
+/// Fewest block-table entries per sequence a graph's step is packed with.
+pub const GRAPH_MIN_TABLE_STRIDE: usize = 8;
+
+/// The block-table stride of a graph's step whose longest table has `longest` entries: that
+/// rounded up to a power of two, at least [`GRAPH_MIN_TABLE_STRIDE`], at most `capacity`. A step
+/// then writes and uploads tables about as long as its own (not the longest a sequence may
+/// reach: at a 40k-token limit in 16-token blocks, 2,561 entries a sequence), and a handful of
+/// strides serve every context length.
+pub fn graph_table_stride(longest: usize, capacity: usize) -> usize {
+    longest.next_power_of_two().max(GRAPH_MIN_TABLE_STRIDE).min(capacity)
+}
+
 /// The model and pools a step is checked against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PackGeometry {
@@ -379,8 +391,9 @@ impl StepPacker {
 
     /// [`StepPacker::pack`] for a CUDA graph of `batch` sequences: the plan's sequences, then
     /// `pad` (a sequence without logits on the scratch block) until there are `batch`, with the
-    /// block tables at the capacity's `max_blocks_per_seq` stride whatever their lengths. A graph
-    /// replays the sizes it was captured with, so these are fixed by the batch alone.
+    /// block tables at the stride [`graph_table_stride`] gives the longest. A graph replays the
+    /// sizes it was captured with, so these are fixed by the batch and that stride alone (a
+    /// worker keeps a graph per pair).
     pub fn pack_for_graph(
         &mut self,
         plan: &StepPlan,
@@ -394,8 +407,9 @@ impl StepPacker {
             need: plan.seqs.len(),
             capacity: batch,
         })?;
-        let stride = self.layout.capacity.max_blocks_per_seq;
         let seqs = plan.seqs.iter().chain(std::iter::repeat_n(pad, num_pad));
+        let longest = seqs.clone().map(|s| s.block_table.len()).max().unwrap_or(0);
+        let stride = graph_table_stride(longest, self.layout.capacity.max_blocks_per_seq);
         self.pack_seqs(plan, seqs, wants_logits, words, stride)
     }
 

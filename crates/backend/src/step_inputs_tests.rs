@@ -280,7 +280,7 @@ fn attention_free_and_attention_only_models_skip_what_they_lack() {
 }
 
 #[test]
-fn a_step_for_a_graph_is_padded_to_its_batch_and_strides_its_tables_at_the_capacity() {
+fn a_step_for_a_graph_is_padded_to_its_batch_and_strides_its_tables_by_the_longest() {
     let mut packer = StepPacker::new(CAPACITY, geometry());
     let mut words = words_of(&packer);
     let plan = StepPlan {
@@ -294,7 +294,8 @@ fn a_step_for_a_graph_is_padded_to_its_batch_and_strides_its_tables_at_the_capac
     assert_eq!(eager.block_table_stride, 2);
     let pad = seq(1, &[0], &[31]);
     let graphed = packer.pack_for_graph(&plan, &pad, 4, true, &mut words).unwrap();
-    let stride = CAPACITY.max_blocks_per_seq;
+    // Tables of 2 entries at the smallest stride, below the capacity's 10.
+    let stride = GRAPH_MIN_TABLE_STRIDE;
     assert_eq!((graphed.num_seqs, graphed.num_tokens, graphed.block_table_stride), (4, 4, stride));
     assert_eq!(graphed.num_attention_items, 2 * eager.num_attention_items);
     let l = packer.layout().clone();
@@ -313,6 +314,15 @@ fn a_step_for_a_graph_is_padded_to_its_batch_and_strides_its_tables_at_the_capac
     assert!(packer.logit_uses()[2..].iter().all(|u| *u == LogitUse::None));
     // A batch smaller than the plan is refused.
     assert!(packer.pack_for_graph(&plan, &pad, 1, true, &mut words).is_err());
+}
+
+#[test]
+fn graph_strides_are_powers_of_two_up_to_the_capacity() {
+    let strides: Vec<usize> =
+        [0, 1, 8, 9, 16, 17, 2561].map(|n| graph_table_stride(n, 2561)).into();
+    assert_eq!(strides, [8, 8, 8, 16, 16, 32, 2561]);
+    assert_eq!(graph_table_stride(1000, 1000), 1000, "never past the capacity");
+    assert_eq!(graph_table_stride(9, 10), 10);
 }
 
 #[test]

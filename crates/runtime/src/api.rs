@@ -72,8 +72,9 @@ pub struct EngineConfig {
     pub matmul_precision: MatmulPrecision,
     /// Default sampling seed for requests that give none.
     pub seed: u64,
-    /// On a CUDA device, decode steps replay a CUDA graph per padded batch size (captured on the
-    /// first step of that size); `false` launches every step eagerly. Both give the same bits.
+    /// On a CUDA device, decode steps replay a CUDA graph per padded batch size and block-table
+    /// stride (captured on the first step of that kind); `false` launches every step eagerly.
+    /// Both give the same bits.
     /// No effect on the CPU.
     pub cuda_graphs: bool,
     /// On a CUDA device, tokens are chosen (bias, penalties, min-p, top-k, top-p, seeded draws)

@@ -96,11 +96,21 @@ pub(crate) struct MoeScratch {
     pub shared_out: Span<f32>,
 }
 
+/// What a decode graph's launches are fixed by: the padded batch, whether routing is captured,
+/// whether attention is split, and the block tables' stride.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct GraphKey {
+    pub batch: usize,
+    pub capture_routing: bool,
+    pub split: bool,
+    pub table_stride: usize,
+}
+
 /// A worker's device pools and host buffers.
 pub struct GpuCaches {
-    /// The decode graphs captured so far, by (padded batch, routing captured, attention split):
-    /// they hold the addresses of the buffers below.
-    pub(crate) graphs: HashMap<(usize, bool, bool), Graph>,
+    /// The decode graphs captured so far, by [`GraphKey`]: they hold the addresses of the buffers
+    /// below.
+    pub(crate) graphs: HashMap<GraphKey, Graph>,
     pub(crate) shape: GpuCacheShape,
     pub(crate) arena: Arc<DeviceArena>,
     pub(crate) kv: KvPool,

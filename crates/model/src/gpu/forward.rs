@@ -7,7 +7,7 @@
 
 use super::{
     GpuModel,
-    caches::{Activations, GpuCaches},
+    caches::{Activations, GpuCaches, GraphKey},
     weights::{GpuAttention, GpuBlock, GpuMamba, GpuMatrix, GpuMatrixData, GpuMlp, GpuMoe},
 };
 use crate::{
@@ -142,7 +142,8 @@ impl GpuModel {
     /// size. `pad` is the sequence the batch is padded with up to the graph's size (one token
     /// without logits on the scratch block and scratch state), so a handful of graphs serve
     /// every decode step; a replay gives the eager forward's bits, since every kernel argument
-    /// is a function of the batch size and every input sits at a fixed address.
+    /// is a function of the batch size and the block tables' stride (the graph's key) and every
+    /// input sits at a fixed address.
     pub fn forward_graph(
         &self,
         caches: &mut GpuCaches,
@@ -168,7 +169,12 @@ impl GpuModel {
         }
         // A graph's grid is fixed: split, it spans every partition of the positions there are.
         let split = splits_attention(plan, step.num_seqs);
-        let key = (step.num_tokens, capture_routing, split);
+        let key = GraphKey {
+            batch: step.num_tokens,
+            capture_routing,
+            split,
+            table_stride: step.block_table_stride,
+        };
         if !caches.graphs.contains_key(&key) {
             let arena = caches.arena.clone();
             let mut ctx = Ctx::new(self, &arena, caches, step, capture_routing)?;

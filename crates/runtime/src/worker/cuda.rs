@@ -18,8 +18,9 @@
 //! buffer again: the copy worker waits on the slot's event on its own thread, compute never
 //! waits on the host.
 //!
-//! Decode steps replay CUDA graphs, one per padded batch size ([`graph_batch`]), padded with one
-//! token on the scratch block and scratch state; everything else runs eagerly.
+//! Decode steps replay CUDA graphs, one per padded batch size ([`graph_batch`]) and block-table
+//! stride, padded with one token on the scratch block and scratch state; everything else runs
+//! eagerly.
 //!
 //! Memory given back between rollout steps ([`Worker::release_memory`]): the weights' arena is
 //! freed with its layout kept and allocated again on resume, where the checkpoint's values are
