@@ -167,7 +167,7 @@ impl GpuModel {
                     .into(),
             ));
         }
-        // A graph's grid is fixed: split, it spans every partition of the positions there are.
+        // A graph's grid is fixed: split, it spans every partition its steps' positions can reach.
         let split = splits_attention(plan, step.num_seqs);
         let key = GraphKey {
             batch: step.num_tokens,
@@ -178,7 +178,12 @@ impl GpuModel {
         if !caches.graphs.contains_key(&key) {
             let arena = caches.arena.clone();
             let mut ctx = Ctx::new(self, &arena, caches, step, capture_routing)?;
-            let parts = attention_parts(caches.shape.max_positions, ATTN_PARTITION_TILES);
+            // Every position of the graph's steps lies in its sequence's table, so within the
+            // stride's blocks: the split spans their partitions, not those of the longest context
+            // the engine takes (80 at 40k positions, most of whose CTAs would only return).
+            let reach = step.block_table_stride * caches.kv.block_size;
+            let parts =
+                attention_parts(reach.min(caches.shape.max_positions), ATTN_PARTITION_TILES);
             ctx.split_parts = split.then_some(parts);
             let graph = self.dev.capture(|| ctx.run())?;
             caches.graphs.insert(key, graph);
