@@ -304,30 +304,10 @@ impl Ctx<'_> {
     ) -> Result<()> {
         let (dev, act, n) = (&self.model.dev, self.act, self.step.num_tokens);
         let c = &b.cfg;
-        let (qkv, q, heads) = (self.f32(act.qkv)?, self.f32(act.q)?, self.f32(act.attn)?);
-        self.gemm(normed, &b.qkv, qkv)?;
+        let (q, heads) = (self.f32(act.q)?, self.f32(act.attn)?);
         let kv = &self.caches.kv;
         let (kc, vc) = (self.arena.get(kv.k[b.kv_index])?, self.arena.get(kv.v[b.kv_index])?);
-        let rope = self.caches.rope.filter(|_| c.rope_theta.is_some());
-        let params = QkvHeadsParams {
-            num_heads: c.num_heads,
-            num_kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
-            rot_dim: c.head_dim,
-            eps: b.eps,
-        };
-        let buffers = QkvHeadsBuffers {
-            qkv,
-            q_norm: b.q_norm.map(|s| self.weight(s)).transpose()?,
-            k_norm: b.k_norm.map(|s| self.weight(s)).transpose()?,
-            cos_sin: rope.map(|s| self.f32(s)).transpose()?,
-            positions: self.v.positions,
-            slots: self.v.slot_mapping,
-            q,
-            k_cache: kc,
-            v_cache: vc,
-        };
-        dev.qkv_heads(&params, &buffers, n)?;
+        self.heads(b, normed, q, (kc, vc))?;
         let params = AttentionParams {
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
@@ -357,6 +337,40 @@ impl Ctx<'_> {
         };
         dev.paged_attention(&params, &buffers, (n, s.num_seqs, s.num_attention_items), split)?;
         self.gemm(heads, &b.o, out)
+    }
+
+    /// The step's heads: the fused q/k/v product of `normed`, then the queries normed and rotated
+    /// into `q`, the keys and values into this layer's caches.
+    fn heads(
+        &self,
+        b: &GpuAttention,
+        normed: DevSlice<'_, f32>,
+        q: DevSlice<'_, f32>,
+        (k_cache, v_cache): (DevSlice<'_, half::bf16>, DevSlice<'_, half::bf16>),
+    ) -> Result<()> {
+        let c = &b.cfg;
+        let qkv = self.f32(self.act.qkv)?;
+        self.gemm(normed, &b.qkv, qkv)?;
+        let rope = self.caches.rope.filter(|_| c.rope_theta.is_some());
+        let params = QkvHeadsParams {
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            rot_dim: c.head_dim,
+            eps: b.eps,
+        };
+        let buffers = QkvHeadsBuffers {
+            qkv,
+            q_norm: b.q_norm.map(|s| self.weight(s)).transpose()?,
+            k_norm: b.k_norm.map(|s| self.weight(s)).transpose()?,
+            cos_sin: rope.map(|s| self.f32(s)).transpose()?,
+            positions: self.v.positions,
+            slots: self.v.slot_mapping,
+            q,
+            k_cache,
+            v_cache,
+        };
+        Ok(self.model.dev.qkv_heads(&params, &buffers, self.step.num_tokens)?)
     }
 
     fn mamba(&self, b: &GpuMamba, normed: DevSlice<'_, f32>, out: DevSlice<'_, f32>) -> Result<()> {
