@@ -154,82 +154,47 @@ impl<'m> Plan<'m> {
         GpuMatrix { data, rows: m.rows(), cols: m.cols() }
     }
 
-    /// Matrices of one width stacked row-wise into one `[sum of rows, cols]` in their storage and
-    /// arithmetic, which must be one for all: a product with it gives each part's outputs side by
-    /// side, bit for bit each part's own (every output's sum runs over its weight row alone).
-    fn concatenated(&mut self, parts: &[&'m Matrix]) -> Result<GpuMatrix> {
-        let (first, cols) = (parts[0], parts[0].cols());
+    /// Matrices of one width stacked row-wise into one `[sum of rows, cols]`, in their storage
+    /// (bf16, or f32 for an f32 or f16 checkpoint) and arithmetic, which must be one for all: the
+    /// same projection of every expert (`[experts, rows, cols]`, the grouped kernels' layout), or
+    /// an attention's q, k and v, whose one product gives each part's outputs side by side, bit
+    /// for bit each part's own (every output's sum runs over its weight row alone). `what` names
+    /// the parts in a refusal.
+    fn stacked(&mut self, what: &str, parts: &[&'m Matrix]) -> Result<GpuMatrix> {
+        let first = parts.first();
+        let cols = first.map_or(0, |m| m.cols());
         let rows = parts.iter().map(|m| m.rows()).sum();
-        let bf16 = matches!(first.data(), MatrixData::Bf16(_));
-        let same = |m: &&Matrix| {
-            m.cols() == cols
-                && m.precision() == first.precision()
-                && matches!(m.data(), MatrixData::Bf16(_)) == bf16
-        };
-        if !parts.iter().all(same) {
-            return Err(unsupported(
-                "attention projections of different widths, storage or precision (they are \
-                 stacked in one matrix)"
-                    .into(),
-            ));
-        }
+        let bf16 = first.is_none_or(|m| matches!(m.data(), MatrixData::Bf16(_)));
+        let precision = first.map_or(MatmulPrecision::F32, |m| m.precision());
         let data = match bf16 {
-            true => GpuMatrixData::bf16(self.layout.push::<bf16>(rows * cols), first.precision()),
+            true => GpuMatrixData::bf16(self.layout.push::<bf16>(rows * cols), precision),
             false => GpuMatrixData::F32(self.layout.push::<f32>(rows * cols)),
         };
         let mut at = 0;
         for m in parts {
             let len = m.rows() * cols;
             let fill: Fill<'m> = match (data, m.data()) {
-                (GpuMatrixData::Bf16(span) | GpuMatrixData::Bf16Mma(span), MatrixData::Bf16(v)) => {
+                (GpuMatrixData::Bf16(span) | GpuMatrixData::Bf16Mma(span), MatrixData::Bf16(v))
+                    if m.precision() == precision && m.cols() == cols =>
+                {
                     let part = span.sub(at, len).expect("laid out for every part");
                     Box::new(move |a| a.upload(part, v).map_err(|e| e.to_string()))
                 }
-                (GpuMatrixData::F32(span), MatrixData::F32(v)) => {
+                (GpuMatrixData::F32(span), MatrixData::F32(v)) if m.cols() == cols => {
                     let part = span.sub(at, len).expect("laid out for every part");
                     Box::new(move |a| a.upload(part, v).map_err(|e| e.to_string()))
                 }
-                _ => unreachable!("every part has the first's storage"),
+                _ => {
+                    return Err(unsupported(format!(
+                        "{what} of more than one width, storage or precision (they are stacked \
+                         in one matrix)"
+                    )));
+                }
             };
             self.fills.push(fill);
             at += len;
         }
         Ok(GpuMatrix { data, rows, cols })
-    }
-
-    /// The same projection of every expert given, stacked `[experts, rows, cols]` in the
-    /// experts' storage (bf16, or f32 for an f32 or f16 checkpoint) and arithmetic, which must be
-    /// one for all.
-    fn stacked(&mut self, what: &str, parts: Vec<&'m Matrix>) -> Result<GpuMatrixData> {
-        let per = parts.first().map_or(0, |m| m.rows() * m.cols());
-        let bf16 = parts.first().is_none_or(|m| matches!(m.data(), MatrixData::Bf16(_)));
-        let precision = parts.first().map_or(MatmulPrecision::F32, |m| m.precision());
-        let data = match bf16 {
-            true => GpuMatrixData::bf16(self.layout.push::<bf16>(per * parts.len()), precision),
-            false => GpuMatrixData::F32(self.layout.push::<f32>(per * parts.len())),
-        };
-        for (e, m) in parts.into_iter().enumerate() {
-            let fill: Fill<'m> = match (data, m.data()) {
-                (GpuMatrixData::Bf16(span) | GpuMatrixData::Bf16Mma(span), MatrixData::Bf16(v))
-                    if m.precision() == precision =>
-                {
-                    let part = span.sub(e * per, per).expect("every expert has the same shape");
-                    Box::new(move |a| a.upload(part, v).map_err(|e| e.to_string()))
-                }
-                (GpuMatrixData::F32(span), MatrixData::F32(v)) => {
-                    let part = span.sub(e * per, per).expect("every expert has the same shape");
-                    Box::new(move |a| a.upload(part, v).map_err(|e| e.to_string()))
-                }
-                _ => {
-                    return Err(unsupported(format!(
-                        "expert {what} weights in more than one storage or precision (the \
-                         experts of a layer are stacked in one)"
-                    )));
-                }
-            };
-            self.fills.push(fill);
-        }
-        Ok(data)
     }
 }
 
@@ -350,7 +315,10 @@ fn attention<'m>(plan: &mut Plan<'m>, a: &'m Attention) -> Result<GpuAttention> 
     Ok(GpuAttention {
         cfg: a.cfg.clone(),
         kv_index: a.kv_index,
-        qkv: plan.concatenated(&[&a.q_proj, &a.k_proj, &a.v_proj])?,
+        qkv: plan.stacked(
+            "the attention's q, k and v projections",
+            &[&a.q_proj, &a.k_proj, &a.v_proj],
+        )?,
         o: plan.matrix(&a.o_proj),
         q_norm: a.q_norm.as_deref().map(|w| plan.vector(w)),
         k_norm: a.k_norm.as_deref().map(|w| plan.vector(w)),
@@ -384,13 +352,19 @@ fn mlp<'m>(plan: &mut Plan<'m>, m: &'m Mlp) -> GpuMlp {
 }
 
 fn moe<'m>(plan: &mut Plan<'m>, m: &'m Moe, index: usize) -> Result<GpuMoe> {
-    let gated = m.cfg.activation == FfnActivation::SwiGlu;
-    let gate = if gated {
-        let gates = m.experts.iter().map(|e| e.gate.as_ref().expect("SwiGLU experts have a gate"));
-        Some(plan.stacked("gate", gates.collect())?)
-    } else {
-        None
+    // One projection of every expert of the rank, stacked.
+    let mut stacked = |what: &str, of: fn(&'m Mlp) -> &'m Matrix| -> Result<GpuMatrixData> {
+        let parts: Vec<_> = m.experts.iter().map(of).collect();
+        Ok(plan.stacked(what, &parts)?.data)
     };
+    let up = stacked("expert up weights", |e| &e.up)?;
+    let gate = match m.cfg.activation {
+        FfnActivation::SwiGlu => Some(stacked("expert gate weights", |e| {
+            e.gate.as_ref().expect("SwiGLU experts have a gate")
+        })?),
+        FfnActivation::Relu2 => None,
+    };
+    let down = stacked("expert down weights", |e| &e.down)?;
     Ok(GpuMoe {
         kind: router_kind(&m.cfg.router),
         index,
@@ -404,9 +378,9 @@ fn moe<'m>(plan: &mut Plan<'m>, m: &'m Moe, index: usize) -> Result<GpuMoe> {
         activation: m.cfg.activation,
         router: plan.matrix(&m.router),
         router_bias: m.router_bias.as_deref().map(|b| plan.vector(b)),
-        up: plan.stacked("up", m.experts.iter().map(|e| &e.up).collect())?,
+        up,
         gate,
-        down: plan.stacked("down", m.experts.iter().map(|e| &e.down).collect())?,
+        down,
         shared: m.shared.as_ref().map(|s| mlp(plan, s)),
     })
 }
