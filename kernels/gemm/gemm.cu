@@ -50,8 +50,10 @@ extern "C" __global__ void __launch_bounds__(128) gemm_f32w_f32(
 // The one-row variants, for a decode step of one sequence. There the thin kernel's half-warp
 // walks k in rounds of DOT_UNROLL stripes, each a memory latency (eight rounds at k = 1024), and
 // its four columns keep the product's blocks fewer than the SMs for most projections. Here a
-// half-warp takes one column of one row and has DOT_ROW_UNROLL stripes in flight, so k = 1024
-// takes two rounds and a 1024-wide projection 128 blocks; the order of the sums is dot_tile's.
+// half-warp takes one column of one row and requests DOT_ROW_UNROLL stripes ahead, and a
+// 1024-wide projection takes 128 blocks; the order of the sums is dot_tile's. (ptxas keeps about
+// 13 of a lane's loads in flight rather than all 32, `benches/sass.py gemm/gemm.cu`: the gain is
+// mostly the SMs used.)
 //
 // Block: 128 threads, GEMM_HALF_WARPS half-warps along n. Grid: (m, ceil(n / GEMM_HALF_WARPS)).
 

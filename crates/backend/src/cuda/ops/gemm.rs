@@ -14,9 +14,9 @@ type GridOf = fn(usize, usize) -> Option<cfg::Shape>;
 /// same order, hence the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmTiling {
-    /// `gemm_bf16w_f32_row`, `gemm_f32w_f32_row`: a half-warp per output, 32 stripes of k in
-    /// flight, for a decode step of one sequence, whose products the thin kernel walks in rounds
-    /// of 8 stripes over fewer blocks than the SMs. On tensor cores, the thin kernel.
+    /// `gemm_bf16w_f32_row`, `gemm_f32w_f32_row`: a half-warp per output, 32 stripes of k
+    /// requested ahead, for a decode step of one sequence, whose narrow products the thin kernel
+    /// spreads over fewer blocks than the SMs. On tensor cores, the thin kernel.
     Row,
     /// `gemm_bf16w_f32`, `gemm_f32w_f32`, `gemm_bf16w_mma`: every thread reads its own input
     /// rows, so an input element is read once per 4 output columns (once per 16 on tensor
@@ -35,10 +35,11 @@ pub enum GemmTiling {
 
 impl GemmTiling {
     /// The tiling [`CudaDevice::gemm`] takes for `m` rows by `n` columns, on tensor cores if
-    /// `mma`: one row in `f32` by the row kernel; thin up to [`cfg::GEMM_THIN_MAX_ROWS`] rows; beyond, where the thin kernels' input
-    /// reads outgrow their weights, a staged kernel, with blocks bigger than the thin ones (the
-    /// `f32` kernel, the wide tensor-core one) only where its grid still has
-    /// [`cfg::GEMM_BIG_MIN_BLOCKS`] blocks. A narrow `f32` product of a few dozen rows stays thin.
+    /// `mma`: one row in `f32` by the row kernel; thin up to [`cfg::GEMM_THIN_MAX_ROWS`] rows;
+    /// beyond, where the thin kernels' input reads outgrow their weights, a staged kernel, with
+    /// blocks bigger than the thin ones (the `f32` kernel, the wide tensor-core one) only where
+    /// its grid still has [`cfg::GEMM_BIG_MIN_BLOCKS`] blocks. A narrow `f32` product of a few
+    /// dozen rows stays thin.
     pub fn for_shape(m: usize, n: usize, mma: bool) -> Self {
         let blocks = |s: Option<cfg::Shape>| s.map_or(0, |s| s.grid.0 as usize * s.grid.1 as usize);
         let big = |s| blocks(s) >= cfg::GEMM_BIG_MIN_BLOCKS;
