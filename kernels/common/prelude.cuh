@@ -156,3 +156,30 @@ __device__ __forceinline__ u32 total_order_key(float f) {
     u32 b = __float_as_uint(f);
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
+
+// Thread block clusters (sm_90 on): a cluster's blocks run at once and read each other's shared
+// memory. Without them a cluster is one block (the host launches one block per cluster,
+// CudaDevice::cluster_blocks): cluster_sync is the block's barrier, a block maps only to itself.
+// The simulator brings its own (its runtime).
+#if defined(ROUTED_SIM)
+#define ROUTED_CLUSTERS 1
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define ROUTED_CLUSTERS 1
+// Every thread of every block of the cluster; shared memory written before it is seen by the
+// other blocks' reads after it (release, then acquire).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The generic address that `p`, in this block's shared memory, has in block `rank` of the cluster.
+template <typename T>
+__device__ __forceinline__ T* cluster_map(T* p, u32 rank) {
+    u64 out;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"((u64)p), "r"(rank));
+    return (T*)out;
+}
+#else
+#define ROUTED_CLUSTERS 0
+__device__ __forceinline__ void cluster_sync() { __syncthreads(); }
+template <typename T>
+__device__ __forceinline__ T* cluster_map(T* p, u32) { return p; }
+#endif

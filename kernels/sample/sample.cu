@@ -1,48 +1,18 @@
-// Token selection from a row of logits: greedy argmax, log-softmax, and seeded sampling with
-// temperature, top-k and top-p. One block of SAMPLE_THREADS threads per row; every reduction is a
-// fixed tree (thread stripes, then warp butterflies, then the warps' partials), so a row's result
-// never depends on the other rows.
+// Token selection from a row of logits: greedy argmax, log-softmax, seeded sampling with
+// temperature, top-k, min-p and top-p, and the ranks and alternatives of logprobs. argmax takes a
+// block of SAMPLE_THREADS threads per row; the others, which read a row several times, a cluster
+// of SAMPLE_CLUSTER such blocks (one where the device has no clusters), each over its stripes of
+// the row. Every reduction is a fixed tree (thread stripes, warp butterflies, the warps' partials,
+// then the blocks' in rank order), so a row's result never depends on the other rows.
 
 #define SAMPLE_THREADS 512
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
-
-template <typename T>
-__device__ __forceinline__ T warp_reduce_sum(T v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v;
-}
-
-// Sum over the block in a fixed tree; every thread gets the total. `scratch` holds a value per
-// warp plus one.
-template <typename T>
-__device__ T block_sum(T v, T* scratch) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    v = warp_reduce_sum(v);
-    __syncthreads();  // scratch is free again
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        T w = lane < SAMPLE_WARPS ? scratch[lane] : (T)0;
-        w = warp_reduce_sum(w);
-        if (lane == 0) scratch[SAMPLE_WARPS] = w;
-    }
-    __syncthreads();
-    return scratch[SAMPLE_WARPS];
-}
-
-__device__ float block_max(float v, float* scratch) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float w = warp_max(lane < SAMPLE_WARPS ? scratch[lane] : neg_inf());
-        if (lane == 0) scratch[SAMPLE_WARPS] = w;
-    }
-    __syncthreads();
-    return scratch[SAMPLE_WARPS];
-}
+#define SAMPLE_CLUSTER 8
+#if ROUTED_CLUSTERS
+#define SAMPLE_CLUSTER_DIMS __cluster_dims__(SAMPLE_CLUSTER, 1, 1)
+#else
+#define SAMPLE_CLUSTER_DIMS
+#endif
 
 // Index of the first maximum (ties to the lower index), cpu::argmax.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) argmax_f32(
@@ -76,26 +46,6 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) argmax_f32(
     if (threadIdx.x == 0) out[blockIdx.x] = (u32)best_i[0];
 }
 
-// log_z = max + log(sum(exp(x - max))) (the exponentials by the CPU's polynomial), and, when `out`
-// is not null, out[i] = x[i] - log_z (cpu::log_softmax).
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) log_softmax_f32(
-    const float* __restrict__ logits,  // device [num_rows, vocab]
-    float* __restrict__ out,           // device [num_rows, vocab] or null
-    float* __restrict__ log_z,         // device [num_rows]
-    int vocab) {
-    __shared__ float scratch[SAMPLE_WARPS + 1];
-    const float* row = logits + (u64)blockIdx.x * vocab;
-    float mx = neg_inf();
-    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) mx = fmaxf(mx, row[i]);
-    mx = block_max(mx, scratch);
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) sum = add(sum, exp_nonpositive(sub(row[i], mx)));
-    sum = block_sum(sum, scratch);
-    const float lz = add(mx, logf(sum));
-    if (threadIdx.x == 0) log_z[blockIdx.x] = lz;
-    if (!out) return;
-    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) out[(u64)blockIdx.x * vocab + i] = sub(row[i], lz);
-}
 
 // Per-row sampling parameters; the Rust side mirrors this layout.
 struct SampleParams {
@@ -122,35 +72,117 @@ __device__ __forceinline__ u64 rank_key(float logit, int i) {
     return ((u64)total_order_key(logit) << 32) | (u64)(0xffffffffu - (u32)i);
 }
 
-// The largest rank key over the block; every thread gets it.
-__device__ u64 block_max_key(u64 v, u64* scratch) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(FULL_MASK, v, o));
-    __syncthreads();  // scratch is free again
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        u64 w = lane < SAMPLE_WARPS ? scratch[lane] : 0ull;
-        for (int o = 16; o > 0; o >>= 1) w = max(w, __shfl_xor_sync(FULL_MASK, w, o));
-        if (lane == 0) scratch[SAMPLE_WARPS] = w;
-    }
-    __syncthreads();
-    return scratch[SAMPLE_WARPS];
-}
-
 #define SEARCH_WAYS 8
 
-// Each thread's SEARCH_WAYS masses and counts reduced over the block, the result in every thread:
-// butterflies within each warp (whose lanes all end with the same value, addition being
-// commutative), then every thread folds the warps' partials in warp order. Fixed trees, two
-// barriers for all 2 * SEARCH_WAYS values.
-struct SearchScratch {
+// Candidates a thread lists for the later passes of a search (search_cut): its tokens inside the
+// interval, in stripe order.
+#define SEARCH_LIST 8
+
+// Words a block publishes per exchange: a search pass's masses and counts.
+#define EXCHANGE_WORDS (2 * SEARCH_WAYS)
+
+// The shared memory of a row's block (dynamic, as a kernel launched in clusters keeps it).
+#define SAMPLE_SMEM_BYTES 20480
+struct RowShared {
+    // This block's partials, for the other blocks to read: two, so that an exchange never
+    // overwrites the one before it while a block may still be reading it.
+    u64 part[2][EXCHANGE_WORDS];
+    // Every block's partials of the last exchange, in rank order.
+    u64 gathered[SAMPLE_CLUSTER][EXCHANGE_WORDS];
+    // The warps' partials: a word per warp, or a search pass's masses and counts per warp.
+    u64 words[SAMPLE_WARPS];
     double mass[SEARCH_WAYS][SAMPLE_WARPS];
     u32 count[SEARCH_WAYS][SAMPLE_WARPS];
+    // A search's candidates: SEARCH_LIST ids per thread, entry c of thread t at
+    // [c * SAMPLE_THREADS + t].
+    int listed_ids[SEARCH_LIST * SAMPLE_THREADS];
+};
+static_assert(sizeof(RowShared) <= SAMPLE_SMEM_BYTES, "SAMPLE_SMEM_BYTES holds a row block's shared memory");
+
+// The block's shared memory through its symbol, so that ptxas knows the accesses are shared ones
+// (a pointer kept in a register would be generic).
+__device__ __forceinline__ RowShared& row_shared() {
+    extern __shared__ u64 sample_smem[];
+    return *reinterpret_cast<RowShared*>(sample_smem);
+}
+
+// A block's share of its row: the row is blockIdx.y, the block blockIdx.x of the gridDim.x blocks
+// (a cluster's ranks) that take it; thread t of block b takes tokens b * SAMPLE_THREADS + t,
+// stepping over the cluster's threads. Those figures come from the special registers where used
+// rather than holding registers of their own.
+struct RowPart {
+    int parity;  // the `part` the next exchange publishes
+    __device__ __forceinline__ int num_ranks() const { return (int)gridDim.x; }
+    __device__ __forceinline__ int first() const { return (int)(blockIdx.x * SAMPLE_THREADS + threadIdx.x); }
+    __device__ __forceinline__ int stride() const { return (int)(gridDim.x * SAMPLE_THREADS); }
 };
 
-__device__ __forceinline__ void block_reduce_ways(
-    double (&mass)[SEARCH_WAYS], u32 (&count)[SEARCH_WAYS], SearchScratch* sh) {
+// Publishes the block's `n` words (in part[parity], written before the call) and gathers every
+// block's into `gathered`, in rank order, for every thread to fold. A block writes a `part` again
+// two exchanges later, after the cluster barrier of the one between, which every block reaches
+// only once done reading it. Kernels end with cluster_sync, so that no block leaves while another
+// may still read its partials.
+__device__ __forceinline__ void exchange(RowPart& g, int n) {
+    RowShared& s = row_shared();
+    cluster_sync();
+    if ((int)threadIdx.x < g.num_ranks() * n) {
+        const int r = threadIdx.x / n, w = threadIdx.x % n;
+        s.gathered[r][w] = *cluster_map(&s.part[g.parity][w], (u32)r);
+    }
+    __syncthreads();
+    g.parity ^= 1;
+}
+
+__device__ __forceinline__ u64 to_word(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ u64 to_word(u64 v) { return v; }
+template <typename T>
+__device__ __forceinline__ T from_word(u64 w);
+template <>
+__device__ __forceinline__ float from_word<float>(u64 w) { return __uint_as_float((u32)w); }
+template <>
+__device__ __forceinline__ u64 from_word<u64>(u64 w) { return w; }
+
+// `op` over the row, every thread's `v`, the result in every thread: butterflies within each warp,
+// then thread 0 folds the warps' in order, then every thread folds the blocks' in rank order. A
+// fixed tree, whatever the rows beside.
+template <typename T, typename Op>
+__device__ __forceinline__ T row_reduce(T v, RowPart& g, Op op) {
+    RowShared& s = row_shared();
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(FULL_MASK, v, o));
+    __syncthreads();  // the warps' words are free again
+    if (threadIdx.x % 32 == 0) s.words[threadIdx.x / 32] = to_word(v);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        T b = from_word<T>(s.words[0]);
+        for (int w = 1; w < SAMPLE_WARPS; ++w) b = op(b, from_word<T>(s.words[w]));
+        s.part[g.parity][0] = to_word(b);
+    }
+    exchange(g, 1);
+    T r = from_word<T>(s.gathered[0][0]);
+    for (int q = 1; q < g.num_ranks(); ++q) r = op(r, from_word<T>(s.gathered[q][0]));
+    return r;
+}
+
+__device__ __forceinline__ u64 row_max_key(u64 v, RowPart& g) {
+    return row_reduce(v, g, [](u64 a, u64 b) { return max(a, b); });
+}
+__device__ __forceinline__ float row_max(float v, RowPart& g) {
+    return row_reduce(v, g, [](float a, float b) { return fmaxf(a, b); });
+}
+__device__ __forceinline__ float row_sum(float v, RowPart& g) {
+    return row_reduce(v, g, [](float a, float b) { return add(a, b); });
+}
+__device__ __forceinline__ u64 row_count(u64 v, RowPart& g) {
+    return row_reduce(v, g, [](u64 a, u64 b) { return a + b; });
+}
+
+// A search pass's SEARCH_WAYS masses and counts over the row, the result in every thread:
+// butterflies within each warp, then thread j folds figure j of the warps in order (the block's),
+// then every thread folds the blocks' in rank order. The per-way arrays are indexed by constants
+// only (see search_cut).
+__device__ __forceinline__ void row_reduce_ways(
+    double (&mass)[SEARCH_WAYS], u32 (&count)[SEARCH_WAYS], RowPart& g) {
+    RowShared& s = row_shared();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
     for (int j = 0; j < SEARCH_WAYS; ++j) {
@@ -159,44 +191,64 @@ __device__ __forceinline__ void block_reduce_ways(
             count[j] += __shfl_xor_sync(FULL_MASK, count[j], o);
         }
     }
-    __syncthreads();  // the scratch is free again
+    __syncthreads();  // the warps' figures are free again
     if (lane == 0) {
 #pragma unroll
-        for (int j = 0; j < SEARCH_WAYS; ++j) {
-            sh->mass[j][warp] = mass[j];
-            sh->count[j][warp] = count[j];
-        }
+        for (int j = 0; j < SEARCH_WAYS; ++j) s.mass[j][warp] = mass[j], s.count[j][warp] = count[j];
     }
     __syncthreads();
+    const int j = threadIdx.x;
+    if (j < SEARCH_WAYS) {
+        double m = 0.0;
+        for (int w = 0; w < SAMPLE_WARPS; ++w) m += s.mass[j][w];
+        s.part[g.parity][j] = (u64)__double_as_longlong(m);
+    } else if (j < EXCHANGE_WORDS) {
+        u32 c = 0;
+        for (int w = 0; w < SAMPLE_WARPS; ++w) c += s.count[j - SEARCH_WAYS][w];
+        s.part[g.parity][j] = c;
+    }
+    exchange(g, EXCHANGE_WORDS);
 #pragma unroll
     for (int j = 0; j < SEARCH_WAYS; ++j) {
         mass[j] = 0.0, count[j] = 0;
-        for (int w = 0; w < SAMPLE_WARPS; ++w) {
-            mass[j] += sh->mass[j][w];
-            count[j] += sh->count[j][w];
+        for (int r = 0; r < g.num_ranks(); ++r) {
+            mass[j] += __longlong_as_double((i64)s.gathered[r][j]);
+            count[j] += (u32)s.gathered[r][SEARCH_WAYS + j];
         }
     }
 }
 
-// Candidates a thread lists for the later passes of a search (search_cut): its tokens inside the
-// interval, in stripe order.
-#define SEARCH_LIST 8
-
-// Where a search keeps its candidates: SEARCH_LIST ids per thread (entry c of thread t at
-// ids[c * SAMPLE_THREADS + t]), and a scratch for the block's largest figures.
-struct SearchList {
-    int* ids;
-    u64* scratch;
-};
+// log_z = max + log(sum(exp(x - max))) (the exponentials by the CPU's polynomial), and, when `out`
+// is not null, out[i] = x[i] - log_z (cpu::log_softmax).
+extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(SAMPLE_THREADS) log_softmax_f32(
+    const float* __restrict__ logits,  // device [num_rows, vocab]
+    float* __restrict__ out,           // device [num_rows, vocab] or null
+    float* __restrict__ log_z,         // device [num_rows]
+    int vocab) {
+    RowPart g{0};
+    const float* row = logits + (u64)blockIdx.y * vocab;
+    float mx = neg_inf();
+    for (int i = g.first(); i < vocab; i += g.stride()) mx = fmaxf(mx, row[i]);
+    mx = row_max(mx, g);
+    float sum = 0.0f;
+    for (int i = g.first(); i < vocab; i += g.stride()) sum = add(sum, exp_nonpositive(sub(row[i], mx)));
+    sum = row_sum(sum, g);
+    const float lz = add(mx, logf(sum));
+    if (threadIdx.x == 0 && blockIdx.x == 0) log_z[blockIdx.y] = lz;
+    if (out) {
+        for (int i = g.first(); i < vocab; i += g.stride()) out[(u64)blockIdx.y * vocab + i] = sub(row[i], lz);
+    }
+    cluster_sync();
+}
 
 // Calls f(i) for this thread's tokens: its list's `num_listed` entries, or (num_listed < 0) its
-// stripe of the row, in ascending order either way.
+// stripes of the row, in ascending order either way.
 template <typename F>
-__device__ __forceinline__ void for_each_token(int vocab, int num_listed, const int* ids, F f) {
+__device__ __forceinline__ void for_each_token(int vocab, int num_listed, const RowPart& g, F f) {
     if (num_listed >= 0) {
-        for (int c = 0; c < num_listed; ++c) f(ids[c * SAMPLE_THREADS + threadIdx.x]);
+        for (int c = 0; c < num_listed; ++c) f(row_shared().listed_ids[c * SAMPLE_THREADS + threadIdx.x]);
     } else {
-        for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) f(i);
+        for (int i = g.first(); i < vocab; i += g.stride()) f(i);
     }
 }
 
@@ -208,11 +260,11 @@ __device__ __forceinline__ void for_each_token(int vocab, int num_listed, const 
 //
 // Each pass splits the interval at SEARCH_WAYS pivots and sums, per pivot, the weight and the
 // number of tokens from it to hi: the interval becomes the bucket holding the cut, until a bucket
-// holds one token, whose key a last pass takes. Every sum is a fixed tree over the block
-// (block_reduce_ways), so the cut depends on the row alone.
+// holds one token, whose key a last pass takes. Every sum is a fixed tree over the row's blocks
+// (row_reduce_ways), so the cut depends on the row alone.
 //
 // A pass over the whole row also lists each thread's tokens inside the interval. Once every
-// thread's fit in SEARCH_LIST (after a pass or two the interval holds few tokens), the passes
+// thread's (of every block) fit in SEARCH_LIST (after a pass or two the interval holds few tokens), the passes
 // visit the lists instead of the row: the same tokens of each thread (the interval only shrinks)
 // in the same order, so each thread's sums, and every cut, are those of whole-row passes, which
 // read the row again each time the interval narrows SEARCH_WAYS-fold.
@@ -224,7 +276,7 @@ __device__ __forceinline__ void for_each_token(int vocab, int num_listed, const 
 template <typename Weight>
 __device__ u64 search_cut(
     const float* row, int vocab, u64 lo, u64 hi, double above, double target, bool relative,
-    bool strict, Weight weight, SearchScratch* sh, SearchList list) {
+    bool strict, Weight weight, RowPart& g) {
     // Entries of this thread's list once every thread's candidates fit (valid or not on every
     // thread alike), else -1.
     int num_listed = -1;
@@ -238,9 +290,9 @@ __device__ u64 search_cut(
         u32 count[SEARCH_WAYS];
 #pragma unroll
         for (int j = 0; j < SEARCH_WAYS; ++j) mass[j] = 0.0, count[j] = 0;
-        int* record = num_listed < 0 ? list.ids : nullptr;
+        int* record = num_listed < 0 ? row_shared().listed_ids : nullptr;
         int listed = 0;
-        for_each_token(vocab, num_listed, list.ids, [&](int i) {
+        for_each_token(vocab, num_listed, g, [&](int i) {
             const u64 k = rank_key(row[i], i);
             if (k < lo || k > hi) return;
             if (record) {
@@ -253,9 +305,8 @@ __device__ u64 search_cut(
                 if (pivot[j] != ~0ull && k >= pivot[j]) mass[j] += w, count[j] += 1;
             }
         });
-        block_reduce_ways(mass, count, sh);
-        if (num_listed < 0 && block_max_key((u64)listed, list.scratch) <= SEARCH_LIST)
-            num_listed = listed;
+        row_reduce_ways(mass, count, g);
+        if (num_listed < 0 && row_max_key((u64)listed, g) <= SEARCH_LIST) num_listed = listed;
         if (first && relative) target *= above + mass[0];
         // The bucket [from, next) holding the cut: the last way whose sum passes, its figures
         // taken as the ways are visited.
@@ -278,11 +329,11 @@ __device__ u64 search_cut(
         if (from_count - (last ? 0u : next_count) == 1) {
             // One token in [lo, hi]: its key.
             u64 key = 0;
-            for_each_token(vocab, num_listed, list.ids, [&](int i) {
+            for_each_token(vocab, num_listed, g, [&](int i) {
                 const u64 k = rank_key(row[i], i);
                 if (k >= lo && k <= hi) key = k;
             });
-            return block_max_key(key, list.scratch);
+            return row_max_key(key, g);
         }
     }
     return lo;
@@ -296,50 +347,47 @@ __device__ u64 search_cut(
 // over rank keys with block-wide sums (search_cut; masses in f64 where the host sums exactly): the
 // token equals the CPU's except when u lands within rounding of a boundary of the CDF or the
 // top-p cut.
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
+extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(SAMPLE_THREADS) sample_f32(
     const float* __restrict__ logits,          // device [num_rows, vocab]
     const SampleParams* __restrict__ params,   // device [num_rows]
     u32* __restrict__ out,                     // device [num_rows]
     int vocab) {
-    __shared__ float fscratch[SAMPLE_WARPS + 1];
-    __shared__ u64 uscratch[SAMPLE_WARPS + 1];
-    __shared__ SearchScratch sh;
-    __shared__ int listed_ids[SEARCH_LIST * SAMPLE_THREADS];
-    const SearchList list{listed_ids, uscratch};
-    const float* row = logits + (u64)blockIdx.x * vocab;
-    const SampleParams pr = params[blockIdx.x];
+    RowPart g{0};
+    const float* row = logits + (u64)blockIdx.y * vocab;
+    const SampleParams pr = params[blockIdx.y];
     float mx = neg_inf();
     u64 top = 0;
-    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
+    for (int i = g.first(); i < vocab; i += g.stride()) {
         mx = fmaxf(mx, row[i]);
         top = max(top, rank_key(row[i], i));
     }
-    mx = block_max(mx, fscratch);
-    top = block_max_key(top, uscratch);
+    mx = row_max(mx, g);
+    top = row_max_key(top, g);
     const float inv_t = dvd(1.0f, pr.temperature);
     auto one = [](int) { return 1.0; };
     // The host sampler's weights, bit for bit: the CPU's polynomial exp.
     auto prob = [=](int i) { return (double)exp_nonpositive(mul(sub(row[i], mx), inv_t)); };
     u64 floor = 0;
     if (pr.top_k > 0 && pr.top_k < (u32)vocab)
-        floor = search_cut(row, vocab, 0, top, 0.0, (double)pr.top_k, false, false, one, &sh, list);
+        floor = search_cut(row, vocab, 0, top, 0.0, (double)pr.top_k, false, false, one, g);
     if (pr.min_p > 0.0f) {
         // The last kept candidate is the smallest key whose probability reaches min_p; the most
         // likely token (probability 1) always does, as the CPU keeps at least one.
         u64 last = ~0ull;
-        for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
+        for (int i = g.first(); i < vocab; i += g.stride()) {
             u64 k = rank_key(row[i], i);
             bool keep = k >= floor && exp_nonpositive(mul(sub(row[i], mx), inv_t)) >= pr.min_p;
             if (keep && k < last) last = k;
         }
-        floor = ~block_max_key(~last, uscratch);
+        floor = ~row_max_key(~last, g);
     }
     if (pr.top_p < 1.0f)
         floor = search_cut(
-            row, vocab, floor, top, 0.0, (double)pr.top_p, true, false, prob, &sh, list);
+            row, vocab, floor, top, 0.0, (double)pr.top_p, true, false, prob, g);
     const double u = uniform(pr.seed, pr.index);
-    const u64 chosen = search_cut(row, vocab, floor, top, 0.0, u, true, true, prob, &sh, list);
-    if (threadIdx.x == 0) out[blockIdx.x] = 0xffffffffu - (u32)(chosen & 0xffffffffull);
+    const u64 chosen = search_cut(row, vocab, floor, top, 0.0, u, true, true, prob, g);
+    if (threadIdx.x == 0 && blockIdx.x == 0) out[blockIdx.y] = 0xffffffffu - (u32)(chosen & 0xffffffffull);
+    cluster_sync();
 }
 
 // One token's logit bias and penalties (crate::logit_edits): the CPU sampler's passes over that
@@ -407,8 +455,8 @@ extern "C" __global__ void gather_logprob_f32(
 // (logit - log_z). Integer keys make both exact: the ids and ranks are the CPU's whatever the
 // reduction tree. Each of the n rounds takes the largest key below the previous round's.
 //
-// Grid: one block of SAMPLE_THREADS per row.
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) top_logprobs_f32(
+// Grid: a cluster per row, as sample_f32.
+extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(SAMPLE_THREADS) top_logprobs_f32(
     const float* __restrict__ logits,  // device [num_rows, vocab]
     const u32* __restrict__ chosen,    // device [num_rows]
     const float* __restrict__ log_z,   // device [num_rows]
@@ -417,28 +465,31 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) top_logprobs_f32(
     u32* __restrict__ ranks,           // device [num_rows]
     int vocab,
     int n) {
-    __shared__ u64 uscratch[SAMPLE_WARPS + 1];
-    const float* row = logits + (u64)blockIdx.x * vocab;
-    const u32 token = chosen[blockIdx.x];
+    RowPart g{0};
+    const u32 r = blockIdx.y;
+    const float* row = logits + (u64)r * vocab;
+    const u32 token = chosen[r];
     const u64 key = rank_key(row[token], (int)token);
     u64 ahead = 0;
-    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) ahead += rank_key(row[i], i) > key ? 1ull : 0ull;
-    ahead = block_sum(ahead, uscratch);
-    if (threadIdx.x == 0) ranks[blockIdx.x] = ahead < 0xffffffffull ? (u32)(ahead + 1) : 0xffffffffu;
+    for (int i = g.first(); i < vocab; i += g.stride()) ahead += rank_key(row[i], i) > key ? 1ull : 0ull;
+    ahead = row_count(ahead, g);
+    const bool lead = threadIdx.x == 0 && blockIdx.x == 0;
+    if (lead) ranks[r] = ahead < 0xffffffffull ? (u32)(ahead + 1) : 0xffffffffu;
     u64 below = 0;
     for (int j = 0; j < n; ++j) {
         u64 best = 0;
-        for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
+        for (int i = g.first(); i < vocab; i += g.stride()) {
             u64 k = rank_key(row[i], i);
             if ((j == 0 || k < below) && k > best) best = k;
         }
-        best = block_max_key(best, uscratch);
-        if (threadIdx.x == 0) {
+        best = row_max_key(best, g);
+        if (lead) {
             u32 id = 0xffffffffu - (u32)(best & 0xffffffffull);
-            u64 at = (u64)blockIdx.x * n + j;
+            u64 at = (u64)r * n + j;
             top_ids[at] = id;
-            top_logprobs[at] = sub(row[id], log_z[blockIdx.x]);
+            top_logprobs[at] = sub(row[id], log_z[r]);
         }
         below = best;
     }
+    cluster_sync();
 }

@@ -41,9 +41,22 @@ impl Arch {
     /// Whether it has bf16 tensor cores (`mma.sync` with bf16 inputs: sm_80 and later). The
     /// simulator has them.
     pub fn has_bf16_mma(&self) -> bool {
-        let Some(digits) = self.0.strip_prefix("sm_") else { return self.0 == "sim" };
+        self.major().map_or(self.0 == "sim", |v| v >= 80)
+    }
+
+    /// The number of `sm_<number>[suffix]` (90 for `sm_90a`); `None` for the simulator.
+    fn major(&self) -> Option<u32> {
+        let digits = self.0.strip_prefix("sm_")?;
         let end = digits.find(|c: char| !c.is_ascii_digit()).unwrap_or(digits.len());
-        digits[..end].parse::<u32>().is_ok_and(|v| v >= 80)
+        digits[..end].parse().ok()
+    }
+
+    /// Whether it has thread block clusters (sm_90 and later): the kernels compiled for it then
+    /// take a row's sampling in a cluster of [`SAMPLE_CLUSTER`] blocks. The simulator has them.
+    ///
+    /// [`SAMPLE_CLUSTER`]: super::launch::SAMPLE_CLUSTER
+    pub fn has_clusters(&self) -> bool {
+        self.major().map_or(self.0 == "sim", |v| v >= 90)
     }
 
     /// The name, as NVRTC's `--gpu-architecture` takes it.
@@ -243,6 +256,13 @@ mod tests {
         assert!(!has(7, 5) && has(8, 0) && has(8, 6) && has(9, 0) && has(10, 0) && has(12, 0));
         assert!(Arch::simulator().has_bf16_mma());
         assert!(Arch("sm_90a".into()).has_bf16_mma() && !Arch("compute_75".into()).has_bf16_mma());
+    }
+
+    #[test]
+    fn clusters_from_sm_90() {
+        let has = |major, minor| Arch::from_capability(major, minor).has_clusters();
+        assert!(!has(8, 0) && !has(8, 9) && has(9, 0) && has(10, 0) && has(12, 0));
+        assert!(Arch::simulator().has_clusters() && Arch("sm_90a".into()).has_clusters());
     }
 
     #[test]

@@ -214,6 +214,17 @@ impl CudaDevice {
         self.inner.bf16_mma
     }
 
+    /// Blocks per row of the row-wide sampling kernels: a cluster of [`SAMPLE_CLUSTER`] where the
+    /// device has clusters (the kernels were compiled with them), else one.
+    ///
+    /// [`SAMPLE_CLUSTER`]: super::launch::SAMPLE_CLUSTER
+    pub fn sample_blocks_per_row(&self) -> usize {
+        match self.inner.arch.has_clusters() {
+            true => super::launch::SAMPLE_CLUSTER,
+            false => 1,
+        }
+    }
+
     /// The driver's CUDA version (`13000` for 13.0; 0 for the simulator).
     pub fn driver_version(&self) -> i32 {
         self.inner.driver_version

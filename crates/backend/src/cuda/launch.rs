@@ -68,6 +68,12 @@ pub const MOE_MAX_ROW_SPLITS: usize = 32;
 pub const CONV_MAX_KERNEL: usize = 8;
 /// Threads per row of the sampling kernels (`SAMPLE_THREADS`).
 pub const SAMPLE_THREADS: usize = 512;
+/// Blocks (a thread block cluster) per row of the row-wide sampling kernels where the device has
+/// clusters (`SAMPLE_CLUSTER`; log-softmax, seeded sampling, top logprobs). A row's bits depend
+/// on it: its reductions span the cluster.
+pub const SAMPLE_CLUSTER: usize = 8;
+/// Dynamic shared memory of a block of those kernels (`SAMPLE_SMEM_BYTES`).
+pub const SAMPLE_SMEM_BYTES: usize = 20 << 10;
 /// Threads per block of the element-wise kernels.
 pub const ELEMENTWISE_THREADS: usize = 256;
 
@@ -83,6 +89,10 @@ pub struct Shape {
     pub block: (u32, u32, u32),
     /// Dynamic shared memory in bytes.
     pub smem: u32,
+    /// Blocks per thread block cluster along x (1: none). A kernel launched in clusters declares
+    /// them in its source (`__cluster_dims__`), which is what the driver goes by; the simulator
+    /// reads them from here.
+    pub cluster: u32,
 }
 
 impl Shape {
@@ -97,7 +107,7 @@ impl Shape {
         if g.0 == 0 || g.1 == 0 || g.2 == 0 || g.0 > i32::MAX as u32 || g.1.max(g.2) > 65_535 {
             return None;
         }
-        Some(Self { grid: g, block: (block as u32, 1, 1), smem: smem as u32 })
+        Some(Self { grid: g, block: (block as u32, 1, 1), smem: smem as u32, cluster: 1 })
     }
 
     /// Whether the block needs more dynamic shared memory than the default limit.
@@ -286,9 +296,17 @@ pub fn logit_edits(rows: usize) -> Option<Shape> {
     Shape::new((rows, 1), 128, 0)
 }
 
-/// A sampling kernel over `rows` rows: a block each.
+/// argmax over `rows` rows: a block each.
 pub fn sample(rows: usize) -> Option<Shape> {
     Shape::new((rows, 1), SAMPLE_THREADS, 0)
+}
+
+/// A row-wide sampling kernel over `rows` rows: a cluster of `blocks_per_row` blocks each (1 or
+/// [`SAMPLE_CLUSTER`], as the kernels were compiled for the device), the blocks of a row along x.
+pub fn sample_rows(rows: usize, blocks_per_row: usize) -> Option<Shape> {
+    let mut shape = Shape::new((blocks_per_row, rows), SAMPLE_THREADS, SAMPLE_SMEM_BYTES)?;
+    shape.cluster = blocks_per_row as u32;
+    Some(shape)
 }
 
 #[cfg(test)]
@@ -347,6 +365,8 @@ mod tests {
             ("EXPERT_DOWN_ROWS", EXPERT_DOWN_ROWS),
             ("CONV_MAX_KERNEL", CONV_MAX_KERNEL),
             ("SAMPLE_THREADS", SAMPLE_THREADS),
+            ("SAMPLE_CLUSTER", SAMPLE_CLUSTER),
+            ("SAMPLE_SMEM_BYTES", SAMPLE_SMEM_BYTES),
         ];
         for (name, value) in pairs {
             assert_eq!(define(name), value, "{name}");
@@ -426,6 +446,15 @@ mod tests {
     fn the_expert_sort_keeps_a_count_per_warp_and_expert() {
         assert_eq!(moe_sort(64).unwrap().smem as usize, 4 * 9 * 64);
         assert!(!moe_sort(1024).unwrap().needs_smem_opt_in(), "1024 experts in 36 KiB");
+    }
+
+    #[test]
+    fn a_rows_sampling_blocks_are_one_cluster_along_x() {
+        let s = sample_rows(3, SAMPLE_CLUSTER).unwrap();
+        assert_eq!((s.grid, s.cluster, s.smem as usize), ((8, 3, 1), 8, SAMPLE_SMEM_BYTES));
+        assert!(!s.needs_smem_opt_in());
+        assert_eq!(sample_rows(3, 1).unwrap().grid, (1, 3, 1));
+        assert!(sample_rows(70_000, 8).is_none(), "rows along y: 65535 at most");
     }
 
     #[test]

@@ -170,15 +170,25 @@ mod tests {
         while let Some(at) = rest.find(marker) {
             rest = rest[at + marker.len()..].trim_start();
             rest = rest.strip_prefix("void").expect("kernels return void").trim_start();
-            if let Some(bounds) = rest.strip_prefix("__launch_bounds__") {
-                let close = bounds.find(')').expect("launch bounds close");
-                rest = bounds[close + 1..].trim_start();
+            // The name is the first word followed by its parameters; attributes before it either
+            // take their own (`__launch_bounds__(...)`) or are macros (`SAMPLE_CLUSTER_DIMS`).
+            loop {
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .expect("a kernel name ends");
+                let (word, after) = (&rest[..end], rest[end..].trim_start());
+                rest = match after.strip_prefix('(') {
+                    Some(_) if word.starts_with("__") => {
+                        let close = after.find(')').expect("an attribute's arguments close");
+                        after[close + 1..].trim_start()
+                    }
+                    Some(_) => {
+                        names.push(word.to_owned());
+                        break;
+                    }
+                    None => after,
+                };
             }
-            let end = rest
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .expect("a kernel name ends");
-            names.push(rest[..end].to_owned());
-            rest = &rest[end..];
         }
         names
     }

@@ -51,6 +51,8 @@ struct SimConfig {
     grid: [u32; 3],
     block: [u32; 3],
     smem: u32,
+    /// Blocks per cluster along x (1: no clusters).
+    cluster: u32,
 }
 
 /// `routed_sim_<kernel>(config, args, err, err_len)`: 0, or 1 with a message in `err`.
@@ -217,7 +219,7 @@ impl SimKernels {
     }
 }
 
-/// Runs a launch: its blocks one after another, on the calling thread.
+/// Runs a launch: its blocks (clusters) one after another, on the calling thread.
 ///
 /// # Safety
 /// As [`SimKernels::launch`]: the recorded values match the kernel's parameters and address live
@@ -229,6 +231,7 @@ unsafe fn run(entries: &[Entry], l: &RecordedLaunch) -> Result<(), BackendError>
         grid: [l.shape.grid.0, l.shape.grid.1, l.shape.grid.2],
         block: [l.shape.block.0, l.shape.block.1, l.shape.block.2],
         smem: l.shape.smem,
+        cluster: l.shape.cluster,
     };
     let mut err = [0u8; 512];
     // SAFETY: the caller's contract; `err` is writable for its length and comes back

@@ -8,11 +8,14 @@
 // segments of the CUDA semantics); the bf16 tensor-core instruction of the products in bf16
 // precision (mma_bf16_16816, the operands exchanged between the lanes as a shuffle does); shared memory per block (dynamic shared memory starts as NaN
 // bytes, so a read before a write shows); IEEE single arithmetic without contraction (the build
-// passes -ffp-contract=off, as NVRTC gets --fmad=false). Blocks run last first and threads between
-// barriers in forward or reverse order, so a kernel that leans on an order the GPU does not give
-// reads data before it is written. What it does not: concurrency between blocks (they run one
-// after another), the device's expf/logf (the host libm's, within 2 ulp of
-// them), the memory model, timing.
+// passes -ffp-contract=off, as NVRTC gets --fmad=false); thread block clusters along x (the blocks
+// of a cluster run together, their threads interleaved between barriers, with cluster_sync and
+// cluster_map, a block's view of another's dynamic shared memory). Blocks (clusters) run last
+// first and threads between barriers in forward or reverse order, so a kernel that leans on an
+// order the GPU does not give reads data before it is written. What it does not: concurrency
+// between clusters (they run one after another), the device's expf/logf (the host libm's, within
+// 2 ulp of them), the memory model, timing. A cluster's blocks share their static shared memory
+// here (it is one per OS thread): kernels launched in clusters keep theirs dynamic.
 //
 // A deadlock (a barrier some threads never reach, a shuffle whose mask names a lane that has
 // exited) and a shuffle reading a lane outside its mask are reported as the launch's error.
@@ -36,8 +39,10 @@
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 // Static shared memory: one copy per OS thread, reused block after block (blocks of a launch run
-// one at a time on the launching thread; launches on other threads have their own).
+// one at a time on the launching thread, but for a cluster's; launches on other threads have their
+// own).
 #define __shared__ static thread_local
 
 struct dim3 {
@@ -55,14 +60,16 @@ struct Config {
     unsigned grid[3];
     unsigned block[3];
     unsigned smem;
+    unsigned cluster;  // blocks per cluster along x (1: no clusters)
 };
 
-enum class Wait : unsigned char { Ready, Block, Warp, Done };
+enum class Wait : unsigned char { Ready, Block, Cluster, Warp, Done };
 
 struct Fiber {
     void* sp;  // saved stack pointer while switched out
     Wait wait;
-    dim3 tid;
+    dim3 tid, bid;
+    unsigned rank;  // its block's place in the cluster
     int lane, warp;
     unsigned mask;  // lanes of the warp barrier this fiber waits at
     bool shuffling;
@@ -90,6 +97,9 @@ struct Stacks {
     }
 };
 
+// Most threads of a cluster (as on a GPU: 8 blocks of 1024).
+static const size_t kMaxClusterThreads = 8 * 1024;
+
 struct Launch {
     const char* kernel;
     void (*body)(void*);
@@ -97,7 +107,8 @@ struct Launch {
     std::vector<Fiber> fibers;
     void* sched_sp;
     Fiber* cur;
-    std::vector<unsigned char> dynamic_smem;
+    std::vector<std::vector<unsigned char>> dynamic_smem;  // per block of the cluster
+    size_t threads;                                        // per block
     char* err;
     size_t err_len;
 };
@@ -217,6 +228,7 @@ static void* initial_sp(char* top) {
 static void resume(Fiber* f) {
     L->cur = f;
     threadIdx = f->tid;
+    blockIdx = f->bid;
     routed_sim_switch(&L->sched_sp, f->sp);
 }
 
@@ -263,55 +275,94 @@ static bool release_warps() {
 
 // Describes why no fiber can go on.
 static void deadlock() {
-    int at_block = 0, at_warp = -1, done = 0;
+    int at_block = 0, at_cluster = 0, at_warp = -1, done = 0;
     for (size_t i = 0; i < L->fibers.size(); ++i) {
         Wait w = L->fibers[i].wait;
         if (w == Wait::Block) ++at_block;
+        if (w == Wait::Cluster) ++at_cluster;
         if (w == Wait::Done) ++done;
         if (w == Wait::Warp && at_warp < 0) at_warp = (int)i;
     }
+    const dim3 b = L->fibers[at_warp >= 0 ? at_warp : 0].bid;
     if (at_warp >= 0) {
-        fail("%s: block (%u,%u,%u) deadlocks: thread %d waits at a warp sync with mask %#x that other lanes "
-             "never reach (%d threads at __syncthreads, %d exited)",
-             L->kernel, blockIdx.x, blockIdx.y, blockIdx.z, at_warp, L->fibers[at_warp].mask, at_block, done);
+        fail("%s: block (%u,%u,%u) deadlocks: thread %zu waits at a warp sync with mask %#x that other lanes "
+             "never reach (%d threads at __syncthreads, %d at cluster_sync, %d exited)",
+             L->kernel, b.x, b.y, b.z, at_warp % L->threads, L->fibers[at_warp].mask, at_block, at_cluster,
+             done);
     } else {
-        fail("%s: block (%u,%u,%u) deadlocks (%d threads at __syncthreads, %d exited)", L->kernel, blockIdx.x,
-             blockIdx.y, blockIdx.z, at_block, done);
+        fail("%s: block (%u,%u,%u) deadlocks (%d threads at __syncthreads, %d at cluster_sync, %d exited)",
+             L->kernel, b.x, b.y, b.z, at_block, at_cluster, done);
     }
 }
 
-// Runs one block to the end (or to an error). Between two barriers a GPU runs a block's threads in
-// no order the kernel may rely on; the simulator runs each ready fiber to its next barrier, lowest
-// thread first or, with `reverse`, highest first, so that a write another thread reads without a
-// barrier in between is missed in one of the two orders (a broadcast from thread 0 is read before
-// it is written in reverse order; partial sums gathered by thread 0 in forward order).
-static void run_block(bool reverse) {
-    size_t n = L->fibers.size();
+// Releases the threads of block `b` (fibers [b * threads, (b + 1) * threads)) once every one of
+// them has reached __syncthreads or exited; true if it did.
+static bool release_block(size_t b) {
+    const size_t first = b * L->threads, end = first + L->threads;
+    bool all = true, any = false;
+    for (size_t i = first; i < end; ++i) {
+        Wait w = L->fibers[i].wait;
+        all = all && (w == Wait::Done || w == Wait::Block);
+        any = any || w == Wait::Block;
+    }
+    if (!all || !any) return false;
+    for (size_t i = first; i < end; ++i)
+        if (L->fibers[i].wait == Wait::Block) L->fibers[i].wait = Wait::Ready;
+    return true;
+}
+
+// Runs block `b` of the cluster until each of its threads waits at cluster_sync, has exited or is
+// stuck. Between two barriers a GPU runs a block's threads in no order the kernel may rely on; the
+// simulator runs each ready fiber to its next barrier, lowest thread first or, with `reverse`,
+// highest first, so that a write another thread reads without a barrier in between is missed in
+// one of the two orders (a broadcast from thread 0 is read before it is written in reverse order;
+// partial sums gathered by thread 0 in forward order).
+static void run_block(size_t b, bool reverse) {
+    const size_t first = b * L->threads, n = L->threads;
     for (;;) {
         bool ran = false;
         for (size_t i = 0; i < n; ++i) {
-            Fiber& f = L->fibers[reverse ? n - 1 - i : i];
+            Fiber& f = L->fibers[first + (reverse ? n - 1 - i : i)];
             if (f.wait != Wait::Ready) continue;
             resume(&f);
             ran = true;
         }
         if (L->err[0]) return;
-        bool all_done = true, all_block = true;
+        if (release_warps() || release_block(b)) continue;
+        if (!ran) return;
+    }
+}
+
+// Runs one cluster (one block without clusters) to the end (or to an error): each block in turn
+// (the last first with `reverse`) as far as it goes on its own, then the cluster barrier once
+// every thread is there. Blocks thus meet only at cluster barriers, so one that reads another's
+// shared memory without a barrier between the write and the read reads it unwritten in one of
+// the two orders; and a block's shared memory turns to NaN bytes once it has exited, so reading
+// a block that may have left (no cluster barrier before the reader's exit) shows as well.
+static void run_cluster(bool reverse) {
+    const size_t blocks = L->fibers.size() / L->threads;
+    for (;;) {
+        for (size_t k = 0; k < blocks; ++k) {
+            const size_t b = reverse ? blocks - 1 - k : k;
+            run_block(b, reverse);
+            if (L->err[0]) return;
+            bool exited = true;
+            for (size_t i = b * L->threads; i < (b + 1) * L->threads; ++i)
+                exited = exited && L->fibers[i].wait == Wait::Done;
+            if (exited && blocks > 1) memset(L->dynamic_smem[b].data(), 0xff, L->dynamic_smem[b].size());
+        }
+        bool all_done = true, all_there = true;
         for (const Fiber& f : L->fibers) {
             all_done = all_done && f.wait == Wait::Done;
-            all_block = all_block && (f.wait == Wait::Done || f.wait == Wait::Block);
+            all_there = all_there && (f.wait == Wait::Done || f.wait == Wait::Cluster);
         }
         if (all_done) return;
-        if (release_warps()) continue;
-        if (all_block) {
-            for (Fiber& f : L->fibers)
-                if (f.wait == Wait::Block) f.wait = Wait::Ready;
-            continue;
-        }
-        if (!ran) {
+        if (!all_there) {
             deadlock();
             return;
         }
+        for (Fiber& f : L->fibers)
+            if (f.wait == Wait::Cluster) f.wait = Wait::Ready;
     }
 }
 
@@ -345,42 +396,68 @@ static int launch(const char* name, void (*kernel)(A...), const Config* c, void*
     L = &launch;
     gridDim = dim3{c->grid[0], c->grid[1], c->grid[2]};
     blockDim = dim3{c->block[0], c->block[1], c->block[2]};
-    size_t threads = (size_t)c->block[0] * c->block[1] * c->block[2];
-    launch.fibers.resize(threads);
-    launch.dynamic_smem.resize(c->smem);
-    for (size_t i = 0; i < threads; ++i) {
+    const size_t threads = (size_t)c->block[0] * c->block[1] * c->block[2];
+    const unsigned cluster = c->cluster ? c->cluster : 1;
+    if (c->grid[0] % cluster || (cluster > 1 && threads % 32) || threads * cluster > kMaxClusterThreads) {
+        fail("%s: clusters of %u blocks of %zu threads over a grid of %u in x", name, cluster, threads, c->grid[0]);
+        L = outer;
+        return 1;
+    }
+    launch.threads = threads;
+    const size_t num_fibers = threads * cluster;
+    launch.fibers.resize(num_fibers);
+    launch.dynamic_smem.assign(cluster, std::vector<unsigned char>(c->smem));
+    for (size_t i = 0; i < num_fibers; ++i) {
         if (!stacks.top(i)) {
-            fail("%s: no memory for %zu fiber stacks", name, threads);
+            fail("%s: no memory for %zu fiber stacks", name, num_fibers);
             L = outer;
             return 1;
         }
     }
-    // Blocks run last first: a GPU gives them no order, and a block that reads what a lower one
-    // of the same launch writes is then reading it before it is written. Even blocks (so every
-    // one-block launch) run their threads in reverse order, odd ones in order (see run_block).
-    size_t num_blocks = (size_t)c->grid[0] * c->grid[1] * c->grid[2];
-    for (size_t b = num_blocks; b-- > 0 && !err[0];) {
-        blockIdx = dim3{(unsigned)(b % c->grid[0]), (unsigned)(b / c->grid[0] % c->grid[1]),
-                        (unsigned)(b / ((size_t)c->grid[0] * c->grid[1]))};
+    // Clusters (blocks) run last first: a GPU gives them no order, and a block that reads what a
+    // lower one of the same launch writes is then reading it before it is written. Even clusters
+    // (so every one-block launch) run their threads in reverse order, odd ones in order (see
+    // run_cluster).
+    const size_t clusters_x = c->grid[0] / cluster;
+    const size_t num_clusters = clusters_x * c->grid[1] * c->grid[2];
+    for (size_t q = num_clusters; q-- > 0 && !err[0];) {
+        const unsigned x0 = (unsigned)(q % clusters_x * cluster), y = (unsigned)(q / clusters_x % c->grid[1]),
+                       z = (unsigned)(q / (clusters_x * c->grid[1]));
         // NaN bytes: a read of dynamic shared memory before any write shows in the output.
-        memset(launch.dynamic_smem.data(), 0xff, launch.dynamic_smem.size());
-        for (size_t i = 0; i < threads; ++i) {
+        for (auto& smem : launch.dynamic_smem) memset(smem.data(), 0xff, smem.size());
+        for (size_t i = 0; i < num_fibers; ++i) {
             Fiber& f = launch.fibers[i];
+            const size_t t = i % threads;
             f = Fiber{};
-            f.tid = dim3{(unsigned)(i % c->block[0]), (unsigned)(i / c->block[0] % c->block[1]),
-                         (unsigned)(i / ((size_t)c->block[0] * c->block[1]))};
-            f.lane = (int)(i % 32);
+            f.tid = dim3{(unsigned)(t % c->block[0]), (unsigned)(t / c->block[0] % c->block[1]),
+                         (unsigned)(t / ((size_t)c->block[0] * c->block[1]))};
+            f.rank = (unsigned)(i / threads);
+            f.bid = dim3{x0 + f.rank, y, z};
+            f.lane = (int)(t % 32);
             f.warp = (int)(i / 32);
             f.wait = Wait::Ready;
             f.sp = initial_sp(stacks.top(i));
         }
-        run_block(b % 2 == 0);
+        run_cluster(q % 2 == 0);
     }
     L = outer;
     return err[0] ? 1 : 0;
 }
 
-static inline unsigned char* dynamic_smem() { return L->dynamic_smem.data(); }
+static inline unsigned char* dynamic_smem() { return L->dynamic_smem[L->cur->rank].data(); }
+
+// The address `p` (in this block's dynamic shared memory) has in block `rank` of the cluster.
+template <typename T>
+static inline T* cluster_map(T* p, unsigned rank) {
+    auto& mine = L->dynamic_smem[L->cur->rank];
+    const uintptr_t at = (uintptr_t)p, base = (uintptr_t)mine.data();
+    if (at < base || at >= base + mine.size() || rank >= L->dynamic_smem.size()) {
+        fail("%s: cluster_map of an address outside dynamic shared memory, or to block %u of %zu", L->kernel,
+             rank, L->dynamic_smem.size());
+        return p;
+    }
+    return (T*)(L->dynamic_smem[rank].data() + (at - base));
+}
 
 template <typename T>
 static inline T shuffle(unsigned mask, T v, int src) {
@@ -406,6 +483,18 @@ static inline T shuffle(unsigned mask, T v, int src) {
 static inline void __syncthreads() {
     sim::L->cur->wait = sim::Wait::Block;
     sim::yield();
+}
+
+// barrier.cluster: every thread of every block of the cluster (exited ones count as there), with
+// the ordering of its release and acquire.
+static inline void cluster_sync() {
+    sim::L->cur->wait = sim::Wait::Cluster;
+    sim::yield();
+}
+
+template <typename T>
+static inline T* cluster_map(T* p, unsigned rank) {
+    return sim::cluster_map(p, rank);
 }
 
 static inline void __syncwarp(unsigned mask = 0xffffffffu) {
@@ -455,8 +544,8 @@ namespace sim {
 struct MmaLane {
     unsigned a[4], b[2];
 };
-// [warp][lane] of the running block (at most 1024 threads).
-static thread_local MmaLane mma_lanes[32][32];
+// [warp][lane] of the running cluster (at most kMaxClusterThreads threads).
+static thread_local MmaLane mma_lanes[kMaxClusterThreads / 32][32];
 
 static inline float bf16_half(unsigned pair, int upper) {
     unsigned bits = (upper ? pair >> 16 : pair & 0xffffu) << 16;
@@ -510,6 +599,8 @@ static inline float __uint_as_float(unsigned v) { return bits_as<float>(v); }
 static inline float __int_as_float(int v) { return bits_as<float>(v); }
 static inline unsigned __float_as_uint(float f) { return bits_as<unsigned>(f); }
 static inline int __float_as_int(float f) { return bits_as<int>(f); }
+static inline long long __double_as_longlong(double d) { return bits_as<long long>(d); }
+static inline double __longlong_as_double(long long v) { return bits_as<double>(v); }
 
 // CUDA's overloads of min and max for the integer types the kernels mix.
 static inline int min(int a, int b) { return a < b ? a : b; }

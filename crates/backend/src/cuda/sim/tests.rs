@@ -85,6 +85,20 @@ if (threadIdx.x == 0) {
 }
 }
 
+// Each block of a cluster publishes its rank + 1 in its shared memory and every thread sums the
+// cluster's through cluster_map: `mode` 0 with the cluster barriers, 1 without the one between the
+// writes and the reads, 2 without the one that keeps a block from leaving while others read it.
+extern "C" __global__ void cluster_exchange(int* out, int mode) {
+extern __shared__ int mine[];
+if (threadIdx.x == 0) mine[0] = (int)blockIdx.x + 1;
+if (mode == 1) __syncthreads();
+else cluster_sync();
+int s = 0;
+for (unsigned r = 0; r < gridDim.x; ++r) s += *cluster_map(&mine[0], r);
+out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+if (mode != 2) cluster_sync();
+}
+
 // Each block reads what the block before it wrote in the same launch (which no GPU orders).
 extern "C" __global__ void reads_lower_block(int* flags, int* out) {
 if (threadIdx.x != 0) return;
@@ -93,7 +107,7 @@ if (blockIdx.x > 0) out[blockIdx.x] = flags[blockIdx.x - 1];
 }
 "#;
 
-const PROBE_KERNELS: [&str; 8] = [
+const PROBE_KERNELS: [&str; 9] = [
     "shuffles",
     "block_sum",
     "exited_lane",
@@ -102,6 +116,7 @@ const PROBE_KERNELS: [&str; 8] = [
     "broadcast",
     "gather",
     "reads_lower_block",
+    "cluster_exchange",
 ];
 
 struct Probes {
@@ -146,7 +161,17 @@ impl Probes {
         (blocks, threads, smem): (u32, u32, u32),
         args: &mut [*mut c_void],
     ) -> Result<(), String> {
-        let config = SimConfig { grid: [blocks, 1, 1], block: [threads, 1, 1], smem };
+        self.run_clusters(kernel, (blocks, threads, smem, 1), args)
+    }
+
+    /// Runs `kernel` in clusters of `cluster` blocks along x.
+    fn run_clusters(
+        &self,
+        kernel: &str,
+        (blocks, threads, smem, cluster): (u32, u32, u32, u32),
+        args: &mut [*mut c_void],
+    ) -> Result<(), String> {
+        let config = SimConfig { grid: [blocks, 1, 1], block: [threads, 1, 1], smem, cluster };
         let mut err = [0u8; 512];
         // SAFETY: the probe's export has the `Entry` type and takes these buffers.
         let rc = unsafe {
@@ -234,4 +259,31 @@ fn dynamic_shared_memory_starts_as_nan() {
     let mut out = vec![0.0f32; 32];
     probes.run("unwritten_smem", 1, 32, 32 * 4, &mut [out.as_mut_ptr()]).unwrap();
     assert!(out.iter().all(|v| v.is_nan()));
+}
+
+/// `cluster_exchange` over one cluster of `blocks` blocks of 64 threads in `mode`.
+fn cluster_exchange(probes: &Probes, blocks: u32, mode: i32) -> Result<Vec<i32>, String> {
+    let mut out = vec![-1i32; blocks as usize * 64];
+    let (mut ptr, mut mode) = (out.as_mut_ptr(), mode);
+    let mut args: [*mut c_void; 2] =
+        [(&mut ptr as *mut *mut i32).cast(), (&mut mode as *mut i32).cast()];
+    probes.run_clusters("cluster_exchange", (blocks, 64, 4, blocks), &mut args)?;
+    Ok(out)
+}
+
+#[test]
+fn a_clusters_blocks_meet_only_at_cluster_barriers() {
+    let probes = Probes::build();
+    let sum = (1..=4).sum::<i32>();
+    let with = cluster_exchange(&probes, 4, 0).unwrap();
+    assert!(with.iter().all(|&s| s == sum), "with the barriers: {with:?}");
+    // A block reads another's shared memory before it is written, or after that block has left.
+    for mode in [1, 2] {
+        let without = cluster_exchange(&probes, 4, mode).unwrap();
+        assert!(without.iter().any(|&s| s != sum), "mode {mode} went unnoticed");
+    }
+    let err = probes
+        .run_clusters("cluster_exchange", (6, 64, 4, 4), &mut [])
+        .expect_err("a grid that is no whole number of clusters");
+    assert!(err.contains("clusters of 4 blocks"), "{err}");
 }
