@@ -129,6 +129,7 @@ bench() {
         routed_bench 90 $m "engine overhead" engine-overhead --prompt-len 16 --output-len 65 \
             --json "$OUT/routed-$m-engine-overhead.json"
     done
+    profile
     # The kernels alone (the matrix product and decode attention at qwen3_moe's shapes), beside
     # PyTorch's at the same shapes and the device's copy bandwidth.
     local sizes=1,8,64,256
@@ -173,7 +174,49 @@ bench() {
             done
         done
         "$PYTHON" benches/compare.py "$OUT"/*.json >"$OUT/table.txt" 2>&1
+        sanitize
     fi
+}
+
+# The row kernels that exchange partials through a cluster's shared memory, under
+# compute-sanitizer's race and memory checks (where the machine's runtime lets it run).
+sanitize() {
+    command -v compute-sanitizer >/dev/null || { note "sanitizer: not installed"; return; }
+    for tool in racecheck memcheck; do
+        limited 90 compute-sanitizer --tool $tool --error-exitcode 3 "$KIT/bin/cuda_ops" \
+            --test-threads=1 seeded_samples_with_ties ranks_and_alternatives \
+            >"$OUT/sanitizer-$tool.log" 2>&1
+        note "sanitizer $tool (sampling ops): rc $? $(grep -h 'ERROR SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
+    done
+}
+
+# Where a real step's device time goes, kernel by kernel: Nsight Compute times each kernel of a
+# few batch-1 decode steps of qwen3_moe (`generate` after a 16-token prompt; the first launches,
+# the prefill among them, skipped) and of a 512-token prefill, in both precisions, replaying each
+# kernel with its caches flushed (as a step's weights arrive from HBM), the clocks left alone.
+# The per-kernel summaries are CSV files.
+profile() {
+    if [ "$DEVICE" = cuda-sim ] || ! command -v ncu >/dev/null; then
+        note "profile: skipped (no ncu or no GPU)"
+        return
+    fi
+    for prec in f32 bf16; do
+        profile_run "decode-b1-$prec" 400 300 "$(seq -s, 11 26)" 24 --matmul-precision "$prec"
+        profile_run "prefill-512-$prec" 0 250 "$(seq -s, 11 522)" 1 --matmul-precision "$prec"
+    done
+}
+
+# One `generate` under ncu: label, launches skipped, launches timed, prompt ids, tokens, flags.
+profile_run() {
+    local label=$1 skip=$2 count=$3 ids=$4 tokens=$5
+    shift 5
+    limited 60 ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip "$skip" \
+        --launch-count "$count" --print-summary per-kernel --csv \
+        --log-file "$OUT/profile-qwen3_moe-$label.csv" \
+        "$KIT/bin/routed" generate --model "$models/qwen3_moe" --device "$DEVICE" \
+        --prompt-ids "$ids" --max-tokens "$tokens" --ignore-eos "$@" \
+        >"$OUT/profile-qwen3_moe-$label.log" 2>&1
+    note "profile $label: rc $?"
 }
 
 # Waits for the checkpoints that `all` builds in the background (or builds them).
