@@ -194,30 +194,31 @@ async fn a_weight_update_waits_for_the_weights_and_graphs_alone_stop_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expert_parallel_ranks_release_together_or_say_why_not() {
+async fn expert_parallel_ranks_release_and_resume_together() {
     let arch = "qwen3_moe";
     let prompt = Golden::open(arch).prompt("main");
     let test = "expert_parallel_ranks_release_together";
-    let Some(handle) = engine_if_devices(arch, test, |c| c.expert_parallel_size = 2) else {
-        return;
-    };
-    let before = run(&handle, routed_request(&prompt, 8)).await;
-    let on_gpus = handle.model_info().device.starts_with("cuda");
-    match handle.release_memory(MemoryTags::ALL).await {
-        Ok(change) => {
-            assert!(!on_gpus, "GPU ranks keep their memory");
-            assert!(change.num_bytes > 0);
-            handle.resume_memory(MemoryTags::ALL).await.unwrap();
-        }
-        Err(EngineError::Conflict(message)) => {
-            assert!(on_gpus, "CPU ranks release: {message}");
-            assert!(message.contains("expert-parallel"), "{message}");
+    // On GPUs, the expert rows between the devices, then through host memory.
+    for peer_exchange in [true, false] {
+        let Some(handle) = engine_if_devices(arch, test, |c| {
+            c.expert_parallel_size = 2;
+            c.peer_exchange = peer_exchange;
+        }) else {
+            return;
+        };
+        let before = run(&handle, routed_request(&prompt, 8)).await;
+        // The KV cache alone (the expert rows' buffers made again, so each rank's exchange must
+        // read its peers' new addresses), then everything.
+        for tags in [tags(false, true), MemoryTags::ALL] {
+            let change = handle.release_memory(tags).await.unwrap();
+            assert!(change.num_bytes > 0, "{tags:?}");
             let released = handle.memory_released().await.unwrap();
-            assert_eq!(released, MemoryTags::default(), "a refusal releases nothing");
+            assert!(released.kv_cache && released.weights == tags.weights, "{released:?}");
+            handle.resume_memory(tags).await.unwrap();
+            let after = run(&handle, routed_request(&prompt, 8)).await;
+            let what = format!("{tags:?}, peer exchange {peer_exchange}");
+            assert_eq!(bits(&after), bits(&before), "both ranks serve as before ({what})");
         }
-        Err(e) => panic!("{e}"),
+        handle.shutdown().await;
     }
-    let after = run(&handle, routed_request(&prompt, 8)).await;
-    assert_eq!(bits(&after), bits(&before), "both ranks serve as before");
-    handle.shutdown().await;
 }

@@ -142,11 +142,6 @@ fn sum_bytes(
     combine(replies).map(|_| total)
 }
 
-/// Whether every rank refused for lack of support: then none released anything.
-fn all_unsupported(replies: &[Result<Result<usize, WorkerError>, MailboxError>]) -> bool {
-    replies.iter().all(|r| matches!(r, Ok(Err(WorkerError::Unsupported(_)))))
-}
-
 /// Rank 0's result if every rank succeeded; else the most telling failure: a gone runner first,
 /// then the first rank whose error is its own rather than a peer's abort.
 fn combine<T>(
@@ -248,9 +243,7 @@ impl Handler<ReleaseMemory> for ExecutorActor {
         let sends = self.ranks.iter().map(|r| r.send(runner::ReleaseMemory { tags }));
         let all = join_all(sends.collect::<Vec<_>>());
         AtomicResponse::new(Box::pin(all.into_actor(self).map(move |replies, act, _| {
-            if !all_unsupported(&replies) {
-                act.released = act.released.union(tags);
-            }
+            act.released = act.released.union(tags);
             sum_bytes(replies)
         })))
     }

@@ -200,5 +200,42 @@ fn enable_driver_peers(devices: &[CudaDevice]) -> Result<bool, BackendError> {
             }
         }
     }
+    for owner in &contexts {
+        grant_pool_access(owner, &contexts)?;
+    }
     Ok(true)
+}
+
+/// Lets every other device of `contexts` read and write the memory `owner` allocates from its
+/// memory pool, now and later. The arenas are stream-ordered allocations (`cuMemAllocAsync`,
+/// where the device has pools), which peer access does not reach: a pool grants its own.
+fn grant_pool_access(
+    owner: &std::sync::Arc<cudarc::driver::CudaContext>,
+    contexts: &[std::sync::Arc<cudarc::driver::CudaContext>],
+) -> Result<(), BackendError> {
+    if !owner.has_async_alloc() {
+        return Ok(()); // `cuMemAlloc`'s memory, which peer access covers.
+    }
+    let access: Vec<sys::CUmemAccessDesc> = contexts
+        .iter()
+        .filter(|c| c.cu_device() != owner.cu_device())
+        .map(|c| sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: c.cu_device(),
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        })
+        .collect();
+    if access.is_empty() {
+        return Ok(()); // Every rank on this one device.
+    }
+    owner.bind_to_thread().map_err(driver_err)?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a valid device handle and out-pointer; the pool is the one `cuMemAllocAsync` on
+    // this device's streams allocates from, and `access` holds `access.len()` descriptors.
+    unsafe {
+        sys::cuDeviceGetMemPool(&mut pool, owner.cu_device()).result().map_err(driver_err)?;
+        sys::cuMemPoolSetAccess(pool, access.as_ptr(), access.len()).result().map_err(driver_err)
+    }
 }

@@ -150,7 +150,7 @@ impl SchedulerActor {
             }
             Ok(Err(ExecutorError::Rank { rank, source })) => {
                 // Whatever the ranks gave back stays released until a resume takes it.
-                if release && !matches!(source, WorkerError::Unsupported(_)) {
+                if release {
                     self.memory.released = self.memory.released.union(kept);
                     names::publish_memory(self.memory.released);
                 }

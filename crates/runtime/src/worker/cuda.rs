@@ -463,12 +463,10 @@ impl Worker for CudaWorker {
     }
 
     fn release_memory(&mut self, tags: MemoryTags) -> Result<usize, WorkerError> {
-        // A peer rank's exchange reads this rank's expert rows at their address.
-        if tags.stops_steps() && self.model.collective().world_size() > 1 {
-            return Err(WorkerError::Unsupported(
-                "releasing memory is not supported for expert-parallel ranks on GPUs".into(),
-            ));
-        }
+        // Under expert parallelism every rank releases (and resumes) alike, with no step between.
+        // A peer reads this rank's expert rows only inside a step, which ended with this rank's
+        // stream waiting for every peer's reads; pools made again publish their rows' new address,
+        // and each peer's exchange uploads it before its next read.
         let mut freed = 0;
         if tags.kv_cache
             && let Some(caches) = self.caches.take()

@@ -157,9 +157,6 @@ pub enum WorkerError {
     /// A step or dummy forward needs memory that is released ([`Worker::release_memory`]).
     #[error("the {0} are released")]
     Released(&'static str),
-    /// The worker cannot do what was asked in its configuration.
-    #[error("{0}")]
-    Unsupported(String),
 }
 
 impl From<BackendError> for WorkerError {
