@@ -158,13 +158,11 @@ __device__ __forceinline__ u32 total_order_key(float f) {
 }
 
 // Thread block clusters (sm_90 on): a cluster's blocks run at once and read each other's shared
-// memory. Without them a cluster is one block (the host launches one block per cluster,
-// CudaDevice::cluster_blocks): cluster_sync is the block's barrier, a block maps only to itself.
-// The simulator brings its own (its runtime).
+// memory. The host launches clusters only where the device has them (launch::sample_blocks_per_row);
+// elsewhere a cluster is one block: cluster_sync is the block's barrier and a block maps only to
+// itself. The simulator brings its own (its runtime).
 #if defined(ROUTED_SIM)
-#define ROUTED_CLUSTERS 1
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define ROUTED_CLUSTERS 1
 // Every thread of every block of the cluster; shared memory written before it is seen by the
 // other blocks' reads after it (release, then acquire).
 __device__ __forceinline__ void cluster_sync() {
@@ -178,7 +176,6 @@ __device__ __forceinline__ T* cluster_map(T* p, u32 rank) {
     return (T*)out;
 }
 #else
-#define ROUTED_CLUSTERS 0
 __device__ __forceinline__ void cluster_sync() { __syncthreads(); }
 template <typename T>
 __device__ __forceinline__ T* cluster_map(T* p, u32) { return p; }

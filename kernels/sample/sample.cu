@@ -1,18 +1,16 @@
 // Token selection from a row of logits: greedy argmax, log-softmax, seeded sampling with
 // temperature, top-k, min-p and top-p, and the ranks and alternatives of logprobs. argmax takes a
-// block of SAMPLE_THREADS threads per row; the others, which read a row several times, a cluster
-// of SAMPLE_CLUSTER such blocks (one where the device has no clusters), each over its stripes of
-// the row. Every reduction is a fixed tree (thread stripes, warp butterflies, the warps' partials,
-// then the blocks' in rank order), so a row's result never depends on the other rows.
+// block of SAMPLE_THREADS threads per row; the others, which read a row several times, a thread
+// block cluster of up to SAMPLE_CLUSTER such blocks (as many as the vocabulary keeps busy, one
+// where the device has no clusters: the launch's gridDim.x), each over its stripes of the row.
+// Every reduction is a fixed tree (thread stripes, warp butterflies, the warps' partials, then the
+// blocks' in rank order), so a row's result depends on the row and the number of blocks alone,
+// never on the other rows.
 
 #define SAMPLE_THREADS 512
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+// Most blocks of a row's cluster (the portable limit).
 #define SAMPLE_CLUSTER 8
-#if ROUTED_CLUSTERS
-#define SAMPLE_CLUSTER_DIMS __cluster_dims__(SAMPLE_CLUSTER, 1, 1)
-#else
-#define SAMPLE_CLUSTER_DIMS
-#endif
 
 // Index of the first maximum (ties to the lower index), cpu::argmax.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) argmax_f32(
@@ -220,7 +218,7 @@ __device__ __forceinline__ void row_reduce_ways(
 
 // log_z = max + log(sum(exp(x - max))) (the exponentials by the CPU's polynomial), and, when `out`
 // is not null, out[i] = x[i] - log_z (cpu::log_softmax).
-extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(SAMPLE_THREADS) log_softmax_f32(
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) log_softmax_f32(
     const float* __restrict__ logits,  // device [num_rows, vocab]
     float* __restrict__ out,           // device [num_rows, vocab] or null
     float* __restrict__ log_z,         // device [num_rows]
@@ -347,7 +345,7 @@ __device__ u64 search_cut(
 // over rank keys with block-wide sums (search_cut; masses in f64 where the host sums exactly): the
 // token equals the CPU's except when u lands within rounding of a boundary of the CDF or the
 // top-p cut.
-extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(SAMPLE_THREADS) sample_f32(
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     const float* __restrict__ logits,          // device [num_rows, vocab]
     const SampleParams* __restrict__ params,   // device [num_rows]
     u32* __restrict__ out,                     // device [num_rows]
@@ -456,7 +454,7 @@ extern "C" __global__ void gather_logprob_f32(
 // reduction tree. Each of the n rounds takes the largest key below the previous round's.
 //
 // Grid: a cluster per row, as sample_f32.
-extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(SAMPLE_THREADS) top_logprobs_f32(
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) top_logprobs_f32(
     const float* __restrict__ logits,  // device [num_rows, vocab]
     const u32* __restrict__ chosen,    // device [num_rows]
     const float* __restrict__ log_z,   // device [num_rows]

@@ -81,6 +81,58 @@ impl Driver {
         }
         Ok(func)
     }
+
+    /// Launches `func` over `shape` in thread block clusters of `shape.cluster` blocks along x
+    /// (`cuLaunchKernelEx`; the cluster size is the launch's, not the kernel's), on the compute
+    /// stream.
+    ///
+    /// # Safety
+    /// `args` point at the kernel's parameters, in its declared order and types, and every
+    /// buffer they address outlives the stream's work, as for any launch.
+    pub(crate) unsafe fn launch_clusters(
+        &self,
+        func: &CudaFunction,
+        shape: &Shape,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<(), BackendError> {
+        use cudarc::driver::sys;
+        let mut cluster = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                clusterDim: sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+                    x: shape.cluster,
+                    y: 1,
+                    z: 1,
+                },
+            },
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: shape.grid.0,
+            gridDimY: shape.grid.1,
+            gridDimZ: shape.grid.2,
+            blockDimX: shape.block.0,
+            blockDimY: shape.block.1,
+            blockDimZ: shape.block.2,
+            sharedMemBytes: shape.smem,
+            hStream: self.compute.cu_stream(),
+            attrs: &mut cluster,
+            numAttrs: 1,
+        };
+        self.ctx.bind_to_thread().map_err(driver_err)?;
+        // SAFETY: the configuration and its one attribute live across the call, the function is
+        // this context's, and `args` is the caller's contract.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                func.cu_function(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(driver_err)
+    }
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -214,15 +266,10 @@ impl CudaDevice {
         self.inner.bf16_mma
     }
 
-    /// Blocks per row of the row-wide sampling kernels: a cluster of [`SAMPLE_CLUSTER`] where the
-    /// device has clusters (the kernels were compiled with them), else one.
-    ///
-    /// [`SAMPLE_CLUSTER`]: super::launch::SAMPLE_CLUSTER
-    pub fn sample_blocks_per_row(&self) -> usize {
-        match self.inner.arch.has_clusters() {
-            true => super::launch::SAMPLE_CLUSTER,
-            false => 1,
-        }
+    /// Blocks (a thread block cluster) per row of `vocab` logits in the row-wide sampling
+    /// kernels ([`sample_blocks_per_row`](super::launch::sample_blocks_per_row)).
+    pub fn sample_blocks_per_row(&self, vocab: usize) -> usize {
+        super::launch::sample_blocks_per_row(vocab, self.inner.arch.has_clusters())
     }
 
     /// The driver's CUDA version (`13000` for 13.0; 0 for the simulator).

@@ -68,10 +68,12 @@ pub const MOE_MAX_ROW_SPLITS: usize = 32;
 pub const CONV_MAX_KERNEL: usize = 8;
 /// Threads per row of the sampling kernels (`SAMPLE_THREADS`).
 pub const SAMPLE_THREADS: usize = 512;
-/// Blocks (a thread block cluster) per row of the row-wide sampling kernels where the device has
-/// clusters (`SAMPLE_CLUSTER`; log-softmax, seeded sampling, top logprobs). A row's bits depend
-/// on it: its reductions span the cluster.
+/// Most blocks (a thread block cluster, the portable limit) per row of the row-wide sampling
+/// kernels (log-softmax, seeded sampling, top logprobs; `SAMPLE_CLUSTER`).
 pub const SAMPLE_CLUSTER: usize = 8;
+/// Fewest tokens a thread of those kernels takes per pass over a row before a row is spread over
+/// more blocks: below it a cluster's barriers cost more than the blocks save.
+pub const SAMPLE_MIN_TOKENS_PER_THREAD: usize = 4;
 /// Dynamic shared memory of a block of those kernels (`SAMPLE_SMEM_BYTES`).
 pub const SAMPLE_SMEM_BYTES: usize = 20 << 10;
 /// Threads per block of the element-wise kernels.
@@ -89,9 +91,9 @@ pub struct Shape {
     pub block: (u32, u32, u32),
     /// Dynamic shared memory in bytes.
     pub smem: u32,
-    /// Blocks per thread block cluster along x (1: none). A kernel launched in clusters declares
-    /// them in its source (`__cluster_dims__`), which is what the driver goes by; the simulator
-    /// reads them from here.
+    /// Blocks per thread block cluster along x (1: none), given to the driver as the launch's
+    /// cluster attribute (`cuLaunchKernelEx`) and to the simulator, which runs a cluster's blocks
+    /// together.
     pub cluster: u32,
 }
 
@@ -301,8 +303,20 @@ pub fn sample(rows: usize) -> Option<Shape> {
     Shape::new((rows, 1), SAMPLE_THREADS, 0)
 }
 
-/// A row-wide sampling kernel over `rows` rows: a cluster of `blocks_per_row` blocks each (1 or
-/// [`SAMPLE_CLUSTER`], as the kernels were compiled for the device), the blocks of a row along x.
+/// Blocks per row of `vocab` logits in the row-wide sampling kernels: one where the device has no
+/// thread block clusters, else enough that each thread takes [`SAMPLE_MIN_TOKENS_PER_THREAD`]
+/// tokens a pass, up to [`SAMPLE_CLUSTER`] (8 at Qwen3's 151,936; one at a few thousand). A row's
+/// bits depend on it (its reductions span the blocks), and so on the vocabulary and the device
+/// alone, never on the batch.
+pub fn sample_blocks_per_row(vocab: usize, has_clusters: bool) -> usize {
+    match has_clusters {
+        true => (vocab / (SAMPLE_THREADS * SAMPLE_MIN_TOKENS_PER_THREAD)).clamp(1, SAMPLE_CLUSTER),
+        false => 1,
+    }
+}
+
+/// A row-wide sampling kernel over `rows` rows: a cluster of `blocks_per_row` blocks each
+/// ([`sample_blocks_per_row`]), the blocks of a row along x.
 pub fn sample_rows(rows: usize, blocks_per_row: usize) -> Option<Shape> {
     let mut shape = Shape::new((blocks_per_row, rows), SAMPLE_THREADS, SAMPLE_SMEM_BYTES)?;
     shape.cluster = blocks_per_row as u32;
@@ -446,6 +460,14 @@ mod tests {
     fn the_expert_sort_keeps_a_count_per_warp_and_expert() {
         assert_eq!(moe_sort(64).unwrap().smem as usize, 4 * 9 * 64);
         assert!(!moe_sort(1024).unwrap().needs_smem_opt_in(), "1024 experts in 36 KiB");
+    }
+
+    #[test]
+    fn a_rows_sampling_blocks_follow_its_vocabulary() {
+        assert_eq!(sample_blocks_per_row(151_936, true), SAMPLE_CLUSTER);
+        assert_eq!(sample_blocks_per_row(151_936, false), 1, "no clusters before sm_90");
+        assert_eq!(sample_blocks_per_row(3_000, true), 1);
+        assert_eq!(sample_blocks_per_row(6_144, true), 3);
     }
 
     #[test]

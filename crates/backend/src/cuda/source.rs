@@ -171,7 +171,7 @@ mod tests {
             rest = rest[at + marker.len()..].trim_start();
             rest = rest.strip_prefix("void").expect("kernels return void").trim_start();
             // The name is the first word followed by its parameters; attributes before it either
-            // take their own (`__launch_bounds__(...)`) or are macros (`SAMPLE_CLUSTER_DIMS`).
+            // take their own (`__launch_bounds__(...)`) or are macros standing for one.
             loop {
                 let end = rest
                     .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))

@@ -175,23 +175,27 @@ fn seeded_samples_with_ties_and_masked_tokens_equal_the_cpu_sampler() {
     assert!(num_clear >= rows / 2, "only {num_clear} of {rows} draws were clear of a boundary");
 }
 
-/// Rows whose likely tokens all fall in one thread's stripe (token ids 512 apart: more of them
-/// than a thread lists for the search's later passes, so every pass reads the whole row) and rows
-/// whose likely tokens spread over the threads (the later passes read the lists): both draw the
-/// CPU sampler's tokens.
+/// Rows whose likely tokens all fall in one thread's stripe (token ids a row's threads apart:
+/// more of them than a thread lists for the search's later passes, so every pass reads the whole
+/// row) and rows whose likely tokens spread over the threads (the later passes read the lists):
+/// both draw the CPU sampler's tokens, at a vocabulary that spreads a row over a cluster of
+/// blocks on devices with clusters (the simulator's too) and over one block elsewhere, and
+/// whatever rows share the launch.
 #[test]
 fn seeded_samples_whatever_the_threads_holding_the_likely_tokens() {
     let name = "seeded_samples_whatever_the_threads_holding_the_likely_tokens";
     let Some(dev) = gpu_or_skip(name) else { return };
-    // 12 tokens per stripe of 512 threads, more than SEARCH_LIST (8).
-    let (rows, vocab) = (24, 6000);
+    let (rows, vocab) = (12, 40_000);
+    // A row's threads: 4,096 in a cluster of 8 blocks (about 10 tokens a stripe), 512 in one
+    // block (about 78): more than SEARCH_LIST (8) either way.
+    let threads = 512 * dev.sample_blocks_per_row(vocab);
     let mut rng = Rng::new(45);
     let mut logits = vec![0.0f32; rows * vocab];
     for (r, row) in logits.chunks_exact_mut(vocab).enumerate() {
         for (i, l) in row.iter_mut().enumerate() {
-            // Even rows: the likely tokens are one thread's (ids 7 mod 512); odd rows: every
-            // 37th token, spread over the threads.
-            let likely = if r % 2 == 0 { i % 512 == 7 } else { i % 37 == 0 };
+            // Even rows: the likely tokens are one thread's; odd rows: every 37th token, spread
+            // over the threads.
+            let likely = if r % 2 == 0 { i % threads == 7 } else { i % 37 == 0 };
             *l = if likely { rng.uniform(2.0, 4.0) } else { rng.uniform(-30.0, -20.0) };
         }
     }
@@ -209,9 +213,12 @@ fn seeded_samples_whatever_the_threads_holding_the_likely_tokens() {
     let num_clear = check_draws(&logits, &params, &got, vocab);
     assert!(num_clear >= rows * 3 / 4, "only {num_clear} of {rows} draws were clear of a boundary");
     for (r, &token) in got.iter().enumerate() {
-        let likely = if r % 2 == 0 { token % 512 == 7 } else { token % 37 == 0 };
+        let likely = if r % 2 == 0 { token as usize % threads == 7 } else { token % 37 == 0 };
         assert!(likely, "row {r} drew the unlikely token {token}");
     }
+    let (at, b) = (5, 3);
+    let part = draw(dev, &logits[at * vocab..(at + b) * vocab], &params[at..at + b], vocab);
+    assert_eq!(part, got[at..at + b], "rows {at}..{} drawn apart", at + b);
 }
 
 #[test]
@@ -245,11 +252,18 @@ fn ranks_and_alternatives_are_the_cpu_samplers_exactly() {
     let Some(dev) = gpu_or_skip("ranks_and_alternatives_are_the_cpu_samplers_exactly") else {
         return;
     };
-    let (rows, vocab, n) = (9, 3001, 5);
+    // A row in one block, and (on devices with clusters) over a cluster of 8.
+    for (rows, vocab) in [(9, 3001), (3, 20_000)] {
+        ranks_and_alternatives(dev, rows, vocab);
+    }
+}
+
+fn ranks_and_alternatives(dev: &'static CudaDevice, rows: usize, vocab: usize) {
+    let n = 5;
     let mut rng = Rng::new(47);
     // Coarse values, so that many logits tie; some -inf (a masked vocabulary).
     let mut logits: Vec<f32> = (0..rows * vocab).map(|_| (rng.below(40) as f32) * 0.25).collect();
-    for _ in 0..200 {
+    for _ in 0..vocab / 15 {
         logits[rng.below(rows * vocab)] = f32::NEG_INFINITY;
     }
     let chosen: Vec<u32> = (0..rows).map(|_| rng.below(vocab) as u32).collect();
@@ -272,12 +286,14 @@ fn ranks_and_alternatives_are_the_cpu_samplers_exactly() {
         let mut order: Vec<u32> = (0..vocab as u32).collect();
         order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
         let rank = order.iter().position(|&t| t == chosen[r]).unwrap() as u32 + 1;
-        assert_eq!(got_ranks[r], rank, "row {r}: rank of {}", chosen[r]);
-        assert_eq!(got_ids[r * n..(r + 1) * n], order[..n], "row {r}: alternatives");
+        assert_eq!(got_ranks[r], rank, "row {r} of {vocab}: rank of {}", chosen[r]);
+        assert_eq!(got_ids[r * n..(r + 1) * n], order[..n], "row {r} of {vocab}: alternatives");
         for j in 0..n {
             let want = row[order[j] as usize] - z[r];
             assert_eq!(got_lps[r * n + j].to_bits(), want.to_bits(), "row {r}, alternative {j}");
         }
+        let want_z = routed_backend::cpu::log_sum_exp(row);
+        assert_close(&format!("row {r} of {vocab}: log_z"), &[z[r]], &[want_z], tol::LOG_Z, 1.0);
     }
     // Ranks alone (no alternatives) are the same.
     let none = (m.get(ids).sub(0, 0).unwrap(), m.get(lps).sub(0, 0).unwrap(), 0);

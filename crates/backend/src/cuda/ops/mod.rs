@@ -32,6 +32,13 @@ macro_rules! launch {
     ($dev:expr, $kernel:expr, $shape:expr, [$($arg:ident),* $(,)?]) => {{
         let shape = $shape;
         match $dev.engine() {
+            $crate::cuda::device::Engine::Driver(driver) if shape.cluster > 1 => {
+                let func = driver.prepare($kernel, &shape)?;
+                let mut args = [$( (&$arg as *const _) as *mut std::ffi::c_void ),*];
+                // SAFETY: as below; `args` point at the wrapper's variables, which outlive the
+                // call (the driver copies the values).
+                unsafe { driver.launch_clusters(func, &shape, &mut args) }
+            }
             $crate::cuda::device::Engine::Driver(driver) => {
                 let func = driver.prepare($kernel, &shape)?;
                 let mut builder = driver.compute.launch_builder(func);

@@ -40,7 +40,7 @@ impl CudaDevice {
         if let Some(o) = &out {
             fits(id, "out", o, num_rows * vocab)?;
         }
-        let sh = shape(id, cfg::sample_rows(num_rows, self.sample_blocks_per_row()))?;
+        let sh = shape(id, cfg::sample_rows(num_rows, self.sample_blocks_per_row(vocab)))?;
         let (logits, out, log_z) = (logits.addr(), addr_or_null(out), log_z.addr());
         let vocab = int(id, "vocab", vocab)?;
         launch!(self, id, sh, [logits, out, log_z, vocab])
@@ -61,7 +61,7 @@ impl CudaDevice {
         fits(id, "logits", &logits, num_rows * vocab)?;
         fits(id, "params", &params, num_rows)?;
         fits(id, "out", &out, num_rows)?;
-        let sh = shape(id, cfg::sample_rows(num_rows, self.sample_blocks_per_row()))?;
+        let sh = shape(id, cfg::sample_rows(num_rows, self.sample_blocks_per_row(vocab)))?;
         let (logits, params, out, vocab) =
             (logits.addr(), params.addr(), out.addr(), int(id, "vocab", vocab)?);
         launch!(self, id, sh, [logits, params, out, vocab])
@@ -141,7 +141,7 @@ impl CudaDevice {
         fits(id, "log_z", &log_z, num_rows)?;
         fits(id, "top ids", &top_ids, num_rows * n)?;
         fits(id, "top logprobs", &top_lps, num_rows * n)?;
-        let sh = shape(id, cfg::sample_rows(num_rows, self.sample_blocks_per_row()))?;
+        let sh = shape(id, cfg::sample_rows(num_rows, self.sample_blocks_per_row(vocab)))?;
         let (logits, chosen, log_z, ranks) =
             (logits.addr(), chosen.addr(), log_z.addr(), ranks.addr());
         let (top_ids, top_lps) = (top_ids.addr(), top_lps.addr());

@@ -39,7 +39,6 @@
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
-#define __cluster_dims__(...)
 // Static shared memory: one copy per OS thread, reused block after block (blocks of a launch run
 // one at a time on the launching thread, but for a cluster's; launches on other threads have their
 // own).
@@ -237,11 +236,13 @@ static unsigned live_lanes(int warp) {
     return n >= 32 ? 0xffffffffu : ((1u << n) - 1u);
 }
 
-// Releases every warp barrier whose lanes have all arrived; true if any was released.
-static bool release_warps() {
+// Releases every warp barrier of block `b` whose lanes have all arrived; true if any was
+// released. (A cluster's blocks hold whole warps: their threads are a multiple of 32.)
+static bool release_warps(size_t b) {
     bool released = false;
-    int num_warps = ((int)L->fibers.size() + 31) / 32;
-    for (int w = 0; w < num_warps; ++w) {
+    const int first = (int)(b * L->threads / 32);
+    const int end = (int)(((b + 1) * L->threads + 31) / 32);
+    for (int w = first; w < end; ++w) {
         Fiber* lanes = &L->fibers[w * 32];
         int n = (int)L->fibers.size() - w * 32;
         if (n > 32) n = 32;
@@ -328,7 +329,7 @@ static void run_block(size_t b, bool reverse) {
             ran = true;
         }
         if (L->err[0]) return;
-        if (release_warps() || release_block(b)) continue;
+        if (release_warps(b) || release_block(b)) continue;
         if (!ran) return;
     }
 }
