@@ -304,13 +304,15 @@ pub fn sample(rows: usize) -> Option<Shape> {
 }
 
 /// Blocks per row of `vocab` logits in the row-wide sampling kernels: one where the device has no
-/// thread block clusters, else enough that each thread takes [`SAMPLE_MIN_TOKENS_PER_THREAD`]
-/// tokens a pass, up to [`SAMPLE_CLUSTER`] (8 at Qwen3's 151,936; one at a few thousand). A row's
-/// bits depend on it (its reductions span the blocks), and so on the vocabulary and the device
-/// alone, never on the batch.
+/// thread block clusters, else the most, in powers of two up to [`SAMPLE_CLUSTER`], that still
+/// give each thread [`SAMPLE_MIN_TOKENS_PER_THREAD`] tokens a pass (8 at the vocabularies of
+/// Qwen3, Mixtral, Nemotron-H and Granite 4.0-H; one at a few thousand). A row's bits depend on it
+/// (its reductions span the blocks), and so on the vocabulary and the device alone, never on the
+/// batch.
 pub fn sample_blocks_per_row(vocab: usize, has_clusters: bool) -> usize {
-    match has_clusters {
-        true => (vocab / (SAMPLE_THREADS * SAMPLE_MIN_TOKENS_PER_THREAD)).clamp(1, SAMPLE_CLUSTER),
+    let busy = vocab / (SAMPLE_THREADS * SAMPLE_MIN_TOKENS_PER_THREAD);
+    match has_clusters && busy > 1 {
+        true => (1 << busy.ilog2()).min(SAMPLE_CLUSTER),
         false => 1,
     }
 }
@@ -466,8 +468,10 @@ mod tests {
     fn a_rows_sampling_blocks_follow_its_vocabulary() {
         assert_eq!(sample_blocks_per_row(151_936, true), SAMPLE_CLUSTER);
         assert_eq!(sample_blocks_per_row(151_936, false), 1, "no clusters before sm_90");
+        assert_eq!(sample_blocks_per_row(32_000, true), SAMPLE_CLUSTER, "Mixtral");
         assert_eq!(sample_blocks_per_row(3_000, true), 1);
-        assert_eq!(sample_blocks_per_row(6_144, true), 3);
+        assert_eq!(sample_blocks_per_row(5_000, true), 2);
+        assert_eq!(sample_blocks_per_row(14_000, true), 4, "powers of two");
     }
 
     #[test]
