@@ -44,7 +44,6 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) argmax_f32(
     if (threadIdx.x == 0) out[blockIdx.x] = (u32)best_i[0];
 }
 
-
 // Per-row sampling parameters; the Rust side mirrors this layout.
 struct SampleParams {
     u64 seed;
@@ -262,10 +261,10 @@ __device__ __forceinline__ void for_each_token(int vocab, int num_listed, const 
 // (row_reduce_ways), so the cut depends on the row alone.
 //
 // A pass over the whole row also lists each thread's tokens inside the interval. Once every
-// thread's (of every block) fit in SEARCH_LIST (after a pass or two the interval holds few tokens), the passes
-// visit the lists instead of the row: the same tokens of each thread (the interval only shrinks)
-// in the same order, so each thread's sums, and every cut, are those of whole-row passes, which
-// read the row again each time the interval narrows SEARCH_WAYS-fold.
+// thread's (of every block) fit in SEARCH_LIST (after a pass or two the interval holds few
+// tokens), the passes visit the lists instead of the row: the same tokens of each thread (the
+// interval only shrinks) in the same order, so each thread's sums, and every cut, are those of
+// whole-row passes, which read the row again each time the interval narrows SEARCH_WAYS-fold.
 //
 // The per-way arrays are only ever indexed by constants (the loops over the ways unrolled, the
 // picked way's figures taken while the ways are visited): one index not known at compile time

@@ -51,10 +51,10 @@ impl Arch {
         digits[..end].parse().ok()
     }
 
-    /// Whether it has thread block clusters (sm_90 and later): the kernels compiled for it then
-    /// take a row's sampling in a cluster of [`SAMPLE_CLUSTER`] blocks. The simulator has them.
+    /// Whether it has thread block clusters (sm_90 and later): a row's sampling may then span
+    /// several blocks ([`sample_blocks_per_row`]). The simulator has them.
     ///
-    /// [`SAMPLE_CLUSTER`]: super::launch::SAMPLE_CLUSTER
+    /// [`sample_blocks_per_row`]: super::launch::sample_blocks_per_row
     pub fn has_clusters(&self) -> bool {
         self.major().map_or(self.0 == "sim", |v| v >= 90)
     }

@@ -22,7 +22,7 @@ use super::{
     stream::{Event, Stream},
 };
 use crate::BackendError;
-use cudarc::driver::sys;
+use cudarc::driver::{CudaContext, sys};
 use std::sync::{
     Arc,
     atomic::{AtomicU64, Ordering},
@@ -210,8 +210,8 @@ fn enable_driver_peers(devices: &[CudaDevice]) -> Result<bool, BackendError> {
 /// memory pool, now and later. The arenas are stream-ordered allocations (`cuMemAllocAsync`,
 /// where the device has pools), which peer access does not reach: a pool grants its own.
 fn grant_pool_access(
-    owner: &std::sync::Arc<cudarc::driver::CudaContext>,
-    contexts: &[std::sync::Arc<cudarc::driver::CudaContext>],
+    owner: &Arc<CudaContext>,
+    contexts: &[Arc<CudaContext>],
 ) -> Result<(), BackendError> {
     if !owner.has_async_alloc() {
         return Ok(()); // `cuMemAlloc`'s memory, which peer access covers.

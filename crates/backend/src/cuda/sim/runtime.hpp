@@ -8,9 +8,9 @@
 // segments of the CUDA semantics); the bf16 tensor-core instruction of the products in bf16
 // precision (mma_bf16_16816, the operands exchanged between the lanes as a shuffle does); shared memory per block (dynamic shared memory starts as NaN
 // bytes, so a read before a write shows); IEEE single arithmetic without contraction (the build
-// passes -ffp-contract=off, as NVRTC gets --fmad=false); thread block clusters along x (the blocks
-// of a cluster run together, their threads interleaved between barriers, with cluster_sync and
-// cluster_map, a block's view of another's dynamic shared memory). Blocks (clusters) run last
+// passes -ffp-contract=off, as NVRTC gets --fmad=false); thread block clusters along x (a cluster's
+// blocks run together, each as far as it goes alone, meeting at cluster_sync; cluster_map is a
+// block's view of another's dynamic shared memory). Blocks (clusters) run last
 // first and threads between barriers in forward or reverse order, so a kernel that leans on an
 // order the GPU does not give reads data before it is written. What it does not: concurrency
 // between clusters (they run one after another), the device's expf/logf (the host libm's, within
