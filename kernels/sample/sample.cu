@@ -3,9 +3,10 @@
 // block of SAMPLE_THREADS threads per row; the others, which read a row several times, a thread
 // block cluster of up to SAMPLE_CLUSTER such blocks (as many as the vocabulary keeps busy, one
 // where the device has no clusters: the launch's gridDim.x), each over its stripes of the row.
-// Every reduction is a fixed tree (thread stripes, warp butterflies, the warps' partials, then the
-// blocks' in rank order), so a row's result depends on the row and the number of blocks alone,
-// never on the other rows.
+// Every floating-point reduction is a fixed tree (thread stripes, warp butterflies, the warps'
+// partials, then the blocks' in rank order), so a row's log-softmax depends on the row and the
+// number of blocks alone, never on the other rows; the draw sums its masses exactly, in integers,
+// so its token depends on the row alone (and is the CPU sampler's).
 
 #define SAMPLE_THREADS 512
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
@@ -69,30 +70,73 @@ __device__ __forceinline__ u64 rank_key(float logit, int i) {
     return ((u64)total_order_key(logit) << 32) | (u64)(0xffffffffu - (u32)i);
 }
 
-#define SEARCH_WAYS 8
+// A search level's bins (search_cut): one per thread of the first SEARCH_BINS when the blocks'
+// histograms are summed.
+#define SEARCH_BINS 256
 
-// Candidates a thread lists for the later passes of a search (search_cut): its tokens inside the
-// interval, in stripe order.
-#define SEARCH_LIST 8
+// Limbs of an exact mass (Mass), and the 32-bit words a histogram keeps it in.
+#define MASS_LIMBS 3
+#define MASS_WORDS (2 * MASS_LIMBS)
 
-// Words a block publishes per exchange: a search pass's masses and counts.
-#define EXCHANGE_WORDS (2 * SEARCH_WAYS)
+// Token ids a block lists for a search's later levels, once its share of the interval fits.
+#define SEARCH_LIST 2048
+// What the list holds (search_cut's `listing`).
+#define LIST_NONE 0
+#define LIST_BUILD 1
+#define LIST_READY 2
+
+// Words a block publishes per exchange (row_reduce's one).
+#define EXCHANGE_WORDS 1
+
+// A search level's histogram of the interval's tokens: per bin their number, their exact mass
+// (32-bit word j of bin b at mass[j][b]), the upper halves of their smallest and largest rank keys
+// (their logits' total_order_key) and the largest lower half (token id's complement). Filled
+// with shared memory atomics, all of 32 bits (the 64-bit ones are compare-and-swap loops): every
+// figure is an integer, so the order in which the tokens land changes nothing.
+struct Histogram {
+    u32 mass[MASS_WORDS][SEARCH_BINS];
+    u32 lowest[SEARCH_BINS];
+    u32 highest[SEARCH_BINS];
+    u32 low_max[SEARCH_BINS];
+    u32 count[SEARCH_BINS];
+};
+
+// An exact sum of f32 weights in [0, 1], in units of 2^-149 (the smallest f32), the CPU sampler's
+// Mass: a weight is at most 2^149 units, so 192 bits hold 2^43 of them. Limb 0 is the lowest.
+struct Mass {
+    u64 w[MASS_LIMBS];
+};
+
+// What a search level chose (search_cut), for every thread of the block to read.
+struct LevelCut {
+    Mass above;      // the mass of the interval's keys above the bin, plus what was above it
+    u64 lo, hi;      // keys bounding the bin's tokens and no other token of the interval
+    u32 count;       // the bin's tokens
+    u32 above_count; // as `above`, counted
+    int bin;
+};
 
 // The shared memory of a row's block (dynamic, as a kernel launched in clusters keeps it).
-#define SAMPLE_SMEM_BYTES 20480
+#define SAMPLE_SMEM_BYTES 36864
 struct RowShared {
     // This block's partials, for the other blocks to read: two, so that an exchange never
     // overwrites the one before it while a block may still be reading it.
     u64 part[2][EXCHANGE_WORDS];
     // Every block's partials of the last exchange, in rank order.
     u64 gathered[SAMPLE_CLUSTER][EXCHANGE_WORDS];
-    // The warps' partials: a word per warp, or a search pass's masses and counts per warp.
+    // The warps' partials: a word per warp.
     u64 words[SAMPLE_WARPS];
-    double mass[SEARCH_WAYS][SAMPLE_WARPS];
-    u32 count[SEARCH_WAYS][SAMPLE_WARPS];
-    // A search's candidates: SEARCH_LIST ids per thread, entry c of thread t at
-    // [c * SAMPLE_THREADS + t].
-    int listed_ids[SEARCH_LIST * SAMPLE_THREADS];
+    // A search's histograms, one per level in turn: a block fills one again two levels later,
+    // after the cluster barrier of the level between, which every block reaches only once done
+    // reading it.
+    Histogram hist[2];
+    // Each warp's totals of a level's bins (search_cut's suffix sums).
+    Mass warp_mass[SEARCH_BINS / 32];
+    u32 warp_count[SEARCH_BINS / 32];
+    LevelCut cut;
+    // The block's tokens inside a search's interval, from the level that listed them on.
+    u32 num_listed;
+    int listed_ids[SEARCH_LIST];
 };
 static_assert(sizeof(RowShared) <= SAMPLE_SMEM_BYTES, "SAMPLE_SMEM_BYTES holds a row block's shared memory");
 
@@ -109,6 +153,7 @@ __device__ __forceinline__ RowShared& row_shared() {
 // rather than holding registers of their own.
 struct RowPart {
     int parity;  // the `part` the next exchange publishes
+    int level;   // search levels so far: the histogram the next one fills is hist[level % 2]
     __device__ __forceinline__ int num_ranks() const { return (int)gridDim.x; }
     __device__ __forceinline__ int first() const { return (int)(blockIdx.x * SAMPLE_THREADS + threadIdx.x); }
     __device__ __forceinline__ int stride() const { return (int)(gridDim.x * SAMPLE_THREADS); }
@@ -173,47 +218,6 @@ __device__ __forceinline__ u64 row_count(u64 v, RowPart& g) {
     return row_reduce(v, g, [](u64 a, u64 b) { return a + b; });
 }
 
-// A search pass's SEARCH_WAYS masses and counts over the row, the result in every thread:
-// butterflies within each warp, then thread j folds figure j of the warps in order (the block's),
-// then every thread folds the blocks' in rank order. The per-way arrays are indexed by constants
-// only (see search_cut).
-__device__ __forceinline__ void row_reduce_ways(
-    double (&mass)[SEARCH_WAYS], u32 (&count)[SEARCH_WAYS], RowPart& g) {
-    RowShared& s = row_shared();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-    for (int j = 0; j < SEARCH_WAYS; ++j) {
-        for (int o = 16; o > 0; o >>= 1) {
-            mass[j] += __shfl_xor_sync(FULL_MASK, mass[j], o);
-            count[j] += __shfl_xor_sync(FULL_MASK, count[j], o);
-        }
-    }
-    __syncthreads();  // the warps' figures are free again
-    if (lane == 0) {
-#pragma unroll
-        for (int j = 0; j < SEARCH_WAYS; ++j) s.mass[j][warp] = mass[j], s.count[j][warp] = count[j];
-    }
-    __syncthreads();
-    const int j = threadIdx.x;
-    if (j < SEARCH_WAYS) {
-        double m = 0.0;
-        for (int w = 0; w < SAMPLE_WARPS; ++w) m += s.mass[j][w];
-        s.part[g.parity][j] = (u64)__double_as_longlong(m);
-    } else if (j < EXCHANGE_WORDS) {
-        u32 c = 0;
-        for (int w = 0; w < SAMPLE_WARPS; ++w) c += s.count[j - SEARCH_WAYS][w];
-        s.part[g.parity][j] = c;
-    }
-    exchange(g, EXCHANGE_WORDS);
-#pragma unroll
-    for (int j = 0; j < SEARCH_WAYS; ++j) {
-        mass[j] = 0.0, count[j] = 0;
-        for (int r = 0; r < g.num_ranks(); ++r) {
-            mass[j] += __longlong_as_double((i64)s.gathered[r][j]);
-            count[j] += (u32)s.gathered[r][SEARCH_WAYS + j];
-        }
-    }
-}
 
 // log_z = max + log(sum(exp(x - max))) (the exponentials by the CPU's polynomial), and, when `out`
 // is not null, out[i] = x[i] - log_z (cpu::log_softmax).
@@ -222,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) log_softmax_f32(
     float* __restrict__ out,           // device [num_rows, vocab] or null
     float* __restrict__ log_z,         // device [num_rows]
     int vocab) {
-    RowPart g{0};
+    RowPart g{0, 0};
     const float* row = logits + (u64)blockIdx.y * vocab;
     float mx = neg_inf();
     for (int i = g.first(); i < vocab; i += g.stride()) mx = fmaxf(mx, row[i]);
@@ -238,151 +242,322 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) log_softmax_f32(
     cluster_sync();
 }
 
-// Calls f(i) for this thread's tokens: its list's `num_listed` entries, or (num_listed < 0) its
-// stripes of the row, in ascending order either way.
-template <typename F>
-__device__ __forceinline__ void for_each_token(int vocab, int num_listed, const RowPart& g, F f) {
-    if (num_listed >= 0) {
-        for (int c = 0; c < num_listed; ++c) f(row_shared().listed_ids[c * SAMPLE_THREADS + threadIdx.x]);
+
+// ---- Exact masses ----
+
+__device__ __forceinline__ Mass mass_add(Mass a, const Mass& b) {
+    u64 carry = 0;
+#pragma unroll
+    for (int l = 0; l < MASS_LIMBS; ++l) {
+        const u64 s = a.w[l] + b.w[l];
+        const u64 t = s + carry;
+        carry = (u64)(s < a.w[l]) | (u64)(t < s);
+        a.w[l] = t;
+    }
+    return a;
+}
+
+// a - b, for b <= a.
+__device__ __forceinline__ Mass mass_sub(Mass a, const Mass& b) {
+    u64 borrow = 0;
+#pragma unroll
+    for (int l = 0; l < MASS_LIMBS; ++l) {
+        const u64 d = a.w[l] - b.w[l];
+        const u64 t = d - borrow;
+        borrow = (u64)(a.w[l] < b.w[l]) | (u64)(d < borrow);
+        a.w[l] = t;
+    }
+    return a;
+}
+
+// The mass as the CPU rounds it (Mass::to_f64): its top 64 significant bits, rounded to the
+// nearest f64, so that a comparison with a target decides as the CPU's does.
+__device__ __forceinline__ double mass_to_f64(const Mass& m) {
+    const int top = m.w[2] ? 2 : m.w[1] ? 1 : m.w[0] ? 0 : -1;
+    if (top < 0) return 0.0;
+    const u64 hi = top == 2 ? m.w[2] : top == 1 ? m.w[1] : m.w[0];
+    const u64 lo = top == 2 ? m.w[1] : top == 1 ? m.w[0] : 0ull;
+    const int lead = __clzll((i64)hi);
+    const u64 bits = lead ? (hi << lead) | (lo >> (64 - lead)) : hi;
+    // An exact power of two, well inside f64's normal range (-213 ..= 43).
+    const int low_exp = 64 * top - lead - 149;
+    return (double)bits * __longlong_as_double((i64)(1023 + low_exp) << 52);
+}
+
+// Adds weight `w` to bin `b` of a histogram's masses (`words` is its mass[0]), if it weighs: in
+// (0, 1], as the CPU's `weighs` (NaN does not). w = m * 2^shift units: m its 24-bit mantissa,
+// shift at most 126, so it spans two words; a carry goes on up (never out of the top word: a
+// row's mass stays below 2^168 units).
+__device__ __forceinline__ void mass_atomic_add(u32* words, int b, float w) {
+    if (!(w > 0.0f && w <= 1.0f)) return;
+    const u32 bits = __float_as_uint(w), e = bits >> 23;
+    const u64 v = (u64)((bits & 0x7fffffu) | (e ? 0x800000u : 0u)) << ((e ? e - 1 : 0) % 32);
+    int word = (int)((e ? e - 1 : 0) / 32);
+    u32* at = words + word * SEARCH_BINS + b;
+    const u32 low = (u32)v;
+    const u32 old = low ? atomicAdd(at, low) : 0u;
+    // At most 2^24 + 1: no overflow.
+    u32 up = (u32)(v >> 32) + (old + low < old ? 1u : 0u);
+    while (up && ++word < MASS_WORDS) {
+        at += SEARCH_BINS;
+        const u32 before = atomicAdd(at, up);
+        up = before + up < before ? 1u : 0u;
+    }
+}
+
+// Bin b's mass in a histogram: its words as limbs.
+__device__ __forceinline__ Mass bin_mass(const Histogram& h, int b) {
+    Mass m;
+#pragma unroll
+    for (int l = 0; l < MASS_LIMBS; ++l) m.w[l] = (u64)h.mass[2 * l + 1][b] << 32 | h.mass[2 * l][b];
+    return m;
+}
+
+// ---- The search ----
+
+// A rank key's logit (the inverse of total_order_key on its upper half).
+__device__ __forceinline__ float key_logit(u64 k) {
+    const u32 t = (u32)(k >> 32);
+    return __uint_as_float(t & 0x80000000u ? t & 0x7fffffffu : ~t);
+}
+
+// How a search level spreads the interval [lo, hi] over the bins: by logit, evenly from `base`
+// (lo's logit, or the row's lowest finite one where lo's is not finite) to hi's, where that range
+// is finite and splits; else by the key bits below those lo and hi share. Either way a larger key
+// never lands in a lower bin (each step of the arithmetic is monotone), and where lo and hi are
+// keys of the interval's tokens, lo lands in bin 0 and hi in a higher one: a level always
+// narrows the interval.
+struct Binning {
+    float base, scale;  // by logit where scale > 0
+    u64 lo;
+    int shift;
+    __device__ __forceinline__ int operator()(float x, u64 k) const {
+        if (scale > 0.0f) {
+            const float d = sub(x, base);
+            return d > 0.0f ? min((int)mul(d, scale), SEARCH_BINS - 1) : 0;
+        }
+        return (int)((k >> shift) - (lo >> shift));
+    }
+};
+
+__device__ __forceinline__ Binning binning(u64 lo, u64 hi, float lowest, bool by_logit) {
+    const float top = key_logit(hi), low = key_logit(lo);
+    const float base = isfinite(low) ? low : lowest;
+    const float span = sub(top, base), scale = dvd((float)SEARCH_BINS, span);
+    if (by_logit && isfinite(top) && span > 0.0f && isfinite(span) && isfinite(scale))
+        return Binning{base, scale, lo, 0};
+    const int bits = 64 - __clzll((i64)(lo ^ hi));
+    return Binning{0.0f, 0.0f, lo, bits > 8 ? bits - 8 : 0};
+}
+
+// Whether a cumulative mass (or, counting, a number of tokens) reaches `target`, or with
+// `strict` exceeds it: the CPU's `crosses`.
+__device__ __forceinline__ bool crosses(double cum, double target, bool strict) {
+    return strict ? cum > target : cum >= target;
+}
+
+// One level of search_cut: fills a histogram of the interval [lo, hi] (reading the block's
+// stripes of the row, or its list of the interval's tokens, as `source` says), sums
+// the blocks' histograms bin by bin, and picks the bin holding the cut: the highest bin whose
+// cumulative figure from the top (above + the bins down to it) passes, or, where none does (the
+// target rounded onto the interval's whole figure), the lowest one; with `relative`, first
+// scales the target by the interval's total mass. Returns the number of the interval's
+// tokens; the cut is in row_shared().cut (its count 0 where no bin is picked).
+template <bool COUNT, typename Weight>
+__device__ u32 search_level(
+    const float* row, int vocab, u64 lo, u64 hi, const Binning bin, int source, bool relative,
+    double& target, bool strict, const Mass& above, u32 above_count, Weight weight, RowPart& g) {
+    RowShared& s = row_shared();
+    Histogram& h = s.hist[g.level & 1];
+    ++g.level;
+    const int t = threadIdx.x;
+    if (t < SEARCH_BINS) {
+        h.count[t] = 0, h.lowest[t] = ~0u, h.highest[t] = 0, h.low_max[t] = 0;
+#pragma unroll
+        for (int j = 0; j < MASS_WORDS; ++j) h.mass[j][t] = 0;
+    }
+    if (t == 0 && source == LIST_BUILD) s.num_listed = 0;
+    __syncthreads();
+    auto visit = [&](int i) {
+        const float x = row[i];
+        const u64 k = rank_key(x, i);
+        if (k < lo || k > hi) return;
+        const int b = bin(x, k);
+        atomicAdd(&h.count[b], 1u);
+        atomicMin(&h.lowest[b], (u32)(k >> 32));
+        atomicMax(&h.highest[b], (u32)(k >> 32));
+        atomicMax(&h.low_max[b], (u32)k);
+        if (!COUNT) mass_atomic_add(&h.mass[0][0], b, weight(x));
+        if (source == LIST_BUILD) {
+            const u32 at = atomicAdd(&s.num_listed, 1u);
+            if (at < SEARCH_LIST) s.listed_ids[at] = i;
+        }
+    };
+    if (source == LIST_READY) {
+        for (int e = t; e < (int)s.num_listed; e += SAMPLE_THREADS) visit(s.listed_ids[e]);
     } else {
-        for (int i = g.first(); i < vocab; i += g.stride()) f(i);
+        for (int i = g.first(); i < vocab; i += g.stride()) visit(i);
     }
+    cluster_sync();
+    // Every thread has read the last level's cut by now.
+    if (t == 0) s.cut.count = 0;
+    // Thread t < SEARCH_BINS: bin t over the blocks, then its suffix sums within the warp (bins
+    // t to the warp's last), then those of the warps above.
+    const int warp = t / 32, lane = t % 32;
+    u32 count = 0, suffix_count = 0;
+    Mass mass{{0, 0, 0}}, suffix{{0, 0, 0}};
+    u32 lowest = ~0u, highest = 0, low_max = 0;
+    if (t < SEARCH_BINS) {
+        for (int r = 0; r < g.num_ranks(); ++r) {
+            const Histogram& o = *cluster_map(&h, (u32)r);
+            count += o.count[t];
+            lowest = min(lowest, o.lowest[t]);
+            highest = max(highest, o.highest[t]);
+            low_max = max(low_max, o.low_max[t]);
+            if (!COUNT) mass = mass_add(mass, bin_mass(o, t));
+        }
+        suffix_count = count, suffix = mass;
+        for (int d = 1; d < 32; d <<= 1) {
+            const u32 c = __shfl_down_sync(FULL_MASK, suffix_count, d);
+            Mass m;
+#pragma unroll
+            for (int l = 0; l < MASS_LIMBS; ++l) m.w[l] = __shfl_down_sync(FULL_MASK, suffix.w[l], d);
+            if (lane + d < 32) suffix_count += c, suffix = mass_add(suffix, m);
+        }
+        if (lane == 0) s.warp_count[warp] = suffix_count, s.warp_mass[warp] = suffix;
+    }
+    __syncthreads();
+    u32 total_count = 0;
+    Mass total{{0, 0, 0}};
+    for (int w = 0; w < SEARCH_BINS / 32; ++w) {
+        total_count += s.warp_count[w];
+        if (!COUNT) total = mass_add(total, s.warp_mass[w]);
+        if (w > warp) suffix_count += s.warp_count[w];
+        if (!COUNT && w > warp) suffix = mass_add(suffix, s.warp_mass[w]);
+    }
+    if (relative) target *= mass_to_f64(total);
+    if (t < SEARCH_BINS && count > 0) {
+        // The figures from the top down to this bin, and down to the bin above it.
+        const Mass at = mass_add(above, suffix), after = mass_sub(at, mass);
+        const u32 at_count = above_count + suffix_count, after_count = at_count - count;
+        const double at_figure = COUNT ? (double)at_count : mass_to_f64(at);
+        const double after_figure = COUNT ? (double)after_count : mass_to_f64(after);
+        const bool passes = crosses(at_figure, target, strict);
+        const bool next_passes = crosses(after_figure, target, strict);
+        const bool bottom = suffix_count == total_count, top = suffix_count == count;
+        if ((passes || bottom) && (top || !next_passes)) {
+            // The bin's keys: inside the interval, between its tokens' logits (the lowest's
+            // smallest id complement is at least 0, the highest's largest at most low_max), and,
+            // by key bits, inside the bin's range. No other token of the interval is there.
+            u64 bin_lo = max(lo, (u64)lowest << 32), bin_hi = min(hi, (u64)highest << 32 | low_max);
+            if (bin.scale <= 0.0f) {
+                const u64 start = ((lo >> bin.shift) + (u64)t) << bin.shift;
+                bin_lo = max(bin_lo, start), bin_hi = min(bin_hi, start + ((1ull << bin.shift) - 1));
+            }
+            s.cut = LevelCut{after, bin_lo, bin_hi, count, after_count, t};
+        }
+    }
+    __syncthreads();
+    return total_count;
 }
 
-// The largest rank key v in [lo, hi] with S(v) > target (strict) or S(v) >= target, where
-// S(v) = above + the sum of weight(i) over the row's tokens with v <= key <= hi: the cut of a
-// prefix of the candidates in rank order. S is non-increasing in v and S(lo) must pass. With
-// `relative`, the target is target * S(lo) (a share of the interval's weight, known after the
-// first pass).
+// The largest rank key v in [lo, hi] (keys of tokens of the row, or lo = 0) whose cumulative
+// figure S(v) (`above` plus the weights of the tokens with v <= key <= hi, or their number with
+// COUNT) passes `target` (exceeds it, `strict`, or reaches it), the cut of the candidates in rank
+// order; the lowest key in the interval where none does. With `relative`, the target is
+// target * S(lo) (a share of the interval's mass). The weights are `weight(logit)`; their sums
+// are exact (Mass) and rounded as the CPU rounds them, so the cut is the CPU sampler's.
 //
-// Each pass splits the interval at SEARCH_WAYS pivots and sums, per pivot, the weight and the
-// number of tokens from it to hi: the interval becomes the bucket holding the cut, until a bucket
-// holds one token, whose key a last pass takes. Every sum is a fixed tree over the row's blocks
-// (row_reduce_ways), so the cut depends on the row alone.
+// Each level spreads the interval over SEARCH_BINS bins (Binning), every block fills a
+// histogram of its tokens, and every block sums all of them and finds the bin holding the cut,
+// which becomes the interval, until a bin holds one token. A level by logit that keeps more than
+// half the interval is followed by one by key bits, which narrow the key range 256-fold, so a
+// search ends within a few dozen levels whatever the row; spread logits take two to four. The
+// first level reads the whole row; once a block's share of the interval fits SEARCH_LIST, the
+// next level reads the row once more and lists it, and the later ones read only the list.
 //
-// A pass over the whole row also lists each thread's tokens inside the interval. Once every
-// thread's (of every block) fit in SEARCH_LIST (after a pass or two the interval holds few
-// tokens), the passes visit the lists instead of the row: the same tokens of each thread (the
-// interval only shrinks) in the same order, so each thread's sums, and every cut, are those of
-// whole-row passes, which read the row again each time the interval narrows SEARCH_WAYS-fold.
-//
-// The per-way arrays are only ever indexed by constants (the loops over the ways unrolled, the
-// picked way's figures taken while the ways are visited): one index not known at compile time
-// puts an array in local memory, and then every token of every pass reads and writes it there
-// (tests/cuda_kernels_compile.rs holds every kernel to no stack frame).
-template <typename Weight>
+// `listing` says what the block's list holds on entry and on return: LIST_NONE, nothing to use;
+// LIST_BUILD (on entry), nothing, but the interval holds at most SEARCH_LIST tokens, so the first
+// level lists them; LIST_READY, every token of the block in the interval (and so in any interval
+// inside it, as the next search's is).
+template <bool COUNT, typename Weight>
 __device__ u64 search_cut(
-    const float* row, int vocab, u64 lo, u64 hi, double above, double target, bool relative,
-    bool strict, Weight weight, RowPart& g) {
-    // Entries of this thread's list once every thread's candidates fit (valid or not on every
-    // thread alike), else -1.
-    int num_listed = -1;
-    for (bool first = true; lo < hi; first = false) {
-        const u64 span = hi - lo, step = span / SEARCH_WAYS + 1;
-        u64 pivot[SEARCH_WAYS];
-#pragma unroll
-        for (int j = 0; j < SEARCH_WAYS; ++j) pivot[j] = (u64)j * step <= span ? lo + (u64)j * step : ~0ull;
-        double mass[SEARCH_WAYS];
-        // Counts of tokens: at most the vocabulary, so 32 bits (and fewer registers).
-        u32 count[SEARCH_WAYS];
-#pragma unroll
-        for (int j = 0; j < SEARCH_WAYS; ++j) mass[j] = 0.0, count[j] = 0;
-        int* record = num_listed < 0 ? row_shared().listed_ids : nullptr;
-        int listed = 0;
-        for_each_token(vocab, num_listed, g, [&](int i) {
-            const u64 k = rank_key(row[i], i);
-            if (k < lo || k > hi) return;
-            if (record) {
-                if (listed < SEARCH_LIST) record[listed * SAMPLE_THREADS + threadIdx.x] = i;
-                ++listed;
-            }
-            const double w = weight(i);
-#pragma unroll
-            for (int j = 0; j < SEARCH_WAYS; ++j) {
-                if (pivot[j] != ~0ull && k >= pivot[j]) mass[j] += w, count[j] += 1;
-            }
-        });
-        row_reduce_ways(mass, count, g);
-        if (num_listed < 0 && row_max_key((u64)listed, g) <= SEARCH_LIST) num_listed = listed;
-        if (first && relative) target *= above + mass[0];
-        // The bucket [from, next) holding the cut: the last way whose sum passes, its figures
-        // taken as the ways are visited.
-        u64 from = pivot[0], next = pivot[1];
-        u32 from_count = count[0], next_count = count[1];
-        double next_mass = mass[1];
-#pragma unroll
-        for (int j = 1; j < SEARCH_WAYS; ++j) {
-            const double s = above + mass[j];
-            if (pivot[j] != ~0ull && (strict ? s > target : s >= target)) {
-                from = pivot[j], from_count = count[j];
-                next = j + 1 < SEARCH_WAYS ? pivot[j + 1] : ~0ull;
-                next_count = j + 1 < SEARCH_WAYS ? count[j + 1] : 0u;
-                next_mass = j + 1 < SEARCH_WAYS ? mass[j + 1] : 0.0;
-            }
-        }
-        const bool last = next == ~0ull;
-        lo = from;
-        if (!last) hi = next - 1, above += next_mass;
-        if (from_count - (last ? 0u : next_count) == 1) {
-            // One token in [lo, hi]: its key.
-            u64 key = 0;
-            for_each_token(vocab, num_listed, g, [&](int i) {
-                const u64 k = rank_key(row[i], i);
-                if (k >= lo && k <= hi) key = k;
-            });
-            return row_max_key(key, g);
-        }
+    const float* row, int vocab, u64 lo, u64 hi, float lowest, double target, bool relative,
+    bool strict, Weight weight, int& listing, RowPart& g) {
+    RowShared& s = row_shared();
+    Mass above{{0, 0, 0}};
+    u32 above_count = 0;
+    bool by_logit = true;
+    // Where each level reads: as `listing`.
+    int source = listing;
+    listing = source == LIST_NONE ? LIST_NONE : LIST_READY;
+    for (bool first = true;; first = false) {
+        const u32 num_inside = search_level<COUNT>(
+            row, vocab, lo, hi, binning(lo, hi, lowest, by_logit), source, first && relative,
+            target, strict, above, above_count, weight, g);
+        const LevelCut cut = s.cut;
+        // One token: the bin's upper bound is its key (its logit's half and its id's).
+        if (cut.count == 1) return cut.hi;
+        if (cut.count == 0) return lo;
+        // This block's tokens in the bin, from its own histogram.
+        const u32 mine = s.hist[(g.level - 1) & 1].count[cut.bin];
+        by_logit = !(by_logit && 2 * cut.count > num_inside);
+        lo = cut.lo, hi = cut.hi, above = cut.above, above_count = cut.above_count;
+        source = source != LIST_NONE ? LIST_READY : mine <= SEARCH_LIST ? LIST_BUILD : LIST_NONE;
     }
-    return lo;
 }
 
-// Seeded sampling as the CPU sampler defines it: candidates in rank order, the first top_k of
-// them, probabilities exp((logit - max) / temperature), those at least min_p (relative to the
-// most likely's, which is 1: a head of the order), the shortest head whose mass reaches top_p of
+// Seeded sampling as the CPU sampler defines it (crates/model/src/sampling/draw.rs): candidates
+// in rank order, the first top_k of them, weights exp((logit - max) / temperature) (the most
+// likely token's 1), those weighing at least min_p, the shortest head whose mass reaches top_p of
 // the total, then the first candidate whose cumulative mass exceeds u * (kept mass). The weights
-// are the host's bit for bit (exp_nonpositive). Instead of sorting, each cut is found by a search
-// over rank keys with block-wide sums (search_cut; masses in f64 where the host sums exactly): the
-// token equals the CPU's except when u lands within rounding of a boundary of the CDF or the
-// top-p cut.
+// are the host's bit for bit (exp_nonpositive) and every mass is an exact sum rounded as the host
+// rounds it, so the token is the CPU's. Instead of sorting, each cut is found by a search over
+// rank keys (search_cut).
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     const float* __restrict__ logits,          // device [num_rows, vocab]
     const SampleParams* __restrict__ params,   // device [num_rows]
     u32* __restrict__ out,                     // device [num_rows]
     int vocab) {
-    RowPart g{0};
+    RowPart g{0, 0};
     const float* row = logits + (u64)blockIdx.y * vocab;
     const SampleParams pr = params[blockIdx.y];
-    float mx = neg_inf();
+    // The first token in rank order and the lowest finite logit (where the bins by logit start
+    // when the interval's lowest key is a masked token's).
+    float lowest = __int_as_float(0x7f800000);
     u64 top = 0;
     for (int i = g.first(); i < vocab; i += g.stride()) {
-        mx = fmaxf(mx, row[i]);
-        top = max(top, rank_key(row[i], i));
+        const float x = row[i];
+        if (x > neg_inf()) lowest = fminf(lowest, x);
+        top = max(top, rank_key(x, i));
     }
-    mx = row_max(mx, g);
+    lowest = row_reduce(lowest, g, [](float a, float b) { return fminf(a, b); });
     top = row_max_key(top, g);
-    const float inv_t = dvd(1.0f, pr.temperature);
-    auto one = [](int) { return 1.0; };
+    const float mx = key_logit(top), inv_t = dvd(1.0f, pr.temperature);
+    auto one = [](float) { return 1.0f; };
     // The host sampler's weights, bit for bit: the CPU's polynomial exp.
-    auto prob = [=](int i) { return (double)exp_nonpositive(mul(sub(row[i], mx), inv_t)); };
+    auto weight = [=](float x) { return x == mx ? 1.0f : exp_nonpositive(mul(sub(x, mx), inv_t)); };
     u64 floor = 0;
-    if (pr.top_k > 0 && pr.top_k < (u32)vocab)
-        floor = search_cut(row, vocab, 0, top, 0.0, (double)pr.top_k, false, false, one, g);
+    int listing = LIST_NONE;
+    if (pr.top_k > 0 && pr.top_k < (u32)vocab) {
+        floor = search_cut<true>(row, vocab, 0, top, lowest, (double)pr.top_k, false, false, one, listing, g);
+        // [floor, top] holds top_k tokens: few enough, the next search lists them as it starts.
+        listing = pr.top_k <= SEARCH_LIST ? LIST_BUILD : LIST_NONE;
+    }
     if (pr.min_p > 0.0f) {
-        // The last kept candidate is the smallest key whose probability reaches min_p; the most
-        // likely token (probability 1) always does, as the CPU keeps at least one.
+        // The last kept candidate is the smallest key whose weight reaches min_p; the most likely
+        // token (weight 1) always does, as the CPU keeps at least one.
         u64 last = ~0ull;
         for (int i = g.first(); i < vocab; i += g.stride()) {
-            u64 k = rank_key(row[i], i);
-            bool keep = k >= floor && exp_nonpositive(mul(sub(row[i], mx), inv_t)) >= pr.min_p;
-            if (keep && k < last) last = k;
+            const u64 k = rank_key(row[i], i);
+            if (k >= floor && weight(row[i]) >= pr.min_p && k < last) last = k;
         }
         floor = ~row_max_key(~last, g);
     }
     if (pr.top_p < 1.0f)
-        floor = search_cut(
-            row, vocab, floor, top, 0.0, (double)pr.top_p, true, false, prob, g);
+        floor = search_cut<false>(row, vocab, floor, top, lowest, (double)pr.top_p, true, false, weight, listing, g);
     const double u = uniform(pr.seed, pr.index);
-    const u64 chosen = search_cut(row, vocab, floor, top, 0.0, u, true, true, prob, g);
+    const u64 chosen = search_cut<false>(row, vocab, floor, top, lowest, u, true, true, weight, listing, g);
     if (threadIdx.x == 0 && blockIdx.x == 0) out[blockIdx.y] = 0xffffffffu - (u32)(chosen & 0xffffffffull);
     cluster_sync();
 }
@@ -462,7 +637,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) top_logprobs_f32(
     u32* __restrict__ ranks,           // device [num_rows]
     int vocab,
     int n) {
-    RowPart g{0};
+    RowPart g{0, 0};
     const u32 r = blockIdx.y;
     const float* row = logits + (u64)r * vocab;
     const u32 token = chosen[r];

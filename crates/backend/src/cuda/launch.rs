@@ -75,7 +75,7 @@ pub const SAMPLE_CLUSTER: usize = 8;
 /// more blocks: below it a cluster's barriers cost more than the blocks save.
 pub const SAMPLE_MIN_TOKENS_PER_THREAD: usize = 4;
 /// Dynamic shared memory of a block of those kernels (`SAMPLE_SMEM_BYTES`).
-pub const SAMPLE_SMEM_BYTES: usize = 20 << 10;
+pub const SAMPLE_SMEM_BYTES: usize = 36 << 10;
 /// Threads per block of the element-wise kernels.
 pub const ELEMENTWISE_THREADS: usize = 256;
 

@@ -1,5 +1,7 @@
-//! Seeded sampling against the CPU sampler's definition (the model crate's `Sampler`): the same
-//! token wherever the draw is not within rounding of a boundary of the CDF or of the top-p cut;
+//! Seeded sampling against the CPU sampler's definition (the model crate's `Sampler`), computed
+//! here apart in floating point: the same token wherever the draw is not within rounding of a
+//! boundary of the CDF or of the top-p cut (the model crate's `gpu::draw_tests` compares the
+//! draw with the `Sampler` itself, every row);
 //! logit edits (bias and penalties) exactly the CPU's passes, undone after the choice.
 
 use super::support::*;
@@ -175,10 +177,9 @@ fn seeded_samples_with_ties_and_masked_tokens_equal_the_cpu_sampler() {
     assert!(num_clear >= rows / 2, "only {num_clear} of {rows} draws were clear of a boundary");
 }
 
-/// Rows whose likely tokens all fall in one thread's stripe (token ids a row's threads apart:
-/// more of them than a thread lists for the search's later passes, so every pass reads the whole
-/// row) and rows whose likely tokens spread over the threads (the later passes read the lists):
-/// both draw the CPU sampler's tokens, at a vocabulary that spreads a row over a cluster of
+/// Rows whose likely tokens all fall in one thread's stripe (token ids a row's threads apart, so
+/// one block holds every candidate of the search's later levels and the others none) and rows
+/// whose likely tokens spread over the threads and blocks: both draw the CPU sampler's tokens, at a vocabulary that spreads a row over a cluster of
 /// blocks on devices with clusters (the simulator's too) and over one block elsewhere, and
 /// whatever rows share the launch.
 #[test]
@@ -187,7 +188,7 @@ fn seeded_samples_whatever_the_threads_holding_the_likely_tokens() {
     let Some(dev) = gpu_or_skip(name) else { return };
     let (rows, vocab) = (12, 40_000);
     // A row's threads: 4,096 in a cluster of 8 blocks (about 10 tokens a stripe), 512 in one
-    // block (about 78): more than SEARCH_LIST (8) either way.
+    // block (about 78).
     let threads = 512 * dev.sample_blocks_per_row(vocab);
     let mut rng = Rng::new(45);
     let mut logits = vec![0.0f32; rows * vocab];

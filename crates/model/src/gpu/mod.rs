@@ -12,6 +12,8 @@
 //! Checked on the CUDA simulator in CI and on an H100 (`docs/gpu.md` says what runs where).
 
 mod caches;
+#[cfg(test)]
+mod draw_tests;
 mod exchange;
 mod forward;
 mod logits;

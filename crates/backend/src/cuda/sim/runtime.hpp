@@ -615,6 +615,27 @@ static inline unsigned long long max(unsigned long long a, unsigned long long b)
 static inline float min(float a, float b) { return fminf(a, b); }
 static inline float max(float a, float b) { return fmaxf(a, b); }
 
+// Atomics. A thread runs on until it reaches a barrier, so no other thread's access can come
+// between the read and the write.
+template <typename T>
+static inline T atomic_update(T* p, T v, T (*f)(T, T)) {
+    T old = *p;
+    *p = f(old, v);
+    return old;
+}
+static inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    return atomic_update<unsigned>(p, v, [](unsigned a, unsigned b) { return a + b; });
+}
+static inline unsigned atomicMin(unsigned* p, unsigned v) {
+    return atomic_update<unsigned>(p, v, [](unsigned a, unsigned b) { return min(a, b); });
+}
+static inline unsigned atomicMax(unsigned* p, unsigned v) {
+    return atomic_update<unsigned>(p, v, [](unsigned a, unsigned b) { return max(a, b); });
+}
+
+// Leading zero bits of a 64-bit word (64 for 0).
+static inline int __clzll(long long v) { return v ? __builtin_clzll((unsigned long long)v) : 64; }
+
 // Exports the launch entry of kernel `k` as `routed_sim_<k>`.
 #define ROUTED_SIM_EXPORT(k)                                                                     \
     extern "C" __attribute__((visibility("default"))) int routed_sim_##k(                        \
