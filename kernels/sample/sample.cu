@@ -80,6 +80,8 @@ __device__ __forceinline__ u64 rank_key(float logit, int i) {
 
 // Token ids a block lists for a search's later levels, once its share of the interval fits.
 #define SEARCH_LIST 2048
+// Most alternatives top_logprobs_f32 reports.
+#define TOP_LOGPROBS_MAX 20
 // What the list holds (search_cut's `listing`).
 #define LIST_NONE 0
 #define LIST_BUILD 1
@@ -137,6 +139,9 @@ struct RowShared {
     // The block's tokens inside a search's interval, from the level that listed them on.
     u32 num_listed;
     int listed_ids[SEARCH_LIST];
+    // top_logprobs_f32: the block's keys among the row's n largest.
+    u32 num_picked;
+    u64 picked[TOP_LOGPROBS_MAX];
 };
 static_assert(sizeof(RowShared) <= SAMPLE_SMEM_BYTES, "SAMPLE_SMEM_BYTES holds a row block's shared memory");
 
@@ -357,7 +362,8 @@ __device__ __forceinline__ bool crosses(double cum, double target, bool strict) 
 }
 
 // One level of search_cut: fills a histogram of the interval [lo, hi] (reading the block's
-// stripes of the row, or its list of the interval's tokens, as `source` says), sums
+// stripes of the row, or its list, as `source` says; building the list, it lists the tokens in
+// [lo, list_hi], list_hi >= hi), sums
 // the blocks' histograms bin by bin, and picks the bin holding the cut: the highest bin whose
 // cumulative figure from the top (above + the bins down to it) passes, or, where none does (the
 // target rounded onto the interval's whole figure), the lowest one; with `relative`, first
@@ -365,8 +371,8 @@ __device__ __forceinline__ bool crosses(double cum, double target, bool strict) 
 // tokens; the cut is in row_shared().cut (its count 0 where no bin is picked).
 template <bool COUNT, typename Weight>
 __device__ u32 search_level(
-    const float* row, int vocab, u64 lo, u64 hi, const Binning bin, int source, bool relative,
-    double& target, bool strict, const Mass& above, u32 above_count, Weight weight, RowPart& g) {
+    const float* row, int vocab, u64 lo, u64 hi, u64 list_hi, const Binning bin, int source,
+    bool relative, double& target, bool strict, const Mass& above, u32 above_count, Weight weight, RowPart& g) {
     RowShared& s = row_shared();
     Histogram& h = s.hist[g.level & 1];
     ++g.level;
@@ -381,17 +387,18 @@ __device__ u32 search_level(
     auto visit = [&](int i) {
         const float x = row[i];
         const u64 k = rank_key(x, i);
-        if (k < lo || k > hi) return;
+        if (k < lo || k > list_hi) return;
+        if (source == LIST_BUILD) {
+            const u32 at = atomicAdd(&s.num_listed, 1u);
+            if (at < SEARCH_LIST) s.listed_ids[at] = i;
+        }
+        if (k > hi) return;
         const int b = bin(x, k);
         atomicAdd(&h.count[b], 1u);
         atomicMin(&h.lowest[b], (u32)(k >> 32));
         atomicMax(&h.highest[b], (u32)(k >> 32));
         atomicMax(&h.low_max[b], (u32)k);
         if (!COUNT) mass_atomic_add(&h.mass[0][0], b, weight(x));
-        if (source == LIST_BUILD) {
-            const u32 at = atomicAdd(&s.num_listed, 1u);
-            if (at < SEARCH_LIST) s.listed_ids[at] = i;
-        }
     };
     if (source == LIST_READY) {
         for (int e = t; e < (int)s.num_listed; e += SAMPLE_THREADS) visit(s.listed_ids[e]);
@@ -478,23 +485,28 @@ __device__ u32 search_level(
 //
 // `listing` says what the block's list holds on entry and on return: LIST_NONE, nothing to use;
 // LIST_BUILD (on entry), nothing, but the interval holds at most SEARCH_LIST tokens, so the first
-// level lists them; LIST_READY, every token of the block in the interval (and so in any interval
-// inside it, as the next search's is).
+// level lists them; LIST_READY, every token of the block in the interval (on return: from the
+// cut to hi), and so in any interval inside it, as the next search's is. With `list_head`, a
+// list built at a later level takes the tokens above the interval too where they fit, so that it
+// holds the head on return.
 template <bool COUNT, typename Weight>
 __device__ u64 search_cut(
     const float* row, int vocab, u64 lo, u64 hi, float lowest, double target, bool relative,
-    bool strict, Weight weight, int& listing, RowPart& g) {
+    bool strict, Weight weight, bool list_head, int& listing, RowPart& g) {
     RowShared& s = row_shared();
+    const u64 head_hi = hi;
     Mass above{{0, 0, 0}};
     u32 above_count = 0;
     bool by_logit = true;
-    // Where each level reads: as `listing`.
+    // Where each level reads: as `listing`; and the top of what a level building the list lists.
     int source = listing;
+    u64 list_hi = hi;
     listing = source == LIST_NONE ? LIST_NONE : LIST_READY;
     for (bool first = true;; first = false) {
         const u32 num_inside = search_level<COUNT>(
-            row, vocab, lo, hi, binning(lo, hi, lowest, by_logit), source, first && relative,
-            target, strict, above, above_count, weight, g);
+            row, vocab, lo, hi, source == LIST_BUILD ? list_hi : hi, binning(lo, hi, lowest, by_logit),
+            source, first && relative, target, strict, above, above_count, weight, g);
+        if (source == LIST_BUILD && list_hi == head_hi) listing = LIST_READY;
         const LevelCut cut = s.cut;
         // One token: the bin's upper bound is its key (its logit's half and its id's).
         if (cut.count == 1) return cut.hi;
@@ -503,7 +515,14 @@ __device__ u64 search_cut(
         const u32 mine = s.hist[(g.level - 1) & 1].count[cut.bin];
         by_logit = !(by_logit && 2 * cut.count > num_inside);
         lo = cut.lo, hi = cut.hi, above = cut.above, above_count = cut.above_count;
-        source = source != LIST_NONE ? LIST_READY : mine <= SEARCH_LIST ? LIST_BUILD : LIST_NONE;
+        if (source != LIST_NONE) {
+            source = LIST_READY;
+        } else if (list_head && mine + cut.above_count <= SEARCH_LIST) {
+            // The block's tokens above the bin are fewer than the cluster's, cut.above_count.
+            source = LIST_BUILD, list_hi = head_hi;
+        } else if (mine <= SEARCH_LIST) {
+            source = LIST_BUILD, list_hi = cut.hi;
+        }
     }
 }
 
@@ -540,9 +559,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     u64 floor = 0;
     int listing = LIST_NONE;
     if (pr.top_k > 0 && pr.top_k < (u32)vocab) {
-        floor = search_cut<true>(row, vocab, 0, top, lowest, (double)pr.top_k, false, false, one, listing, g);
-        // [floor, top] holds top_k tokens: few enough, the next search lists them as it starts.
-        listing = pr.top_k <= SEARCH_LIST ? LIST_BUILD : LIST_NONE;
+        floor = search_cut<true>(row, vocab, 0, top, lowest, (double)pr.top_k, false, false, one, true, listing, g);
+        // [floor, top] holds top_k tokens: listed, or few enough for the next search to list
+        // them as it starts.
+        if (listing == LIST_NONE && pr.top_k <= SEARCH_LIST) listing = LIST_BUILD;
     }
     if (pr.min_p > 0.0f) {
         // The last kept candidate is the smallest key whose weight reaches min_p; the most likely
@@ -555,9 +575,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
         floor = ~row_max_key(~last, g);
     }
     if (pr.top_p < 1.0f)
-        floor = search_cut<false>(row, vocab, floor, top, lowest, (double)pr.top_p, true, false, weight, listing, g);
+        floor = search_cut<false>(row, vocab, floor, top, lowest, (double)pr.top_p, true, false, weight, true, listing, g);
     const double u = uniform(pr.seed, pr.index);
-    const u64 chosen = search_cut<false>(row, vocab, floor, top, lowest, u, true, true, weight, listing, g);
+    const u64 chosen = search_cut<false>(row, vocab, floor, top, lowest, u, true, true, weight, false, listing, g);
     if (threadIdx.x == 0 && blockIdx.x == 0) out[blockIdx.y] = 0xffffffffu - (u32)(chosen & 0xffffffffull);
     cluster_sync();
 }
@@ -625,7 +645,8 @@ extern "C" __global__ void gather_logprob_f32(
 // computes it: the token's rank (1 + the tokens ahead of it in rank order: logits in total order,
 // ties to the lower id) and the row's `n` most likely tokens in that order with their logprobs
 // (logit - log_z). Integer keys make both exact: the ids and ranks are the CPU's whatever the
-// reduction tree. Each of the n rounds takes the largest key below the previous round's.
+// reduction tree. The n most likely are the keys from the n-th largest up (a counting search_cut,
+// its list holding them when it built one), each placed by the number of them above it.
 //
 // Grid: a cluster per row, as sample_f32.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) top_logprobs_f32(
@@ -636,32 +657,71 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) top_logprobs_f32(
     float* __restrict__ top_logprobs,  // device [num_rows, n] (null when n is 0)
     u32* __restrict__ ranks,           // device [num_rows]
     int vocab,
-    int n) {
+    int n) {                           // at most TOP_LOGPROBS_MAX and vocab
+    RowShared& s = row_shared();
     RowPart g{0, 0};
     const u32 r = blockIdx.y;
     const float* row = logits + (u64)r * vocab;
-    const u32 token = chosen[r];
-    const u64 key = rank_key(row[token], (int)token);
-    u64 ahead = 0;
-    for (int i = g.first(); i < vocab; i += g.stride()) ahead += rank_key(row[i], i) > key ? 1ull : 0ull;
+    const u64 key = rank_key(row[chosen[r]], (int)chosen[r]);
+    u64 ahead = 0, top = 0;
+    float lowest = __int_as_float(0x7f800000);
+    for (int i = g.first(); i < vocab; i += g.stride()) {
+        const float x = row[i];
+        const u64 k = rank_key(x, i);
+        ahead += k > key ? 1ull : 0ull;
+        top = max(top, k);
+        if (x > neg_inf()) lowest = fminf(lowest, x);
+    }
     ahead = row_count(ahead, g);
     const bool lead = threadIdx.x == 0 && blockIdx.x == 0;
     if (lead) ranks[r] = ahead < 0xffffffffull ? (u32)(ahead + 1) : 0xffffffffu;
-    u64 below = 0;
-    for (int j = 0; j < n; ++j) {
-        u64 best = 0;
-        for (int i = g.first(); i < vocab; i += g.stride()) {
-            u64 k = rank_key(row[i], i);
-            if ((j == 0 || k < below) && k > best) best = k;
+    if (n > 0) top = row_max_key(top, g);
+    if (n == 1 && lead) {
+        const u32 id = 0xffffffffu - (u32)(top & 0xffffffffull);
+        top_ids[r] = id;
+        top_logprobs[r] = sub(row[id], log_z[r]);
+    }
+    if (n > 1) {
+        lowest = row_reduce(lowest, g, [](float a, float b) { return fminf(a, b); });
+        int listing = LIST_NONE;
+        auto one = [](float) { return 1.0f; };
+        const u64 floor =
+            search_cut<true>(row, vocab, 0, top, lowest, (double)n, false, false, one, true, listing, g);
+        // This block's tokens from the floor up.
+        if (threadIdx.x == 0) s.num_picked = 0;
+        __syncthreads();
+        auto pick = [&](int i) {
+            const u64 k = rank_key(row[i], i);
+            if (k < floor || k > top) return;
+            const u32 at = atomicAdd(&s.num_picked, 1u);
+            if (at < TOP_LOGPROBS_MAX) s.picked[at] = k;
+        };
+        if (listing == LIST_READY) {
+            for (int e = threadIdx.x; e < (int)s.num_listed; e += SAMPLE_THREADS) pick(s.listed_ids[e]);
+        } else {
+            for (int i = g.first(); i < vocab; i += g.stride()) pick(i);
         }
-        best = row_max_key(best, g);
-        if (lead) {
-            u32 id = 0xffffffffu - (u32)(best & 0xffffffffull);
-            u64 at = (u64)r * n + j;
-            top_ids[at] = id;
-            top_logprobs[at] = sub(row[id], log_z[r]);
+        cluster_sync();
+        // The first block places every block's picks: its thread b * TOP_LOGPROBS_MAX + j takes
+        // pick j of block b.
+        const int b = threadIdx.x / TOP_LOGPROBS_MAX, j = threadIdx.x % TOP_LOGPROBS_MAX;
+        if (blockIdx.x == 0 && b < g.num_ranks()) {
+            const RowShared& mine = *cluster_map(&s, (u32)b);
+            if (j < (int)min(mine.num_picked, (u32)TOP_LOGPROBS_MAX)) {
+                const u64 k = mine.picked[j];
+                int place = 0;
+                for (int q = 0; q < g.num_ranks(); ++q) {
+                    const RowShared& other = *cluster_map(&s, (u32)q);
+                    const int m = (int)min(other.num_picked, (u32)TOP_LOGPROBS_MAX);
+                    for (int e = 0; e < m; ++e) place += other.picked[e] > k ? 1 : 0;
+                }
+                if (place < n) {
+                    const u32 id = 0xffffffffu - (u32)(k & 0xffffffffull);
+                    top_ids[(u64)r * n + place] = id;
+                    top_logprobs[(u64)r * n + place] = sub(row[id], log_z[r]);
+                }
+            }
         }
-        below = best;
     }
     cluster_sync();
 }

@@ -74,6 +74,8 @@ pub const SAMPLE_CLUSTER: usize = 8;
 /// Fewest tokens a thread of those kernels takes per pass over a row before a row is spread over
 /// more blocks: below it a cluster's barriers cost more than the blocks save.
 pub const SAMPLE_MIN_TOKENS_PER_THREAD: usize = 4;
+/// Most alternatives of logprobs a row reports (`TOP_LOGPROBS_MAX`; the API's limit).
+pub const TOP_LOGPROBS_MAX: usize = routed_types::MAX_LOGPROBS as usize;
 /// Dynamic shared memory of a block of those kernels (`SAMPLE_SMEM_BYTES`).
 pub const SAMPLE_SMEM_BYTES: usize = 36 << 10;
 /// Threads per block of the element-wise kernels.
@@ -383,6 +385,7 @@ mod tests {
             ("SAMPLE_THREADS", SAMPLE_THREADS),
             ("SAMPLE_CLUSTER", SAMPLE_CLUSTER),
             ("SAMPLE_SMEM_BYTES", SAMPLE_SMEM_BYTES),
+            ("TOP_LOGPROBS_MAX", TOP_LOGPROBS_MAX),
         ];
         for (name, value) in pairs {
             assert_eq!(define(name), value, "{name}");

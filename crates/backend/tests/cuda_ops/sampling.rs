@@ -253,14 +253,16 @@ fn ranks_and_alternatives_are_the_cpu_samplers_exactly() {
     let Some(dev) = gpu_or_skip("ranks_and_alternatives_are_the_cpu_samplers_exactly") else {
         return;
     };
-    // A row in one block, and (on devices with clusters) over a cluster of 8.
-    for (rows, vocab) in [(9, 3001), (3, 20_000)] {
-        ranks_and_alternatives(dev, rows, vocab);
+    // A row in one block, and (on devices with clusters) over a cluster of 8; the most likely
+    // token alone, a few, the most a request may ask for (a search among tied logits), and the
+    // whole of a tiny vocabulary.
+    for (rows, vocab, n) in [(9, 3001, 1), (9, 3001, 5), (9, 3001, 20), (3, 20_000, 20), (2, 7, 7)]
+    {
+        ranks_and_alternatives(dev, rows, vocab, n);
     }
 }
 
-fn ranks_and_alternatives(dev: &'static CudaDevice, rows: usize, vocab: usize) {
-    let n = 5;
+fn ranks_and_alternatives(dev: &'static CudaDevice, rows: usize, vocab: usize, n: usize) {
     let mut rng = Rng::new(47);
     // Coarse values, so that many logits tie; some -inf (a masked vocabulary).
     let mut logits: Vec<f32> = (0..rows * vocab).map(|_| (rng.below(40) as f32) * 0.25).collect();
@@ -300,6 +302,11 @@ fn ranks_and_alternatives(dev: &'static CudaDevice, rows: usize, vocab: usize) {
     let none = (m.get(ids).sub(0, 0).unwrap(), m.get(lps).sub(0, 0).unwrap(), 0);
     dev.top_logprobs(m.get(ls), m.get(cs), m.get(log_z), none, m.get(ranks), rows, vocab).unwrap();
     assert_eq!(m.read(ranks), got_ranks);
+    // More alternatives than a request may ask for are refused.
+    let many = (m.get(ids), m.get(lps), 21);
+    let refused =
+        dev.top_logprobs(m.get(ls), m.get(cs), m.get(log_z), many, m.get(ranks), 0, vocab);
+    assert!(refused.is_err(), "21 alternatives");
 }
 
 /// The CPU sampler's passes over a row (`Sampler::process`): the bias, the repetition penalty over

@@ -131,8 +131,12 @@ impl CudaDevice {
     ) -> Result<(), BackendError> {
         let id = KernelId::TopLogprobs;
         let (top_ids, top_lps, n) = top;
-        if n > vocab {
-            return Err(super::bad(id, format!("{n} alternatives from a vocabulary of {vocab}")));
+        if n > vocab || n > cfg::TOP_LOGPROBS_MAX {
+            let most = cfg::TOP_LOGPROBS_MAX;
+            return Err(super::bad(
+                id,
+                format!("{n} alternatives from a vocabulary of {vocab} (at most {most})"),
+            ));
         }
         fits(id, "logits", &logits, num_rows * vocab)?;
         for (what, s) in [("chosen", &chosen), ("ranks", &ranks)] {
