@@ -168,9 +168,9 @@ fn attention_cases(
     Ok(records)
 }
 
-/// Choosing tokens from `m` rows of logits: greedy, the normaliser, and seeded samples (plain
-/// temperature; and with top-k 50 and top-p 0.9, which cut by bisection too). Bytes: the rows,
-/// read once (each kernel reads them more often).
+/// Choosing tokens from `m` rows of logits: greedy, the normaliser, seeded samples (plain
+/// temperature; and with top-k 50 and top-p 0.9, more cuts of the same search), and the rank and
+/// 20 alternatives of logprobs. Bytes: the rows, read once (each kernel reads them more often).
 fn sampling_cases(
     dev: &CudaDevice,
     c: &ModelConfig,
@@ -181,6 +181,9 @@ fn sampling_cases(
     let mut layout = ArenaLayout::new("bench");
     let (logits, params) = (layout.push::<f32>(m * vocab), layout.push::<SampleParams>(2 * m));
     let (ids, log_z) = (layout.push::<u32>(m), layout.push::<f32>(m));
+    let n = TOP_LOGPROBS.min(vocab);
+    let (top_ids, top_lps, ranks) =
+        (layout.push::<u32>(m * n), layout.push::<f32>(m * n), layout.push::<u32>(m));
     let mut arena = DeviceArena::new(dev, &layout)?;
     // Logits spread over 16 nats, roughly as a trained model's rows are.
     upload(&mut arena, logits, &fill(m * vocab, 9, |v| 16.0 * v))?;
@@ -196,6 +199,8 @@ fn sampling_cases(
         (0..m).map(|r| param(r, false)).chain((0..m).map(|r| param(r, true))).collect();
     upload(&mut arena, params, &all)?;
     let (logits, ids, log_z) = (arena.get(logits)?, arena.get(ids)?, arena.get(log_z)?);
+    let top = (arena.get(top_ids)?, arena.get(top_lps)?, n);
+    let ranks = arena.get(ranks)?;
     let (plain, cut) = (arena.get(params)?.sub(0, m), arena.get(params)?.sub(m, m));
     let (plain, cut) = (plain.context("sized")?, cut.context("sized")?);
     let bytes = (4 * m * vocab) as f64;
@@ -222,8 +227,18 @@ fn sampling_cases(
             &case("sample_top_p", "sample_f32"),
             time_graph(dev, repeats, || dev.sample(logits, cut, ids, m, vocab))?,
         ),
+        // The sampled tokens' ranks, and the alternatives.
+        report(
+            &case("top_logprobs", "top_logprobs_f32"),
+            time_graph(dev, repeats, || {
+                dev.top_logprobs(logits, ids, log_z, top, ranks, m, vocab)
+            })?,
+        ),
     ])
 }
+
+/// Alternatives of logprobs in the `top_logprobs` case: the most a request may ask for.
+const TOP_LOGPROBS: usize = routed_types::MAX_LOGPROBS as usize;
 
 /// `top_k` distinct experts for each of `num_tokens` tokens, spread uniformly (a balanced
 /// router), deterministic.
