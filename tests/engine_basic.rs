@@ -3,6 +3,7 @@
 mod common;
 
 use common::{engine, request, run};
+use routed::runtime::MissingDevice;
 use routed_test_support::Golden;
 
 /// Rows = prompt + generated - 1, ids in range and distinct per row, equal to the transformers
@@ -45,18 +46,24 @@ async fn routing_rows_are_complete_and_match_transformers() {
 }
 
 /// An engine asked for a CUDA device that cannot be opened (no `cuda` feature in this build, or
-/// no driver or GPU on this machine) fails to start with a load error naming CUDA; nothing
-/// panics and no actor is left running.
+/// no driver or GPU on this machine) fails to start with the device error, saying why and naming
+/// CUDA; nothing panics and no actor is left running.
 #[test]
-fn a_cuda_device_that_cannot_open_is_a_load_error() {
+fn a_cuda_device_that_cannot_open_is_a_device_error() {
     let dir = routed_test_support::golden_root().join("qwen3_moe").join("model");
     let mut config = routed::EngineConfig::new(routed::ModelSource::Dir(dir));
     config.device = "cuda:0".parse().expect("a device spec");
     match routed::Engine::start(config) {
-        Err(routed::runtime::EngineError::Load(message)) => {
-            assert!(message.contains("CUDA"), "{message}")
+        Err(routed::runtime::EngineError::DeviceUnavailable { kind, message }) => {
+            assert!(message.contains("CUDA"), "{message}");
+            // This build without the feature, or a machine without a driver or a GPU.
+            let expected = match cfg!(feature = "cuda") {
+                false => vec![MissingDevice::NotCompiled],
+                true => vec![MissingDevice::NoDriver, MissingDevice::TooFewDevices],
+            };
+            assert!(expected.contains(&kind), "{kind:?}: {message}");
         }
-        Err(other) => panic!("expected a load error, got {other}"),
+        Err(other) => panic!("expected a device error, got {other}"),
         // Only on a machine with a GPU and a build with the feature.
         Ok(handle) => assert!(handle.model_info().device.starts_with("cuda:0")),
     }

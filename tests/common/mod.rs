@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use futures_util::StreamExt;
-use routed::runtime::{EngineError, FinalOutput, TokenEvent};
+use routed::runtime::{EngineError, FinalOutput, MissingDevice, TokenEvent};
 use routed::types::{SamplingParams, TokenId};
 use routed::{Engine, EngineConfig, EngineHandle, GenerateRequest, ModelSource, RequestEvent};
 use routed_backend::DeviceSpec;
@@ -61,7 +61,10 @@ pub fn engine_if_devices(
     tweak(&mut config);
     match Engine::start(config) {
         Ok(handle) => Some(handle),
-        Err(EngineError::Load(why)) if why.contains("device(s) are present") => {
+        Err(EngineError::DeviceUnavailable {
+            kind: MissingDevice::TooFewDevices,
+            message: why,
+        }) => {
             eprintln!("skipping {test} ({arch}): {why}");
             None
         }
@@ -128,12 +131,15 @@ pub fn cuda_engine(
         Engine::start(config)
     };
     let gpu = match std::env::var("ROUTED_CUDA_SIM").is_ok_and(|v| v == "1") {
-        true => Err(EngineError::Load("CUDA: ROUTED_CUDA_SIM=1".into())),
+        true => Err(EngineError::DeviceUnavailable {
+            kind: MissingDevice::NoDriver,
+            message: "ROUTED_CUDA_SIM=1".into(),
+        }),
         false => start(DeviceSpec::Cuda(0)),
     };
     let no_gpu = match gpu {
         Ok(handle) => return Some(handle),
-        Err(EngineError::Load(why)) if why.contains("CUDA") => why,
+        Err(EngineError::DeviceUnavailable { message, .. }) => message,
         Err(e) => panic!("{arch}: the CUDA engine failed to start: {e}"),
     };
     match start(DeviceSpec::CudaSim) {
@@ -141,7 +147,7 @@ pub fn cuda_engine(
             eprintln!("{test}: no GPU ({no_gpu}); {arch} runs on the CUDA simulator");
             Some(handle)
         }
-        Err(EngineError::Load(why)) if why.contains("no CUDA support") => {
+        Err(EngineError::DeviceUnavailable { kind: MissingDevice::NotCompiled, message: why }) => {
             eprintln!("skipping {test}: {why}");
             None
         }

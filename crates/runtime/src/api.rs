@@ -420,6 +420,15 @@ pub enum EngineError {
     /// The model could not be loaded or the engine could not be built.
     #[error("cannot start the engine: {0}")]
     Load(String),
+    /// A device the configuration names cannot be opened; `kind` says why, for callers that
+    /// fall back to another device or skip.
+    #[error("cannot start the engine: {message}")]
+    DeviceUnavailable {
+        /// Why the device cannot be opened.
+        kind: MissingDevice,
+        /// The backend's message, naming the rank in an expert-parallel group.
+        message: String,
+    },
     /// The request failed inside the engine (a runner error, missing routing rows...).
     #[error("internal error: {0}")]
     Internal(String),
@@ -427,6 +436,32 @@ pub enum EngineError {
     /// update weights that are released); the message says what to do first.
     #[error("{0}")]
     Conflict(String),
+}
+
+/// Why a configured device cannot be opened ([`EngineError::DeviceUnavailable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MissingDevice {
+    /// This build has no CUDA support (the `cuda` feature).
+    NotCompiled,
+    /// No CUDA driver on this machine.
+    NoDriver,
+    /// Fewer GPUs than the device ordinal (or the expert-parallel group) asks for.
+    TooFewDevices,
+}
+
+impl EngineError {
+    /// The engine's error for a device that would not open: [`EngineError::DeviceUnavailable`]
+    /// where the backend says it is missing, else a load error; `message` as the caller words it.
+    pub(crate) fn device(e: &routed_backend::BackendError, message: String) -> Self {
+        use routed_backend::BackendError as B;
+        let kind = match e {
+            B::CudaNotCompiled => MissingDevice::NotCompiled,
+            B::NoCudaDriver => MissingDevice::NoDriver,
+            B::NoSuchDevice { .. } => MissingDevice::TooFewDevices,
+            _ => return Self::Load(message),
+        };
+        Self::DeviceUnavailable { kind, message }
+    }
 }
 
 /// An admission the scheduling policy refused: a full waiting queue is the caller's to retry,

@@ -187,8 +187,8 @@ fn open_cuda_devices(config: &EngineConfig) -> Result<Vec<CudaDevice>, EngineErr
             }),
         };
         devices.push(opened.map_err(|e| match num_ranks {
-            1 => EngineError::Load(e.to_string()),
-            _ => EngineError::Load(format!("rank {rank} of {num_ranks} on {spec}: {e}")),
+            1 => EngineError::device(&e, e.to_string()),
+            _ => EngineError::device(&e, format!("rank {rank} of {num_ranks} on {spec}: {e}")),
         })?);
     }
     Ok(devices)

@@ -36,8 +36,8 @@ pub mod worker;
 
 pub use api::{
     Admission, EngineConfig, EngineError, EngineStats, FinalOutput, GenerateRequest, MemoryChange,
-    MemoryTags, ModelInfo, ModelSource, PauseMode, Paused, RequestEvent, TokenEvent, WeightUpdate,
-    WeightsInfo, WeightsUpdated,
+    MemoryTags, MissingDevice, ModelInfo, ModelSource, PauseMode, Paused, RequestEvent, TokenEvent,
+    WeightUpdate, WeightsInfo, WeightsUpdated,
 };
 pub use engine::Engine;
 pub use handle::{EngineHandle, RequestStream};

@@ -188,7 +188,9 @@ impl From<EngineError> for ApiError {
             EngineError::Unhealthy(_) => {
                 Self::Overloaded { message: err.to_string(), code: "unhealthy" }
             }
-            EngineError::Internal(message) | EngineError::Load(message) => Self::Internal(message),
+            EngineError::Internal(message)
+            | EngineError::Load(message)
+            | EngineError::DeviceUnavailable { message, .. } => Self::Internal(message),
             EngineError::Conflict(message) => {
                 Self::InvalidRequest { message, param: None, code: "conflict" }
             }
