@@ -74,6 +74,19 @@ fn device_params(p: &SamplingParams, index: u64) -> SampleParams {
     }
 }
 
+/// The device's token for each row of `logits`.
+fn draw(dev: &CudaDevice, logits: &[f32], params: &[SampleParams], vocab: usize) -> Vec<u32> {
+    let rows = params.len();
+    let mut layout = ArenaLayout::new("draw test");
+    let (l, p, out) = (layout.push(logits.len()), layout.push(rows), layout.push::<u32>(rows));
+    let mut arena = DeviceArena::new(dev, &layout).expect("allocated");
+    arena.upload(l, logits).expect("uploaded");
+    arena.upload(p, params).expect("uploaded");
+    let (ls, ps, os) = (arena.get(l).unwrap(), arena.get(p).unwrap(), arena.get(out).unwrap());
+    dev.sample(ls, ps, os, rows, vocab).expect("sampled");
+    arena.download(out).expect("read back")
+}
+
 fn draws_equal_the_host_samplers(dev: &CudaDevice, rows: usize, vocab: usize, seed: u64) {
     let mut rng = Rng(seed);
     let logits: Vec<f32> = (0..rows)
@@ -82,14 +95,7 @@ fn draws_equal_the_host_samplers(dev: &CudaDevice, rows: usize, vocab: usize, se
     let host: Vec<SamplingParams> = (0..rows).map(|r| params(r, rng.next())).collect();
     let device: Vec<SampleParams> =
         host.iter().enumerate().map(|(r, p)| device_params(p, r as u64 + 3)).collect();
-    let mut layout = ArenaLayout::new("draw test");
-    let (l, p, out) = (layout.push(logits.len()), layout.push(rows), layout.push::<u32>(rows));
-    let mut arena = DeviceArena::new(dev, &layout).expect("allocated");
-    arena.upload(l, &logits).expect("uploaded");
-    arena.upload(p, &device).expect("uploaded");
-    let (ls, ps, os) = (arena.get(l).unwrap(), arena.get(p).unwrap(), arena.get(out).unwrap());
-    dev.sample(ls, ps, os, rows, vocab).expect("sampled");
-    let got = arena.download(out).expect("read back");
+    let got = draw(dev, &logits, &device, vocab);
     let mut sampler = Sampler::default();
     for (r, (params, &token)) in host.iter().zip(&got).enumerate() {
         let row = &logits[r * vocab..(r + 1) * vocab];
@@ -106,4 +112,71 @@ fn device_draws_are_the_host_samplers_tokens() {
     draws_equal_the_host_samplers(&dev, 60, 3000, 7);
     assert_eq!(dev.sample_blocks_per_row(20_000), 8);
     draws_equal_the_host_samplers(&dev, 30, 20_000, 8);
+}
+
+/// Rows at the edges of the definition: one token, a row of ties, every token masked but one,
+/// infinities and NaN, temperatures far from 1, min-p 1 and top-k at the vocabulary. The device
+/// draws the host's token (or, where NaN makes the host's choice arbitrary, some token) and every
+/// launch ends.
+#[test]
+fn edge_rows_draw_the_host_samplers_tokens() {
+    let dev = CudaDevice::simulated().expect("the simulator opens");
+    let vocab = 600;
+    let mut rng = Rng(11);
+    let spread =
+        |rng: &mut Rng| -> Vec<f32> { (0..vocab).map(|_| rng.unit() * 20.0 - 10.0).collect() };
+    let mut one_left = vec![f32::NEG_INFINITY; vocab];
+    one_left[417] = -3.0;
+    let mut infinite = spread(&mut rng);
+    infinite[5] = f32::INFINITY;
+    infinite[9] = f32::INFINITY;
+    let mut huge = spread(&mut rng);
+    huge.iter_mut().for_each(|l| *l *= 3e37);
+    let mut subnormal = vec![0.0f32; vocab];
+    subnormal.iter_mut().enumerate().for_each(|(i, l)| *l = f32::from_bits(i as u32 % 7));
+    let rows: Vec<(Vec<f32>, SamplingParams)> = vec![
+        (vec![1.5; vocab], params(0, 1)),
+        (one_left.clone(), params(1, 2)),
+        (one_left, params(3, 3)),
+        (infinite, params(0, 4)),
+        (huge, params(0, 5)),
+        (subnormal, params(2, 6)),
+        (
+            spread(&mut rng),
+            SamplingParams { temperature: 1e-4, seed: 7, ..SamplingParams::default() },
+        ),
+        (
+            spread(&mut rng),
+            SamplingParams { temperature: 1e4, seed: 8, ..SamplingParams::default() },
+        ),
+        (spread(&mut rng), SamplingParams { min_p: 1.0, seed: 9, ..SamplingParams::default() }),
+        (
+            spread(&mut rng),
+            SamplingParams {
+                top_k: Some(vocab as u32),
+                top_p: 0.5,
+                seed: 10,
+                ..SamplingParams::default()
+            },
+        ),
+        (
+            spread(&mut rng),
+            SamplingParams { top_k: Some(vocab as u32 - 1), seed: 11, ..SamplingParams::default() },
+        ),
+        (spread(&mut rng), SamplingParams { top_p: 1e-7, seed: 12, ..SamplingParams::default() }),
+    ];
+    let logits: Vec<f32> = rows.iter().flat_map(|(l, _)| l.iter().copied()).collect();
+    let device: Vec<SampleParams> = rows.iter().map(|(_, p)| device_params(p, 0)).collect();
+    let got = draw(&dev, &logits, &device, vocab);
+    let mut sampler = Sampler::default();
+    for (r, ((row, params), &token)) in rows.iter().zip(&got).enumerate() {
+        let want = sampler.sample(row, params, 0, None).token;
+        assert_eq!(token, want, "row {r} ({params:?})");
+    }
+    // NaN: any token, but an answer.
+    let mut nan = vec![0.5f32; vocab];
+    nan[3] = f32::NAN;
+    nan[100] = -f32::NAN;
+    let got = draw(&dev, &nan, &[device_params(&params(0, 13), 0)], vocab);
+    assert!((got[0] as usize) < vocab, "{got:?}");
 }
