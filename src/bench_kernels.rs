@@ -221,11 +221,11 @@ fn sampling_cases(
         ),
         report(
             &case("sample", "sample_f32"),
-            time_graph(dev, repeats, || dev.sample(logits, plain, ids, m, vocab))?,
+            time_graph(dev, repeats, || dev.sample(logits, plain, ids, None, m, vocab))?,
         ),
         report(
             &case("sample_top_p", "sample_f32"),
-            time_graph(dev, repeats, || dev.sample(logits, cut, ids, m, vocab))?,
+            time_graph(dev, repeats, || dev.sample(logits, cut, ids, None, m, vocab))?,
         ),
         // The sampled tokens' ranks, and the alternatives.
         report(

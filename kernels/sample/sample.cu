@@ -139,6 +139,8 @@ struct RowShared {
     // The block's tokens inside a search's interval, from the level that listed them on.
     u32 num_listed;
     int listed_ids[SEARCH_LIST];
+    // Each thread's share of a draw's normaliser (SideSum).
+    float side_sum[SAMPLE_THREADS];
     // top_logprobs_f32: the block's keys among the row's n largest.
     u32 num_picked;
     u64 picked[TOP_LOGPROBS_MAX];
@@ -329,9 +331,10 @@ __device__ __forceinline__ float key_logit(u64 k) {
 // How a search level spreads the interval [lo, hi] over the bins: by logit, evenly from `base`
 // (lo's logit, or the row's lowest finite one where lo's is not finite) to hi's, where that range
 // is finite and splits; else by the key bits below those lo and hi share. Either way a larger key
-// never lands in a lower bin (each step of the arithmetic is monotone), and where lo and hi are
-// keys of the interval's tokens, lo lands in bin 0 and hi in a higher one: a level always
-// narrows the interval.
+// never lands in a lower bin (each step of the arithmetic is monotone). Where lo's and hi's
+// logits are those of the interval's lowest and highest tokens (as every level's bounds make
+// them), a level by logit puts those tokens in bin 0 and the last bin; a level by key bits
+// narrows the key range 256-fold: either way the search ends.
 struct Binning {
     float base, scale;  // by logit where scale > 0
     u64 lo;
@@ -361,18 +364,27 @@ __device__ __forceinline__ bool crosses(double cum, double target, bool strict) 
     return strict ? cum > target : cum >= target;
 }
 
+// A sum the first level of a search takes over every token it reads, beside its histogram: the
+// terms of the row's log-softmax normaliser, exp(x - mx), in stripe order, as log_softmax_f32
+// sums them, so that the draw need not read the row twice more for its logprob.
+// Each thread's sum ends in row_shared().side_sum, out of the registers the search needs.
+struct SideSum {
+    bool on;
+    float mx;
+};
+
 // One level of search_cut: fills a histogram of the interval [lo, hi] (reading the block's
 // stripes of the row, or its list, as `source` says; building the list, it lists the tokens in
-// [lo, list_hi], list_hi >= hi), sums
-// the blocks' histograms bin by bin, and picks the bin holding the cut: the highest bin whose
-// cumulative figure from the top (above + the bins down to it) passes, or, where none does (the
-// target rounded onto the interval's whole figure), the lowest one; with `relative`, first
-// scales the target by the interval's total mass. Returns the number of the interval's
-// tokens; the cut is in row_shared().cut (its count 0 where no bin is picked).
+// [lo, list_hi], list_hi >= hi), sums the blocks' histograms bin by bin, and picks the bin
+// holding the cut: the highest bin whose cumulative figure from the top (above + the bins down
+// to it) passes, or, where none does (the target rounded onto the interval's whole figure), the
+// lowest one; with `relative`, first scales the target by the interval's total mass. Returns the
+// number of the interval's tokens; the cut is in row_shared().cut (its count 0 where no bin is
+// picked).
 template <bool COUNT, typename Weight>
 __device__ u32 search_level(
     const float* row, int vocab, u64 lo, u64 hi, u64 list_hi, const Binning bin, int source,
-    bool relative, double& target, bool strict, const Mass& above, u32 above_count, Weight weight, RowPart& g) {
+    SideSum& side, bool relative, double& target, bool strict, const Mass& above, u32 above_count, Weight weight, RowPart& g) {
     RowShared& s = row_shared();
     Histogram& h = s.hist[g.level & 1];
     ++g.level;
@@ -384,8 +396,10 @@ __device__ u32 search_level(
     }
     if (t == 0 && source == LIST_BUILD) s.num_listed = 0;
     __syncthreads();
+    float side_sum = 0.0f;
     auto visit = [&](int i) {
         const float x = row[i];
+        if (side.on) side_sum = add(side_sum, exp_nonpositive(sub(x, side.mx)));
         const u64 k = rank_key(x, i);
         if (k < lo || k > list_hi) return;
         if (source == LIST_BUILD) {
@@ -405,6 +419,7 @@ __device__ u32 search_level(
     } else {
         for (int i = g.first(); i < vocab; i += g.stride()) visit(i);
     }
+    if (side.on) s.side_sum[t] = side_sum;
     cluster_sync();
     // Every thread has read the last level's cut by now.
     if (t == 0) s.cut.count = 0;
@@ -492,7 +507,7 @@ __device__ u32 search_level(
 template <bool COUNT, typename Weight>
 __device__ u64 search_cut(
     const float* row, int vocab, u64 lo, u64 hi, float lowest, double target, bool relative,
-    bool strict, Weight weight, bool list_head, int& listing, RowPart& g) {
+    bool strict, Weight weight, bool list_head, int& listing, SideSum& side, RowPart& g) {
     RowShared& s = row_shared();
     const u64 head_hi = hi;
     Mass above{{0, 0, 0}};
@@ -505,7 +520,8 @@ __device__ u64 search_cut(
     for (bool first = true;; first = false) {
         const u32 num_inside = search_level<COUNT>(
             row, vocab, lo, hi, source == LIST_BUILD ? list_hi : hi, binning(lo, hi, lowest, by_logit),
-            source, first && relative, target, strict, above, above_count, weight, g);
+            source, side, first && relative, target, strict, above, above_count, weight, g);
+        side.on = false;
         if (source == LIST_BUILD && list_hi == head_hi) listing = LIST_READY;
         const LevelCut cut = s.cut;
         // One token: the bin's upper bound is its key (its logit's half and its id's).
@@ -532,26 +548,35 @@ __device__ u64 search_cut(
 // the total, then the first candidate whose cumulative mass exceeds u * (kept mass). The weights
 // are the host's bit for bit (exp_nonpositive) and every mass is an exact sum rounded as the host
 // rounds it, so the token is the CPU's. Instead of sorting, each cut is found by a search over
-// rank keys (search_cut).
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
+// rank keys (search_cut). With `log_z`, also the row's log-softmax normaliser, bit for bit
+// log_softmax_f32's (its maximum and its sum over the same stripes and tree), the sum taken as
+// the first search reads the row.
+//
+// Two blocks an SM (64 registers, which ptxas reaches without spilling): twice the clusters in
+// flight, their searches' memory and barrier waits overlapping.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2) sample_f32(
     const float* __restrict__ logits,          // device [num_rows, vocab]
     const SampleParams* __restrict__ params,   // device [num_rows]
     u32* __restrict__ out,                     // device [num_rows]
+    float* __restrict__ log_z,                 // device [num_rows], or null
     int vocab) {
     RowPart g{0, 0};
     const float* row = logits + (u64)blockIdx.y * vocab;
     const SampleParams pr = params[blockIdx.y];
-    // The first token in rank order and the lowest finite logit (where the bins by logit start
-    // when the interval's lowest key is a masked token's).
-    float lowest = __int_as_float(0x7f800000);
+    // The first token in rank order, the lowest finite logit (where the bins by logit start when
+    // the interval's lowest key is a masked token's) and log_softmax_f32's maximum.
+    float lowest = __int_as_float(0x7f800000), largest = neg_inf();
     u64 top = 0;
     for (int i = g.first(); i < vocab; i += g.stride()) {
         const float x = row[i];
         if (x > neg_inf()) lowest = fminf(lowest, x);
+        largest = fmaxf(largest, x);
         top = max(top, rank_key(x, i));
     }
     lowest = row_reduce(lowest, g, [](float a, float b) { return fminf(a, b); });
     top = row_max_key(top, g);
+    SideSum side{log_z != nullptr, 0.0f};
+    if (side.on) side.mx = row_max(largest, g);
     const float mx = key_logit(top), inv_t = dvd(1.0f, pr.temperature);
     auto one = [](float) { return 1.0f; };
     // The host sampler's weights, bit for bit: the CPU's polynomial exp.
@@ -559,7 +584,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
     u64 floor = 0;
     int listing = LIST_NONE;
     if (pr.top_k > 0 && pr.top_k < (u32)vocab) {
-        floor = search_cut<true>(row, vocab, 0, top, lowest, (double)pr.top_k, false, false, one, true, listing, g);
+        floor = search_cut<true>(row, vocab, 0, top, lowest, (double)pr.top_k, false, false, one, true, listing, side, g);
         // [floor, top] holds top_k tokens: listed, or few enough for the next search to list
         // them as it starts.
         if (listing == LIST_NONE && pr.top_k <= SEARCH_LIST) listing = LIST_BUILD;
@@ -575,10 +600,16 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(
         floor = ~row_max_key(~last, g);
     }
     if (pr.top_p < 1.0f)
-        floor = search_cut<false>(row, vocab, floor, top, lowest, (double)pr.top_p, true, false, weight, true, listing, g);
+        floor = search_cut<false>(row, vocab, floor, top, lowest, (double)pr.top_p, true, false, weight, true, listing, side, g);
     const double u = uniform(pr.seed, pr.index);
-    const u64 chosen = search_cut<false>(row, vocab, floor, top, lowest, u, true, true, weight, false, listing, g);
-    if (threadIdx.x == 0 && blockIdx.x == 0) out[blockIdx.y] = 0xffffffffu - (u32)(chosen & 0xffffffffull);
+    const u64 chosen = search_cut<false>(row, vocab, floor, top, lowest, u, true, true, weight, false, listing, side, g);
+    const bool lead = threadIdx.x == 0 && blockIdx.x == 0;
+    if (lead) out[blockIdx.y] = 0xffffffffu - (u32)(chosen & 0xffffffffull);
+    if (log_z) {
+        // The first search's first level summed every token of the thread's stripes.
+        const float sum = row_sum(row_shared().side_sum[threadIdx.x], g);
+        if (lead) log_z[blockIdx.y] = add(side.mx, logf(sum));
+    }
     cluster_sync();
 }
 
@@ -685,8 +716,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) top_logprobs_f32(
         lowest = row_reduce(lowest, g, [](float a, float b) { return fminf(a, b); });
         int listing = LIST_NONE;
         auto one = [](float) { return 1.0f; };
+        SideSum none{false, 0.0f};
         const u64 floor =
-            search_cut<true>(row, vocab, 0, top, lowest, (double)n, false, false, one, true, listing, g);
+            search_cut<true>(row, vocab, 0, top, lowest, (double)n, false, false, one, true, listing, none, g);
         // This block's tokens from the floor up.
         if (threadIdx.x == 0) s.num_picked = 0;
         __syncthreads();

@@ -87,7 +87,8 @@ fn check_draws(logits: &[f32], params: &[SampleParams], got: &[u32], vocab: usiz
     num_clear
 }
 
-/// One draw per row of `logits` by the device sampler.
+/// One draw per row of `logits` by the device sampler, which also gives each row's log-softmax
+/// normaliser: bit for bit the log-softmax kernel's.
 fn draw(
     dev: &'static CudaDevice,
     logits: &[f32],
@@ -97,8 +98,11 @@ fn draw(
     let rows = params.len();
     let mut p = Plan::new(dev);
     let (ls, ps, out) = (p.input(logits), p.input(params), p.output::<u32>(rows));
+    let (z, want_z) = (p.output::<f32>(rows), p.output::<f32>(rows));
     let m = p.alloc();
-    dev.sample(m.get(ls), m.get(ps), m.get(out), rows, vocab).unwrap();
+    dev.sample(m.get(ls), m.get(ps), m.get(out), Some(m.get(z)), rows, vocab).unwrap();
+    dev.log_softmax(m.get(ls), None, m.get(want_z), rows, vocab).unwrap();
+    assert_bits("the draw's log_z", &m.read(z), &m.read(want_z));
     m.read(out)
 }
 
@@ -125,7 +129,7 @@ fn seeded_samples_equal_the_cpu_sampler_and_do_not_depend_on_the_batch() {
     let mut p = Plan::new(dev);
     let (ls, ps, out) = (p.input(&logits), p.input(&params), p.output::<u32>(rows));
     let m = p.alloc();
-    dev.sample(m.get(ls), m.get(ps), m.get(out), rows, vocab).unwrap();
+    dev.sample(m.get(ls), m.get(ps), m.get(out), None, rows, vocab).unwrap();
     let got = m.read(out);
     let num_clear = check_draws(&logits, &params, &got, vocab);
     // Rows without a top-k cut spread their mass over 3000 tokens (about 3e-4 of it each), so
@@ -139,6 +143,7 @@ fn seeded_samples_equal_the_cpu_sampler_and_do_not_depend_on_the_batch() {
             sub(ls, vocab),
             m.get(ps).sub(at, b).unwrap(),
             m.get(out).sub(at, b).unwrap(),
+            None,
             b,
             vocab,
         )

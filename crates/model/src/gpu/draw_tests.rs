@@ -83,7 +83,7 @@ fn draw(dev: &CudaDevice, logits: &[f32], params: &[SampleParams], vocab: usize)
     arena.upload(l, logits).expect("uploaded");
     arena.upload(p, params).expect("uploaded");
     let (ls, ps, os) = (arena.get(l).unwrap(), arena.get(p).unwrap(), arena.get(out).unwrap());
-    dev.sample(ls, ps, os, rows, vocab).expect("sampled");
+    dev.sample(ls, ps, os, None, rows, vocab).expect("sampled");
     arena.download(out).expect("read back")
 }
 

@@ -101,7 +101,9 @@ impl GpuModel {
 
     /// Greedy rows by argmax, seeded rows by the sampling kernel, each token's logprob; copied to
     /// the host. The rows' logit edits (bias, penalties) are in place while the tokens are
-    /// chosen and undone before the logprobs, which are the raw distribution's.
+    /// chosen and undone before the logprobs, which are the raw distribution's. Without edits, the
+    /// sampling kernel takes its rows' normalisers as it reads them (the same bits as
+    /// `log_softmax`), so only the greedy rows need the log-softmax kernel.
     fn sample_on_device(
         &self,
         caches: &mut GpuCaches,
@@ -115,8 +117,13 @@ impl GpuModel {
         let (logits, sampled) = (arena.get(act.logits)?, arena.get(act.sampled)?);
         let (log_z, logprobs) = (arena.get(act.log_z)?, arena.get(act.logprobs)?);
         let v = StepViews::new(&arena, caches.inputs, caches.packer.layout())?;
-        dev.log_softmax(logits, None, log_z, g + s, vocab)?;
         let edits = (step.num_logit_edits > 0).then_some((v.edit_starts, v.logit_edits));
+        // The rows whose normaliser the log-softmax kernel computes: every row when edits will
+        // change the logits the sampler reads, else the greedy ones.
+        let normalised = if edits.is_some() { g + s } else { g };
+        if normalised > 0 {
+            dev.log_softmax(logits, None, log_z, normalised, vocab)?;
+        }
         let saved = arena.get(act.edit_saved)?;
         let rows = (g + s, step.num_logit_edits);
         if let Some(edits) = edits {
@@ -128,7 +135,8 @@ impl GpuModel {
         if s > 0 {
             let rows = logits.sub(g * vocab, s * vocab).expect("device rows fit the first chunk");
             let into = sampled.sub(g, s).expect("device rows fit the first chunk");
-            dev.sample(rows, v.sample_params, into, s, vocab)?;
+            let own_log_z = (edits.is_none()).then(|| log_z.sub(g, s).expect("sized"));
+            dev.sample(rows, v.sample_params, into, own_log_z, s, vocab)?;
         }
         if let Some(edits) = edits {
             dev.logit_edits(logits, edits, saved, rows, vocab, true)?;

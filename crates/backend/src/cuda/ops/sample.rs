@@ -47,13 +47,15 @@ impl CudaDevice {
     }
 
     /// One seeded sample per row with that row's temperature, top-k, min-p and top-p
-    /// (`sample_f32`).
+    /// (`sample_f32`); with `log_z`, also each row's log-softmax normaliser, bit for bit
+    /// [`CudaDevice::log_softmax`]'s, without reading the row for it twice more.
     /// Rows with temperature 0 belong to [`CudaDevice::argmax`].
     pub fn sample(
         &self,
         logits: DevSlice<'_, f32>,
         params: DevSlice<'_, SampleParams>,
         out: DevSlice<'_, u32>,
+        log_z: Option<DevSlice<'_, f32>>,
         num_rows: usize,
         vocab: usize,
     ) -> Result<(), BackendError> {
@@ -61,10 +63,18 @@ impl CudaDevice {
         fits(id, "logits", &logits, num_rows * vocab)?;
         fits(id, "params", &params, num_rows)?;
         fits(id, "out", &out, num_rows)?;
+        if let Some(z) = &log_z {
+            fits(id, "log_z", z, num_rows)?;
+        }
         let sh = shape(id, cfg::sample_rows(num_rows, self.sample_blocks_per_row(vocab)))?;
-        let (logits, params, out, vocab) =
-            (logits.addr(), params.addr(), out.addr(), int(id, "vocab", vocab)?);
-        launch!(self, id, sh, [logits, params, out, vocab])
+        let (logits, params, out, log_z, vocab) = (
+            logits.addr(),
+            params.addr(),
+            out.addr(),
+            addr_or_null(log_z),
+            int(id, "vocab", vocab)?,
+        );
+        launch!(self, id, sh, [logits, params, out, log_z, vocab])
     }
 
     /// Applies each row's logit edits (bias and penalties, `crate::logit_edits`) to its row of
