@@ -19,12 +19,24 @@ use cudarc::driver::{
 ///
 /// Allocated with flags 0, not cudarc's `alloc_pinned` (write-combined memory, which the CPU reads
 /// slowly). With event tracking off, cudarc does not order reads of the buffer after the copy, so
-/// the buffer records its own event after each copy and [`PinnedBuffer::wait`] blocks on it. On
-/// the simulator it is ordinary memory, and a copy runs when its stream's work is waited for.
-/// Dropping the buffer waits for its copies.
+/// the buffer records its own event after each copy and [`PinnedBuffer::wait`] blocks on it, as
+/// its [`HostWait`] says. On the simulator it is ordinary memory, and a copy runs when its
+/// stream's work is waited for. Dropping the buffer waits for its copies.
 pub struct PinnedBuffer<T: DeviceElem> {
     host: HostMemory<T>,
     copied: Event,
+}
+
+/// How a thread waiting for a [`PinnedBuffer`]'s copy waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostWait {
+    /// As the context schedules its waits: spinning while the process has fewer contexts than
+    /// the machine has cores. For waits on a step's path (its sampled tokens, an expert
+    /// exchange), where a sleeping thread would add an interrupt's wake-up to every step.
+    Spin,
+    /// Asleep until the device signals the copy (`CU_EVENT_BLOCKING_SYNC`). For a thread that
+    /// only waits, off every step's path (the routing copy worker), which should not hold a core.
+    Sleep,
 }
 
 enum HostMemory<T: DeviceElem> {
@@ -46,8 +58,13 @@ impl<T: DeviceElem> Drop for PinnedBuffer<T> {
 }
 
 impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> PinnedBuffer<T> {
-    /// Allocates `len` elements.
+    /// Allocates `len` elements, for waits on a step's path ([`HostWait::Spin`]).
     pub fn new(dev: &CudaDevice, len: usize) -> Result<Self, BackendError> {
+        Self::with_wait(dev, len, HostWait::Spin)
+    }
+
+    /// Allocates `len` elements, waited for as `wait` says.
+    pub fn with_wait(dev: &CudaDevice, len: usize, wait: HostWait) -> Result<Self, BackendError> {
         // cudarc asserts on an overflowing size; refuse it here instead.
         len.checked_mul(size_of::<T>())
             .filter(|&b| b < isize::MAX as usize)
@@ -62,7 +79,11 @@ impl<T: DeviceElem + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBit
             (None, Some(sim)) => HostMemory::Plain(vec![T::default(); len], sim.clone()),
             (None, None) => return Err(mixed()),
         };
-        let copied = dev.event_with(Some(CUevent_flags::CU_EVENT_BLOCKING_SYNC))?;
+        let copied = dev.event_with(Some(match wait {
+            // Without timing, the cheapest event to record and to poll.
+            HostWait::Spin => CUevent_flags::CU_EVENT_DISABLE_TIMING,
+            HostWait::Sleep => CUevent_flags::CU_EVENT_BLOCKING_SYNC,
+        }))?;
         Ok(Self { host, copied })
     }
 

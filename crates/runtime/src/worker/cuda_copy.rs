@@ -7,7 +7,10 @@ use super::{WorkerError, cuda::device_err};
 use crate::routing_ring::{CopyEngine, CopyError, SlotId};
 use routed_backend::{
     BackendError,
-    cuda::{CudaDevice, Event, host::PinnedBuffer},
+    cuda::{
+        CudaDevice, Event,
+        host::{HostWait, PinnedBuffer},
+    },
 };
 use routed_model::gpu::RoutingSource;
 use std::sync::Mutex;
@@ -35,8 +38,9 @@ impl CudaCopyEngine {
         let b = &source.buffer;
         let dims = (b.num_layers, b.max_tokens, b.top_k);
         let len = b.num_layers * b.max_tokens * b.top_k;
+        // The copy worker's thread only waits for these: it sleeps rather than hold a core.
         let slots = (0..num_slots)
-            .map(|_| PinnedBuffer::new(&dev, len).map(Mutex::new))
+            .map(|_| PinnedBuffer::with_wait(&dev, len, HostWait::Sleep).map(Mutex::new))
             .collect::<Result<_, BackendError>>()
             .map_err(device_err)?;
         let forward_done = dev.new_event().map_err(device_err)?;
