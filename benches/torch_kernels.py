@@ -9,7 +9,7 @@ The same cases under the same scenario names as `routed bench kernels` (see benc
 projections: qkv_proj, q_proj, kv_proj, o_proj, expert_up, shared_up, lm_head, as the model's
 config has them), and `attn_decode_b<B>_ctx<L>` is scaled_dot_product_attention of one bf16 query per
 sequence over L contiguous bf16 keys and values (grouped heads as the config says), and `argmax_b<B>`,
-`log_softmax_b<B>`, `sample_b<B>`, `sample_top_p_b<B>` and `top_logprobs_b<B>` choose tokens from B rows of f32 logits
+`log_softmax_b<B>`, `greedy_b<B>` (both), `sample_b<B>`, `sample_top_p_b<B>` and `top_logprobs_b<B>` choose tokens from B rows of f32 logits
 as vLLM's sampler does (softmax and multinomial; top-k, sort and cumulative sum for top-p). Each
 case is captured as a CUDA graph of 20 launches and timed per replay with CUDA events, as routed
 times its kernels, so neither side pays its host's launch cost. A `hbm_copy` record gives the
@@ -89,7 +89,7 @@ def copy_bandwidth(torch, dev, repeats):
 
 def sampling(torch, F, model, m, vocab, dev, repeats, name):
     """Token selection from m rows of f32 logits, as vLLM's sampler does it: argmax, log-softmax,
-    a temperature-1 draw (softmax, multinomial), a draw after top-k 50 and top-p 0.9 (sort,
+    both (a greedy row's token and logprob), a temperature-1 draw (softmax, multinomial), a draw after top-k 50 and top-p 0.9 (sort,
     cumulative sum, mask), and the chosen token's rank with 20 alternatives (log-softmax, topk)."""
     gen = torch.Generator(device=dev).manual_seed(1)
     logits = torch.rand(m, vocab, generator=gen, device=dev).sub_(0.5).mul_(16.0)
@@ -113,6 +113,9 @@ def sampling(torch, F, model, m, vocab, dev, repeats, name):
     cases = [
         ("argmax", "argmax", lambda: torch.argmax(logits, -1)),
         ("log_softmax", "log_softmax", lambda: torch.log_softmax(logits, -1)),
+        # A greedy row's token and logprob.
+        ("greedy", "argmax+log_softmax",
+         lambda: (torch.argmax(logits, -1), torch.log_softmax(logits, -1))),
         ("sample", "softmax+multinomial", lambda: torch.multinomial(torch.softmax(logits, -1), 1)),
         ("sample_top_p", "topk+sort+cumsum+multinomial", top_p),
         ("top_logprobs", "log_softmax+topk+rank", top_logprobs),

@@ -219,6 +219,11 @@ fn sampling_cases(
             &case("log_softmax", "log_softmax_f32"),
             time_graph(dev, repeats, || dev.log_softmax(logits, None, log_z, m, vocab))?,
         ),
+        // A greedy row's token and the normaliser of its logprob.
+        report(
+            &case("greedy", "log_softmax_f32"),
+            time_graph(dev, repeats, || dev.log_softmax_argmax(logits, log_z, ids, m, vocab))?,
+        ),
         report(
             &case("sample", "sample_f32"),
             time_graph(dev, repeats, || dev.sample(logits, plain, ids, None, m, vocab))?,

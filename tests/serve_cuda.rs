@@ -107,9 +107,14 @@ fn bench_kernels_times_the_models_products_and_attention() {
     assert_eq!(find("moe_sort_m2")["kernel"], "moe_sort_pairs");
     assert_eq!(find("moe_combine_m2")["bytes"], (4 * (4 * 64 + 2 * 64)) as f64);
     // Choosing tokens from 2 rows of 512 f32 logits.
-    for scenario in
-        ["argmax_b2", "log_softmax_b2", "sample_b2", "sample_top_p_b2", "top_logprobs_b2"]
-    {
+    for scenario in [
+        "argmax_b2",
+        "log_softmax_b2",
+        "greedy_b2",
+        "sample_b2",
+        "sample_top_p_b2",
+        "top_logprobs_b2",
+    ] {
         assert_eq!(find(scenario)["bytes"], (2 * 512 * 4) as f64, "{scenario}");
     }
     // Two sequences of 512 tokens: bf16 keys and values of 2 heads of 16, f32 queries and outputs;

@@ -13,38 +13,6 @@
 // Most blocks of a row's cluster (the portable limit).
 #define SAMPLE_CLUSTER 8
 
-// Index of the first maximum (ties to the lower index), cpu::argmax.
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) argmax_f32(
-    const float* __restrict__ logits,  // device [num_rows, vocab]
-    u32* __restrict__ out,             // device [num_rows]
-    int vocab) {
-    __shared__ float best_v[SAMPLE_THREADS];
-    __shared__ int best_i[SAMPLE_THREADS];
-    const float* row = logits + (u64)blockIdx.x * vocab;
-    float bv = neg_inf();
-    int bi = -1;
-    // Selects, not a branch per token: the loop's loads then leave ahead of the comparisons.
-    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
-        const float v = row[i];
-        const bool better = bi < 0 || v > bv;
-        bv = better ? v : bv;
-        bi = better ? i : bi;
-    }
-    best_v[threadIdx.x] = bv;
-    best_i[threadIdx.x] = bi;
-    for (int width = SAMPLE_THREADS / 2; width > 0; width >>= 1) {
-        __syncthreads();
-        if (threadIdx.x < width) {
-            float ov = best_v[threadIdx.x + width];
-            int oi = best_i[threadIdx.x + width];
-            bool better = oi >= 0 && (best_i[threadIdx.x] < 0 || ov > best_v[threadIdx.x] ||
-                                      (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x]));
-            if (better) { best_v[threadIdx.x] = ov; best_i[threadIdx.x] = oi; }
-        }
-    }
-    if (threadIdx.x == 0) out[blockIdx.x] = (u32)best_i[0];
-}
-
 // Per-row sampling parameters; the Rust side mirrors this layout.
 struct SampleParams {
     u64 seed;
@@ -68,6 +36,35 @@ __device__ __forceinline__ double uniform(u64 seed, u64 index) {
 // order the CPU sampler sorts its candidates in.
 __device__ __forceinline__ u64 rank_key(float logit, int i) {
     return ((u64)total_order_key(logit) << 32) | (u64)(0xffffffffu - (u32)i);
+}
+
+// cpu::argmax's order: the first maximum, comparing as `>` does: -0 ties with +0 and NaN is
+// never larger. So the largest key over the row, -0 keyed as +0 and NaN below every number (key
+// 0), names the first maximum unless the first logit is NaN: then cpu::argmax keeps it.
+__device__ __forceinline__ u64 argmax_key(float logit, int i) {
+    if (logit != logit) return 0;
+    return rank_key(logit == 0.0f ? 0.0f : logit, i);
+}
+__device__ __forceinline__ u32 argmax_of(u64 best_key, const float* row) {
+    return row[0] != row[0] ? 0u : 0xffffffffu - (u32)best_key;
+}
+
+// Index of the first maximum of each row (cpu::argmax), a block per row.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) argmax_f32(
+    const float* __restrict__ logits,  // device [num_rows, vocab]
+    u32* __restrict__ out,             // device [num_rows]
+    int vocab) {
+    __shared__ u64 warp_best[SAMPLE_WARPS];
+    const float* row = logits + (u64)blockIdx.x * vocab;
+    u64 best = 0;
+    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) best = max(best, argmax_key(row[i], i));
+    for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(FULL_MASK, best, o));
+    if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < SAMPLE_WARPS; ++w) best = max(best, warp_best[w]);
+        out[blockIdx.x] = argmax_of(best, row);
+    }
 }
 
 // A search level's bins (search_cut): one per thread of the first SEARCH_BINS when the blocks'
@@ -226,17 +223,31 @@ __device__ __forceinline__ u64 row_count(u64 v, RowPart& g) {
 }
 
 
-// log_z = max + log(sum(exp(x - max))) (the exponentials by the CPU's polynomial), and, when `out`
-// is not null, out[i] = x[i] - log_z (cpu::log_softmax).
+// log_z = max + log(sum(exp(x - max))) (the exponentials by the CPU's polynomial); when `out`
+// is not null, out[i] = x[i] - log_z (cpu::log_softmax); when `first_max` is not null, each
+// row's argmax_f32 token, taken as the pass for the maximum reads the row (a greedy row's token
+// and normaliser in one kernel).
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) log_softmax_f32(
     const float* __restrict__ logits,  // device [num_rows, vocab]
     float* __restrict__ out,           // device [num_rows, vocab] or null
     float* __restrict__ log_z,         // device [num_rows]
+    u32* __restrict__ first_max,       // device [num_rows] or null
     int vocab) {
     RowPart g{0, 0};
     const float* row = logits + (u64)blockIdx.y * vocab;
     float mx = neg_inf();
-    for (int i = g.first(); i < vocab; i += g.stride()) mx = fmaxf(mx, row[i]);
+    if (first_max) {
+        u64 best = 0;
+        for (int i = g.first(); i < vocab; i += g.stride()) {
+            const float x = row[i];
+            mx = fmaxf(mx, x);
+            best = max(best, argmax_key(x, i));
+        }
+        best = row_max_key(best, g);
+        if (threadIdx.x == 0 && blockIdx.x == 0) first_max[blockIdx.y] = argmax_of(best, row);
+    } else {
+        for (int i = g.first(); i < vocab; i += g.stride()) mx = fmaxf(mx, row[i]);
+    }
     mx = row_max(mx, g);
     float sum = 0.0f;
     for (int i = g.first(); i < vocab; i += g.stride()) sum = add(sum, exp_nonpositive(sub(row[i], mx)));

@@ -2,7 +2,8 @@
 //! here apart in floating point: the same token wherever the draw is not within rounding of a
 //! boundary of the CDF or of the top-p cut (the model crate's `gpu::draw_tests` compares the
 //! draw with the `Sampler` itself, every row);
-//! logit edits (bias and penalties) exactly the CPU's passes, undone after the choice.
+//! logit edits (bias and penalties) exactly the CPU's passes, undone after the choice; greedy
+//! tokens in the CPU's order on rows with NaN, infinities and signed zeros.
 
 use super::support::*;
 use routed_backend::{
@@ -393,4 +394,71 @@ fn logit_edits_are_the_cpu_passes_and_are_undone() {
     assert_eq!(m.read(out)[1], 7, "a bias of 30 picks token 7");
     dev.logit_edits(m.get(ls), list, m.get(saved), counts, vocab, true).unwrap();
     assert_bits("restored rows", &m.read(ls), &logits);
+}
+
+#[test]
+fn first_maxima_follow_the_cpu_order_through_nan_infinities_and_signed_zeros() {
+    let test = "first_maxima_follow_the_cpu_order_through_nan_infinities_and_signed_zeros";
+    let Some(dev) = gpu_or_skip(test) else { return };
+    // Wider than a block's stripes, so that a thread holds several of a row's logits.
+    let vocab = 4_096;
+    let mut rng = Rng::new(91);
+    let plain = rng.vec(vocab, -12.0, 12.0);
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    let mut edit = |f: &dyn Fn(&mut Vec<f32>)| {
+        let mut row = plain.clone();
+        f(&mut row);
+        rows.push(row);
+    };
+    // A NaN first logit is cpu::argmax's answer whatever follows.
+    edit(&|r| r[0] = f32::NAN);
+    // NaN opening some threads' stripes (every 512th logit from 1), the maximum behind one.
+    edit(&|r| {
+        (1..vocab).step_by(512).for_each(|i| r[i] = f32::NAN);
+        r[257] = 40.0;
+    });
+    // NaN everywhere but one number.
+    edit(&|r| {
+        r.fill(f32::NAN);
+        r[0] = -1.0;
+        r[4_000] = 3.0;
+    });
+    edit(&|r| r.fill(f32::NAN));
+    // -0 and +0 tie: the first one wins.
+    edit(&|r| {
+        r.fill(-0.0);
+        r[3_000] = 0.0;
+    });
+    edit(&|r| {
+        r.fill(-1.0);
+        r[700] = -0.0;
+        r[9] = 0.0;
+        r[3] = -0.0;
+    });
+    edit(&|r| r.fill(f32::NEG_INFINITY));
+    edit(&|r| {
+        r[100] = f32::INFINITY;
+        r[50] = f32::INFINITY;
+    });
+    edit(&|r| {
+        r.fill(f32::NEG_INFINITY);
+        r[2_222] = f32::MIN;
+    });
+    edit(&|r| r[vocab - 1] = 1e30);
+    let n = rows.len();
+    let logits: Vec<f32> = rows.concat();
+    let mut p = Plan::new(dev);
+    let (ls, ids, fused_ids) = (p.input(&logits), p.output::<u32>(n), p.output::<u32>(n));
+    let (log_z, fused_z) = (p.output::<f32>(n), p.output::<f32>(n));
+    let m = p.alloc();
+    dev.argmax(m.get(ls), m.get(ids), n, vocab).unwrap();
+    dev.log_softmax(m.get(ls), None, m.get(log_z), n, vocab).unwrap();
+    dev.log_softmax_argmax(m.get(ls), m.get(fused_z), m.get(fused_ids), n, vocab).unwrap();
+    let (got, fused) = (m.read(ids), m.read(fused_ids));
+    for (r, row) in rows.iter().enumerate() {
+        let want = routed_backend::cpu::argmax(row);
+        assert_eq!(got[r] as usize, want, "argmax_f32, row {r}");
+        assert_eq!(fused[r] as usize, want, "log_softmax_argmax, row {r}");
+    }
+    assert_bits("log_softmax_argmax's log_z", &m.read(fused_z), &m.read(log_z));
 }

@@ -101,9 +101,10 @@ impl GpuModel {
 
     /// Greedy rows by argmax, seeded rows by the sampling kernel, each token's logprob; copied to
     /// the host. The rows' logit edits (bias, penalties) are in place while the tokens are
-    /// chosen and undone before the logprobs, which are the raw distribution's. Without edits, the
-    /// sampling kernel takes its rows' normalisers as it reads them (the same bits as
-    /// `log_softmax`), so only the greedy rows need the log-softmax kernel.
+    /// chosen and undone before the logprobs, which are the raw distribution's. Without edits,
+    /// each row's normaliser comes with its token: the log-softmax kernel takes the greedy rows'
+    /// first maxima as it reads them, the sampling kernel its rows' normalisers (the same bits as
+    /// `log_softmax`).
     fn sample_on_device(
         &self,
         caches: &mut GpuCaches,
@@ -118,19 +119,19 @@ impl GpuModel {
         let (log_z, logprobs) = (arena.get(act.log_z)?, arena.get(act.logprobs)?);
         let v = StepViews::new(&arena, caches.inputs, caches.packer.layout())?;
         let edits = (step.num_logit_edits > 0).then_some((v.edit_starts, v.logit_edits));
-        // The rows whose normaliser the log-softmax kernel computes: every row when edits will
-        // change the logits the sampler reads, else the greedy ones.
-        let normalised = if edits.is_some() { g + s } else { g };
-        if normalised > 0 {
-            dev.log_softmax(logits, None, log_z, normalised, vocab)?;
-        }
         let saved = arena.get(act.edit_saved)?;
         let rows = (g + s, step.num_logit_edits);
-        if let Some(edits) = edits {
-            dev.logit_edits(logits, edits, saved, rows, vocab, false)?;
-        }
-        if g > 0 {
-            dev.argmax(logits, sampled, g, vocab)?;
+        match edits {
+            // Every row's normaliser from the raw logits, then the tokens from the edited ones.
+            Some(edits) => {
+                dev.log_softmax(logits, None, log_z, g + s, vocab)?;
+                dev.logit_edits(logits, edits, saved, rows, vocab, false)?;
+                if g > 0 {
+                    dev.argmax(logits, sampled, g, vocab)?;
+                }
+            }
+            None if g > 0 => dev.log_softmax_argmax(logits, log_z, sampled, g, vocab)?,
+            None => {}
         }
         if s > 0 {
             let rows = logits.sub(g * vocab, s * vocab).expect("device rows fit the first chunk");

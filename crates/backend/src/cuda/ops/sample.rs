@@ -34,16 +34,45 @@ impl CudaDevice {
         num_rows: usize,
         vocab: usize,
     ) -> Result<(), BackendError> {
+        self.launch_log_softmax(logits, out, log_z, None, num_rows, vocab)
+    }
+
+    /// Each row's normaliser, as [`CudaDevice::log_softmax`], and its first maximum, as
+    /// [`CudaDevice::argmax`], from one read of the rows: a greedy row's token and the
+    /// normaliser of its logprob in one kernel.
+    pub fn log_softmax_argmax(
+        &self,
+        logits: DevSlice<'_, f32>,
+        log_z: DevSlice<'_, f32>,
+        first_max: DevSlice<'_, u32>,
+        num_rows: usize,
+        vocab: usize,
+    ) -> Result<(), BackendError> {
+        self.launch_log_softmax(logits, None, log_z, Some(first_max), num_rows, vocab)
+    }
+
+    fn launch_log_softmax(
+        &self,
+        logits: DevSlice<'_, f32>,
+        out: Option<DevSlice<'_, f32>>,
+        log_z: DevSlice<'_, f32>,
+        first_max: Option<DevSlice<'_, u32>>,
+        num_rows: usize,
+        vocab: usize,
+    ) -> Result<(), BackendError> {
         let id = KernelId::LogSoftmax;
         fits(id, "logits", &logits, num_rows * vocab)?;
         fits(id, "log_z", &log_z, num_rows)?;
         if let Some(o) = &out {
             fits(id, "out", o, num_rows * vocab)?;
         }
+        if let Some(f) = &first_max {
+            fits(id, "first_max", f, num_rows)?;
+        }
         let sh = shape(id, cfg::sample_rows(num_rows, self.sample_blocks_per_row(vocab)))?;
         let (logits, out, log_z) = (logits.addr(), addr_or_null(out), log_z.addr());
-        let vocab = int(id, "vocab", vocab)?;
-        launch!(self, id, sh, [logits, out, log_z, vocab])
+        let (first_max, vocab) = (addr_or_null(first_max), int(id, "vocab", vocab)?);
+        launch!(self, id, sh, [logits, out, log_z, first_max, vocab])
     }
 
     /// One seeded sample per row with that row's temperature, top-k, min-p and top-p
