@@ -84,8 +84,6 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) argmax_f32(
 #define LIST_BUILD 1
 #define LIST_READY 2
 
-// Words a block publishes per exchange (row_reduce's one).
-#define EXCHANGE_WORDS 1
 
 // A search level's histogram of the interval's tokens: per bin their number, their exact mass
 // (32-bit word j of bin b at mass[j][b]), the upper halves of their smallest and largest rank keys
@@ -120,9 +118,9 @@ struct LevelCut {
 struct RowShared {
     // This block's partials, for the other blocks to read: two, so that an exchange never
     // overwrites the one before it while a block may still be reading it.
-    u64 part[2][EXCHANGE_WORDS];
+    u64 part[2];
     // Every block's partials of the last exchange, in rank order.
-    u64 gathered[SAMPLE_CLUSTER][EXCHANGE_WORDS];
+    u64 gathered[SAMPLE_CLUSTER];
     // The warps' partials: a word per warp.
     u64 words[SAMPLE_WARPS];
     // A search's histograms, one per level in turn: a block fills one again two levels later,
@@ -163,17 +161,16 @@ struct RowPart {
     __device__ __forceinline__ int stride() const { return (int)(gridDim.x * SAMPLE_THREADS); }
 };
 
-// Publishes the block's `n` words (in part[parity], written before the call) and gathers every
+// Publishes the block's word (in part[parity], written before the call) and gathers every
 // block's into `gathered`, in rank order, for every thread to fold. A block writes a `part` again
 // two exchanges later, after the cluster barrier of the one between, which every block reaches
 // only once done reading it. Kernels end with cluster_sync, so that no block leaves while another
 // may still read its partials.
-__device__ __forceinline__ void exchange(RowPart& g, int n) {
+__device__ __forceinline__ void exchange(RowPart& g) {
     RowShared& s = row_shared();
     cluster_sync();
-    if ((int)threadIdx.x < g.num_ranks() * n) {
-        const int r = threadIdx.x / n, w = threadIdx.x % n;
-        s.gathered[r][w] = *cluster_map(&s.part[g.parity][w], (u32)r);
+    if ((int)threadIdx.x < g.num_ranks()) {
+        s.gathered[threadIdx.x] = *cluster_map(&s.part[g.parity], threadIdx.x);
     }
     __syncthreads();
     g.parity ^= 1;
@@ -201,11 +198,11 @@ __device__ __forceinline__ T row_reduce(T v, RowPart& g, Op op) {
     if (threadIdx.x == 0) {
         T b = from_word<T>(s.words[0]);
         for (int w = 1; w < SAMPLE_WARPS; ++w) b = op(b, from_word<T>(s.words[w]));
-        s.part[g.parity][0] = to_word(b);
+        s.part[g.parity] = to_word(b);
     }
-    exchange(g, 1);
-    T r = from_word<T>(s.gathered[0][0]);
-    for (int q = 1; q < g.num_ranks(); ++q) r = op(r, from_word<T>(s.gathered[q][0]));
+    exchange(g);
+    T r = from_word<T>(s.gathered[0]);
+    for (int q = 1; q < g.num_ranks(); ++q) r = op(r, from_word<T>(s.gathered[q]));
     return r;
 }
 
