@@ -6,6 +6,7 @@ use crate::{
     copy_worker::CopyWorkerHandle,
     executor::ExecutorActor,
     heartbeat::HeartbeatActor,
+    outbox::Outbox,
     routing_cache::RoutingCacheActor,
     routing_ring::SlotRing,
     runner::{RoutingSink, RunnerActor},
@@ -398,6 +399,8 @@ impl Parts {
         let routing = RoutingCacheActor::new(self.routing, cache.clone(), timings.clone()).start();
         let (copy, _thread) = CopyWorkerHandle::spawn(routing.clone(), timings.clone())
             .map_err(|e| EngineError::Load(format!("cannot start the copy worker: {e}")))?;
+        let outbox = Outbox::start()
+            .map_err(|e| EngineError::Load(format!("cannot start the delivery thread: {e}")))?;
         let ranks = self
             .workers
             .into_iter()
@@ -435,7 +438,7 @@ impl Parts {
                 let period = Duration::from_millis(heartbeat_ms);
                 HeartbeatActor::new(period, executor.clone(), ctx.address().recipient()).start()
             });
-            let peers = Peers { cache, executor, routing, heartbeat, timings, ranks };
+            let peers = Peers { cache, executor, routing, heartbeat, timings, ranks, outbox };
             SchedulerActor::new(policy, tokenizer, info, peers, weights)
         }))
     }

@@ -25,6 +25,7 @@ pub mod executor;
 mod handle;
 pub mod heartbeat;
 pub mod metrics;
+pub mod outbox;
 pub mod routing_cache;
 pub mod routing_ring;
 pub mod runner;

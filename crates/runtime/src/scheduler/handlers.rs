@@ -72,7 +72,7 @@ impl SchedulerActor {
             return;
         }
         for tx in self.drained.drain(..) {
-            let _ = tx.send(());
+            self.peers.outbox.answer(tx, ());
         }
         // Everything is drained: stop the actors (the system stops them in order, mailboxes
         // first) and let the engine thread end.

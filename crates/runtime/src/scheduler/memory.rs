@@ -101,7 +101,7 @@ impl SchedulerActor {
         let (release, tags) = (op.release, op.tags);
         if release && let Err(e) = self.can_release() {
             if let Some(op) = self.memory.ops.pop_front() {
-                let _ = op.reply.send(Err(e));
+                self.peers.outbox.answer(op.reply, Err(e));
             }
             return self.schedule(ctx);
         }
@@ -175,7 +175,7 @@ impl SchedulerActor {
                 Err(EngineError::ShutDown)
             }
         };
-        let _ = op.reply.send(result);
+        self.peers.outbox.answer(op.reply, result);
     }
 
     /// Why memory cannot be released now, if it cannot.
@@ -222,7 +222,7 @@ impl SchedulerActor {
     pub(super) fn cancel_memory_ops(&mut self, error: &EngineError) {
         let keep = usize::from(self.memory.busy);
         for op in self.memory.ops.drain(keep..) {
-            let _ = op.reply.send(Err(error.clone()));
+            self.peers.outbox.answer(op.reply, Err(error.clone()));
         }
     }
 

@@ -27,6 +27,7 @@ use crate::{
     executor::{ExecuteStep, ExecutorActor, ExecutorError},
     heartbeat::{HeartbeatActor, SetIdle},
     metrics as names,
+    outbox::Outbox,
     routing_cache::{FreeBlocks, RoutingCacheActor},
     timings::Timings,
 };
@@ -64,6 +65,8 @@ pub struct Peers {
     pub timings: Arc<Timings>,
     /// The ranks' collectives, for their timings.
     pub ranks: Vec<Arc<dyn routed_backend::collective::Collective>>,
+    /// The delivery thread, which sends the requests' events on their streams.
+    pub outbox: Outbox,
 }
 
 /// Drives engine steps and owns every request's stream.

@@ -16,6 +16,7 @@ use super::SchedulerActor;
 use crate::{
     Admission, EngineError, PauseMode, Paused,
     cache_manager::{PlanStep, ResetPrefixCache},
+    outbox::Outbox,
     routing_cache::FreeBlocks,
 };
 use actix::{ActorFutureExt, AsyncContext, Context, Handler, Message, ResponseFuture, WrapFuture};
@@ -64,10 +65,10 @@ impl Pause {
         Paused { mode: self.mode, num_requests: self.num_requests }
     }
 
-    /// Answers every waiting caller.
-    fn answer(&mut self, result: impl Fn() -> Result<Paused, EngineError>) {
+    /// Answers every waiting caller, behind the events already streamed.
+    fn answer(&mut self, outbox: &mut Outbox, result: impl Fn() -> Result<Paused, EngineError>) {
         for tx in self.waiters.drain(..) {
-            let _ = tx.send(result());
+            outbox.answer(tx, result());
         }
     }
 }
@@ -114,7 +115,7 @@ impl SchedulerActor {
             p.holds = true;
             tracing::info!(mode = p.mode.as_str(), requests = p.num_requests, "generation paused");
             let outcome = p.outcome();
-            p.answer(|| Ok(outcome.clone()));
+            p.answer(&mut self.peers.outbox, || Ok(outcome.clone()));
         }
         self.tell_heartbeat();
         if self.policy.has_messages() {
@@ -148,7 +149,7 @@ impl SchedulerActor {
     /// get `error`.
     pub(super) fn drop_pause(&mut self, error: &EngineError) {
         if let Some(mut p) = self.pause.take() {
-            p.answer(|| Err(error.clone()));
+            p.answer(&mut self.peers.outbox, || Err(error.clone()));
         }
     }
 }
@@ -184,7 +185,7 @@ impl Handler<ContinueGeneration> for SchedulerActor {
         let Some(mut p) = self.pause.take() else { return Ok(0) };
         // Callers still waiting for the pause (an abort draining) learn what it did so far.
         let outcome = p.outcome();
-        p.answer(|| Ok(outcome.clone()));
+        p.answer(&mut self.peers.outbox, || Ok(outcome.clone()));
         let mut num_admitted = 0;
         if !self.updates.is_pending() {
             num_admitted = self.updates.held_len();

@@ -95,10 +95,13 @@ impl SchedulerActor {
                         top_logprobs: sampled.top_logprobs,
                         weight_version: Arc::clone(version),
                     };
-                    if g.events.send(RequestEvent::Token(token)).is_err() {
+                    if g.events.is_closed() {
                         // Nobody listens any more (the submitter went away before it got its
                         // stream): stop computing for it.
                         gone.push(id.request());
+                    } else {
+                        // Shipped with the step's other events (below, or with a final output).
+                        self.peers.outbox.push(&g.events, RequestEvent::Token(token));
                     }
                 }
                 SeqEvent::Finished { id, reason, text_len } => {
@@ -108,6 +111,7 @@ impl SchedulerActor {
                 }
             }
         }
+        self.peers.outbox.flush();
         for request in gone {
             self.abort(request, ctx);
         }
@@ -170,7 +174,7 @@ impl SchedulerActor {
             let current = self.updates.version();
             output.weight_version = versions.last(current).to_string();
             output.weight_versions = versions.into_spans(current);
-            let _ = g.events.send(RequestEvent::Finished(Box::new(output)));
+            self.peers.outbox.send(&g.events, RequestEvent::Finished(Box::new(output)));
             g.num_open -= 1;
             if g.num_open == 0 {
                 self.groups.remove(&id.request());
@@ -185,7 +189,7 @@ impl SchedulerActor {
     fn fail_seq(&mut self, id: SeqId, error: EngineError) {
         let request = id.request();
         if let Some(g) = self.groups.remove(&request) {
-            let _ = g.events.send(RequestEvent::Error(error));
+            self.peers.outbox.send(&g.events, RequestEvent::Error(error));
             for i in 0..g.n {
                 self.policy.abort(SeqId::new(request, i));
                 self.last_step.remove(&SeqId::new(request, i));
@@ -219,8 +223,10 @@ impl SchedulerActor {
         self.drop_pause(&EngineError::Unhealthy(reason.clone()));
         self.cancel_memory_ops(&EngineError::Unhealthy(reason.clone()));
         for (_, g) in self.groups.drain() {
-            let _ = g.events.send(RequestEvent::Error(EngineError::Unhealthy(reason.clone())));
+            let error = EngineError::Unhealthy(reason.clone());
+            self.peers.outbox.push(&g.events, RequestEvent::Error(error));
         }
+        self.peers.outbox.flush();
         self.check_drained();
     }
 

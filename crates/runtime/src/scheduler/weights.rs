@@ -200,7 +200,7 @@ impl SchedulerActor {
                 Err(EngineError::Unhealthy(reason))
             }
         };
-        let _ = p.reply.send(result);
+        self.peers.outbox.answer(p.reply, result);
         if !self.holds_new_requests() {
             self.release_held();
         }
@@ -213,7 +213,7 @@ impl SchedulerActor {
         for (request, seqs) in std::mem::take(&mut self.updates.held) {
             let Err(e) = self.policy.add(seqs) else { continue };
             if let Some(g) = self.groups.remove(&request) {
-                let _ = g.events.send(RequestEvent::Error(e.into()));
+                self.peers.outbox.send(&g.events, RequestEvent::Error(e.into()));
             }
         }
     }
@@ -245,7 +245,8 @@ impl SchedulerActor {
         self.updates.held.clear();
         self.updates.swapping = false;
         for p in self.updates.queue.drain(..) {
-            let _ = p.reply.send(Err(EngineError::Unhealthy(reason.to_owned())));
+            let error = EngineError::Unhealthy(reason.to_owned());
+            self.peers.outbox.answer(p.reply, Err(error));
         }
     }
 
@@ -254,7 +255,7 @@ impl SchedulerActor {
     pub(super) fn cancel_updates(&mut self) -> bool {
         let keep = usize::from(self.updates.swapping);
         for p in self.updates.queue.drain(keep..) {
-            let _ = p.reply.send(Err(EngineError::ShutDown));
+            self.peers.outbox.answer(p.reply, Err(EngineError::ShutDown));
         }
         let release = !self.holds_new_requests() && !self.updates.held.is_empty();
         if release {

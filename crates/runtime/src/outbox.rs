@@ -1,0 +1,175 @@
+//! The delivery thread: request events leave the scheduler's thread in one message per step.
+//!
+//! A send on a request's stream wakes the task reading it, and where that task's runtime has
+//! parked its threads the wake is a system call. Made by the scheduler, one per running request,
+//! those calls sat on the step's path between one step's output and the next step's start (at
+//! batch 64 most of the scheduler's time around a step). The scheduler queues its events in an
+//! [`Outbox`] instead and ships them in one message; the delivery thread sends them, in the
+//! order they were queued, while the next step runs. The scheduler's answers to its callers
+//! (a pause taking hold, a weight update done, memory released, the engine drained) go the same
+//! way, so that an answer never overtakes the events streamed before it.
+
+use crate::RequestEvent;
+use crossbeam_channel::{Receiver, Sender};
+use tokio::sync::{mpsc::UnboundedSender, oneshot};
+
+/// What the delivery thread sends.
+enum Delivery {
+    /// An event and the stream it is for.
+    Event(UnboundedSender<RequestEvent>, RequestEvent),
+    /// An answer to a caller, sent once the events queued before it are.
+    Answer(Box<dyn FnOnce() + Send>),
+}
+
+/// The scheduler's side of the delivery thread: events queued in order, shipped by
+/// [`Outbox::flush`]. Every stream's events keep their order, whatever was shipped when, since
+/// one thread sends them all in the order they were queued.
+pub struct Outbox {
+    queued: Vec<Delivery>,
+    to_thread: Sender<Vec<Delivery>>,
+    /// Batches the thread has emptied, so that shipping one allocates nothing.
+    spare: Receiver<Vec<Delivery>>,
+}
+
+impl Outbox {
+    /// Starts the delivery thread. It ends once the outbox is dropped and everything shipped is
+    /// sent; a stream's sender held by a queued event is dropped only after that event is sent, so
+    /// a stream never closes ahead of its events.
+    pub fn start() -> std::io::Result<Self> {
+        let (to_thread, batches) = crossbeam_channel::unbounded::<Vec<Delivery>>();
+        let (give_back, spare) = crossbeam_channel::unbounded();
+        std::thread::Builder::new().name("routed-deliver".into()).spawn(move || {
+            for mut batch in batches {
+                deliver(&mut batch);
+                // The outbox may be gone already: the batch is then simply dropped.
+                let _ = give_back.send(batch);
+            }
+        })?;
+        Ok(Self { queued: Vec::new(), to_thread, spare })
+    }
+
+    /// Queues `event` for `stream`, behind everything queued before it. Whether anyone still reads
+    /// the stream is `stream.is_closed()`, known at once.
+    pub fn push(&mut self, stream: &UnboundedSender<RequestEvent>, event: RequestEvent) {
+        self.queued.push(Delivery::Event(stream.clone(), event));
+    }
+
+    /// [`Outbox::push`], then [`Outbox::flush`]: for events outside a step's stream of tokens.
+    pub fn send(&mut self, stream: &UnboundedSender<RequestEvent>, event: RequestEvent) {
+        self.push(stream, event);
+        self.flush();
+    }
+
+    /// Sends `value` to a caller once every event queued before it is sent, and ships it.
+    pub fn answer<T: Send + 'static>(&mut self, caller: oneshot::Sender<T>, value: T) {
+        // A caller gone is nobody's concern.
+        let send = move || drop(caller.send(value));
+        self.queued.push(Delivery::Answer(Box::new(send)));
+        self.flush();
+    }
+
+    /// Ships everything queued to the delivery thread, or, should the thread be gone, sends it
+    /// here.
+    pub fn flush(&mut self) {
+        if self.queued.is_empty() {
+            return;
+        }
+        let next = self.spare.try_recv().unwrap_or_default();
+        let batch = std::mem::replace(&mut self.queued, next);
+        if let Err(returned) = self.to_thread.send(batch) {
+            deliver(&mut returned.into_inner());
+        }
+    }
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+/// Sends each event on its stream and each answer, in order, emptying `batch`.
+fn deliver(batch: &mut Vec<Delivery>) {
+    for delivery in batch.drain(..) {
+        match delivery {
+            // A reader gone is the scheduler's to notice (`is_closed`) and act on.
+            Delivery::Event(stream, event) => drop(stream.send(event)),
+            Delivery::Answer(send) => send(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EngineError;
+    use tokio::sync::mpsc;
+
+    fn event(n: usize) -> RequestEvent {
+        RequestEvent::Error(EngineError::Internal(n.to_string()))
+    }
+
+    fn text(event: RequestEvent) -> String {
+        match event {
+            RequestEvent::Error(e) => e.to_string(),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    /// The events a stream holds now.
+    fn ready(rx: &mut mpsc::UnboundedReceiver<RequestEvent>) -> Vec<String> {
+        std::iter::from_fn(|| rx.try_recv().ok()).map(text).collect()
+    }
+
+    /// Every event of a stream, until it closes.
+    fn to_end(mut rx: mpsc::UnboundedReceiver<RequestEvent>) -> Vec<String> {
+        std::iter::from_fn(|| rx.blocking_recv()).map(text).collect()
+    }
+
+    fn texts(ns: impl Iterator<Item = usize>) -> Vec<String> {
+        ns.map(|n| EngineError::Internal(n.to_string()).to_string()).collect()
+    }
+
+    #[test]
+    fn events_arrive_in_order_before_later_answers_and_streams_close_after_them() {
+        let mut outbox = Outbox::start().unwrap();
+        let (a, mut rx_a) = mpsc::unbounded_channel();
+        let (b, mut rx_b) = mpsc::unbounded_channel();
+        let (gone, rx_gone) = mpsc::unbounded_channel();
+        drop(rx_gone);
+        for n in 0..100 {
+            outbox.push(&a, event(n));
+            outbox.push(&b, event(1000 + n));
+            // A reader that went away costs nothing and stops nobody.
+            outbox.push(&gone, event(n));
+            if n % 7 == 0 {
+                outbox.flush();
+            }
+        }
+        outbox.send(&a, event(100));
+        let (caller, answered) = oneshot::channel();
+        outbox.answer(caller, ());
+        answered.blocking_recv().unwrap();
+        // Everything queued before the answer was on the streams when it came.
+        assert_eq!(ready(&mut rx_a), texts(0..=100));
+        assert_eq!(ready(&mut rx_b), texts(1000..1100));
+        // Queued, never flushed: dropping the outbox ships it. The scheduler's senders go first;
+        // the queued clones keep the streams open until their events are sent.
+        outbox.push(&b, event(1100));
+        drop((a, b, gone));
+        drop(outbox);
+        assert_eq!(to_end(rx_a), texts(0..0));
+        assert_eq!(to_end(rx_b), texts(1100..1101));
+    }
+
+    #[test]
+    fn shipping_reuses_the_threads_emptied_batches() {
+        let mut outbox = Outbox::start().unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        outbox.send(&tx, event(0));
+        assert!(rx.blocking_recv().is_some());
+        // The emptied batch comes back with its capacity.
+        let spare = outbox.spare.recv().unwrap();
+        assert!(spare.is_empty() && spare.capacity() > 0);
+    }
+}
