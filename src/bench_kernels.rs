@@ -180,7 +180,7 @@ fn sampling_cases(
     let vocab = c.vocab_size;
     let mut layout = ArenaLayout::new("bench");
     let (logits, params) = (layout.push::<f32>(m * vocab), layout.push::<SampleParams>(2 * m));
-    let (ids, log_z) = (layout.push::<u32>(m), layout.push::<f32>(m));
+    let (ids, log_z, lps) = (layout.push::<u32>(m), layout.push::<f32>(m), layout.push::<f32>(m));
     let n = TOP_LOGPROBS.min(vocab);
     let (top_ids, top_lps, ranks) =
         (layout.push::<u32>(m * n), layout.push::<f32>(m * n), layout.push::<u32>(m));
@@ -199,6 +199,7 @@ fn sampling_cases(
         (0..m).map(|r| param(r, false)).chain((0..m).map(|r| param(r, true))).collect();
     upload(&mut arena, params, &all)?;
     let (logits, ids, log_z) = (arena.get(logits)?, arena.get(ids)?, arena.get(log_z)?);
+    let lps = arena.get(lps)?;
     let top = (arena.get(top_ids)?, arena.get(top_lps)?, n);
     let ranks = arena.get(ranks)?;
     let (plain, cut) = (arena.get(params)?.sub(0, m), arena.get(params)?.sub(m, m));
@@ -219,18 +220,25 @@ fn sampling_cases(
             &case("log_softmax", "log_softmax_f32"),
             time_graph(dev, repeats, || dev.log_softmax(logits, None, log_z, m, vocab))?,
         ),
-        // A greedy row's token and the normaliser of its logprob.
+        // A greedy row's token and logprob.
         report(
             &case("greedy", "log_softmax_f32"),
-            time_graph(dev, repeats, || dev.log_softmax_argmax(logits, log_z, ids, m, vocab))?,
+            time_graph(dev, repeats, || {
+                dev.log_softmax_argmax(logits, log_z, (ids, lps), m, vocab)
+            })?,
         ),
+        // Seeded rows as a step without logit edits draws them: with their logprobs.
         report(
             &case("sample", "sample_f32"),
-            time_graph(dev, repeats, || dev.sample(logits, plain, ids, None, m, vocab))?,
+            time_graph(dev, repeats, || {
+                dev.sample(logits, plain, ids, Some((log_z, lps)), m, vocab)
+            })?,
         ),
         report(
             &case("sample_top_p", "sample_f32"),
-            time_graph(dev, repeats, || dev.sample(logits, cut, ids, None, m, vocab))?,
+            time_graph(dev, repeats, || {
+                dev.sample(logits, cut, ids, Some((log_z, lps)), m, vocab)
+            })?,
         ),
         // The sampled tokens' ranks, and the alternatives.
         report(

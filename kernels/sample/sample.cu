@@ -222,26 +222,26 @@ __device__ __forceinline__ u64 row_count(u64 v, RowPart& g) {
 
 // log_z = max + log(sum(exp(x - max))) (the exponentials by the CPU's polynomial); when `out`
 // is not null, out[i] = x[i] - log_z (cpu::log_softmax); when `first_max` is not null, each
-// row's argmax_f32 token, taken as the pass for the maximum reads the row (a greedy row's token
-// and normaliser in one kernel).
+// row's argmax_f32 token, taken as the pass for the maximum reads the row, and its logprob,
+// gather_logprob_f32's (a greedy row's token and logprob in one kernel).
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) log_softmax_f32(
-    const float* __restrict__ logits,  // device [num_rows, vocab]
-    float* __restrict__ out,           // device [num_rows, vocab] or null
-    float* __restrict__ log_z,         // device [num_rows]
-    u32* __restrict__ first_max,       // device [num_rows] or null
+    const float* __restrict__ logits,    // device [num_rows, vocab]
+    float* __restrict__ out,             // device [num_rows, vocab] or null
+    float* __restrict__ log_z,           // device [num_rows]
+    u32* __restrict__ first_max,         // device [num_rows] or null
+    float* __restrict__ first_max_lp,    // device [num_rows], with first_max
     int vocab) {
     RowPart g{0, 0};
     const float* row = logits + (u64)blockIdx.y * vocab;
     float mx = neg_inf();
+    u64 best = 0;
     if (first_max) {
-        u64 best = 0;
         for (int i = g.first(); i < vocab; i += g.stride()) {
             const float x = row[i];
             mx = fmaxf(mx, x);
             best = max(best, argmax_key(x, i));
         }
         best = row_max_key(best, g);
-        if (threadIdx.x == 0 && blockIdx.x == 0) first_max[blockIdx.y] = argmax_of(best, row);
     } else {
         for (int i = g.first(); i < vocab; i += g.stride()) mx = fmaxf(mx, row[i]);
     }
@@ -250,7 +250,14 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) log_softmax_f32(
     for (int i = g.first(); i < vocab; i += g.stride()) sum = add(sum, exp_nonpositive(sub(row[i], mx)));
     sum = row_sum(sum, g);
     const float lz = add(mx, logf(sum));
-    if (threadIdx.x == 0 && blockIdx.x == 0) log_z[blockIdx.y] = lz;
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        log_z[blockIdx.y] = lz;
+        if (first_max) {
+            const u32 token = argmax_of(best, row);
+            first_max[blockIdx.y] = token;
+            first_max_lp[blockIdx.y] = sub(row[token], lz);
+        }
+    }
     if (out) {
         for (int i = g.first(); i < vocab; i += g.stride()) out[(u64)blockIdx.y * vocab + i] = sub(row[i], lz);
     }
@@ -558,7 +565,7 @@ __device__ u64 search_cut(
 // rounds it, so the token is the CPU's. Instead of sorting, each cut is found by a search over
 // rank keys (search_cut). With `log_z`, also the row's log-softmax normaliser, bit for bit
 // log_softmax_f32's (its maximum and its sum over the same stripes and tree), the sum taken as
-// the first search reads the row.
+// the first search reads the row, and the token's logprob, gather_logprob_f32's.
 //
 // Two blocks an SM (64 registers, which ptxas reaches without spilling): twice the clusters in
 // flight, their searches' memory and barrier waits overlapping.
@@ -567,6 +574,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2) sample_f32(
     const SampleParams* __restrict__ params,   // device [num_rows]
     u32* __restrict__ out,                     // device [num_rows]
     float* __restrict__ log_z,                 // device [num_rows], or null
+    float* __restrict__ logprob,               // device [num_rows], with log_z
     int vocab) {
     RowPart g{0, 0};
     const float* row = logits + (u64)blockIdx.y * vocab;
@@ -616,7 +624,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2) sample_f32(
     if (log_z) {
         // The first search's first level summed every token of the thread's stripes.
         const float sum = row_sum(row_shared().side_sum[threadIdx.x], g);
-        if (lead) log_z[blockIdx.y] = add(side.mx, logf(sum));
+        const float lz = add(side.mx, logf(sum));
+        if (lead) {
+            log_z[blockIdx.y] = lz;
+            // The token's logit from its key (the same bits): gather_logprob_f32's logprob.
+            logprob[blockIdx.y] = sub(key_logit(chosen), lz);
+        }
     }
     cluster_sync();
 }

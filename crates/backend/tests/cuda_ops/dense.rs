@@ -338,14 +338,18 @@ fn argmax_and_log_softmax_agree_with_the_cpu_and_the_batch() {
         p.output::<f32>(rows),
     );
     let (fused_ids, fused_z) = (p.output::<u32>(rows), p.output::<f32>(rows));
+    let (fused_lps, lps) = (p.output::<f32>(rows), p.output::<f32>(rows));
     let m = p.alloc();
     dev.argmax(m.get(ls), m.get(am), rows, vocab).unwrap();
     dev.log_softmax(m.get(ls), Some(m.get(lp)), m.get(lz), rows, vocab).unwrap();
-    dev.log_softmax_argmax(m.get(ls), m.get(fused_z), m.get(fused_ids), rows, vocab).unwrap();
+    let fused = (m.get(fused_ids), m.get(fused_lps));
+    dev.log_softmax_argmax(m.get(ls), m.get(fused_z), fused, rows, vocab).unwrap();
+    dev.gather_logprob(m.get(ls), m.get(am), m.get(lz), m.get(lps), rows, vocab).unwrap();
+    // A greedy row's token and logprob from one kernel: the same tokens and bits.
+    assert_eq!(m.read(fused_ids), m.read(am), "log_softmax_argmax's tokens");
+    assert_bits("log_softmax_argmax's log_z", &m.read(fused_z), &m.read(lz));
+    assert_bits("log_softmax_argmax's logprobs", &m.read(fused_lps), &m.read(lps));
     let (ids, log_z, lps) = (m.read(am), m.read(lz), m.read(lp));
-    // A greedy row's token and normaliser from one kernel: the same tokens and bits.
-    assert_eq!(m.read(fused_ids), ids, "log_softmax_argmax's tokens");
-    assert_bits("log_softmax_argmax's log_z", &m.read(fused_z), &log_z);
     for r in 0..rows {
         let row = &logits[r * vocab..(r + 1) * vocab];
         assert_eq!(ids[r] as usize, cpu::argmax(row), "argmax of row {r}");

@@ -89,7 +89,7 @@ fn check_draws(logits: &[f32], params: &[SampleParams], got: &[u32], vocab: usiz
 }
 
 /// One draw per row of `logits` by the device sampler, which also gives each row's log-softmax
-/// normaliser: bit for bit the log-softmax kernel's.
+/// normaliser and its token's logprob: bit for bit the log-softmax and gather kernels'.
 fn draw(
     dev: &'static CudaDevice,
     logits: &[f32],
@@ -100,10 +100,14 @@ fn draw(
     let mut p = Plan::new(dev);
     let (ls, ps, out) = (p.input(logits), p.input(params), p.output::<u32>(rows));
     let (z, want_z) = (p.output::<f32>(rows), p.output::<f32>(rows));
+    let (lp, want_lp) = (p.output::<f32>(rows), p.output::<f32>(rows));
     let m = p.alloc();
-    dev.sample(m.get(ls), m.get(ps), m.get(out), Some(m.get(z)), rows, vocab).unwrap();
+    let own = (m.get(z), m.get(lp));
+    dev.sample(m.get(ls), m.get(ps), m.get(out), Some(own), rows, vocab).unwrap();
     dev.log_softmax(m.get(ls), None, m.get(want_z), rows, vocab).unwrap();
+    dev.gather_logprob(m.get(ls), m.get(out), m.get(want_z), m.get(want_lp), rows, vocab).unwrap();
     assert_bits("the draw's log_z", &m.read(z), &m.read(want_z));
+    assert_bits("the draw's logprobs", &m.read(lp), &m.read(want_lp));
     m.read(out)
 }
 
@@ -450,10 +454,13 @@ fn first_maxima_follow_the_cpu_order_through_nan_infinities_and_signed_zeros() {
     let mut p = Plan::new(dev);
     let (ls, ids, fused_ids) = (p.input(&logits), p.output::<u32>(n), p.output::<u32>(n));
     let (log_z, fused_z) = (p.output::<f32>(n), p.output::<f32>(n));
+    let (lps, fused_lps) = (p.output::<f32>(n), p.output::<f32>(n));
     let m = p.alloc();
     dev.argmax(m.get(ls), m.get(ids), n, vocab).unwrap();
     dev.log_softmax(m.get(ls), None, m.get(log_z), n, vocab).unwrap();
-    dev.log_softmax_argmax(m.get(ls), m.get(fused_z), m.get(fused_ids), n, vocab).unwrap();
+    dev.gather_logprob(m.get(ls), m.get(ids), m.get(log_z), m.get(lps), n, vocab).unwrap();
+    let fused = (m.get(fused_ids), m.get(fused_lps));
+    dev.log_softmax_argmax(m.get(ls), m.get(fused_z), fused, n, vocab).unwrap();
     let (got, fused) = (m.read(ids), m.read(fused_ids));
     for (r, row) in rows.iter().enumerate() {
         let want = routed_backend::cpu::argmax(row);
@@ -461,4 +468,5 @@ fn first_maxima_follow_the_cpu_order_through_nan_infinities_and_signed_zeros() {
         assert_eq!(fused[r] as usize, want, "log_softmax_argmax, row {r}");
     }
     assert_bits("log_softmax_argmax's log_z", &m.read(fused_z), &m.read(log_z));
+    assert_bits("log_softmax_argmax's logprobs", &m.read(fused_lps), &m.read(lps));
 }

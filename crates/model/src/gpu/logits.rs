@@ -102,9 +102,9 @@ impl GpuModel {
     /// Greedy rows by argmax, seeded rows by the sampling kernel, each token's logprob; copied to
     /// the host. The rows' logit edits (bias, penalties) are in place while the tokens are
     /// chosen and undone before the logprobs, which are the raw distribution's. Without edits,
-    /// each row's normaliser comes with its token: the log-softmax kernel takes the greedy rows'
-    /// first maxima as it reads them, the sampling kernel its rows' normalisers (the same bits as
-    /// `log_softmax`).
+    /// each row's token comes with its logprob from one kernel: the log-softmax kernel takes the
+    /// greedy rows' first maxima as it reads them, the sampling kernel its rows' normalisers (the
+    /// bits `log_softmax` and `gather_logprob` give).
     fn sample_on_device(
         &self,
         caches: &mut GpuCaches,
@@ -121,28 +121,39 @@ impl GpuModel {
         let edits = (step.num_logit_edits > 0).then_some((v.edit_starts, v.logit_edits));
         let saved = arena.get(act.edit_saved)?;
         let rows = (g + s, step.num_logit_edits);
+        let fit = "device rows fit the first chunk";
+        // The seeded rows, after the greedy ones, and their tokens.
+        let seeded = || -> (DevSlice<'_, f32>, DevSlice<'_, u32>) {
+            (logits.sub(g * vocab, s * vocab).expect(fit), sampled.sub(g, s).expect(fit))
+        };
         match edits {
-            // Every row's normaliser from the raw logits, then the tokens from the edited ones.
+            // Every row's normaliser from the raw logits, the tokens from the edited ones, then
+            // the logprobs from the raw ones again.
             Some(edits) => {
                 dev.log_softmax(logits, None, log_z, g + s, vocab)?;
                 dev.logit_edits(logits, edits, saved, rows, vocab, false)?;
                 if g > 0 {
                     dev.argmax(logits, sampled, g, vocab)?;
                 }
+                if s > 0 {
+                    let (seeded_rows, into) = seeded();
+                    dev.sample(seeded_rows, v.sample_params, into, None, s, vocab)?;
+                }
+                dev.logit_edits(logits, edits, saved, rows, vocab, true)?;
+                dev.gather_logprob(logits, sampled, log_z, logprobs, g + s, vocab)?;
             }
-            None if g > 0 => dev.log_softmax_argmax(logits, log_z, sampled, g, vocab)?,
-            None => {}
+            None => {
+                if g > 0 {
+                    let greedy = (sampled, logprobs);
+                    dev.log_softmax_argmax(logits, log_z, greedy, g, vocab)?;
+                }
+                if s > 0 {
+                    let (seeded_rows, into) = seeded();
+                    let own = (log_z.sub(g, s).expect(fit), logprobs.sub(g, s).expect(fit));
+                    dev.sample(seeded_rows, v.sample_params, into, Some(own), s, vocab)?;
+                }
+            }
         }
-        if s > 0 {
-            let rows = logits.sub(g * vocab, s * vocab).expect("device rows fit the first chunk");
-            let into = sampled.sub(g, s).expect("device rows fit the first chunk");
-            let own_log_z = (edits.is_none()).then(|| log_z.sub(g, s).expect("sized"));
-            dev.sample(rows, v.sample_params, into, own_log_z, s, vocab)?;
-        }
-        if let Some(edits) = edits {
-            dev.logit_edits(logits, edits, saved, rows, vocab, true)?;
-        }
-        dev.gather_logprob(logits, sampled, log_z, logprobs, g + s, vocab)?;
         let stream = dev.compute_stream();
         caches.sampled_host.copy_from(sampled.sub(0, g + s).expect("sized"), stream)?;
         caches.logprobs_host.copy_from(logprobs.sub(0, g + s).expect("sized"), stream)?;

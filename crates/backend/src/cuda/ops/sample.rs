@@ -37,18 +37,18 @@ impl CudaDevice {
         self.launch_log_softmax(logits, out, log_z, None, num_rows, vocab)
     }
 
-    /// Each row's normaliser, as [`CudaDevice::log_softmax`], and its first maximum, as
-    /// [`CudaDevice::argmax`], from one read of the rows: a greedy row's token and the
-    /// normaliser of its logprob in one kernel.
+    /// Each row's normaliser, as [`CudaDevice::log_softmax`], its first maximum, as
+    /// [`CudaDevice::argmax`], from the same read of the rows, and that token's logprob, as
+    /// [`CudaDevice::gather_logprob`]: a greedy row's token and logprob in one kernel.
     pub fn log_softmax_argmax(
         &self,
         logits: DevSlice<'_, f32>,
         log_z: DevSlice<'_, f32>,
-        first_max: DevSlice<'_, u32>,
+        (ids, logprobs): (DevSlice<'_, u32>, DevSlice<'_, f32>),
         num_rows: usize,
         vocab: usize,
     ) -> Result<(), BackendError> {
-        self.launch_log_softmax(logits, None, log_z, Some(first_max), num_rows, vocab)
+        self.launch_log_softmax(logits, None, log_z, Some((ids, logprobs)), num_rows, vocab)
     }
 
     fn launch_log_softmax(
@@ -56,7 +56,7 @@ impl CudaDevice {
         logits: DevSlice<'_, f32>,
         out: Option<DevSlice<'_, f32>>,
         log_z: DevSlice<'_, f32>,
-        first_max: Option<DevSlice<'_, u32>>,
+        first_max: Option<(DevSlice<'_, u32>, DevSlice<'_, f32>)>,
         num_rows: usize,
         vocab: usize,
     ) -> Result<(), BackendError> {
@@ -66,25 +66,29 @@ impl CudaDevice {
         if let Some(o) = &out {
             fits(id, "out", o, num_rows * vocab)?;
         }
-        if let Some(f) = &first_max {
-            fits(id, "first_max", f, num_rows)?;
+        if let Some((ids, logprobs)) = &first_max {
+            fits(id, "first_max", ids, num_rows)?;
+            fits(id, "first_max_logprobs", logprobs, num_rows)?;
         }
         let sh = shape(id, cfg::sample_rows(num_rows, self.sample_blocks_per_row(vocab)))?;
         let (logits, out, log_z) = (logits.addr(), addr_or_null(out), log_z.addr());
-        let (first_max, vocab) = (addr_or_null(first_max), int(id, "vocab", vocab)?);
-        launch!(self, id, sh, [logits, out, log_z, first_max, vocab])
+        let first = addr_or_null(first_max.map(|f| f.0));
+        let first_lp = addr_or_null(first_max.map(|f| f.1));
+        let vocab = int(id, "vocab", vocab)?;
+        launch!(self, id, sh, [logits, out, log_z, first, first_lp, vocab])
     }
 
     /// One seeded sample per row with that row's temperature, top-k, min-p and top-p
-    /// (`sample_f32`); with `log_z`, also each row's log-softmax normaliser, bit for bit
-    /// [`CudaDevice::log_softmax`]'s, without reading the row for it twice more.
-    /// Rows with temperature 0 belong to [`CudaDevice::argmax`].
+    /// (`sample_f32`); with `normalised`, also each row's log-softmax normaliser, bit for bit
+    /// [`CudaDevice::log_softmax`]'s, without reading the row for it twice more, and the sampled
+    /// token's logprob, [`CudaDevice::gather_logprob`]'s. Rows with temperature 0 belong to
+    /// [`CudaDevice::argmax`].
     pub fn sample(
         &self,
         logits: DevSlice<'_, f32>,
         params: DevSlice<'_, SampleParams>,
         out: DevSlice<'_, u32>,
-        log_z: Option<DevSlice<'_, f32>>,
+        normalised: Option<(DevSlice<'_, f32>, DevSlice<'_, f32>)>,
         num_rows: usize,
         vocab: usize,
     ) -> Result<(), BackendError> {
@@ -92,18 +96,16 @@ impl CudaDevice {
         fits(id, "logits", &logits, num_rows * vocab)?;
         fits(id, "params", &params, num_rows)?;
         fits(id, "out", &out, num_rows)?;
-        if let Some(z) = &log_z {
-            fits(id, "log_z", z, num_rows)?;
+        if let Some((log_z, logprobs)) = &normalised {
+            fits(id, "log_z", log_z, num_rows)?;
+            fits(id, "logprobs", logprobs, num_rows)?;
         }
         let sh = shape(id, cfg::sample_rows(num_rows, self.sample_blocks_per_row(vocab)))?;
-        let (logits, params, out, log_z, vocab) = (
-            logits.addr(),
-            params.addr(),
-            out.addr(),
-            addr_or_null(log_z),
-            int(id, "vocab", vocab)?,
-        );
-        launch!(self, id, sh, [logits, params, out, log_z, vocab])
+        let (logits, params, out) = (logits.addr(), params.addr(), out.addr());
+        let log_z = addr_or_null(normalised.map(|n| n.0));
+        let logprobs = addr_or_null(normalised.map(|n| n.1));
+        let vocab = int(id, "vocab", vocab)?;
+        launch!(self, id, sh, [logits, params, out, log_z, logprobs, vocab])
     }
 
     /// Applies each row's logit edits (bias and penalties, `crate::logit_edits`) to its row of
