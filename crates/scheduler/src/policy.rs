@@ -279,8 +279,8 @@ impl Scheduler {
         }
         let step_id = StepId(self.next_step);
         self.next_step += 1;
-        let mut plan =
-            StepPlan { step_id, seqs: Vec::new(), capture_routing: self.config.capture_routing };
+        let seqs = Vec::with_capacity(granted.allocation.grants.len());
+        let mut plan = StepPlan { step_id, seqs, capture_routing: self.config.capture_routing };
         self.in_flight.clear();
         for (grant, table) in granted.allocation.grants.iter().zip(granted.tables) {
             if grant.is_admission {
