@@ -130,6 +130,7 @@ bench() {
             --json "$OUT/routed-$m-engine-overhead.json"
     done
     profile
+    timeline
     # The kernels alone (the matrix product and decode attention at qwen3_moe's shapes), beside
     # PyTorch's at the same shapes and the device's copy bandwidth.
     local sizes=1,8,64,256
@@ -219,6 +220,30 @@ profile_run() {
     note "profile $label: rc $?"
 }
 
+# Where a decode step's wall time goes between the host and the device: Nsight Systems traces
+# the CUDA calls and the OS runtime's waits of a batch-1 `generate` of qwen3_moe (64 tokens after
+# a 16-token prompt), and its reports are kept as CSV (the trace itself is left out of the
+# archive): the host's time per CUDA call, every kernel's start and duration (the device idle
+# between them is what the host costs a step), the OS waits. `benches/timeline.py` reads them.
+timeline() {
+    if [ "$DEVICE" = cuda-sim ] || ! command -v nsys >/dev/null; then
+        note "timeline: skipped (no nsys or no GPU)"
+        return
+    fi
+    local base="$OUT/timeline-qwen3_moe-decode-b1"
+    limited 90 nsys profile --trace=cuda,osrt --sample=none --cpuctxsw=none --force-overwrite true \
+        -o "$base" "$KIT/bin/routed" generate --model "$models/qwen3_moe" --device "$DEVICE" \
+        --prompt-ids "$(seq -s, 11 26)" --max-tokens 64 --ignore-eos >"$base.log" 2>&1
+    note "timeline: rc $?"
+    # One report at a time: a name this nsys does not know fails alone.
+    for report in cuda_api_sum cuda_gpu_kern_sum cuda_gpu_trace osrt_sum; do
+        limited 60 nsys stats --report "$report" --format csv --force-export true \
+            --output "$base" "$base.nsys-rep" >>"$base.log" 2>&1
+    done
+    limited 30 "$PYTHON" benches/timeline.py "$base"_cuda_gpu_trace.csv >>"$base.log" 2>&1
+    note "timeline: $(tail -1 "$base.log")"
+}
+
 # Waits for the checkpoints that `all` builds in the background (or builds them).
 wait_models() {
     if [ -n "${MODELS_PID:-}" ]; then wait "$MODELS_PID"; else make_models; fi
@@ -235,6 +260,7 @@ case "$WHAT" in
         ;;
     *) echo "unknown: $WHAT (tests, bench or all)" >&2; exit 2 ;;
 esac
-tar -C "$OUT" --exclude gpu-out.tar.gz -czf "$OUT/gpu-out.tar.gz" . 2>/dev/null
+tar -C "$OUT" --exclude gpu-out.tar.gz --exclude '*.nsys-rep' --exclude '*.sqlite' \
+    -czf "$OUT/gpu-out.tar.gz" . 2>/dev/null
 [ -f "$OUT/table.txt" ] && cat "$OUT/table.txt"
 cat "$SUMMARY"
