@@ -69,7 +69,12 @@ fn worker(arch: &str, test: &str) -> Option<CudaWorker> {
 fn prefill(step: u64, prompt: &[u32], first: u32) -> StepPlan {
     let blocks = prompt.len().div_ceil(BLOCK_SIZE) as u32;
     let table = (first..first + blocks).map(|b| BlockRef::new(BlockId(b), BlockGeneration(1)));
-    let seq = ScheduledSeq::prompt_chunk(SeqId(first as u64), prompt.to_vec(), 0, table.collect());
+    let seq = ScheduledSeq::prompt_chunk(
+        SeqId(first as u64),
+        prompt.to_vec(),
+        0,
+        table.collect::<Vec<_>>(),
+    );
     StepPlan { step_id: StepId(step), seqs: vec![seq], capture_routing: true }
 }
 

@@ -29,7 +29,8 @@ fn geometry() -> PackGeometry {
 }
 
 fn seq(computed: usize, tokens: &[u32], blocks: &[u32]) -> ScheduledSeq {
-    let table = blocks.iter().map(|&b| BlockRef::new(BlockId(b), BlockGeneration(1))).collect();
+    let table: Vec<_> =
+        blocks.iter().map(|&b| BlockRef::new(BlockId(b), BlockGeneration(1))).collect();
     let seq_id = SeqId(blocks[0] as u64);
     let live_state = Some(blocks[0] % 8);
     ScheduledSeq {

@@ -37,7 +37,7 @@ pub struct StoreStep {
 #[rtype(result = "Result<RoutingRows, ReconstructError>")]
 pub struct Reconstruct {
     /// The sequence's block table.
-    pub table: Vec<BlockRef>,
+    pub table: Arc<[BlockRef]>,
     /// Rows the sequence has: prompt + generated - 1.
     pub num_rows: usize,
     /// Rows to drop from the front.

@@ -7,7 +7,10 @@ use routed_types::{
     BlockRef, FinishReason, SampledToken, ScheduledSeq, SeqContext, SeqId, StepId, StepOutput,
     StepPlan, TokenId,
 };
-use std::collections::{HashMap, VecDeque};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+};
 
 /// Limits and model facts the policy needs.
 #[derive(Clone, Debug)]
@@ -182,7 +185,7 @@ impl Scheduler {
                 output: Vec::new(),
                 params: s.params,
                 status: SeqStatus::Waiting,
-                blocks: Vec::new(),
+                blocks: Arc::from([]),
                 num_computed_tokens: 0,
                 num_cached_tokens: 0,
                 live_state: None,
@@ -285,8 +288,11 @@ impl Scheduler {
         for (grant, table) in granted.allocation.grants.iter().zip(granted.tables) {
             if grant.is_admission {
                 self.admit(grant.seq_id, table, grant.num_cached_tokens);
-            } else if let Some(seq) = self.seqs.get_mut(&grant.seq_id) {
-                seq.blocks.extend(table);
+            } else if let Some(seq) = self.seqs.get_mut(&grant.seq_id)
+                && !table.is_empty()
+            {
+                // A new table once a block is added, every `block_size` tokens of a decode.
+                seq.blocks = seq.blocks.iter().copied().chain(table).collect();
             }
             let Some(seq) = self.seqs.get_mut(&grant.seq_id) else { continue };
             if seq.status != SeqStatus::Running {
@@ -311,7 +317,7 @@ impl Scheduler {
                 token_ids: (grant.num_computed_tokens..grant.end()).map(|p| seq.token(p)).collect(),
                 num_computed_tokens: grant.num_computed_tokens,
                 num_prompt_tokens: seq.prompt.len(),
-                block_table: seq.blocks.clone(),
+                block_table: Arc::clone(&seq.blocks),
                 live_state: seq.live_state,
                 restore_from: grant.restore_from,
                 snapshots: grant.snapshots.iter().map(|s| (s.position, s.slot)).collect(),
@@ -327,7 +333,7 @@ impl Scheduler {
     fn admit(&mut self, id: SeqId, table: Vec<BlockRef>, num_cached_tokens: usize) {
         let Some(seq) = self.seqs.get_mut(&id) else { return };
         seq.status = SeqStatus::Running;
-        seq.blocks = table;
+        seq.blocks = table.into();
         seq.num_cached_tokens = num_cached_tokens;
         if self.config.hybrid {
             seq.live_state =
@@ -340,7 +346,7 @@ impl Scheduler {
     fn preempted(&mut self, id: SeqId) {
         let Some(seq) = self.seqs.get_mut(&id) else { return };
         seq.status = SeqStatus::Waiting;
-        seq.blocks.clear();
+        seq.blocks = Arc::from([]);
         seq.num_computed_tokens = 0;
         if let Some(slot) = seq.live_state.take() {
             self.free_live_states.push(slot);

@@ -40,8 +40,9 @@ pub struct Seq {
     pub params: Arc<SamplingParams>,
     /// Lifecycle state.
     pub status: SeqStatus,
-    /// Block table with each block's generation (empty while waiting).
-    pub blocks: Vec<BlockRef>,
+    /// Block table with each block's generation (empty while waiting). Replaced, never
+    /// changed in place, when blocks are added: each step's plan shares it.
+    pub blocks: Arc<[BlockRef]>,
     /// Tokens in the KV cache (computed or skipped).
     pub num_computed_tokens: usize,
     /// Prompt tokens skipped by a prefix hit at the latest admission.

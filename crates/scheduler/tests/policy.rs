@@ -112,10 +112,30 @@ fn an_admission_plans_its_chunk_over_the_whole_block_table() {
     assert_eq!(p.seq_id, seq(1));
     assert_eq!(p.token_ids, (14..20).collect::<Vec<_>>());
     assert_eq!((p.num_computed_tokens, p.num_prompt_tokens), (4, 10));
-    assert_eq!(p.block_table, blocks(&[7, 8, 9]));
+    assert_eq!(*p.block_table, *blocks(&[7, 8, 9]));
     assert_eq!(p.sample.as_ref().map(|s| s.1), Some(0), "the prompt's end samples token 0");
     assert_eq!(s.seq(seq(1)).unwrap().num_cached_tokens, 4);
     assert_eq!(s.seq(seq(1)).unwrap().status, SeqStatus::Running);
+}
+
+#[test]
+fn decode_steps_share_the_block_table_until_a_block_is_added() {
+    let mut s = scheduler(4, false);
+    s.add(vec![new_seq(seq(1), 5, 8)]).unwrap();
+    s.begin_step();
+    let first = s.build_plan(granted(vec![(grant(seq(1), true, 0, 5), blocks(&[1, 2]))], vec![]));
+    s.apply_output(&[seq(1)], &sampled(&[Some(7)]), &mut no_text);
+    s.begin_step();
+    let second = s.build_plan(granted(vec![(grant(seq(1), false, 5, 1), vec![])], vec![]));
+    // No block added: the plan carries the table the sequence holds, not a copy of it.
+    assert!(Arc::ptr_eq(&first.seqs[0].block_table, &second.seqs[0].block_table));
+    assert!(Arc::ptr_eq(&second.seqs[0].block_table, &s.seq(seq(1)).unwrap().blocks));
+    s.apply_output(&[seq(1)], &sampled(&[Some(8)]), &mut no_text);
+    s.begin_step();
+    let third = s.build_plan(granted(vec![(grant(seq(1), false, 6, 1), blocks(&[3]))], vec![]));
+    assert_eq!(*third.seqs[0].block_table, *blocks(&[1, 2, 3]));
+    // The plans already sent keep the table they were made with.
+    assert_eq!(*first.seqs[0].block_table, *blocks(&[1, 2]));
 }
 
 #[test]
@@ -148,7 +168,7 @@ fn sampled_tokens_are_streamed_then_fed_back_until_max_tokens() {
     // Decode: position 5, a new block appended.
     let plan = s.build_plan(granted(vec![(grant(seq(1), false, 5, 1), blocks(&[3]))], vec![]));
     assert_eq!(plan.seqs[0].token_ids, [7]);
-    assert_eq!(plan.seqs[0].block_table, blocks(&[1, 2, 3]));
+    assert_eq!(*plan.seqs[0].block_table, *blocks(&[1, 2, 3]));
     assert_eq!(plan.seqs[0].sample.as_ref().map(|s| s.1), Some(1));
     let events = s.apply_output(&[seq(1)], &sampled(&[Some(8)]), &mut no_text);
     assert!(matches!(

@@ -21,7 +21,9 @@ pub struct ScheduledSeq {
     /// Prompt length (positions at or past it are generated tokens).
     pub num_prompt_tokens: usize,
     /// The sequence's whole block table; the generations key the routing rows the step writes.
-    pub block_table: Vec<BlockRef>,
+    /// Shared with the scheduler's copy: a step hands it on without copying it (a long
+    /// sequence's table is thousands of blocks, and every decode step carries it).
+    pub block_table: Arc<[BlockRef]>,
     /// Live Mamba state slot (hybrid models).
     pub live_state: Option<u32>,
     /// Copy this snapshot into the live state before the forward.
@@ -47,14 +49,14 @@ impl ScheduledSeq {
         seq_id: SeqId,
         token_ids: Vec<TokenId>,
         num_computed_tokens: usize,
-        block_table: Vec<BlockRef>,
+        block_table: impl Into<Arc<[BlockRef]>>,
     ) -> Self {
         Self {
             seq_id,
             num_prompt_tokens: num_computed_tokens + token_ids.len(),
             token_ids,
             num_computed_tokens,
-            block_table,
+            block_table: block_table.into(),
             live_state: None,
             restore_from: None,
             snapshots: Vec::new(),

@@ -304,7 +304,7 @@ mod tests {
 
     /// A sequence of `len` tokens after `computed`, on the blocks of `table`, without sampling.
     pub(super) fn seq(computed: usize, len: usize, table: &[u32]) -> ScheduledSeq {
-        let blocks =
+        let blocks: Vec<_> =
             table.iter().map(|&b| BlockRef::new(BlockId(b), BlockGeneration(b + 100))).collect();
         ScheduledSeq::prompt_chunk(SeqId(table[0] as u64), vec![1; len], computed, blocks)
     }

@@ -1,0 +1,116 @@
+//! Times the scheduling policy's side of one decode step for 64 long sequences: `begin_step`,
+//! `build_plan` over the cache manager's grants (one token each, no new block) and
+//! `apply_output` of the sampled tokens. The grants are fabricated, as in the policy's tests.
+//!
+//! Run: `cargo bench -p routed-scheduler --bench decode_step`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use routed_cache::{GrantId, SlotGrant, StepAllocation};
+use routed_scheduler::{GrantedStep, NewSeq, Scheduler, SchedulerConfig};
+use routed_types::{
+    BlockGeneration, BlockId, BlockRef, RequestId, SampledToken, SamplingParams, SeqId, StepOutput,
+    TokenId,
+};
+
+const NUM_SEQS: usize = 64;
+const BLOCK_SIZE: usize = 16;
+const NUM_STEPS: usize = 200;
+
+fn grant(id: SeqId, admission: bool, computed: usize, new: usize) -> SlotGrant {
+    SlotGrant {
+        seq_id: id,
+        grant_id: GrantId(id.0 * 1_000_000 + computed as u64),
+        is_admission: admission,
+        num_computed_tokens: computed,
+        num_new_tokens: new,
+        num_cached_tokens: 0,
+        new_blocks: Vec::new(),
+        restore_from: None,
+        snapshots: Vec::new(),
+    }
+}
+
+fn granted(grants: Vec<(SlotGrant, Vec<BlockRef>)>) -> GrantedStep {
+    let num_scheduled_tokens = grants.iter().map(|g| g.0.num_new_tokens).sum();
+    let (grants, tables) = grants.into_iter().unzip();
+    GrantedStep {
+        allocation: StepAllocation {
+            grants,
+            deferred: Vec::new(),
+            preempted: Vec::new(),
+            num_scheduled_tokens,
+        },
+        tables,
+        ..GrantedStep::default()
+    }
+}
+
+fn output(token: TokenId) -> StepOutput {
+    let one = SampledToken { token, logprob: -1.0, top_logprobs: Vec::new(), rank: None };
+    StepOutput { sampled: vec![Some(one); NUM_SEQS], ..StepOutput::default() }
+}
+
+/// Median and minimum per step, in microseconds, of `NUM_STEPS` decode steps after every
+/// sequence's `context`-token prompt was admitted.
+fn decode(context: usize) -> (f64, f64) {
+    let mut s = Scheduler::new(SchedulerConfig {
+        max_num_batched_tokens: context * NUM_SEQS,
+        max_num_seqs: NUM_SEQS,
+        max_waiting_requests: NUM_SEQS,
+        max_model_len: context + NUM_STEPS + 1,
+        hybrid: false,
+        eos_token_ids: vec![2],
+        capture_routing: true,
+    });
+    let ids: Vec<SeqId> = (0..NUM_SEQS as u64).map(|r| SeqId::new(RequestId(r + 1), 0)).collect();
+    let params = Arc::new(SamplingParams::greedy(NUM_STEPS as u32 + 1));
+    let prompt: Arc<Vec<TokenId>> = Arc::new((10..10 + context as TokenId).collect());
+    s.add(
+        ids.iter()
+            .map(|&id| NewSeq {
+                id,
+                prompt: prompt.clone(),
+                params: params.clone(),
+                cache_salt: None,
+            })
+            .collect(),
+    )
+    .unwrap();
+    s.begin_step();
+    // Every prompt on its own blocks, with room for the steps to come.
+    let num_blocks = (context + NUM_STEPS).div_ceil(BLOCK_SIZE) as u32;
+    let admissions = ids.iter().enumerate().map(|(i, &id)| {
+        let first = i as u32 * num_blocks;
+        let table = (first..first + num_blocks)
+            .map(|b| BlockRef::new(BlockId(b), BlockGeneration(1)))
+            .collect();
+        (grant(id, true, 0, context), table)
+    });
+    s.build_plan(granted(admissions.collect()));
+    s.apply_output(&ids, &output(7), &mut |_, _| String::new());
+    let mut times = Vec::with_capacity(NUM_STEPS);
+    for step in 0..NUM_STEPS {
+        let computed = context + step;
+        let grants = ids.iter().map(|&id| (grant(id, false, computed, 1), Vec::new())).collect();
+        let start = Instant::now();
+        s.begin_step();
+        let plan = s.build_plan(granted(grants));
+        s.apply_output(&ids, &output(7), &mut |_, _| String::new());
+        times.push(start.elapsed());
+        std::hint::black_box(plan);
+    }
+    times.sort();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    (us(times[times.len() / 2]), us(times[0]))
+}
+
+fn main() {
+    for context in [1_024, 8_192, 32_768] {
+        let (median, min) = decode(context);
+        println!(
+            "decode_step/{NUM_SEQS}x{context}: median {median:.1} us, min {min:.1} us per step"
+        );
+    }
+}
