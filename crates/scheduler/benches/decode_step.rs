@@ -1,6 +1,8 @@
 //! Times the scheduling policy's side of one decode step for 64 long sequences: `begin_step`,
 //! `build_plan` over the cache manager's grants (one token each, no new block) and
 //! `apply_output` of the sampled tokens. The grants are fabricated, as in the policy's tests.
+//! Then the stop-string check after a token (`check_stop`, with the byte-level tokenizer of the
+//! golden qwen3_moe checkpoint) against decoding the whole output, at several output lengths.
 //!
 //! Run: `cargo bench -p routed-scheduler --bench decode_step`
 
@@ -8,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use routed_cache::{GrantId, SlotGrant, StepAllocation};
-use routed_scheduler::{GrantedStep, NewSeq, Scheduler, SchedulerConfig};
+use routed_model::Tokenizer;
+use routed_scheduler::{GrantedStep, NewSeq, Scheduler, SchedulerConfig, check_stop};
 use routed_types::{
     BlockGeneration, BlockId, BlockRef, RequestId, SampledToken, SamplingParams, SeqId, StepOutput,
     TokenId,
@@ -106,7 +109,44 @@ fn decode(context: usize) -> (f64, f64) {
     (us(times[times.len() / 2]), us(times[0]))
 }
 
+/// Microseconds per call of `f`, the median of 7 rounds of 100.
+fn time(mut f: impl FnMut()) -> f64 {
+    let mut rounds: Vec<f64> = (0..7)
+        .map(|_| {
+            let start = Instant::now();
+            (0..100).for_each(|_| f());
+            start.elapsed().as_secs_f64() * 1e4
+        })
+        .collect();
+    rounds.sort_by(f64::total_cmp);
+    rounds[3]
+}
+
+/// The stop-string check after the last token of outputs of several lengths, against one decode
+/// of the whole output (what every check cost before it looked at a window first).
+fn stop_check() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/qwen3_moe/model");
+    let tokenizer = Tokenizer::from_dir(&dir).expect("the golden tokenizer");
+    let output: Vec<TokenId> = (0..4_096u32).map(|i| 3 + i * 7_919 % 500).collect();
+    let params =
+        SamplingParams { stop: vec!["</answer>".into()], ..SamplingParams::greedy(1 << 20) };
+    let mut text =
+        |ids: &[TokenId], skip: bool| tokenizer.decode_with(ids, skip).unwrap_or_default();
+    for n in [256, 1_024, 4_096] {
+        let out = &output[..n];
+        let check = time(|| {
+            drop(std::hint::black_box(check_stop(out, &params, &[], n, 1 << 20, &mut text)))
+        });
+        let whole = time(|| drop(std::hint::black_box(text(out, false))));
+        println!(
+            "stop_check/{n}: {check:.1} us per check, {whole:.1} us to decode the whole output"
+        );
+    }
+}
+
 fn main() {
+    stop_check();
     for context in [1_024, 8_192, 32_768] {
         let (median, min) = decode(context);
         println!(
