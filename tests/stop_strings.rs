@@ -7,25 +7,8 @@
 
 use routed::model::Tokenizer;
 use routed_scheduler::check_stop;
-use routed_test_support::golden_root;
+use routed_test_support::{SplitMix64 as Rng, golden_root};
 use routed_types::{FinishReason, SamplingParams, StopMatch, TokenId};
-
-/// SplitMix64: a small seeded generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 /// The definition: the whole output decoded after the token, the first match of any stop string.
 fn definition(

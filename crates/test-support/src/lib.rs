@@ -1,7 +1,7 @@
 //! Test-only helpers: the golden-file loader ([`Golden`]), [`Driver`], which runs a model on
 //! private block tables without the engine, for model-level tests, and [`run_python`] for the
 //! Python client scripts; [`write_other_policy`] derives a second set of weights from a golden
-//! checkpoint.
+//! checkpoint; [`SplitMix64`] seeds the randomised tests.
 
 mod checkpoint;
 mod driver;
@@ -17,4 +17,24 @@ pub use python::{repo_root, run_python};
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// SplitMix64: a small seeded generator for randomised tests (the same sequence on every
+/// machine).
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
 }
