@@ -22,6 +22,8 @@ pub(crate) struct Detokenizer {
     decoded: String,
     /// Bytes of `decoded` already sent to the client.
     sent: usize,
+    /// The stop strings' hold on `decoded`.
+    hold: StopHold,
 }
 
 impl Detokenizer {
@@ -48,7 +50,7 @@ impl Detokenizer {
             self.prefix_offset = self.read_offset;
             self.read_offset = self.tokens.len();
         }
-        let mut safe = safe_len(&self.decoded, &params.stop);
+        let mut safe = self.hold.safe_len(&self.decoded, before, self.sent, &params.stop);
         let may_end = params.stop_token_ids.contains(&token)
             || (!params.ignore_eos && tokenizer.eos_token_ids().contains(&token));
         if may_end && !params.include_stop_str_in_output {
@@ -73,36 +75,91 @@ impl Detokenizer {
     }
 }
 
-/// How many bytes of `text` may be sent: up to the first complete stop string, and short of any
-/// suffix that is a proper prefix of a stop string.
-fn safe_len(text: &str, stop: &[String]) -> usize {
-    let mut safe = text.len();
-    for s in stop.iter().filter(|s| !s.is_empty()) {
-        if let Some(at) = text.find(s.as_str()) {
-            safe = safe.min(at);
+/// What the stop strings hold back of a text that only grows.
+///
+/// A stop string completes when its last byte arrives, so after text was appended at `before`
+/// only the new text and the `longest - 1` bytes before it can hold a stop string not seen yet;
+/// none starts before the bytes already sent either, since the tail that could still become one
+/// was never sent. The first complete one is remembered, which gives what searching the whole
+/// text after every token gave, at a cost per token bounded by the new text and the longest stop
+/// string rather than growing with the output.
+#[derive(Debug, Default)]
+struct StopHold {
+    /// Where the earliest complete stop string starts, once one has.
+    first_stop: Option<usize>,
+}
+
+impl StopHold {
+    /// How many bytes of `text` may be sent: up to the first complete stop string, and short of
+    /// any suffix that is a proper prefix of a stop string. `text[..before]` is what the last
+    /// call saw, `text[..sent]` what has been sent.
+    fn safe_len(&mut self, text: &str, before: usize, sent: usize, stop: &[String]) -> usize {
+        let longest = stop.iter().map(String::len).max().unwrap_or(0);
+        let mut from = sent.max(before.saturating_sub(longest.saturating_sub(1)));
+        while !text.is_char_boundary(from) {
+            from -= 1;
         }
-        // Longest suffix of `text` that is a proper prefix of `s`.
-        for (i, _) in s.char_indices().skip(1).collect::<Vec<_>>().into_iter().rev() {
-            if text.ends_with(&s[..i]) {
+        let mut safe = text.len();
+        for s in stop.iter().filter(|s| !s.is_empty()) {
+            if let Some(at) = text[from..].find(s.as_str()) {
+                let at = from + at;
+                self.first_stop = Some(self.first_stop.map_or(at, |first| first.min(at)));
+            }
+            // Longest suffix of `text` that is a proper prefix of `s`.
+            let mut prefix = s.char_indices().rev().map(|(i, _)| i).filter(|&i| i > 0);
+            if let Some(i) = prefix.find(|&i| text.ends_with(&s[..i])) {
                 safe = safe.min(text.len() - i);
-                break;
             }
         }
+        self.first_stop.map_or(safe, |first| safe.min(first))
     }
-    safe
 }
 
 #[cfg(test)]
 mod tests {
-    use super::safe_len;
+    use super::StopHold;
+
+    /// The hold of `text` seen whole at once.
+    fn whole(text: &str, stop: &[String]) -> usize {
+        StopHold::default().safe_len(text, 0, 0, stop)
+    }
 
     #[test]
     fn holds_back_a_possible_stop_prefix() {
         let stop = vec!["STOP".to_owned()];
-        assert_eq!(safe_len("hello ST", &stop), 6);
-        assert_eq!(safe_len("hello", &stop), 5);
-        assert_eq!(safe_len("a STOP b", &stop), 2);
-        assert_eq!(safe_len("abc", &[]), 3);
-        assert_eq!(safe_len("xaa", &["aab".to_owned()]), 1);
+        assert_eq!(whole("hello ST", &stop), 6);
+        assert_eq!(whole("hello", &stop), 5);
+        assert_eq!(whole("a STOP b", &stop), 2);
+        assert_eq!(whole("abc", &[]), 3);
+        assert_eq!(whole("xaa", &["aab".to_owned()]), 1);
+    }
+
+    #[test]
+    fn text_seen_as_it_grows_is_held_as_when_seen_whole() {
+        // Short pieces over a small alphabet with multi-byte characters, so stop strings occur,
+        // overlap and straddle pieces.
+        let alphabet = ["a", "b", "é", "ab", "ba", "€a", "b€", ""];
+        let mut state = 11u64;
+        let mut below = |n: usize| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((state >> 33) % n as u64) as usize
+        };
+        for trial in 0..500 {
+            let num_stop = 1 + below(3);
+            let stop: Vec<String> = (0..num_stop)
+                .map(|_| (0..1 + below(4)).map(|_| alphabet[below(6)]).collect())
+                .collect();
+            let (mut text, mut hold, mut sent) = (String::new(), StopHold::default(), 0);
+            for _ in 0..40 {
+                let before = text.len();
+                text.push_str(alphabet[below(alphabet.len())]);
+                let safe = hold.safe_len(&text, before, sent, &stop);
+                assert_eq!(safe, whole(&text, &stop), "trial {trial}: {text:?} {stop:?}");
+                // Sometimes a token that may end the request holds its text back.
+                sent = sent.max(if below(4) == 0 { safe.min(before) } else { safe });
+            }
+        }
     }
 }
