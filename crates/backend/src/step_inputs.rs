@@ -1,14 +1,14 @@
-//! A step's inputs packed into one contiguous buffer of 4-byte words, for a device worker to
-//! upload from pinned memory into a buffer at a fixed device address: one copy, two when the step
-//! has logit edits.
+//! A step's inputs packed into one buffer of 4-byte words, for a device worker to upload from
+//! pinned memory into a buffer at a fixed device address.
 //!
 //! [`StepInputLayout`] is the offsets table: a section per input, each at a fixed word offset
 //! (aligned to [`SECTION_ALIGN_WORDS`]) sized for the worker's [`StepCapacity`], so the device
 //! views of the sections never move (what CUDA graphs need). The block tables come after every
-//! fixed section and are packed with the step's own row stride (its longest table), so a step
-//! uploads only the prefix of the buffer it uses ([`PackedStep::num_words`]), however large the
-//! tables could be; the logit edits come last, uploaded only as far as the step has any
-//! ([`PackedStep::edit_words`]).
+//! fixed section, rows at a stride that follows the step's longest table ([`table_stride`]), and
+//! stay on the device from one step to the next: a step writes and uploads only the entries of
+//! tables that changed (`step_inputs_tables.rs`). The logit edits come last, uploaded only as far
+//! as the step has any. [`StepPacker::uploads`] lists the word ranges a step changed, in a few
+//! copies.
 //!
 //! [`StepPacker::pack`] fills the buffer from a [`StepPlan`] and checks every index the device
 //! cannot check (token ids, blocks, state and snapshot slots, positions), as the CPU model does
@@ -28,6 +28,8 @@ use routed_types::{ScheduledSeq, StepPlan};
 
 #[path = "step_inputs_logits.rs"]
 mod logits;
+#[path = "step_inputs_tables.rs"]
+mod tables;
 #[path = "step_inputs_tests.rs"]
 #[cfg(test)]
 mod tests;
@@ -170,16 +172,16 @@ impl StepInputLayout {
     }
 }
 
-/// Fewest block-table entries per sequence a graph's step is packed with.
-pub const GRAPH_MIN_TABLE_STRIDE: usize = 8;
+/// Fewest block-table entries per sequence a step is packed with.
+pub const MIN_TABLE_STRIDE: usize = 8;
 
-/// The block-table stride of a graph's step whose longest table has `longest` entries: that
-/// rounded up to a power of two, at least [`GRAPH_MIN_TABLE_STRIDE`], at most `capacity`. A step
-/// then writes and uploads tables about as long as its own (not the longest a sequence may
-/// reach: at a 40k-token limit in 16-token blocks, 2,561 entries a sequence), and a handful of
-/// strides serve every context length.
-pub fn graph_table_stride(longest: usize, capacity: usize) -> usize {
-    longest.next_power_of_two().max(GRAPH_MIN_TABLE_STRIDE).min(capacity)
+/// The block-table stride of a step whose longest table has `longest` entries: that rounded up
+/// to a power of two, at least [`MIN_TABLE_STRIDE`], at most `capacity`. A step's rows are then
+/// about as long as its tables (not the longest a sequence may reach: at a 40k-token limit in
+/// 16-token blocks, 2,561 entries a sequence), a handful of strides serve every context length
+/// (a graph per stride), and the stride changes seldom, so rows stay on the device across steps.
+pub fn table_stride(longest: usize, capacity: usize) -> usize {
+    longest.next_power_of_two().max(MIN_TABLE_STRIDE).min(capacity)
 }
 
 /// The model and pools a step is checked against.
@@ -297,13 +299,10 @@ pub struct PackedStep {
     pub num_logit_edits: usize,
     /// Entries per block-table row this step.
     pub block_table_stride: usize,
-    /// Words to upload: everything up to the end of this step's block tables.
-    pub num_words: usize,
 }
 
 impl PackedStep {
-    /// The words of the logit edits section this step uses, uploaded besides the first
-    /// [`PackedStep::num_words`].
+    /// The words of the logit edits section this step uses.
     pub fn edit_words(&self, layout: &StepInputLayout) -> Section {
         Section { offset: layout.logit_edits.offset, len: self.num_logit_edits * LOGIT_EDIT_WORDS }
     }
@@ -331,6 +330,12 @@ pub struct StepPacker {
     builder: EditBuilder,
     /// Every row that wants logits goes to the host ([`StepPacker::sample_on_host`]).
     host_only: bool,
+    /// The tables the device's rows hold.
+    tables: tables::DeviceTables,
+    /// The word ranges the last step changed.
+    uploads: Vec<Section>,
+    /// Scratch of the uploads' merge.
+    gaps: Vec<usize>,
 }
 
 const GREEDY: usize = 0;
@@ -352,6 +357,9 @@ impl StepPacker {
             edit_counts: std::array::from_fn(|_| Vec::with_capacity(capacity.max_seqs)),
             builder: EditBuilder::default(),
             host_only: false,
+            tables: tables::DeviceTables::new(capacity.max_seqs),
+            uploads: Vec::with_capacity(capacity.max_seqs + 2),
+            gaps: Vec::with_capacity(capacity.max_seqs + 2),
         }
     }
 
@@ -376,9 +384,25 @@ impl StepPacker {
         &self.scores
     }
 
-    /// Packs `plan` into `words` (at least [`StepInputLayout::num_words`] long). `wants_logits`
-    /// is false on ranks whose samples are not used: they compute no logits. Nothing is written
-    /// past [`PackedStep::num_words`]; on an error the buffer holds a partial step.
+    /// The word ranges of the buffer the last packed step changed, ascending, at most
+    /// `tables::MAX_UPLOADS + 1` (the first is every fixed section): copied to the same ranges of
+    /// the device's buffer, in any order, before the step's kernels read it.
+    pub fn uploads(&self) -> &[Section] {
+        &self.uploads
+    }
+
+    /// The device's block-table rows are no longer what the last uploads left (its buffer was
+    /// lost, or an upload failed): the next step writes and uploads every row it uses.
+    pub fn forget_tables(&mut self) {
+        self.tables.forget();
+    }
+
+    /// Packs `plan` into `words` (at least [`StepInputLayout::num_words`] long): the same buffer
+    /// every step, whose [`StepPacker::uploads`] ranges after each step the device's buffer
+    /// receives, since block-table rows the device holds already are not written again.
+    /// `wants_logits` is false on ranks whose samples are not used: they compute no logits.
+    /// Nothing is written outside the step's uploads; on an error the buffer holds a partial step
+    /// and every row counts as unknown to the device.
     pub fn pack(
         &mut self,
         plan: &StepPlan,
@@ -386,14 +410,14 @@ impl StepPacker {
         words: &mut [u32],
     ) -> Result<PackedStep, StepInputError> {
         let longest = plan.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0);
-        self.pack_seqs(plan, plan.seqs.iter(), wants_logits, words, longest)
+        let stride = table_stride(longest, self.layout.capacity.max_blocks_per_seq);
+        self.pack_seqs(plan, plan.seqs.iter(), wants_logits, words, stride)
     }
 
     /// [`StepPacker::pack`] for a CUDA graph of `batch` sequences: the plan's sequences, then
-    /// `pad` (a sequence without logits on the scratch block) until there are `batch`, with the
-    /// block tables at the stride [`graph_table_stride`] gives the longest. A graph replays the
-    /// sizes it was captured with, so these are fixed by the batch and that stride alone (a
-    /// worker keeps a graph per pair).
+    /// `pad` (a sequence without logits on the scratch block) until there are `batch`. A graph
+    /// replays the sizes it was captured with, so these are fixed by the batch and the tables'
+    /// stride alone (a worker keeps a graph per pair).
     pub fn pack_for_graph(
         &mut self,
         plan: &StepPlan,
@@ -409,7 +433,7 @@ impl StepPacker {
         })?;
         let seqs = plan.seqs.iter().chain(std::iter::repeat_n(pad, num_pad));
         let longest = seqs.clone().map(|s| s.block_table.len()).max().unwrap_or(0);
-        let stride = graph_table_stride(longest, self.layout.capacity.max_blocks_per_seq);
+        let stride = table_stride(longest, self.layout.capacity.max_blocks_per_seq);
         self.pack_seqs(plan, seqs, wants_logits, words, stride)
     }
 
@@ -421,11 +445,29 @@ impl StepPacker {
         words: &mut [u32],
         stride: usize,
     ) -> Result<PackedStep, StepInputError> {
+        let packed = self.pack_step(plan, seqs, wants_logits, words, stride);
+        if packed.is_err() {
+            // Rows written into `words` this step will not reach the device.
+            self.tables.forget();
+        }
+        packed
+    }
+
+    fn pack_step<'a>(
+        &mut self,
+        plan: &StepPlan,
+        seqs: impl Iterator<Item = &'a ScheduledSeq> + Clone,
+        wants_logits: bool,
+        words: &mut [u32],
+        stride: usize,
+    ) -> Result<PackedStep, StepInputError> {
         assert!(words.len() >= self.layout.num_words(), "the buffer is smaller than its layout");
         let mut p = PackedStep { num_seqs: seqs.clone().count(), ..PackedStep::default() };
         self.check_totals(seqs.clone())?;
         p.block_table_stride = stride;
-        p.num_words = self.layout.block_tables.offset + p.num_seqs * p.block_table_stride;
+        self.tables.set_stride(stride);
+        self.uploads.clear();
+        self.uploads.push(Section { offset: 0, len: self.layout.block_tables.offset });
         self.uses.clear();
         self.scores.clear();
         self.targets.clear();
@@ -435,6 +477,7 @@ impl StepPacker {
         for (i, s) in seqs.enumerate() {
             self.check_seq(i, s)?;
             self.pack_seq(i, s, &mut p, words);
+            self.pack_table(i, s, stride, words);
             let rows = p.num_tokens..p.num_tokens + s.token_ids.len();
             if wants_logits && !self.host_only {
                 self.score(i, s, rows.start);
@@ -463,6 +506,11 @@ impl StepPacker {
         put(words, self.layout.seq_starts.offset + p.num_seqs, p.num_tokens);
         put(words, self.layout.tap_starts.offset + p.num_seqs, p.num_taps);
         self.pack_logits(plan, &mut p, words);
+        let edits = p.edit_words(&self.layout);
+        if edits.len > 0 {
+            self.uploads.push(edits);
+        }
+        tables::coalesce(&mut self.uploads, &mut self.gaps);
         Ok(p)
     }
 
@@ -505,7 +553,10 @@ impl StepPacker {
         if s.block_table.len() * g.block_size < end {
             return bad(format!("{} blocks cannot hold {end} tokens", s.block_table.len()));
         }
-        if let Some(b) = s.block_table.iter().find(|b| b.block.index() >= g.num_blocks) {
+        // Entries a device row holds already were checked when they were written.
+        let known =
+            self.tables.plan_row(i, &s.block_table).map_or(s.block_table.len(), |w| w.first);
+        if let Some(b) = s.block_table[known..].iter().find(|b| b.block.index() >= g.num_blocks) {
             return bad(format!("block {b:?} outside the pool of {}", g.num_blocks));
         }
         let Some(num_live) = g.num_live_states else { return Ok(()) };
@@ -539,13 +590,6 @@ impl StepPacker {
         }
         put(words, l.seq_starts.offset + i, t0);
         put(words, l.num_prompt.offset + i, s.num_prompt_tokens);
-        let row = l.block_tables.offset + i * p.block_table_stride;
-        for (k, b) in s.block_table.iter().enumerate() {
-            put(words, row + k, b.block.index());
-        }
-        // Entries past the table are never read (positions stop inside it); -1 makes a stray
-        // read fault instead of reading another sequence's block.
-        words[row + s.block_table.len()..row + p.block_table_stride].fill(u32::MAX);
         if let Some(a) = g.attention {
             let num_rows = s.token_ids.len() * a.group;
             for first in (0..num_rows).step_by(a.rows_per_item) {
@@ -578,6 +622,26 @@ impl StepPacker {
             words[at + 1] = slot.0;
             p.num_taps += 1;
         }
+    }
+}
+
+impl StepPacker {
+    /// Sequence `i`'s block table into its row, as far as the device's row does not hold it, and
+    /// the words written into the uploads.
+    fn pack_table(&mut self, i: usize, s: &ScheduledSeq, stride: usize, words: &mut [u32]) {
+        let Some(w) = self.tables.plan_row(i, &s.block_table) else { return };
+        let row = self.layout.block_tables.offset + i * stride;
+        let table = &s.block_table;
+        for (k, b) in table.iter().enumerate().skip(w.first) {
+            put(words, row + k, b.block.index());
+        }
+        // Entries past the table are never read (positions stop inside it); -1 makes a stray
+        // read fault instead of reading another sequence's block.
+        words[row + table.len().max(w.first)..row + w.end].fill(u32::MAX);
+        if w.first < w.end {
+            self.uploads.push(Section { offset: row + w.first, len: w.end - w.first });
+        }
+        self.tables.remember(i, table);
     }
 }
 

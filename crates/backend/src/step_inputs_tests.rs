@@ -123,18 +123,23 @@ fn a_mixed_step_is_packed_section_by_section() {
     };
     let p = packer.pack(&plan, true, &mut words).unwrap();
     let l = packer.layout().clone();
-    assert_eq!((p.num_tokens, p.num_seqs, p.block_table_stride), (10, 5, 3));
-    assert_eq!(p.num_words, l.block_tables.offset + 15);
+    // Tables of at most 3 entries at the smallest stride.
+    let stride = MIN_TABLE_STRIDE;
+    assert_eq!((p.num_tokens, p.num_seqs, p.block_table_stride), (10, 5, stride));
+    // The fixed sections, the five rows and the edits, close enough to go in one copy.
+    assert_eq!(packer.uploads(), [Section { offset: 0, len: p.edit_words(&l).end() }]);
     assert_eq!(section(&words, l.token_ids, 10), [5, 6, 7, 8, 9, 1, 2, 3, 4, 4]);
     assert_eq!(section(&words, l.positions, 10), [4, 5, 6, 7, 8, 6, 2, 3, 0, 1]);
     // Slot = block * 4 + position % 4.
     assert_eq!(section(&words, l.slot_mapping, 10), [36, 37, 38, 39, 44, 10, 22, 27, 28, 29]);
     assert_eq!(section(&words, l.seq_starts, 6), [0, 5, 6, 7, 8, 10]);
     assert_eq!(section(&words, l.num_prompt, 5), [12, 7, 3, 4, 2]);
-    assert_eq!(
-        section(&words, l.block_tables, 15),
-        [3, 9, 11, 4, 2, -1, 5, -1, -1, 6, -1, -1, 7, -1, -1]
-    );
+    let rows = section(&words, l.block_tables, 5 * stride);
+    let firsts: [&[i32]; 5] = [&[3, 9, 11], &[4, 2], &[5], &[6], &[7]];
+    for (row, first) in rows.chunks(stride).zip(firsts) {
+        assert_eq!(row[..first.len()], first[..]);
+        assert!(row[first.len()..].iter().all(|&b| b == -1), "{row:?}");
+    }
     // 5 tokens x 4 heads = 20 rows: items at rows 0 and 16; the others have one item each.
     assert_eq!(p.num_attention_items, 6);
     assert_eq!(section(&words, l.attention_items, 12), [0, 0, 0, 16, 1, 0, 2, 0, 3, 0, 4, 0]);
@@ -200,7 +205,7 @@ fn a_rank_without_logits_and_a_dummy_forward_pack_no_rows() {
 }
 
 #[test]
-fn logits_rows_count_within_their_chunk_and_a_smaller_step_uploads_less() {
+fn logits_rows_count_within_their_chunk_and_a_repeated_step_uploads_its_fixed_sections() {
     let mut g = geometry();
     g.logits_chunk_rows = 2;
     let mut packer = StepPacker::new(CAPACITY, g);
@@ -218,15 +223,16 @@ fn logits_rows_count_within_their_chunk_and_a_smaller_step_uploads_less() {
         seqs: vec![sampled(seq(1, &[7], &[1]), SamplingParams::greedy(1), 1)],
         ..StepPlan::default()
     };
-    let again = packer.pack(&plan, true, &mut words).unwrap();
-    assert!(again.num_words < first.num_words);
+    packer.pack(&plan, true, &mut words).unwrap();
     assert_eq!(section(&words, l.token_ids, 1), [7]);
     assert_eq!(section(&words, l.seq_starts, 2), [0, 1]);
     assert_eq!(packer.logit_uses(), [LogitUse::Greedy { row: 0 }]);
-    // Packing is a function of the plan: the same step gives the same words.
-    let before = words[..again.num_words].to_vec();
+    // Packing is a function of the plan: the same step gives the same words, and the same table
+    // is not uploaded again.
+    let before = words.clone();
     packer.pack(&plan, true, &mut words).unwrap();
-    assert_eq!(words[..again.num_words], before[..]);
+    assert_eq!(words, before);
+    assert_eq!(packer.uploads(), [Section { offset: 0, len: l.block_tables.offset }]);
 }
 
 #[test]
@@ -292,11 +298,11 @@ fn a_step_for_a_graph_is_padded_to_its_batch_and_strides_its_tables_by_the_longe
         ..StepPlan::default()
     };
     let eager = packer.pack(&plan, true, &mut words).unwrap();
-    assert_eq!(eager.block_table_stride, 2);
     let pad = seq(1, &[0], &[31]);
     let graphed = packer.pack_for_graph(&plan, &pad, 4, true, &mut words).unwrap();
     // Tables of 2 entries at the smallest stride, below the capacity's 10.
-    let stride = GRAPH_MIN_TABLE_STRIDE;
+    let stride = MIN_TABLE_STRIDE;
+    assert_eq!(eager.block_table_stride, stride);
     assert_eq!((graphed.num_seqs, graphed.num_tokens, graphed.block_table_stride), (4, 4, stride));
     assert_eq!(graphed.num_attention_items, 2 * eager.num_attention_items);
     let l = packer.layout().clone();
@@ -309,7 +315,9 @@ fn a_step_for_a_graph_is_padded_to_its_batch_and_strides_its_tables_by_the_longe
         assert_eq!(row[..2], first[..], "table {i}");
         assert!(row[2..].iter().all(|&b| b == -1), "table {i}: {row:?}");
     }
-    assert_eq!(graphed.num_words, l.block_tables.offset + 4 * stride);
+    // The plan's rows were written by the eager step; only the padding's are new (one copy with
+    // the fixed sections, across the plan's rows).
+    assert_eq!(packer.uploads(), [Section { offset: 0, len: l.block_tables.offset + 4 * stride }]);
     // Only the plan's sequences want logits; the padding computes none.
     assert_eq!((graphed.num_greedy, graphed.num_sampled, graphed.num_host_rows), (2, 0, 0));
     assert!(packer.logit_uses()[2..].iter().all(|u| *u == LogitUse::None));
@@ -318,12 +326,11 @@ fn a_step_for_a_graph_is_padded_to_its_batch_and_strides_its_tables_by_the_longe
 }
 
 #[test]
-fn graph_strides_are_powers_of_two_up_to_the_capacity() {
-    let strides: Vec<usize> =
-        [0, 1, 8, 9, 16, 17, 2561].map(|n| graph_table_stride(n, 2561)).into();
+fn table_strides_are_powers_of_two_up_to_the_capacity() {
+    let strides: Vec<usize> = [0, 1, 8, 9, 16, 17, 2561].map(|n| table_stride(n, 2561)).into();
     assert_eq!(strides, [8, 8, 8, 16, 16, 32, 2561]);
-    assert_eq!(graph_table_stride(1000, 1000), 1000, "never past the capacity");
-    assert_eq!(graph_table_stride(9, 10), 10);
+    assert_eq!(table_stride(1000, 1000), 1000, "never past the capacity");
+    assert_eq!(table_stride(9, 10), 10);
 }
 
 #[test]
@@ -379,4 +386,91 @@ fn rows_whose_edits_do_not_fit_or_repeat_a_token_go_to_the_host() {
     assert_eq!((0..6).map(token).collect::<Vec<_>>(), [1, 2, 3, 4, 10, 11]);
     let params = &words[l.sample_params.offset..l.sample_params.offset + SAMPLE_PARAMS_WORDS];
     assert_eq!(params[7], 0.25f32.to_bits(), "min-p travels with the sampling parameters");
+}
+
+/// The device's buffer as the uploads leave it: garbage, then each step's ranges from `words`.
+struct Device(Vec<u32>);
+
+impl Device {
+    fn receive(&mut self, packer: &StepPacker, words: &[u32]) {
+        for r in packer.uploads() {
+            self.0[r.offset..r.end()].copy_from_slice(&words[r.offset..r.end()]);
+        }
+    }
+}
+
+#[test]
+fn the_device_holds_every_table_of_a_step_though_only_changes_are_uploaded() {
+    let mut packer = StepPacker::new(CAPACITY, geometry());
+    let mut words = words_of(&packer);
+    let mut device = Device(vec![0x5EED_0000; words.len()]);
+    let l = packer.layout().clone();
+    let mut state = 7u64;
+    let mut below = |n: usize| {
+        state =
+            state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        ((state >> 33) % n as u64) as usize
+    };
+    // Twelve sequences' tables, shared across steps as the scheduler shares them.
+    let table = |ids: &[u32]| -> Arc<[BlockRef]> {
+        ids.iter().map(|&b| BlockRef::new(BlockId(b), BlockGeneration(1))).collect()
+    };
+    let mut tables: Vec<Arc<[BlockRef]>> = (0..12).map(|i| table(&[i])).collect();
+    let (mut uploaded, mut whole) = (0, 0);
+    for step in 0..400 {
+        // Tables grow by a block, restart (preemption), or come again with the same entries.
+        for t in tables.iter_mut() {
+            let ids: Vec<u32> = t.iter().map(|b| b.block.0).collect();
+            *t = match below(8) {
+                0 if ids.len() < 10 => table(&[ids.as_slice(), &[below(32) as u32]].concat()),
+                1 => table(&[below(32) as u32]),
+                2 => table(&ids),
+                _ => continue,
+            };
+        }
+        let num_seqs = 1 + below(8);
+        let seqs: Vec<ScheduledSeq> = (0..num_seqs)
+            .map(|_| {
+                let t = tables[below(12)].clone();
+                let mut s = seq(t.len() * 4 - 1, &[1], &[t[0].block.0]);
+                s.block_table = t;
+                s
+            })
+            .collect();
+        let plan = StepPlan { seqs, ..StepPlan::default() };
+        let packed = match below(10) {
+            // A refused step uploads nothing.
+            0 => {
+                let mut bad = plan.clone();
+                bad.seqs.last_mut().unwrap().token_ids = vec![100];
+                assert!(packer.pack(&bad, true, &mut words).is_err());
+                continue;
+            }
+            // The device's buffer was lost (its memory released and made again).
+            1 => {
+                device.0.fill(0x5EED_0001);
+                packer.forget_tables();
+                packer.pack(&plan, true, &mut words)
+            }
+            2 => packer.pack_for_graph(&plan, &seq(3, &[0], &[31]), 8, true, &mut words),
+            _ => packer.pack(&plan, true, &mut words),
+        };
+        let p = packed.unwrap();
+        device.receive(&packer, &words);
+        let stride = p.block_table_stride;
+        let section = l.block_tables.offset..l.block_tables.offset + p.num_seqs * stride;
+        assert_eq!(device.0[..section.start], words[..section.start], "step {step}");
+        let rows = &device.0[section];
+        for (i, s) in plan.seqs.iter().enumerate() {
+            let row = &rows[i * stride..(i + 1) * stride];
+            let ids: Vec<u32> = s.block_table.iter().map(|b| b.block.0).collect();
+            assert_eq!(row[..ids.len()], ids[..], "step {step}, row {i}");
+            assert!(row[ids.len()..].iter().all(|&w| w == u32::MAX), "step {step}, row {i}");
+        }
+        assert!(packer.uploads().len() <= tables::MAX_UPLOADS + 1);
+        uploaded += packer.uploads().iter().map(|r| r.len).sum::<usize>() - l.block_tables.offset;
+        whole += p.num_seqs * stride;
+    }
+    // Not every row travels every step.
+    assert!(uploaded < whole, "{uploaded} of {whole} table words uploaded");
 }

@@ -1,4 +1,4 @@
-//! One step on the device: the packed inputs uploaded in one copy, the state copies, the
+//! One step on the device: the packed inputs uploaded in a few copies, the state copies, the
 //! embedding, every block with its residual add fused into the next block's norm, and the final
 //! norm over every row. All launches go on the compute stream; nothing here waits for the device.
 //!
@@ -213,11 +213,13 @@ impl GpuModel {
         let arena = caches.arena.clone();
         let inputs = arena.get(caches.inputs)?;
         let stream = self.dev.compute_stream();
-        caches.staging.copy_to(inputs.sub(0, step.num_words).expect("packed in place"), stream)?;
-        let edits = step.edit_words(caches.packer.layout());
-        if edits.len > 0 {
-            let to = inputs.sub(edits.offset, edits.len).expect("packed in place");
-            caches.staging.copy_to_at(to, edits.offset, stream)?;
+        for &s in caches.packer.uploads() {
+            let to = inputs.sub(s.offset, s.len).expect("packed in place");
+            if let Err(e) = caches.staging.copy_to_at(to, s.offset, stream) {
+                // Some block-table rows may not have reached the device.
+                caches.packer.forget_tables();
+                return Err(e.into());
+            }
         }
         Ok(step)
     }

@@ -1,0 +1,90 @@
+//! Times packing one decode step of 64 long sequences into the step inputs (`StepPacker::pack`)
+//! and counts the words the step uploads. Each sequence's table is shared across steps, as the
+//! scheduler shares it, and replaced when a block is added: sequences are staggered so that a
+//! sixteenth of them add a block each step.
+//!
+//! Run: `cargo bench -p routed-backend --bench step_pack`
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use routed_backend::step_inputs::{AttentionTiling, PackGeometry, StepCapacity, StepPacker};
+use routed_types::{
+    BlockGeneration, BlockId, BlockRef, SamplingParams, ScheduledSeq, SeqId, StepPlan,
+};
+
+const NUM_SEQS: usize = 64;
+const BLOCK_SIZE: usize = 16;
+const MAX_MODEL_LEN: usize = 40_960;
+const NUM_STEPS: usize = 1_600;
+
+fn table(first: usize, len: usize) -> Arc<[BlockRef]> {
+    (first..first + len).map(|b| BlockRef::new(BlockId(b as u32), BlockGeneration(1))).collect()
+}
+
+/// Median and minimum per step in microseconds, and the table words uploaded per step, of
+/// `NUM_STEPS` decode steps at `context` tokens.
+fn decode(context: usize) -> (f64, f64, usize) {
+    let max_blocks = MAX_MODEL_LEN / BLOCK_SIZE + 1;
+    let capacity = StepCapacity {
+        max_tokens: 2048,
+        max_seqs: 128,
+        max_blocks_per_seq: max_blocks,
+        max_taps: 8 * 128,
+        max_logit_edits: 65_536,
+    };
+    let geometry = PackGeometry {
+        vocab_size: 151_936,
+        block_size: BLOCK_SIZE,
+        num_blocks: NUM_SEQS * max_blocks + 1,
+        max_positions: MAX_MODEL_LEN,
+        num_live_states: None,
+        num_snapshot_slots: 0,
+        attention: Some(AttentionTiling { group: 4, rows_per_item: 16 }),
+        logits_chunk_rows: 128,
+    };
+    let mut packer = StepPacker::new(capacity, geometry);
+    let mut words = vec![0u32; packer.layout().num_words()];
+    let greedy = Arc::new(SamplingParams::greedy(1));
+    let mut seqs: Vec<ScheduledSeq> = (0..NUM_SEQS)
+        .map(|i| {
+            // Staggered: sequence `i` is `i` tokens into its last block.
+            let computed = context + i % BLOCK_SIZE;
+            let mut s = ScheduledSeq::prompt_chunk(SeqId(i as u64), vec![1], computed, vec![]);
+            s.block_table = table(i * max_blocks, computed / BLOCK_SIZE + 1);
+            s.num_prompt_tokens = context;
+            s.sample = Some((greedy.clone(), 0));
+            s
+        })
+        .collect();
+    let mut times = Vec::with_capacity(NUM_STEPS);
+    let fixed = packer.layout().block_tables.offset;
+    let mut table_words = 0;
+    for step in 0..NUM_STEPS {
+        let plan = StepPlan { seqs, ..StepPlan::default() };
+        let start = Instant::now();
+        packer.pack(&plan, true, &mut words).expect("a valid step");
+        times.push(start.elapsed().as_secs_f64() * 1e6);
+        table_words += packer.uploads().iter().map(|r| r.len).sum::<usize>() - fixed;
+        seqs = plan.seqs;
+        for (i, s) in seqs.iter_mut().enumerate() {
+            s.num_computed_tokens += 1;
+            if s.num_computed_tokens % BLOCK_SIZE == 0 {
+                s.block_table = table(i * max_blocks, s.num_computed_tokens / BLOCK_SIZE + 1);
+            }
+        }
+        std::hint::black_box((step, &words[0]));
+    }
+    times.sort_by(f64::total_cmp);
+    (times[times.len() / 2], times[0], table_words / NUM_STEPS)
+}
+
+fn main() {
+    println!("step_pack: {NUM_SEQS} sequences, one decode token each, {BLOCK_SIZE}-token blocks");
+    println!("| context | median | min | table bytes uploaded a step |");
+    println!("| --- | --- | --- | --- |");
+    for context in [1_024, 8_192, 32_768] {
+        let (median, min, words) = decode(context);
+        println!("| {context} tokens | {median:.1} us | {min:.1} us | {} |", words * 4);
+    }
+}
