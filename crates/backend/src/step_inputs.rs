@@ -384,19 +384,6 @@ impl StepPacker {
         &self.scores
     }
 
-    /// The word ranges of the buffer the last packed step changed, ascending, at most
-    /// `tables::MAX_UPLOADS + 1` (the first is every fixed section): copied to the same ranges of
-    /// the device's buffer, in any order, before the step's kernels read it.
-    pub fn uploads(&self) -> &[Section] {
-        &self.uploads
-    }
-
-    /// The device's block-table rows are no longer what the last uploads left (its buffer was
-    /// lost, or an upload failed): the next step writes and uploads every row it uses.
-    pub fn forget_tables(&mut self) {
-        self.tables.forget();
-    }
-
     /// Packs `plan` into `words` (at least [`StepInputLayout::num_words`] long): the same buffer
     /// every step, whose [`StepPacker::uploads`] ranges after each step the device's buffer
     /// receives, since block-table rows the device holds already are not written again.
@@ -622,26 +609,6 @@ impl StepPacker {
             words[at + 1] = slot.0;
             p.num_taps += 1;
         }
-    }
-}
-
-impl StepPacker {
-    /// Sequence `i`'s block table into its row, as far as the device's row does not hold it, and
-    /// the words written into the uploads.
-    fn pack_table(&mut self, i: usize, s: &ScheduledSeq, stride: usize, words: &mut [u32]) {
-        let Some(w) = self.tables.plan_row(i, &s.block_table) else { return };
-        let row = self.layout.block_tables.offset + i * stride;
-        let table = &s.block_table;
-        for (k, b) in table.iter().enumerate().skip(w.first) {
-            put(words, row + k, b.block.index());
-        }
-        // Entries past the table are never read (positions stop inside it); -1 makes a stray
-        // read fault instead of reading another sequence's block.
-        words[row + table.len().max(w.first)..row + w.end].fill(u32::MAX);
-        if w.first < w.end {
-            self.uploads.push(Section { offset: row + w.first, len: w.end - w.first });
-        }
-        self.tables.remember(i, table);
     }
 }
 

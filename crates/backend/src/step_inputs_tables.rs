@@ -13,8 +13,8 @@
 //! written into the staging buffer only together with a range to upload, and [`DeviceTables::
 //! forget`] drops every row when a step fails between the two.
 
-use super::Section;
-use routed_types::BlockRef;
+use super::{Section, StepPacker, put};
+use routed_types::{BlockRef, ScheduledSeq};
 use std::sync::Arc;
 
 /// Gaps between changed ranges up to this many words (16 KB) are uploaded with them: a copy's
@@ -78,6 +78,45 @@ impl DeviceTables {
     /// Row `i` now holds `table` (once it is written and queued for upload).
     pub fn remember(&mut self, i: usize, table: &Arc<[BlockRef]>) {
         self.rows[i] = Some(table.clone());
+    }
+}
+
+impl StepPacker {
+    /// The word ranges of the buffer the last packed step changed, ascending, eight at most (the
+    /// first holds every fixed section): copied to the same ranges of the device's buffer, in any
+    /// order, before the step's kernels read it.
+    pub fn uploads(&self) -> &[Section] {
+        &self.uploads
+    }
+
+    /// The device's block-table rows are no longer what the last uploads left (its buffer was
+    /// lost, or an upload failed): the next step writes and uploads every row it uses.
+    pub fn forget_tables(&mut self) {
+        self.tables.forget();
+    }
+
+    /// Sequence `i`'s block table into its row, as far as the device's row does not hold it, and
+    /// the words written into the uploads.
+    pub(super) fn pack_table(
+        &mut self,
+        i: usize,
+        s: &ScheduledSeq,
+        stride: usize,
+        words: &mut [u32],
+    ) {
+        let Some(w) = self.tables.plan_row(i, &s.block_table) else { return };
+        let row = self.layout.block_tables.offset + i * stride;
+        let table = &s.block_table;
+        for (k, b) in table.iter().enumerate().skip(w.first) {
+            put(words, row + k, b.block.index());
+        }
+        // Entries past the table are never read (positions stop inside it); -1 makes a stray
+        // read fault instead of reading another sequence's block.
+        words[row + table.len().max(w.first)..row + w.end].fill(u32::MAX);
+        if w.first < w.end {
+            self.uploads.push(Section { offset: row + w.first, len: w.end - w.first });
+        }
+        self.tables.remember(i, table);
     }
 }
 
