@@ -3,14 +3,20 @@
 //! scheduler shares it, and replaced when a block is added: sequences are staggered so that a
 //! sixteenth of them add a block each step.
 //!
+//! Then the logit edits of one penalised row (`EditBuilder::build`: repetition, frequency and
+//! presence penalties) after histories of several lengths, half prompt and half output, over a
+//! few thousand distinct tokens.
+//!
 //! Run: `cargo bench -p routed-backend --bench step_pack`
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use routed_backend::logit_edits::EditBuilder;
 use routed_backend::step_inputs::{AttentionTiling, PackGeometry, StepCapacity, StepPacker};
 use routed_types::{
-    BlockGeneration, BlockId, BlockRef, SamplingParams, ScheduledSeq, SeqId, StepPlan,
+    BlockGeneration, BlockId, BlockRef, SamplingParams, ScheduledSeq, SeqContext, SeqId, StepPlan,
+    TokenId,
 };
 
 const NUM_SEQS: usize = 64;
@@ -79,6 +85,31 @@ fn decode(context: usize) -> (f64, f64, usize) {
     (times[times.len() / 2], times[0], table_words / NUM_STEPS)
 }
 
+/// Median and minimum in microseconds of building one row's edits after `len` tokens.
+fn penalised_row(len: usize) -> (f64, f64) {
+    let params = SamplingParams {
+        repetition_penalty: 1.1,
+        frequency_penalty: 0.2,
+        presence_penalty: 0.1,
+        ..SamplingParams::greedy(1)
+    };
+    // A text's tokens: a few thousand distinct ones, repeating.
+    let tokens: Vec<TokenId> =
+        (0..len as u32).map(|i| i.wrapping_mul(2_654_435_761) % 3_000).collect();
+    let context = SeqContext::new(tokens[..len / 2].to_vec(), &tokens[len / 2..]);
+    let (mut builder, mut edits) = (EditBuilder::default(), Vec::new());
+    let mut times: Vec<f64> = (0..200)
+        .map(|_| {
+            edits.clear();
+            let start = Instant::now();
+            assert!(builder.build(&params, Some(&context), 151_936, &mut edits));
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    (times[times.len() / 2], times[0])
+}
+
 fn main() {
     println!("step_pack: {NUM_SEQS} sequences, one decode token each, {BLOCK_SIZE}-token blocks");
     println!("| context | median | min | table bytes uploaded a step |");
@@ -86,5 +117,12 @@ fn main() {
     for context in [1_024, 8_192, 32_768] {
         let (median, min, words) = decode(context);
         println!("| {context} tokens | {median:.1} us | {min:.1} us | {} |", words * 4);
+    }
+    println!("edits of one penalised row");
+    println!("| history | median | min |");
+    println!("| --- | --- | --- |");
+    for len in [1_024, 4_096, 16_384] {
+        let (median, min) = penalised_row(len);
+        println!("| {len} tokens | {median:.1} us | {min:.1} us |");
     }
 }

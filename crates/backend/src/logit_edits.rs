@@ -75,8 +75,8 @@ impl LogitEdit {
 /// warm.
 #[derive(Debug, Default)]
 pub struct EditBuilder {
-    /// `(token, source)` before sorting: 0 bias (with its index), 1 history, 2 output.
-    keys: Vec<(TokenId, u8, u32)>,
+    /// The logit bias's `(token, index)`, sorted.
+    bias: Vec<(TokenId, u32)>,
 }
 
 impl EditBuilder {
@@ -92,53 +92,60 @@ impl EditBuilder {
         vocab_size: usize,
         out: &mut Vec<LogitEdit>,
     ) -> bool {
-        self.keys.clear();
-        for (i, &(token, _)) in params.logit_bias.iter().enumerate() {
-            if (token as usize) < vocab_size {
-                self.keys.push((token, 0, i as u32));
-            }
+        self.bias.clear();
+        let biased = params.logit_bias.iter().enumerate();
+        self.bias.extend(
+            biased
+                .filter(|(_, (t, _))| (*t as usize) < vocab_size)
+                .map(|(i, &(t, _))| (t, i as u32)),
+        );
+        self.bias.sort_unstable();
+        if self.bias.windows(2).any(|w| w[0].0 == w[1].0) {
+            return false;
         }
-        if let Some(h) = history.filter(|_| params.needs_history()) {
-            if params.repetition_penalty != 1.0 {
-                self.keys.extend(h.prompt.iter().map(|&t| (t, 1, 0)));
-                self.keys.extend(h.output.iter().map(|&t| (t, 1, 0)));
-            }
-            if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
-                self.keys.extend(h.output.iter().map(|&t| (t, 2, 0)));
-            }
-        }
-        self.keys.sort_unstable();
-        let start = out.len();
-        for run in self.keys.chunk_by(|a, b| a.0 == b.0) {
+        let counts = history.filter(|_| params.needs_history()).and_then(|h| h.history.as_deref());
+        let entries = counts.map_or(&[][..], |c| c.entries());
+        let repetition = params.repetition_penalty != 1.0;
+        let penalties = params.presence_penalty != 0.0 || params.frequency_penalty != 0.0;
+        // The bias and the history, both sorted by token, merged.
+        let (mut b, mut e) = (0, 0);
+        loop {
+            let (next_bias, next_seen) = (self.bias.get(b), entries.get(e));
+            let token = match (next_bias, next_seen) {
+                (None, None) => break,
+                (Some(&(t, _)), None) => t,
+                (None, Some(c)) => c.token,
+                (Some(&(t, _)), Some(c)) => t.min(c.token),
+            };
             let mut edit = LogitEdit {
-                token: run[0].0,
+                token,
                 ops: 0,
                 bias: 0.0,
                 repetition: params.repetition_penalty,
                 frequency: 0.0,
                 presence: params.presence_penalty,
             };
-            let mut count = 0u32;
-            for &(_, source, index) in run {
-                match source {
-                    0 if edit.ops & EDIT_BIAS != 0 => {
-                        out.truncate(start);
-                        return false;
-                    }
-                    0 => {
-                        edit.ops |= EDIT_BIAS;
-                        edit.bias = params.logit_bias[index as usize].1;
-                    }
-                    1 => edit.ops |= EDIT_REPETITION,
-                    _ => {
-                        edit.ops |= EDIT_PENALTIES;
-                        count += 1;
-                    }
-                }
+            if let Some(&(_, index)) = next_bias.filter(|&&(t, _)| t == token) {
+                edit.ops |= EDIT_BIAS;
+                edit.bias = params.logit_bias[index as usize].1;
+                b += 1;
             }
-            // The CPU's `frequency * run.len() as f32`.
-            edit.frequency = params.frequency_penalty * count as f32;
-            out.push(edit);
+            let mut count = 0;
+            if let Some(c) = next_seen.filter(|c| c.token == token) {
+                if repetition {
+                    edit.ops |= EDIT_REPETITION;
+                }
+                if penalties && c.num_in_output > 0 {
+                    edit.ops |= EDIT_PENALTIES;
+                    count = c.num_in_output;
+                }
+                e += 1;
+            }
+            if edit.ops != 0 {
+                // The CPU's `frequency * count as f32`.
+                edit.frequency = params.frequency_penalty * count as f32;
+                out.push(edit);
+            }
         }
         true
     }
@@ -147,10 +154,9 @@ impl EditBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     fn history(prompt: &[TokenId], output: &[TokenId]) -> SeqContext {
-        SeqContext { prompt: Arc::new(prompt.to_vec()), output: output.to_vec() }
+        SeqContext::new(prompt.to_vec(), output)
     }
 
     fn build(params: &SamplingParams, h: Option<&SeqContext>) -> Option<Vec<LogitEdit>> {
@@ -177,6 +183,65 @@ mod tests {
         assert_eq!(edits[1].frequency, 0.25);
         assert_eq!(edits[2].frequency, 0.75, "three 7s in the output");
         assert_eq!(edits[3].bias, 2.5);
+    }
+
+    #[test]
+    fn edits_are_the_definition_over_the_whole_history() {
+        let mut state = 3u64;
+        let mut below = |n: usize| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((state >> 33) % n as u64) as usize
+        };
+        for trial in 0..300 {
+            let lens = [below(12), below(12), below(4)];
+            // Tokens of a small alphabet, so that they repeat; bias also past the vocabulary (100).
+            let mut tokens =
+                |n: usize, of: usize| (0..n).map(|_| below(of) as TokenId).collect::<Vec<_>>();
+            let (prompt, output, biased) =
+                (tokens(lens[0], 40), tokens(lens[1], 40), tokens(lens[2], 110));
+            let pick = |on: bool, value: f32| if on { value } else { 0.0 };
+            let params = SamplingParams {
+                logit_bias: biased.iter().map(|&t| (t, 0.5 + t as f32)).collect(),
+                repetition_penalty: if below(2) == 0 { 1.0 } else { 1.25 },
+                frequency_penalty: pick(below(2) == 0, -0.75),
+                presence_penalty: pick(below(2) == 0, 0.5),
+                ..SamplingParams::default()
+            };
+            let got = build(&params, Some(&history(&prompt, &output)));
+            // By definition: every token of the vocabulary, the operations that touch it.
+            let in_vocab: Vec<_> = biased.iter().filter(|&&t| (t as usize) < 100).collect();
+            let twice =
+                in_vocab.iter().any(|&&t| in_vocab.iter().filter(|&&&u| u == t).count() > 1);
+            let want = (!twice).then(|| {
+                let penalties = params.presence_penalty != 0.0 || params.frequency_penalty != 0.0;
+                (0..100)
+                    .filter_map(|token: TokenId| {
+                        let bias = params.logit_bias.iter().find(|b| b.0 == token).map(|b| b.1);
+                        let seen = prompt.contains(&token) || output.contains(&token);
+                        let count = output.iter().filter(|&&t| t == token).count() as u32;
+                        let count = if penalties { count } else { 0 };
+                        let ops = bias.map_or(0, |_| EDIT_BIAS)
+                            | if seen && params.repetition_penalty != 1.0 {
+                                EDIT_REPETITION
+                            } else {
+                                0
+                            }
+                            | if count > 0 { EDIT_PENALTIES } else { 0 };
+                        (ops != 0).then(|| LogitEdit {
+                            token,
+                            ops,
+                            bias: bias.unwrap_or(0.0),
+                            repetition: params.repetition_penalty,
+                            frequency: params.frequency_penalty * count as f32,
+                            presence: params.presence_penalty,
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            });
+            assert_eq!(got, want, "trial {trial}: {params:?} after {prompt:?} {output:?}");
+        }
     }
 
     #[test]

@@ -97,7 +97,7 @@ fn a_mixed_step_is_packed_section_by_section() {
     chunk.restore_from = Some(SnapshotSlotId(2));
     chunk.snapshots = vec![(4, SnapshotSlotId(1)), (8, SnapshotSlotId(4))];
     chunk.prompt_logprobs = Some(0);
-    chunk.context = Some(SeqContext { prompt: Arc::new((10..22).collect()), output: vec![] });
+    chunk.context = Some(SeqContext { prompt: Arc::new((10..22).collect()), history: None });
     let seeded = SamplingParams {
         temperature: 0.7,
         top_p: 0.9,
@@ -107,8 +107,7 @@ fn a_mixed_step_is_packed_section_by_section() {
     };
     let penalized = SamplingParams { presence_penalty: 0.5, ..SamplingParams::greedy(4) };
     let mut penalized_seq = sampled(seq(3, &[3], &[6]), penalized, 1);
-    penalized_seq.context =
-        Some(SeqContext { prompt: Arc::new(vec![1, 2]), output: vec![3, 9, 3] });
+    penalized_seq.context = Some(SeqContext::new(vec![1, 2], &[3, 9, 3]));
     let plan = StepPlan {
         seqs: vec![
             chunk,
@@ -212,7 +211,7 @@ fn logits_rows_count_within_their_chunk_and_a_repeated_step_uploads_its_fixed_se
     let mut words = words_of(&packer);
     let mut big = sampled(seq(0, &[1, 2, 3, 4, 5], &[1, 2]), SamplingParams::greedy(1), 0);
     big.prompt_logprobs = Some(1);
-    big.context = Some(SeqContext { prompt: Arc::new(vec![1, 2, 3, 4, 5]), output: vec![] });
+    big.context = Some(SeqContext { prompt: Arc::new(vec![1, 2, 3, 4, 5]), history: None });
     let plan = StepPlan { seqs: vec![big], ..StepPlan::default() };
     let first = packer.pack(&plan, true, &mut words).unwrap();
     let l = packer.layout().clone();

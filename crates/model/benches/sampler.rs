@@ -6,7 +6,6 @@
 
 use routed_model::Sampler;
 use routed_types::{SamplingParams, SeqContext, TokenId};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const VOCAB: usize = 151_936;
@@ -38,12 +37,10 @@ fn rows() -> Vec<Vec<f32>> {
 
 fn main() {
     let rows = rows();
-    let history = SeqContext {
-        prompt: Arc::new(
-            (0..4096u32).map(|i| i.wrapping_mul(2_654_435_761) % VOCAB as u32).collect(),
-        ),
-        output: (0..64u32).map(|i| i * 37 % VOCAB as u32).collect::<Vec<TokenId>>(),
-    };
+    let history = SeqContext::new(
+        (0..4096u32).map(|i| i.wrapping_mul(2_654_435_761) % VOCAB as u32).collect(),
+        &(0..64u32).map(|i| i * 37 % VOCAB as u32).collect::<Vec<TokenId>>(),
+    );
     let seeded = SamplingParams { temperature: 1.0, seed: 3, ..SamplingParams::greedy(1) };
     let settings: [(&str, SamplingParams); 6] = [
         ("greedy", SamplingParams::greedy(1)),

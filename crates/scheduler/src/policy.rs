@@ -5,7 +5,7 @@ use crate::{NewSeq, SchedulerError, Seq, SeqStatus, check_stop};
 use routed_cache::{CacheRequest, CacheStats, CommitEntry, SlotRequest, StepAllocation};
 use routed_types::{
     BlockRef, FinishReason, SampledToken, ScheduledSeq, SeqContext, SeqId, StepId, StepOutput,
-    StepPlan, TokenId,
+    StepPlan, TokenCounts, TokenId,
 };
 use std::{
     collections::{HashMap, VecDeque},
@@ -179,10 +179,13 @@ impl Scheduler {
                 skip_reading_prefix_cache: s.params.prompt_logprobs.is_some(),
             });
             self.waiting.push_back(s.id);
+            let history =
+                s.params.needs_history().then(|| Arc::new(TokenCounts::new(&s.prompt, &[])));
             let seq = Seq {
                 id: s.id,
                 prompt: s.prompt,
                 output: Vec::new(),
+                history,
                 params: s.params,
                 status: SeqStatus::Waiting,
                 blocks: Arc::from([]),
@@ -311,7 +314,7 @@ impl Scheduler {
                 .prompt_logprobs
                 .filter(|_| grant.num_computed_tokens + 1 < seq.prompt.len());
             let context = (seq.params.needs_history() || prompt_logprobs.is_some())
-                .then(|| SeqContext { prompt: seq.prompt.clone(), output: seq.output.clone() });
+                .then(|| SeqContext { prompt: seq.prompt.clone(), history: seq.history.clone() });
             plan.seqs.push(ScheduledSeq {
                 seq_id: seq.id,
                 token_ids: (grant.num_computed_tokens..grant.end()).map(|p| seq.token(p)).collect(),
@@ -382,6 +385,10 @@ impl Scheduler {
             self.outbox.commit.push(commit);
             let Some(sampled) = sampled else { continue };
             seq.output.push(sampled.token);
+            if let Some(history) = &mut seq.history {
+                // In place once the last plan that shared it is gone.
+                Arc::make_mut(history).push_output(sampled.token);
+            }
             events.push(SeqEvent::Token { id, sampled: sampled.clone() });
             let stop = check_stop(
                 &seq.output,

@@ -1,6 +1,6 @@
 //! One sequence (one sampled continuation) as the scheduler tracks it.
 
-use routed_types::{BlockRef, SampledToken, SamplingParams, SeqId, TokenId};
+use routed_types::{BlockRef, SampledToken, SamplingParams, SeqId, TokenCounts, TokenId};
 use std::sync::Arc;
 
 /// Where a sequence is in its life.
@@ -36,6 +36,9 @@ pub struct Seq {
     pub prompt: Arc<Vec<TokenId>>,
     /// Generated tokens.
     pub output: Vec<TokenId>,
+    /// The distinct tokens of the prompt and the output with their counts, kept when the
+    /// sampling parameters' penalties need them.
+    pub history: Option<Arc<TokenCounts>>,
     /// Sampling and stop parameters.
     pub params: Arc<SamplingParams>,
     /// Lifecycle state.

@@ -8,7 +8,7 @@ use routed_scheduler::{
 };
 use routed_types::{
     BlockGeneration, BlockId, BlockRef, FinishReason, RequestId, SampledToken, SamplingParams,
-    SeqId, StepOutput, TokenId,
+    SeqId, StepOutput, TokenCounts, TokenId,
 };
 use std::sync::Arc;
 
@@ -136,6 +136,39 @@ fn decode_steps_share_the_block_table_until_a_block_is_added() {
     assert_eq!(*third.seqs[0].block_table, *blocks(&[1, 2, 3]));
     // The plans already sent keep the table they were made with.
     assert_eq!(*first.seqs[0].block_table, *blocks(&[1, 2]));
+}
+
+#[test]
+fn a_penalised_sequence_carries_its_token_counts_and_older_plans_keep_theirs() {
+    let mut s = scheduler(4, false);
+    let params = SamplingParams { frequency_penalty: 0.5, ..SamplingParams::greedy(8) };
+    s.add(vec![NewSeq { params: Arc::new(params), ..new_seq(seq(1), 3, 8) }]).unwrap();
+    // Without penalties there is nothing to count.
+    s.add(vec![new_seq(seq(2), 3, 8)]).unwrap();
+    assert!(s.seq(seq(2)).unwrap().history.is_none());
+    s.begin_step();
+    let first = s.build_plan(granted(vec![(grant(seq(1), true, 0, 3), blocks(&[1]))], vec![]));
+    let counts = |plan: &routed_types::StepPlan| {
+        let context = plan.seqs[0].context.as_ref().expect("penalties need the history");
+        context.history.as_deref().cloned().expect("counts")
+    };
+    assert_eq!(counts(&first), TokenCounts::new(&[10, 11, 12], &[]));
+    let mut plans = vec![first];
+    for (step, token) in [11, 7, 7].into_iter().enumerate() {
+        s.apply_output(&[seq(1)], &sampled(&[Some(token)]), &mut no_text);
+        s.begin_step();
+        let g = grant(seq(1), false, 3 + step, 1);
+        plans.push(s.build_plan(granted(vec![(g, vec![])], vec![])));
+    }
+    let output = [11, 7, 7];
+    for (i, plan) in plans.iter().enumerate() {
+        // Each plan counts the tokens before its step, whatever was sampled after it was sent.
+        assert_eq!(counts(plan), TokenCounts::new(&[10, 11, 12], &output[..i]), "plan {i}");
+    }
+    drop(plans);
+    s.apply_output(&[seq(1)], &sampled(&[Some(12)]), &mut no_text);
+    let history = s.seq(seq(1)).unwrap().history.as_deref().unwrap();
+    assert_eq!(*history, TokenCounts::new(&[10, 11, 12], &[11, 7, 7, 12]));
 }
 
 #[test]

@@ -4,11 +4,13 @@
 //! lie in) and the routing-row layout. It does no I/O and knows nothing of tensors, threads or
 //! HTTP, so every other crate can depend on it without pulling anything else in.
 
+mod history;
 mod ids;
 mod routing;
 mod sampling;
 mod step;
 
+pub use history::{TokenCount, TokenCounts};
 pub use ids::{
     BlockGeneration, BlockHash, BlockId, BlockRef, RequestId, SeqId, SnapshotSlotId, TokenId,
 };

@@ -2,7 +2,7 @@
 //! it returns ([`StepOutput`]). Names follow vLLM v1 (`num_computed_tokens`, block tables, slot
 //! mapping) so a reader who knows it can read ours cold.
 
-use crate::{BlockRef, SamplingParams, SeqId, SnapshotSlotId, TokenId};
+use crate::{BlockRef, SamplingParams, SeqId, SnapshotSlotId, TokenCounts, TokenId};
 use std::sync::Arc;
 
 /// Numbers engine steps in order; the routing host-cache's watermark is a step id.
@@ -72,8 +72,18 @@ impl ScheduledSeq {
 pub struct SeqContext {
     /// The whole prompt.
     pub prompt: Arc<Vec<TokenId>>,
-    /// Tokens generated before this step.
-    pub output: Vec<TokenId>,
+    /// The prompt's and the tokens generated before this step's distinct tokens with their
+    /// counts, when the sequence's penalties need them (shared with the scheduler, which adds
+    /// each sampled token).
+    pub history: Option<Arc<TokenCounts>>,
+}
+
+impl SeqContext {
+    /// The context of a sequence that generated `output` after `prompt`, with its counts.
+    pub fn new(prompt: Vec<TokenId>, output: &[TokenId]) -> Self {
+        let history = Some(Arc::new(TokenCounts::new(&prompt, output)));
+        Self { prompt: Arc::new(prompt), history }
+    }
 }
 
 /// Everything a runner needs to execute one engine step.

@@ -372,7 +372,7 @@ fn logit_edits_are_the_cpu_passes_and_are_undone() {
             presence_penalty: [0.0, 0.0, 0.7, 0.5][r % 4],
             ..SamplingParams::default()
         };
-        let h = SeqContext { prompt: Arc::new(tokens(&mut rng, 30)), output: tokens(&mut rng, 25) };
+        let h = SeqContext::new(tokens(&mut rng, 30), &tokens(&mut rng, 25));
         assert!(builder.build(&params, Some(&h), vocab, &mut edits));
         starts.push(edits.len() as i32);
         want.extend(processed(&logits[r * vocab..(r + 1) * vocab], &params, &h));

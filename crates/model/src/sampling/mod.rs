@@ -20,8 +20,6 @@ pub struct Sampler {
     order: Vec<u32>,
     /// The logits after bias and penalties, when a request asks for either.
     processed: Vec<f32>,
-    /// Sorted history tokens, for counting.
-    seen: Vec<TokenId>,
 }
 
 impl Sampler {
@@ -92,27 +90,21 @@ impl Sampler {
             }
         }
         let Some(history) = history.filter(|_| params.needs_history()) else { return };
+        let Some(counts) = &history.history else { return };
         let rp = params.repetition_penalty;
         if rp != 1.0 {
-            self.seen.clear();
-            self.seen.extend_from_slice(&history.prompt);
-            self.seen.extend_from_slice(&history.output);
-            self.seen.sort_unstable();
-            self.seen.dedup();
-            for &t in &self.seen {
-                if let Some(l) = out.get_mut(t as usize) {
+            // Every distinct token of the prompt and the output.
+            for c in counts.entries() {
+                if let Some(l) = out.get_mut(c.token as usize) {
                     *l = if *l > 0.0 { *l / rp } else { *l * rp };
                 }
             }
         }
         let (presence, frequency) = (params.presence_penalty, params.frequency_penalty);
         if presence != 0.0 || frequency != 0.0 {
-            self.seen.clear();
-            self.seen.extend_from_slice(&history.output);
-            self.seen.sort_unstable();
-            for run in self.seen.chunk_by(|a, b| a == b) {
-                if let Some(l) = out.get_mut(run[0] as usize) {
-                    *l -= frequency * run.len() as f32;
+            for c in counts.entries().iter().filter(|c| c.num_in_output > 0) {
+                if let Some(l) = out.get_mut(c.token as usize) {
+                    *l -= frequency * c.num_in_output as f32;
                     *l -= presence;
                 }
             }
@@ -227,7 +219,7 @@ mod tests {
     }
 
     fn history(prompt: &[TokenId], output: &[TokenId]) -> SeqContext {
-        SeqContext { prompt: std::sync::Arc::new(prompt.to_vec()), output: output.to_vec() }
+        SeqContext::new(prompt.to_vec(), output)
     }
 
     #[test]
