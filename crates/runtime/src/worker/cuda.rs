@@ -60,9 +60,12 @@ use std::{ops::Range, path::Path, sync::Arc, time::Duration};
 const HEADROOM_BYTES: usize = 512 << 20;
 
 /// Logit edits (one per token a row's bias or penalties touch) the device applies in one step;
-/// rows past them are finished on the host. A penalised row touches every distinct token of its
-/// prompt and output, so this holds a few long contexts' worth (1.5 MiB of step inputs).
-const MAX_LOGIT_EDITS: usize = 1 << 16;
+/// rows past them are finished on the host, a row of logits copied back and sampled there each,
+/// which would make a step several times slower. A penalised row touches every distinct token of
+/// its prompt and output (about 2,000 after a few thousand tokens of text), so a batch of 64 such
+/// rows needs some 128k: this holds 16 times the 64k it held before, as 24 MiB of step inputs on
+/// the device and in pinned memory, of which a step uploads only what it uses.
+const MAX_LOGIT_EDITS: usize = 1 << 20;
 
 /// Snapshot taps one sequence may ask for in one step: the last complete prompt block, the
 /// aligned exact-repeat point, the divergence point and a chunk end.
