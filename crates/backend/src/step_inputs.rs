@@ -396,9 +396,7 @@ impl StepPacker {
         wants_logits: bool,
         words: &mut [u32],
     ) -> Result<PackedStep, StepInputError> {
-        let longest = plan.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0);
-        let stride = table_stride(longest, self.layout.capacity.max_blocks_per_seq);
-        self.pack_seqs(plan, plan.seqs.iter(), wants_logits, words, stride)
+        self.pack_seqs(plan, plan.seqs.iter(), wants_logits, words)
     }
 
     /// [`StepPacker::pack`] for a CUDA graph of `batch` sequences: the plan's sequences, then
@@ -419,19 +417,19 @@ impl StepPacker {
             capacity: batch,
         })?;
         let seqs = plan.seqs.iter().chain(std::iter::repeat_n(pad, num_pad));
-        let longest = seqs.clone().map(|s| s.block_table.len()).max().unwrap_or(0);
-        let stride = table_stride(longest, self.layout.capacity.max_blocks_per_seq);
-        self.pack_seqs(plan, seqs, wants_logits, words, stride)
+        self.pack_seqs(plan, seqs, wants_logits, words)
     }
 
+    /// `seqs` at the stride of the longest table.
     fn pack_seqs<'a>(
         &mut self,
         plan: &StepPlan,
         seqs: impl Iterator<Item = &'a ScheduledSeq> + Clone,
         wants_logits: bool,
         words: &mut [u32],
-        stride: usize,
     ) -> Result<PackedStep, StepInputError> {
+        let longest = seqs.clone().map(|s| s.block_table.len()).max().unwrap_or(0);
+        let stride = table_stride(longest, self.layout.capacity.max_blocks_per_seq);
         let packed = self.pack_step(plan, seqs, wants_logits, words, stride);
         if packed.is_err() {
             // Rows written into `words` this step will not reach the device.

@@ -139,13 +139,8 @@ mod tests {
         // Short pieces over a small alphabet with multi-byte characters, so stop strings occur,
         // overlap and straddle pieces.
         let alphabet = ["a", "b", "é", "ab", "ba", "€a", "b€", ""];
-        let mut state = 11u64;
-        let mut below = |n: usize| {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((state >> 33) % n as u64) as usize
-        };
+        let mut rng = routed_test_support::SplitMix64(11);
+        let mut below = |n: usize| rng.below(n);
         for trial in 0..500 {
             let num_stop = 1 + below(3);
             let stop: Vec<String> = (0..num_stop)
