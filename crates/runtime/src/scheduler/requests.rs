@@ -5,16 +5,14 @@ use super::{Group, SchedulerActor};
 use crate::{
     EngineError, FinalOutput, RequestEvent, TokenEvent, WeightVersions,
     cache_manager::ResetPrefixCache,
+    outbox::FinalText,
     routing_cache::{FreeBlocks, Reconstruct},
     scheduler::Submit,
     validate::validate,
 };
 use actix::{ActorFutureExt, AsyncContext, Context, WrapFuture};
-use routed_model::Tokenizer;
 use routed_scheduler::{NewSeq, SeqEvent, SeqStatus};
-use routed_types::{
-    FinishReason, RequestId, SamplingParams, SeqId, StepOutput, StopMatch, TokenId,
-};
+use routed_types::{FinishReason, RequestId, SamplingParams, SeqId, StepOutput};
 use std::sync::Arc;
 
 impl SchedulerActor {
@@ -128,11 +126,12 @@ impl SchedulerActor {
         ctx: &mut Context<Self>,
     ) {
         let Some(seq) = self.policy.seq(id) else { return };
-        let text = output_text(&self.tokenizer, &seq.output, &seq.params, &reason, text_len);
+        let text = FinalText::new(&self.tokenizer, &seq.params, &reason, text_len);
         let output = FinalOutput {
             index: id.index_in_request(),
             token_ids: seq.output.clone(),
-            text,
+            // Decoded on the delivery thread.
+            text: String::new(),
             finish_reason: reason,
             num_prompt_tokens: seq.prompt.len(),
             num_cached_tokens: seq.num_cached_tokens,
@@ -144,7 +143,7 @@ impl SchedulerActor {
         };
         let group = self.groups.get(&id.request());
         let Some(g) = group.filter(|g| g.return_routing && self.info.routing.is_some()) else {
-            return self.deliver(id, output);
+            return self.deliver(id, output, Some(text));
         };
         let read = Reconstruct {
             table: seq.blocks.clone(),
@@ -154,7 +153,9 @@ impl SchedulerActor {
         };
         let fut = self.peers.routing.send(read).into_actor(self).map(move |res, act, ctx| {
             match res {
-                Ok(Ok(rows)) => act.deliver(id, FinalOutput { routing: Some(rows), ..output }),
+                Ok(Ok(rows)) => {
+                    act.deliver(id, FinalOutput { routing: Some(rows), ..output }, Some(text))
+                }
                 Ok(Err(e)) => act
                     .fail_seq(id, EngineError::Internal(format!("routing rows unavailable: {e}"))),
                 Err(e) => act.fail_seq(
@@ -167,14 +168,18 @@ impl SchedulerActor {
         ctx.spawn(fut);
     }
 
-    /// Sends a continuation's final output, stamped with its weights' versions, and releases it.
-    pub(super) fn deliver(&mut self, id: SeqId, mut output: FinalOutput) {
+    /// Sends a continuation's final output, stamped with its weights' versions, with its `text`
+    /// made on the delivery thread when given, and releases it.
+    pub(super) fn deliver(&mut self, id: SeqId, mut output: FinalOutput, text: Option<FinalText>) {
         if let Some(g) = self.groups.get_mut(&id.request()) {
             let versions = std::mem::take(&mut g.versions[id.index_in_request()]);
             let current = self.updates.version();
             output.weight_version = versions.last(current).to_string();
             output.weight_versions = versions.into_spans(current);
-            self.peers.outbox.send(&g.events, RequestEvent::Finished(Box::new(output)));
+            match text {
+                Some(text) => self.peers.outbox.finish(&g.events, Box::new(output), text),
+                None => self.peers.outbox.send(&g.events, RequestEvent::Finished(Box::new(output))),
+            }
             g.num_open -= 1;
             if g.num_open == 0 {
                 self.groups.remove(&id.request());
@@ -262,9 +267,10 @@ impl SchedulerActor {
             } else if let Some(seq) = self.policy.abort(id) {
                 self.last_step.remove(&id);
                 let reason = FinishReason::Abort;
+                let text = FinalText::new(&self.tokenizer, &seq.params, &reason, None);
                 let output = FinalOutput {
                     index: i,
-                    text: output_text(&self.tokenizer, &seq.output, &seq.params, &reason, None),
+                    text: String::new(),
                     token_ids: seq.output,
                     finish_reason: reason,
                     num_prompt_tokens: seq.prompt.len(),
@@ -274,7 +280,7 @@ impl SchedulerActor {
                     weight_version: String::new(),
                     weight_versions: Vec::new(),
                 };
-                self.deliver(id, output);
+                self.deliver(id, output, Some(text));
             }
         }
         self.schedule(ctx);
@@ -286,25 +292,4 @@ impl SchedulerActor {
             self.abort(request, ctx);
         }
     }
-}
-
-/// A finished continuation's text: its tokens decoded as the request asks (special tokens kept or
-/// not), cut at a matched stop string (`text_len`), and without the token that ended it (EOS or a
-/// stop token) unless `include_stop_str_in_output`, as vLLM and SGLang leave it out.
-fn output_text(
-    tokenizer: &Tokenizer,
-    output: &[TokenId],
-    params: &SamplingParams,
-    reason: &FinishReason,
-    text_len: Option<usize>,
-) -> String {
-    let on_token =
-        matches!(reason, FinishReason::Stop { matched: None | Some(StopMatch::Token(_)) });
-    let trim = on_token && !params.include_stop_str_in_output && !output.is_empty();
-    let ids = if trim { &output[..output.len() - 1] } else { output };
-    let mut text = tokenizer.decode_with(ids, params.skip_special_tokens).unwrap_or_default();
-    if let Some(len) = text_len {
-        text.truncate(len);
-    }
-    text
 }

@@ -235,7 +235,7 @@ impl SchedulerActor {
                 weight_version: String::new(),
                 weight_versions: Vec::new(),
             };
-            self.deliver(s.id, output);
+            self.deliver(s.id, output, None);
         }
         true
     }
