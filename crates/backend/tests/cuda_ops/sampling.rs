@@ -11,7 +11,6 @@ use routed_backend::{
     logit_edits::{EditBuilder, LOGIT_EDIT_WORDS, LogitEdit},
 };
 use routed_types::{SamplingParams, SeqContext};
-use std::sync::Arc;
 
 /// SplitMix64's finaliser over (seed, index), as the CPU sampler draws.
 fn uniform(seed: u64, index: u64) -> f64 {
@@ -319,10 +318,10 @@ fn ranks_and_alternatives(dev: &'static CudaDevice, rows: usize, vocab: usize, n
     assert!(refused.is_err(), "21 alternatives");
 }
 
-/// The CPU sampler's passes over a row (`Sampler::process`): the bias, the repetition penalty over
-/// the distinct tokens of prompt and output, the frequency and presence penalties over the
-/// output's.
-fn processed(row: &[f32], params: &SamplingParams, h: &SeqContext) -> Vec<f32> {
+/// The CPU sampler's passes over a row (`Sampler::process`) by their definition over the whole
+/// history: the bias, the repetition penalty over the distinct tokens of prompt and output, the
+/// frequency and presence penalties over the output's.
+fn processed(row: &[f32], params: &SamplingParams, (prompt, output): (&[u32], &[u32])) -> Vec<f32> {
     let mut out = row.to_vec();
     for &(t, b) in &params.logit_bias {
         if let Some(l) = out.get_mut(t as usize) {
@@ -330,7 +329,7 @@ fn processed(row: &[f32], params: &SamplingParams, h: &SeqContext) -> Vec<f32> {
         }
     }
     let rp = params.repetition_penalty;
-    let mut seen: Vec<u32> = h.prompt.iter().chain(&h.output).copied().collect();
+    let mut seen: Vec<u32> = prompt.iter().chain(output).copied().collect();
     seen.sort_unstable();
     seen.dedup();
     if rp != 1.0 {
@@ -339,7 +338,7 @@ fn processed(row: &[f32], params: &SamplingParams, h: &SeqContext) -> Vec<f32> {
             *l = if *l > 0.0 { *l / rp } else { *l * rp };
         }
     }
-    let mut output = h.output.clone();
+    let mut output = output.to_vec();
     output.sort_unstable();
     if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
         for run in output.chunk_by(|a, b| a == b) {
@@ -372,10 +371,12 @@ fn logit_edits_are_the_cpu_passes_and_are_undone() {
             presence_penalty: [0.0, 0.0, 0.7, 0.5][r % 4],
             ..SamplingParams::default()
         };
-        let h = SeqContext::new(tokens(&mut rng, 30), &tokens(&mut rng, 25));
+        let (prompt, output) = (tokens(&mut rng, 30), tokens(&mut rng, 25));
+        let h = SeqContext::new(prompt.clone(), &output);
         assert!(builder.build(&params, Some(&h), vocab, &mut edits));
         starts.push(edits.len() as i32);
-        want.extend(processed(&logits[r * vocab..(r + 1) * vocab], &params, &h));
+        let history = (&prompt[..], &output[..]);
+        want.extend(processed(&logits[r * vocab..(r + 1) * vocab], &params, history));
     }
     assert!(edits.len() > 100, "{} edits", edits.len());
     let mut words = vec![0u32; edits.len() * LOGIT_EDIT_WORDS];
