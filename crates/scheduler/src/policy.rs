@@ -170,6 +170,8 @@ impl Scheduler {
         if let Some(dup) = new.iter().find(|s| self.seqs.contains_key(&s.id)) {
             return Err(SchedulerError::Duplicate(dup.id));
         }
+        // A request's continuations share its prompt, and so their counts until they sample.
+        let mut shared: Option<(Arc<Vec<TokenId>>, Arc<TokenCounts>)> = None;
         for s in new {
             self.outbox.add.push(CacheRequest {
                 seq_id: s.id,
@@ -179,8 +181,14 @@ impl Scheduler {
                 skip_reading_prefix_cache: s.params.prompt_logprobs.is_some(),
             });
             self.waiting.push_back(s.id);
-            let history =
-                s.params.needs_history().then(|| Arc::new(TokenCounts::new(&s.prompt, &[])));
+            let history = s.params.needs_history().then(|| match &shared {
+                Some((prompt, counts)) if Arc::ptr_eq(prompt, &s.prompt) => counts.clone(),
+                _ => {
+                    let counts = Arc::new(TokenCounts::new(&s.prompt, &[]));
+                    shared = Some((s.prompt.clone(), counts.clone()));
+                    counts
+                }
+            });
             let seq = Seq {
                 id: s.id,
                 prompt: s.prompt,

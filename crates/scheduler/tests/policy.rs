@@ -172,6 +172,24 @@ fn a_penalised_sequence_carries_its_token_counts_and_older_plans_keep_theirs() {
 }
 
 #[test]
+fn continuations_of_one_prompt_share_its_counts_until_they_sample() {
+    let mut s = scheduler(4, false);
+    let params = Arc::new(SamplingParams { repetition_penalty: 1.2, ..SamplingParams::greedy(8) });
+    let prompt: Arc<Vec<TokenId>> = Arc::new(vec![10, 11, 10]);
+    let (a, b) = (SeqId::new(RequestId(1), 0), SeqId::new(RequestId(1), 1));
+    let new = |id| NewSeq { id, prompt: prompt.clone(), params: params.clone(), cache_salt: None };
+    s.add(vec![new(a), new(b)]).unwrap();
+    let counts = |s: &Scheduler, id| s.seq(id).unwrap().history.clone().unwrap();
+    assert!(Arc::ptr_eq(&counts(&s, a), &counts(&s, b)), "built once for the request");
+    s.begin_step();
+    let grants = vec![(grant(a, true, 0, 3), blocks(&[1])), (grant(b, true, 0, 3), blocks(&[2]))];
+    s.build_plan(granted(grants, vec![]));
+    s.apply_output(&[a, b], &sampled(&[Some(7), Some(11)]), &mut no_text);
+    assert_eq!(*counts(&s, a), TokenCounts::new(&prompt, &[7]));
+    assert_eq!(*counts(&s, b), TokenCounts::new(&prompt, &[11]));
+}
+
+#[test]
 fn an_intermediate_chunk_samples_nothing_and_its_commit_rides_on_the_next_step() {
     let mut s = scheduler(4, false);
     s.add(vec![new_seq(seq(1), 10, 4)]).unwrap();
