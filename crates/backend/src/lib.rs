@@ -3,7 +3,8 @@
 //! * [`cpu`] holds the reference kernels. They are always built, and every model runs on them.
 //! * [`collective`] joins the ranks of an expert-parallel group (in-process threads on the CPU).
 //! * [`step_inputs`] packs a step's inputs into one buffer of words with a fixed offsets table,
-//!   the single upload a device worker makes per step, with [`logit_edits`], a row's bias and
+//!   uploaded as far as the step changed it (block tables stay on the device), with
+//!   [`logit_edits`], a row's bias and
 //!   penalties as per-token edits. Plain host code, always built.
 //! * [`cuda`] is the GPU device, behind the `cuda` cargo feature. Without the feature a stub
 //!   module of the same shape stands in, so call sites never need `cfg`: asking for a CUDA device

@@ -5,7 +5,7 @@
 //! * [`weights`]: the upload (bf16 matrices as stored, f32 vectors; experts stacked per layer).
 //! * [`caches`]: KV blocks, Mamba live and snapshot states, the routing buffer, the step inputs,
 //!   the activations, and the page-locked host buffers of a step.
-//! * [`forward`]: the packed inputs uploaded in one copy, then every block.
+//! * [`forward`]: the packed inputs the step changed uploaded in a few copies, then every block.
 //! * [`logits`]: the LM head over the rows that want logits, device sampling, host rows.
 //! * [`exchange`]: the expert rows between the GPUs of an expert-parallel group.
 //!

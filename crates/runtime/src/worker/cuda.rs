@@ -2,7 +2,7 @@
 //!
 //! The weights are uploaded once from the host model the loader built; the KV blocks, the Mamba
 //! live and snapshot states, the routing buffer and every activation live in pools allocated once
-//! ([`GpuCaches`]). A step is one upload of the packed step inputs from page-locked memory, the
+//! ([`GpuCaches`]). A step is an upload of the packed step inputs the step changed from page-locked memory, the
 //! forward on the compute stream, and the sampled ids with their logprobs back; a row's bias and
 //! penalties are applied on the device as per-token edits, min-p inside the sampling kernel, and
 //! prompt logprobs are scored there too. Rows that need the host (edits past the step's list,
