@@ -4,8 +4,8 @@
 //! * [`collective`] joins the ranks of an expert-parallel group (in-process threads on the CPU).
 //! * [`step_inputs`] packs a step's inputs into one buffer of words with a fixed offsets table,
 //!   uploaded as far as the step changed it (block tables stay on the device), with
-//!   [`logit_edits`], a row's bias and
-//!   penalties as per-token edits. Plain host code, always built.
+//!   [`logit_edits`], a row's bias and penalties as per-token edits. Plain host code, always
+//!   built.
 //! * [`cuda`] is the GPU device, behind the `cuda` cargo feature. Without the feature a stub
 //!   module of the same shape stands in, so call sites never need `cfg`: asking for a CUDA device
 //!   then returns [`BackendError::CudaNotCompiled`].
