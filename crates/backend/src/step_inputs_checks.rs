@@ -1,5 +1,6 @@
 //! The checks of the indices the device trusts, made on each sequence before it is packed, as the
 //! CPU model makes them before a forward.
+
 use super::{StepInputError, StepPacker};
 use routed_types::ScheduledSeq;
 
