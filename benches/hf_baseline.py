@@ -9,9 +9,11 @@
 measures the model with a static KV cache and its forward through torch.compile (--compile-mode,
 default "reduce-overhead": CUDA graphs on a GPU), recorded as engine "transformers+compile"
 (another mode as "transformers+compile:MODE"); a model that does not compile is reported and
-skipped. A compiled model can also crash the process (reduce-overhead did, on an H100 with
-PyTorch 2.11, in the CUDA-graph trees during qwen3_moe's decode): run one model per process to
-keep the others' figures.
+skipped. generate()'s own compilation of the decoding forward (automatic on a GPU with a static
+cache) is turned off, so that MODE is the only compilation. A compiled model can also crash the
+process (reduce-overhead did, on an H100 with PyTorch 2.11, in the CUDA-graph trees during
+qwen3_moe's decode, while generate() still compiled the forward a second time around ours): run
+one model per process to keep the others' figures.
 
 For each model and dtype: load with from_pretrained (default attention and experts
 implementations), one warm-up of each scenario, then RUNS measured runs; the figure is the median.
@@ -98,6 +100,10 @@ def decode_rate(model, ids, steps):
 def compiled(model, mode):
     """The model with a static KV cache and its forward compiled in `mode`."""
     model.generation_config.cache_implementation = "static"
+    # On a GPU with a static cache, generate() compiles the forward itself for decoding (in
+    # reduce-overhead mode unless told otherwise) around the one compiled here: two compilations
+    # nested, CUDA graphs in the outer one whatever `mode` says. Ours is the only one.
+    model.generation_config.disable_compile = True
     # Every batch size and cache length is a recompilation; past torch's default limit of 8 the
     # forward would silently run uncompiled, and the figures with it.
     torch._dynamo.config.recompile_limit = 256
