@@ -28,28 +28,35 @@ fn table(first: usize, len: usize) -> Arc<[BlockRef]> {
     (first..first + len).map(|b| BlockRef::new(BlockId(b as u32), BlockGeneration(1))).collect()
 }
 
-/// Median and minimum per step in microseconds, and the table words uploaded per step, of
-/// `NUM_STEPS` decode steps at `context` tokens.
-fn decode(context: usize) -> (f64, f64, usize) {
-    let max_blocks = MAX_MODEL_LEN / BLOCK_SIZE + 1;
+const MAX_BLOCKS: usize = MAX_MODEL_LEN / BLOCK_SIZE + 1;
+
+/// A packer at the CUDA worker's limits for Qwen3's vocabulary.
+fn packer() -> StepPacker {
     let capacity = StepCapacity {
         max_tokens: 2048,
         max_seqs: 128,
-        max_blocks_per_seq: max_blocks,
+        max_blocks_per_seq: MAX_BLOCKS,
         max_taps: 8 * 128,
-        max_logit_edits: 65_536,
+        max_logit_edits: 1 << 20,
     };
     let geometry = PackGeometry {
         vocab_size: 151_936,
         block_size: BLOCK_SIZE,
-        num_blocks: NUM_SEQS * max_blocks + 1,
+        num_blocks: NUM_SEQS * MAX_BLOCKS + 1,
         max_positions: MAX_MODEL_LEN,
         num_live_states: None,
         num_snapshot_slots: 0,
         attention: Some(AttentionTiling { group: 4, rows_per_item: 16 }),
         logits_chunk_rows: 128,
     };
-    let mut packer = StepPacker::new(capacity, geometry);
+    StepPacker::new(capacity, geometry)
+}
+
+/// Median and minimum per step in microseconds, and the table words uploaded per step, of
+/// `NUM_STEPS` decode steps at `context` tokens.
+fn decode(context: usize) -> (f64, f64, usize) {
+    let max_blocks = MAX_BLOCKS;
+    let mut packer = packer();
     let mut words = vec![0u32; packer.layout().num_words()];
     let greedy = Arc::new(SamplingParams::greedy(1));
     let mut seqs: Vec<ScheduledSeq> = (0..NUM_SEQS)
@@ -110,6 +117,40 @@ fn penalised_row(len: usize) -> (f64, f64) {
     (times[times.len() / 2], times[0])
 }
 
+/// Median and minimum in microseconds, and the edits, of packing a decode step of 64 rows with a
+/// presence penalty after a 1k-token prompt and `output` generated tokens each.
+fn penalised_step(output: usize) -> (f64, f64, usize) {
+    let mut packer = packer();
+    let mut words = vec![0u32; packer.layout().num_words()];
+    let params = Arc::new(SamplingParams { presence_penalty: 1.5, ..SamplingParams::greedy(1) });
+    // A text's tokens: about 1,500 distinct ones a sequence, repeating.
+    let text = |seed: usize, n: usize| -> Vec<TokenId> {
+        (0..n).map(|i| ((i + seed).wrapping_mul(2_654_435_761) % 1_500 + seed) as TokenId).collect()
+    };
+    let seqs = (0..NUM_SEQS)
+        .map(|i| {
+            let computed = 1024 + output;
+            let mut s = ScheduledSeq::prompt_chunk(SeqId(i as u64), vec![1], computed, vec![]);
+            s.block_table = table(i * MAX_BLOCKS, computed / BLOCK_SIZE + 1);
+            s.num_prompt_tokens = 1024;
+            s.sample = Some((params.clone(), output as u64));
+            s.context = Some(SeqContext::new(text(i, 1024), &text(i + 7, output)));
+            s
+        })
+        .collect();
+    let plan = StepPlan { seqs, ..StepPlan::default() };
+    let mut edits = 0;
+    let mut times: Vec<f64> = (0..50)
+        .map(|_| {
+            let start = Instant::now();
+            edits = packer.pack(&plan, true, &mut words).expect("a valid step").num_logit_edits;
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    (times[times.len() / 2], times[0], edits)
+}
+
 fn main() {
     println!("step_pack: {NUM_SEQS} sequences, one decode token each, {BLOCK_SIZE}-token blocks");
     println!("| context | median | min | table bytes uploaded a step |");
@@ -124,5 +165,12 @@ fn main() {
     for len in [1_024, 4_096, 16_384] {
         let (median, min) = penalised_row(len);
         println!("| {len} tokens | {median:.1} us | {min:.1} us |");
+    }
+    println!("a decode step of {NUM_SEQS} rows with a presence penalty");
+    println!("| output | median | min | edits |");
+    println!("| --- | --- | --- | --- |");
+    for output in [1_024, 4_096] {
+        let (median, min, edits) = penalised_step(output);
+        println!("| {output} tokens | {median:.1} us | {min:.1} us | {edits} |");
     }
 }
