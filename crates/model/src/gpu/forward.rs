@@ -221,8 +221,35 @@ impl GpuModel {
                 return Err(e.into());
             }
         }
+        #[cfg(debug_assertions)]
+        {
+            let num_pad = step.num_seqs - plan.seqs.len();
+            let pads = pad.map(|(seq, _)| std::iter::repeat_n(seq, num_pad)).into_iter().flatten();
+            check_tables(caches, plan.seqs.iter().chain(pads), step.block_table_stride)?;
+        }
         Ok(step)
     }
+}
+
+/// Reads the block tables back from the device and checks that each row holds its sequence's
+/// table, then -1: the rows a step did not upload must still be there from earlier steps (debug
+/// builds, so every test on the simulator or a GPU checks it, a step's whole tables at a time).
+#[cfg(debug_assertions)]
+fn check_tables<'a>(
+    caches: &GpuCaches,
+    seqs: impl Iterator<Item = &'a ScheduledSeq>,
+    stride: usize,
+) -> Result<()> {
+    let section = caches.packer.layout().block_tables;
+    let seqs: Vec<_> = seqs.collect();
+    let rows = caches.inputs.sub(section.offset, seqs.len() * stride).expect("in the section");
+    let on_device = caches.arena.download(rows)?;
+    for (i, (row, s)) in on_device.chunks(stride).zip(seqs).enumerate() {
+        let table = s.block_table.iter().map(|b| b.block.index() as u32);
+        let want = table.chain(std::iter::repeat(u32::MAX)).take(stride);
+        assert!(row.iter().copied().eq(want), "block-table row {i} on the device: {row:?}");
+    }
+    Ok(())
 }
 
 impl<'a> Ctx<'a> {
