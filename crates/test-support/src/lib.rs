@@ -21,6 +21,7 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// SplitMix64: a small seeded generator for randomised tests (the same sequence on every
 /// machine).
+#[derive(Clone, Debug)]
 pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {

@@ -6,37 +6,30 @@
 use routed_cache::{
     CacheRequest, CommitEntry, KvCacheManager, SlotGrant, SlotRequest, StepAllocation,
 };
+use routed_test_support::SplitMix64;
 use routed_types::{SeqId, TokenId};
 
-/// SplitMix64: tiny, seeded, identical on every platform.
+/// The tests' seeded generator (test-support's SplitMix64) with the draws they make.
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(SplitMix64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        Self(SplitMix64(seed))
     }
 
     /// Uniform in `0..n` (n > 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
+        self.0.below(n)
     }
 
     /// True with probability `percent / 100`.
     pub fn chance(&mut self, percent: u64) -> bool {
-        self.next_u64() % 100 < percent
+        self.0.next_u64() % 100 < percent
     }
 
     pub fn tokens(&mut self, n: usize) -> Vec<TokenId> {
-        (0..n).map(|_| (self.next_u64() % 50_000) as TokenId).collect()
+        (0..n).map(|_| (self.0.next_u64() % 50_000) as TokenId).collect()
     }
 }
 
