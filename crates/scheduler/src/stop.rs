@@ -82,7 +82,7 @@ fn may_have_stopped(
     let skip = params.skip_special_tokens;
     let longest = params.stop.iter().map(String::len).max().unwrap_or(0);
     // Tokens of at least a byte each (special ones aside) cover the longest stop string twice.
-    let num_window = MIN_WINDOW_TOKENS.max(2 * longest + MIN_WINDOW_TOKENS);
+    let num_window = 2 * longest + MIN_WINDOW_TOKENS;
     // The window stands for the whole text only when the output was searched after the token
     // before too: not at `min_tokens`, the first search.
     if output.len() <= num_window || output.len() <= params.min_tokens as usize {
@@ -167,12 +167,11 @@ mod tests {
     fn a_window_too_short_to_judge_falls_back_to_the_whole_output() {
         let p = SamplingParams { stop: vec!["zz".into()], ..SamplingParams::greedy(1000) };
         // Tokens that decode to nothing (special tokens skipped) leave the window empty.
-        let empty = |ids: &[TokenId], _: bool| -> String {
+        let mut empty = |ids: &[TokenId], _: bool| -> String {
             ids.iter().filter(|&&i| i != 99).map(|&i| char::from(b'a' + (i % 26) as u8)).collect()
         };
         let mut output = vec![25, 25];
         output.extend([99; 100]);
-        let mut empty = empty;
         let (reason, keep) = check_stop(&output, &p, &[], 102, 10_000, &mut empty).unwrap();
         assert_eq!(reason, FinishReason::Stop { matched: Some(StopMatch::Text("zz".into())) });
         assert_eq!(keep, Some(0));

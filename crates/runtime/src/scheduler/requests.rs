@@ -143,7 +143,7 @@ impl SchedulerActor {
         };
         let group = self.groups.get(&id.request());
         let Some(g) = group.filter(|g| g.return_routing && self.info.routing.is_some()) else {
-            return self.deliver(id, output, Some(text));
+            return self.deliver(id, output, text);
         };
         let read = Reconstruct {
             table: seq.blocks.clone(),
@@ -154,7 +154,7 @@ impl SchedulerActor {
         let fut = self.peers.routing.send(read).into_actor(self).map(move |res, act, ctx| {
             match res {
                 Ok(Ok(rows)) => {
-                    act.deliver(id, FinalOutput { routing: Some(rows), ..output }, Some(text))
+                    act.deliver(id, FinalOutput { routing: Some(rows), ..output }, text)
                 }
                 Ok(Err(e)) => act
                     .fail_seq(id, EngineError::Internal(format!("routing rows unavailable: {e}"))),
@@ -169,17 +169,14 @@ impl SchedulerActor {
     }
 
     /// Sends a continuation's final output, stamped with its weights' versions, with its `text`
-    /// made on the delivery thread when given, and releases it.
-    pub(super) fn deliver(&mut self, id: SeqId, mut output: FinalOutput, text: Option<FinalText>) {
+    /// made on the delivery thread, and releases it.
+    pub(super) fn deliver(&mut self, id: SeqId, mut output: FinalOutput, text: FinalText) {
         if let Some(g) = self.groups.get_mut(&id.request()) {
             let versions = std::mem::take(&mut g.versions[id.index_in_request()]);
             let current = self.updates.version();
             output.weight_version = versions.last(current).to_string();
             output.weight_versions = versions.into_spans(current);
-            match text {
-                Some(text) => self.peers.outbox.finish(&g.events, Box::new(output), text),
-                None => self.peers.outbox.send(&g.events, RequestEvent::Finished(Box::new(output))),
-            }
+            self.peers.outbox.finish(&g.events, Box::new(output), text);
             g.num_open -= 1;
             if g.num_open == 0 {
                 self.groups.remove(&id.request());
@@ -280,7 +277,7 @@ impl SchedulerActor {
                     weight_version: String::new(),
                     weight_versions: Vec::new(),
                 };
-                self.deliver(id, output, Some(text));
+                self.deliver(id, output, text);
             }
         }
         self.schedule(ctx);

@@ -15,6 +15,7 @@ use crate::{
     cache_manager::ResetPrefixCache,
     executor::{SwapError, SwapWeights},
     metrics as names,
+    outbox::FinalText,
     routing_cache::FreeBlocks,
 };
 use actix::{ActorFutureExt, AsyncContext, Context, Handler, Message, ResponseFuture, WrapFuture};
@@ -235,7 +236,8 @@ impl SchedulerActor {
                 weight_version: String::new(),
                 weight_versions: Vec::new(),
             };
-            self.deliver(s.id, output, None);
+            let text = FinalText::new(&self.tokenizer, &s.params, &FinishReason::Abort, None);
+            self.deliver(s.id, output, text);
         }
         true
     }

@@ -2,14 +2,14 @@
 //!
 //! The weights are uploaded once from the host model the loader built; the KV blocks, the Mamba
 //! live and snapshot states, the routing buffer and every activation live in pools allocated once
-//! ([`GpuCaches`]). A step is an upload of the packed step inputs the step changed from page-locked memory, the
-//! forward on the compute stream, and the sampled ids with their logprobs back; a row's bias and
-//! penalties are applied on the device as per-token edits, min-p inside the sampling kernel, and
-//! prompt logprobs are scored there too. Rows that need the host (edits past the step's list,
-//! every row with `device_sampling` off) come back as logits and go through the CPU sampler.
-//! Prefix caching follows the CPU rules: snapshots at the positions the plan names (taps in the
-//! conv and scan kernels), restores by copy, and the dummy forward on the scratch block and
-//! scratch state only.
+//! ([`GpuCaches`]). A step is an upload, from page-locked memory, of what the step changed of the
+//! packed step inputs, the forward on the compute stream, and the sampled ids with their logprobs
+//! back; a row's bias and penalties are applied on the device as per-token edits, min-p inside the
+//! sampling kernel, and prompt logprobs are scored there too. Rows that need the host (edits past
+//! the step's list, every row with `device_sampling` off) come back as logits and go through the
+//! CPU sampler. Prefix caching follows the CPU rules: snapshots at the positions the plan names
+//! (taps in the conv and scan kernels), restores by copy, and the dummy forward on the scratch
+//! block and scratch state only.
 //!
 //! Routing: every MoE layer's router writes its plane of the routing buffer `(L, N, K)` int16 at
 //! a fixed address. [`CudaCopyEngine`] copies a step's rows on the copy stream into page-locked
