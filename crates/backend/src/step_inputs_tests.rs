@@ -441,7 +441,7 @@ fn the_device_holds_every_table_of_a_step_though_only_changes_are_uploaded() {
             // A refused step uploads nothing.
             0 => {
                 let mut bad = plan.clone();
-                bad.seqs.last_mut().unwrap().token_ids = vec![100];
+                bad.seqs.last_mut().unwrap().token_ids = vec![100].into();
                 assert!(packer.pack(&bad, true, &mut words).is_err());
                 continue;
             }

@@ -2,7 +2,8 @@
 //! [`PlanStep`] per engine step.
 
 use actix::{Actor, Context, Handler, Message, MessageResult};
-use routed_cache::{CacheError, CacheStats, KvCacheManager};
+use routed_cache::{CacheStats, KvCacheManager};
+pub use routed_scheduler::PlanError;
 use routed_scheduler::{CacheStep, GrantedStep};
 use routed_types::BlockRef;
 
@@ -32,16 +33,6 @@ pub struct Forget(pub Vec<BlockRef>);
 #[rtype(result = "CacheStats")]
 pub struct GetCacheStats;
 
-/// A [`PlanStep`] the cache refused: which part of it, and why.
-#[derive(Debug, thiserror::Error)]
-#[error("cache manager, {stage}: {source}")]
-pub struct PlanError {
-    /// The part of the step: `commit`, `free`, `preempt`, `add`, `append` or `allocate`.
-    pub stage: &'static str,
-    /// Why.
-    pub source: CacheError,
-}
-
 /// Owns the block pool, prefix hashes and snapshot pool.
 pub struct CacheManagerActor {
     manager: KvCacheManager,
@@ -51,42 +42,6 @@ impl CacheManagerActor {
     /// An actor around `manager`.
     pub fn new(manager: KvCacheManager) -> Self {
         Self { manager }
-    }
-
-    fn plan(&mut self, step: CacheStep) -> Result<GrantedStep, PlanError> {
-        let m = &mut self.manager;
-        let at = |stage| move |source| PlanError { stage, source };
-        // Order matters: publish what the last forward wrote, forget the finished, release the
-        // retracted, learn the new and the sampled, and only then plan.
-        m.commit(&step.commit).map_err(at("commit"))?;
-        m.free(&step.free).map_err(at("free"))?;
-        m.preempt(&step.preempt).map_err(at("preempt"))?;
-        for seq in step.add {
-            m.add_request(seq).map_err(at("add"))?;
-        }
-        for (id, token) in &step.append {
-            m.append_token_ids(*id, std::slice::from_ref(token)).map_err(at("append"))?;
-        }
-        let allocation =
-            m.allocate_slots(&step.candidates, step.token_budget).map_err(at("allocate"))?;
-        let tables = allocation
-            .grants
-            .iter()
-            .map(|g| {
-                if g.is_admission {
-                    let table = m.block_table(g.seq_id).expect("granted sequences are tracked");
-                    table.iter().map(|&b| BlockRef::new(b, m.block_pool().generation(b))).collect()
-                } else {
-                    g.new_blocks.clone()
-                }
-            })
-            .collect();
-        Ok(GrantedStep {
-            allocation,
-            tables,
-            dropped_blocks: m.take_dropped_blocks(),
-            stats: m.stats(),
-        })
     }
 }
 
@@ -98,7 +53,7 @@ impl Handler<PlanStep> for CacheManagerActor {
     type Result = Result<GrantedStep, PlanError>;
 
     fn handle(&mut self, msg: PlanStep, _: &mut Context<Self>) -> Self::Result {
-        self.plan(msg.0)
+        msg.0.plan(&mut self.manager)
     }
 }
 

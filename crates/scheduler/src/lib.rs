@@ -13,11 +13,13 @@
 //! Sequences that finish wait in `finishing` until the engine has read their routing rows; only
 //! [`Scheduler::release`] then frees their blocks, so rows are never read from freed blocks.
 
+mod exchange;
 mod policy;
 mod seq;
 mod stop;
 
-pub use policy::{CacheStep, GrantedStep, Scheduler, SchedulerConfig, SeqEvent};
+pub use exchange::{CacheStep, GrantedStep, PlanError};
+pub use policy::{Scheduler, SchedulerConfig, SeqEvent};
 pub use seq::{NewSeq, Seq, SeqStatus};
 pub use stop::check_stop;
 

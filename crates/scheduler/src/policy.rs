@@ -1,8 +1,8 @@
 //! The scheduler proper: queues, the per-step exchange with the cache manager, and applying a
 //! step's output.
 
-use crate::{NewSeq, SchedulerError, Seq, SeqStatus, check_stop};
-use routed_cache::{CacheRequest, CacheStats, CommitEntry, SlotRequest, StepAllocation};
+use crate::{CacheStep, GrantedStep, NewSeq, SchedulerError, Seq, SeqStatus, check_stop};
+use routed_cache::{CacheRequest, CommitEntry, SlotRequest};
 use routed_types::{
     BlockRef, FinishReason, SampledToken, ScheduledSeq, SeqContext, SeqId, StepId, StepOutput,
     StepPlan, TokenCounts, TokenId,
@@ -29,41 +29,6 @@ pub struct SchedulerConfig {
     pub eos_token_ids: Vec<TokenId>,
     /// Whether steps hand their routing to the copy worker.
     pub capture_routing: bool,
-}
-
-/// What the cache manager must hear this step, and the step's candidates: the payload of the one
-/// round trip per step.
-#[derive(Clone, Debug, Default)]
-pub struct CacheStep {
-    /// Commits of the last forward (publish after compute).
-    pub commit: Vec<CommitEntry>,
-    /// Requests to start tracking.
-    pub add: Vec<CacheRequest>,
-    /// Sampled tokens, appended before the step that feeds them back.
-    pub append: Vec<(SeqId, TokenId)>,
-    /// Finished or aborted sequences whose blocks can be released.
-    pub free: Vec<SeqId>,
-    /// Running sequences the scheduler retracted (generation paused): their blocks are released
-    /// and they wait for re-admission with their tokens, as if the cache had preempted them.
-    pub preempt: Vec<SeqId>,
-    /// Candidates in priority order: running sequences first (oldest first), then waiting ones.
-    pub candidates: Vec<SlotRequest>,
-    /// Token budget of the step.
-    pub token_budget: usize,
-}
-
-/// The cache manager's answer to a [`CacheStep`].
-#[derive(Clone, Debug, Default)]
-pub struct GrantedStep {
-    /// The grants, deferrals and preemptions.
-    pub allocation: StepAllocation,
-    /// Per grant: the whole block table with generations for an admission, the blocks appended
-    /// by the grant otherwise.
-    pub tables: Vec<Vec<BlockRef>>,
-    /// Blocks whose contents died since the last step (evicted, reset): their routing rows go.
-    pub dropped_blocks: Vec<BlockRef>,
-    /// Cache figures after the step was planned.
-    pub stats: CacheStats,
 }
 
 /// What happened to a sequence in a step.
@@ -258,8 +223,11 @@ impl Scheduler {
     /// Starts a step: everything the cache manager must hear plus the candidates.
     pub fn begin_step(&mut self) -> CacheStep {
         let mut step = std::mem::take(&mut self.outbox);
-        step.candidates.extend(self.running.iter().map(|&id| SlotRequest::new(id)));
         let room = self.config.max_num_seqs.saturating_sub(self.running.len());
+        // Sized once: grown by pushes it would reallocate a few times a step, more the larger
+        // the batch.
+        step.candidates.reserve_exact(self.running.len() + room.min(self.waiting.len()));
+        step.candidates.extend(self.running.iter().map(|&id| SlotRequest::new(id)));
         step.candidates.extend(self.waiting.iter().take(room).map(|&id| SlotRequest::new(id)));
         step.token_budget = self.config.max_num_batched_tokens;
         step
@@ -325,7 +293,7 @@ impl Scheduler {
                 .then(|| SeqContext { prompt: seq.prompt.clone(), history: seq.history.clone() });
             plan.seqs.push(ScheduledSeq {
                 seq_id: seq.id,
-                token_ids: (grant.num_computed_tokens..grant.end()).map(|p| seq.token(p)).collect(),
+                token_ids: seq.tokens(grant.num_computed_tokens..grant.end()),
                 num_computed_tokens: grant.num_computed_tokens,
                 num_prompt_tokens: seq.prompt.len(),
                 block_table: Arc::clone(&seq.blocks),
@@ -376,7 +344,9 @@ impl Scheduler {
         output: &StepOutput,
         text: &mut dyn FnMut(&[TokenId], bool) -> String,
     ) -> Vec<SeqEvent> {
-        let mut events = Vec::new();
+        let mut events = Vec::with_capacity(ids.len());
+        self.outbox.commit.reserve(ids.len());
+        self.outbox.append.reserve(ids.len());
         for chunk in &output.prompt_logprobs {
             let Some(seq) = ids.get(chunk.seq_index).and_then(|id| self.seqs.get_mut(id)) else {
                 continue;
@@ -387,8 +357,9 @@ impl Scheduler {
                 seq.prompt_logprobs.extend(chunk.entries.iter().skip(skip).cloned());
             }
         }
-        let in_flight = std::mem::take(&mut self.in_flight);
-        for ((&id, sampled), commit) in ids.iter().zip(&output.sampled).zip(in_flight) {
+        // Taken and put back empty, so the next plan's entries reuse its buffer.
+        let mut in_flight = std::mem::take(&mut self.in_flight);
+        for ((&id, sampled), commit) in ids.iter().zip(&output.sampled).zip(in_flight.drain(..)) {
             let Some(seq) = self.seqs.get_mut(&id) else { continue };
             self.outbox.commit.push(commit);
             let Some(sampled) = sampled else { continue };
@@ -418,6 +389,7 @@ impl Scheduler {
                 None => self.outbox.append.push((id, sampled.token)),
             }
         }
+        self.in_flight = in_flight;
         events
     }
 }

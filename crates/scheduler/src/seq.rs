@@ -1,7 +1,9 @@
 //! One sequence (one sampled continuation) as the scheduler tracks it.
 
-use routed_types::{BlockRef, SampledToken, SamplingParams, SeqId, TokenCounts, TokenId};
-use std::sync::Arc;
+use routed_types::{
+    BlockRef, SampledToken, SamplingParams, SeqId, StepTokens, TokenCounts, TokenId,
+};
+use std::{ops::Range, sync::Arc};
 
 /// Where a sequence is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,5 +70,60 @@ impl Seq {
     pub fn token(&self, position: usize) -> TokenId {
         let p = self.prompt.len();
         if position < p { self.prompt[position] } else { self.output[position - p] }
+    }
+
+    /// The tokens at `positions`, for a step to feed: a range of the shared prompt or the one
+    /// token a decode feeds, copied only when a chunk reaches into the output past its first
+    /// token (recomputed after a preemption).
+    pub fn tokens(&self, positions: Range<usize>) -> StepTokens {
+        if positions.end <= self.prompt.len() {
+            StepTokens::Prompt { prompt: Arc::clone(&self.prompt), range: positions }
+        } else if positions.len() == 1 {
+            StepTokens::One(self.token(positions.start))
+        } else {
+            StepTokens::Owned(positions.map(|p| self.token(p)).collect())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use routed_types::RequestId;
+
+    fn seq(prompt: Vec<TokenId>, output: Vec<TokenId>) -> Seq {
+        Seq {
+            id: SeqId::new(RequestId(1), 0),
+            prompt: Arc::new(prompt),
+            output,
+            history: None,
+            params: Arc::new(SamplingParams::greedy(8)),
+            status: SeqStatus::Running,
+            blocks: Arc::from([]),
+            num_computed_tokens: 0,
+            num_cached_tokens: 0,
+            live_state: None,
+            ever_computed: false,
+            prompt_logprobs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn step_tokens_are_the_positions_tokens_copied_only_past_the_prompt() {
+        let s = seq(vec![10, 11, 12, 13], vec![20, 21, 22]);
+        for start in 0..s.num_tokens() {
+            for end in start + 1..=s.num_tokens() {
+                let tokens = s.tokens(start..end);
+                let expected: Vec<TokenId> = (start..end).map(|p| s.token(p)).collect();
+                assert_eq!(*tokens, expected, "positions {start}..{end}");
+                match tokens {
+                    StepTokens::Prompt { prompt, .. } => {
+                        assert!(end <= 4 && Arc::ptr_eq(&prompt, &s.prompt), "shared prompt");
+                    }
+                    StepTokens::One(_) => assert!(end > 4 && end - start == 1),
+                    StepTokens::Owned(_) => assert!(end > 4 && end - start > 1),
+                }
+            }
+        }
     }
 }

@@ -110,7 +110,7 @@ fn an_admission_plans_its_chunk_over_the_whole_block_table() {
     assert_eq!(plan.seqs.len(), 1);
     let p = &plan.seqs[0];
     assert_eq!(p.seq_id, seq(1));
-    assert_eq!(p.token_ids, (14..20).collect::<Vec<_>>());
+    assert_eq!(*p.token_ids, (14..20).collect::<Vec<_>>());
     assert_eq!((p.num_computed_tokens, p.num_prompt_tokens), (4, 10));
     assert_eq!(*p.block_table, *blocks(&[7, 8, 9]));
     assert_eq!(p.sample.as_ref().map(|s| s.1), Some(0), "the prompt's end samples token 0");
@@ -218,7 +218,7 @@ fn sampled_tokens_are_streamed_then_fed_back_until_max_tokens() {
     assert_eq!(step.append, [(seq(1), 7)], "the sampled token is appended before it is fed back");
     // Decode: position 5, a new block appended.
     let plan = s.build_plan(granted(vec![(grant(seq(1), false, 5, 1), blocks(&[3]))], vec![]));
-    assert_eq!(plan.seqs[0].token_ids, [7]);
+    assert_eq!(*plan.seqs[0].token_ids, [7]);
     assert_eq!(*plan.seqs[0].block_table, *blocks(&[1, 2, 3]));
     assert_eq!(plan.seqs[0].sample.as_ref().map(|s| s.1), Some(1));
     let events = s.apply_output(&[seq(1)], &sampled(&[Some(8)]), &mut no_text);

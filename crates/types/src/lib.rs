@@ -21,4 +21,5 @@ pub use sampling::{
 };
 pub use step::{
     PromptLogprobs, SampledToken, ScheduledSeq, SeqContext, StepId, StepOutput, StepPlan,
+    StepTokens,
 };

@@ -3,7 +3,7 @@
 //! mapping) so a reader who knows it can read ours cold.
 
 use crate::{BlockRef, SamplingParams, SeqId, SnapshotSlotId, TokenCounts, TokenId};
-use std::sync::Arc;
+use std::{ops::Range, sync::Arc};
 
 /// Numbers engine steps in order; the routing host-cache's watermark is a step id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -15,7 +15,7 @@ pub struct ScheduledSeq {
     /// The sequence.
     pub seq_id: SeqId,
     /// Tokens fed this step: a prefill chunk, or the token sampled last step.
-    pub token_ids: Vec<TokenId>,
+    pub token_ids: StepTokens,
     /// Tokens already in the KV cache (computed or skipped); `token_ids[0]` sits here.
     pub num_computed_tokens: usize,
     /// Prompt length (positions at or past it are generated tokens).
@@ -47,10 +47,11 @@ impl ScheduledSeq {
     /// state slot, snapshot, sampling, context or prompt logprobs (set those after, as needed).
     pub fn prompt_chunk(
         seq_id: SeqId,
-        token_ids: Vec<TokenId>,
+        token_ids: impl Into<StepTokens>,
         num_computed_tokens: usize,
         block_table: impl Into<Arc<[BlockRef]>>,
     ) -> Self {
+        let token_ids = token_ids.into();
         Self {
             seq_id,
             num_prompt_tokens: num_computed_tokens + token_ids.len(),
@@ -64,6 +65,50 @@ impl ScheduledSeq {
             context: None,
             prompt_logprobs: None,
         }
+    }
+}
+
+/// The tokens a step feeds one sequence, held without a copy where they can be: every decode
+/// step feeds each sequence one token, and a prefill chunk is a range of the prompt the scheduler
+/// already shares, so a plan allocates nothing per sequence for its tokens. Reads as a slice.
+#[derive(Clone, Debug)]
+pub enum StepTokens {
+    /// The token sampled last step (a decode).
+    One(TokenId),
+    /// A range of the prompt (a prefill chunk).
+    Prompt {
+        /// The whole prompt, shared with the scheduler.
+        prompt: Arc<Vec<TokenId>>,
+        /// The positions fed.
+        range: Range<usize>,
+    },
+    /// Tokens of their own: a chunk that reaches into generated tokens (recomputed after a
+    /// preemption), or a plan made by hand.
+    Owned(Vec<TokenId>),
+}
+
+impl std::ops::Deref for StepTokens {
+    type Target = [TokenId];
+
+    fn deref(&self) -> &[TokenId] {
+        match self {
+            Self::One(token) => std::slice::from_ref(token),
+            Self::Prompt { prompt, range } => &prompt[range.clone()],
+            Self::Owned(tokens) => tokens,
+        }
+    }
+}
+
+impl PartialEq for StepTokens {
+    /// The same tokens, however held.
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl From<Vec<TokenId>> for StepTokens {
+    fn from(tokens: Vec<TokenId>) -> Self {
+        Self::Owned(tokens)
     }
 }
 

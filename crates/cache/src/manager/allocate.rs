@@ -102,7 +102,8 @@ impl KvCacheManager {
     ) -> Result<StepAllocation, CacheError> {
         let ids: Vec<SeqId> = candidates.iter().map(|c| c.seq_id).collect();
         self.validate_ids(&ids)?;
-        let mut step = StepAllocation::default();
+        let mut step =
+            StepAllocation { grants: Vec::with_capacity(candidates.len()), ..Default::default() };
         for (index, candidate) in candidates.iter().enumerate() {
             if step.preempted.contains(&candidate.seq_id) {
                 continue;

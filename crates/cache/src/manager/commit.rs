@@ -39,7 +39,7 @@ impl KvCacheManager {
 
     /// Each request's entries must name its oldest pending grants, in order.
     fn validate_commit(&self, entries: &[CommitEntry]) -> Result<(), CacheError> {
-        let mut num_seen: HashMap<SeqId, usize> = HashMap::new();
+        let mut num_seen: HashMap<SeqId, usize> = HashMap::with_capacity(entries.len());
         for entry in entries {
             let Some(state) = self.requests.get(&entry.seq_id) else { continue };
             let Some(index) = state.pending.iter().position(|g| g.grant_id == entry.grant_id)

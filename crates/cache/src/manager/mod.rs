@@ -157,7 +157,7 @@ impl KvCacheManager {
             pending: VecDeque::new(),
             publish_disabled: false,
         };
-        self.extend_hashes(&mut state);
+        extend_hashes(&self.config, &mut state);
         self.requests.insert(seq_id, state);
         Ok(())
     }
@@ -169,24 +169,10 @@ impl KvCacheManager {
         seq_id: SeqId,
         token_ids: &[TokenId],
     ) -> Result<(), CacheError> {
-        let mut state = self.requests.remove(&seq_id).ok_or(CacheError::UnknownRequest(seq_id))?;
+        let state = self.requests.get_mut(&seq_id).ok_or(CacheError::UnknownRequest(seq_id))?;
         state.token_ids.extend_from_slice(token_ids);
-        self.extend_hashes(&mut state);
-        self.requests.insert(seq_id, state);
+        extend_hashes(&self.config, state);
         Ok(())
-    }
-
-    fn extend_hashes(&self, state: &mut RequestState) {
-        if !self.config.enable_prefix_caching {
-            return;
-        }
-        let params = ChainParams {
-            block_size: self.config.block_size,
-            num_prompt_tokens: state.num_prompt_tokens,
-            cache_salt: state.cache_salt.as_deref(),
-            hash_generated_positions: self.config.hash_generated_positions,
-        };
-        extend_block_hashes(&mut state.block_hashes, &state.token_ids, &params);
     }
 
     /// Releases the blocks of running requests so they wait for re-admission, keeping their
@@ -416,4 +402,18 @@ impl KvCacheManager {
             .map(|p| slot_for_position(&scratch, self.config.block_size, p % num_slots))
             .collect()
     }
+}
+
+/// Hashes the blocks `state`'s tokens completed since its last call.
+fn extend_hashes(config: &CacheConfig, state: &mut RequestState) {
+    if !config.enable_prefix_caching {
+        return;
+    }
+    let params = ChainParams {
+        block_size: config.block_size,
+        num_prompt_tokens: state.num_prompt_tokens,
+        cache_salt: state.cache_salt.as_deref(),
+        hash_generated_positions: config.hash_generated_positions,
+    };
+    extend_block_hashes(&mut state.block_hashes, &state.token_ids, &params);
 }

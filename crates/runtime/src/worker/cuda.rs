@@ -543,7 +543,7 @@ mod tests {
     #[test]
     fn only_pure_decode_steps_take_a_graph() {
         let mut chunk = decode(3);
-        chunk.seqs[1].token_ids = vec![5, 6];
+        chunk.seqs[1].token_ids = vec![5, 6].into();
         let mut start = decode(3);
         start.seqs[2].num_computed_tokens = 0;
         let mut restore = decode(3);
