@@ -34,8 +34,8 @@ pub struct CacheStep {
 pub struct GrantedStep {
     /// The grants, deferrals and preemptions.
     pub allocation: StepAllocation,
-    /// Per grant: the whole block table with generations for an admission, the blocks appended
-    /// by the grant otherwise.
+    /// Per grant: the whole block table with generations for an admission; empty for a running
+    /// sequence, whose blocks added by the grant are its `new_blocks`.
     pub tables: Vec<Vec<BlockRef>>,
     /// Blocks whose contents died since the last step (evicted, reset): their routing rows go.
     pub dropped_blocks: Vec<BlockRef>,
@@ -80,7 +80,7 @@ impl CacheStep {
                     let table = m.block_table(g.seq_id).expect("granted sequences are tracked");
                     table.iter().map(|&b| BlockRef::new(b, m.block_pool().generation(b))).collect()
                 } else {
-                    g.new_blocks.clone()
+                    Vec::new()
                 }
             })
             .collect();

@@ -268,10 +268,10 @@ impl Scheduler {
             if grant.is_admission {
                 self.admit(grant.seq_id, table, grant.num_cached_tokens);
             } else if let Some(seq) = self.seqs.get_mut(&grant.seq_id)
-                && !table.is_empty()
+                && !grant.new_blocks.is_empty()
             {
                 // A new table once a block is added, every `block_size` tokens of a decode.
-                seq.blocks = seq.blocks.iter().copied().chain(table).collect();
+                seq.blocks = seq.blocks.iter().chain(&grant.new_blocks).copied().collect();
             }
             let Some(seq) = self.seqs.get_mut(&grant.seq_id) else { continue };
             if seq.status != SeqStatus::Running {

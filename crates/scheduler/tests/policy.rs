@@ -61,7 +61,17 @@ fn grant(id: SeqId, admission: bool, computed: usize, new: usize) -> SlotGrant {
 
 fn granted(grants: Vec<(SlotGrant, Vec<BlockRef>)>, preempted: Vec<SeqId>) -> GrantedStep {
     let num_scheduled_tokens = grants.iter().map(|g| g.0.num_new_tokens).sum();
-    let (grants, tables) = grants.into_iter().unzip();
+    // A running sequence's added blocks travel in its grant.
+    let (grants, tables) = grants
+        .into_iter()
+        .map(|(mut g, table)| match g.is_admission {
+            true => (g, table),
+            false => {
+                g.new_blocks = table;
+                (g, Vec::new())
+            }
+        })
+        .unzip();
     GrantedStep {
         allocation: StepAllocation {
             grants,

@@ -15,6 +15,7 @@ use crate::{
 };
 use rayon::prelude::*;
 use routed_backend::cpu::{self, Matrix};
+use std::cell::RefCell;
 
 pub(crate) struct Attention {
     pub cfg: AttentionConfig,
@@ -79,9 +80,11 @@ impl Attention {
             }
         }
         let (kv_ro, q): (&KvCache, &[f32]) = (kv, q);
-        items.par_iter_mut().for_each_init(Scratch::default, |scratch, (s, kvh, out)| {
+        items.par_iter_mut().for_each(|(s, kvh, out)| {
             let range = tokens.seq_ranges[*s].clone();
-            self.attend(q, tokens, range, &seqs[*s], *kvh, kv_ro, scratch, out);
+            Scratch::with(|scratch| {
+                self.attend(q, tokens, range, &seqs[*s], *kvh, kv_ro, scratch, out);
+            });
         });
         let heads = zeroed(&mut work.heads, n * nh * hd);
         for (s, kvh, item) in &items {
@@ -224,7 +227,8 @@ const QUERY_BLOCK: usize = 64;
 /// so in the values product a key's lane is its position modulo 16 in every block.
 const KEY_ALIGN: usize = 16;
 
-/// Per-thread buffers of [`Attention::attend`], reused across its blocks.
+/// Per-thread buffers of [`Attention::attend`], reused across its blocks, and kept on each pool
+/// thread across work items, layers and steps, so that a decode step allocates none.
 #[derive(Default)]
 struct Scratch {
     /// `[keys, head_dim]`.
@@ -234,6 +238,29 @@ struct Scratch {
     rows: Vec<usize>,
     /// `[rows, keys]`: scores, then probabilities.
     scores: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::default();
+}
+
+/// Floats a thread's scratch keeps between work items: a decode's scores at 64k positions and
+/// a few query heads. A long prompt's blocks need more (keys and values of every position), which
+/// are given back after the item rather than held by every pool thread.
+const SCRATCH_KEPT: usize = 1 << 20;
+
+impl Scratch {
+    /// Runs `f` with this thread's scratch. `f` must not re-enter (it starts no parallel work, so
+    /// the pool cannot run another item on this thread inside it).
+    fn with<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+        SCRATCH.with_borrow_mut(|scratch| {
+            let r = f(scratch);
+            for v in [&mut scratch.keys, &mut scratch.values_t, &mut scratch.scores] {
+                v.shrink_to(SCRATCH_KEPT);
+            }
+            r
+        })
+    }
 }
 
 /// Rotary embedding in the "rotate half" layout (dims `i` and `i + d/2` form a pair), applied to

@@ -61,8 +61,8 @@ impl Moe {
         logits
             .par_chunks_exact(num_experts)
             .zip(ids.par_chunks_exact_mut(k).zip(weights.par_chunks_exact_mut(k)))
-            .for_each_init(RouterScratch::default, |scratch, (l, (i, w))| {
-                route(&self.cfg.router, l, bias, scratch, i, w)
+            .for_each(|(l, (i, w))| {
+                RouterScratch::with(|scratch| route(&self.cfg.router, l, bias, scratch, i, w))
             });
         for (r, &e) in routing.iter_mut().zip(ids.iter()) {
             *r = e as i16;

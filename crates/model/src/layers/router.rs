@@ -6,11 +6,23 @@
 use crate::config::RouterKind;
 use routed_backend::cpu;
 
-/// Reusable per-thread scratch so routing a token allocates nothing.
+/// Reusable per-thread scratch so routing a token allocates nothing: kept on each pool thread
+/// across tokens, layers and steps (a router's scores, a few hundred floats).
 #[derive(Default)]
 pub(crate) struct RouterScratch {
     scores: Vec<f32>,
     choice: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<RouterScratch> = std::cell::RefCell::default();
+}
+
+impl RouterScratch {
+    /// Runs `f` with this thread's scratch (`f` must not start parallel work: no re-entry).
+    pub(crate) fn with<R>(f: impl FnOnce(&mut RouterScratch) -> R) -> R {
+        SCRATCH.with_borrow_mut(f)
+    }
 }
 
 /// Picks `ids.len()` experts for one token from its router `logits`, writing ids and weights.
