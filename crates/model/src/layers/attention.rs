@@ -250,15 +250,23 @@ thread_local! {
 const SCRATCH_KEPT: usize = 1 << 20;
 
 impl Scratch {
-    /// Runs `f` with this thread's scratch. `f` must not re-enter (it starts no parallel work, so
-    /// the pool cannot run another item on this thread inside it).
+    /// Runs `f` with this thread's scratch, or with a fresh one when this thread's is in use: a
+    /// long prompt block's products run on the pool, which may start another item on this thread
+    /// while the first waits for them.
     fn with<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
-        SCRATCH.with_borrow_mut(|scratch| {
-            let r = f(scratch);
-            for v in [&mut scratch.keys, &mut scratch.values_t, &mut scratch.scores] {
-                v.shrink_to(SCRATCH_KEPT);
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => {
+                let scratch = &mut *scratch;
+                let r = f(scratch);
+                for v in [&mut scratch.keys, &mut scratch.values_t, &mut scratch.scores] {
+                    if v.capacity() > SCRATCH_KEPT {
+                        v.clear();
+                        v.shrink_to(SCRATCH_KEPT);
+                    }
+                }
+                r
             }
-            r
+            Err(_) => f(&mut Scratch::default()),
         })
     }
 }
@@ -285,5 +293,26 @@ fn apply_rope(xs: [&mut [f32]; 2], head_dim: usize, positions: &[usize], theta: 
                 *b = x1 * cos + x0 * sin;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_is_kept_on_the_thread_and_a_nested_use_gets_its_own() {
+        Scratch::with(|outer| outer.scores.resize(1_000, 1.0));
+        Scratch::with(|outer| {
+            assert!(outer.scores.capacity() >= 1_000, "kept between uses");
+            // A pool thread that runs another item while waiting inside this one.
+            Scratch::with(|inner| {
+                assert_eq!(inner.scores.capacity(), 0, "a fresh scratch");
+                inner.scores.push(2.0);
+            });
+            assert_eq!(outer.scores[0], 1.0);
+        });
+        Scratch::with(|big| big.keys.resize(SCRATCH_KEPT * 4, 0.0));
+        Scratch::with(|after| assert!(after.keys.capacity() <= SCRATCH_KEPT, "given back"));
     }
 }
