@@ -1,6 +1,8 @@
 //! Times the scheduling policy's side of one decode step for 64 long sequences: `begin_step`,
 //! `build_plan` over the cache manager's grants (one token each, no new block) and
-//! `apply_output` of the sampled tokens. The grants are fabricated, as in the policy's tests.
+//! `apply_output` of the sampled tokens. The grants are fabricated, as in the policy's tests;
+//! then the same steps with a real cache manager planning them (the whole round trip but the
+//! actors' messages).
 //! Then the stop-string check after a token (`check_stop`, with the byte-level tokenizer of the
 //! golden qwen3_moe checkpoint) against decoding the whole output, at several output lengths.
 //!
@@ -9,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use routed_cache::{GrantId, SlotGrant, StepAllocation};
+use routed_cache::{CacheConfig, GrantId, KvCacheManager, SlotGrant, StepAllocation};
 use routed_model::Tokenizer;
 use routed_scheduler::{GrantedStep, NewSeq, Scheduler, SchedulerConfig, check_stop};
 use routed_types::{
@@ -119,6 +121,47 @@ fn decode(context: usize) -> (f64, f64) {
     (us(times[times.len() / 2]), us(times[0]))
 }
 
+/// [`decode`]'s steps with the cache manager's half of the round trip too: a real
+/// `KvCacheManager` hears each step's commits and sampled tokens and grants it
+/// (`CacheStep::plan`), as the cache manager actor does; every sequence has a prompt of its own.
+fn decode_with_cache(context: usize) -> (f64, f64) {
+    let num_blocks = NUM_SEQS * (context + NUM_STEPS + 2).div_ceil(BLOCK_SIZE) + 1;
+    let mut cache = KvCacheManager::new(CacheConfig::attention(BLOCK_SIZE, num_blocks)).unwrap();
+    let mut s = Scheduler::new(SchedulerConfig {
+        max_num_batched_tokens: context * NUM_SEQS,
+        max_num_seqs: NUM_SEQS,
+        max_waiting_requests: NUM_SEQS,
+        max_model_len: context + NUM_STEPS + 2,
+        hybrid: false,
+        eos_token_ids: vec![2],
+        capture_routing: true,
+    });
+    let ids: Vec<SeqId> = (0..NUM_SEQS as u64).map(|r| SeqId::new(RequestId(r + 1), 0)).collect();
+    let params = Arc::new(SamplingParams::greedy(NUM_STEPS as u32 + 2));
+    let new = (0..NUM_SEQS as TokenId).zip(&ids).map(|(i, &id)| NewSeq {
+        id,
+        prompt: Arc::new((0..context as TokenId).map(|t| 3 + (t * 64 + i) % 100_000).collect()),
+        params: params.clone(),
+        cache_salt: None,
+    });
+    s.add(new.collect()).unwrap();
+    let mut times = Vec::with_capacity(NUM_STEPS);
+    for step in 0..=NUM_STEPS {
+        let start = Instant::now();
+        let granted = s.begin_step().plan(&mut cache).unwrap();
+        let plan = s.build_plan(granted);
+        s.apply_output(&ids, &output(7 + step as TokenId), &mut |_, _| String::new());
+        // The first step is the prefill.
+        if step > 0 {
+            times.push(start.elapsed());
+        }
+        std::hint::black_box(plan);
+    }
+    times.sort();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    (us(times[times.len() / 2]), us(times[0]))
+}
+
 /// Microseconds per call of `f`, the median of 7 rounds of 100.
 fn time(mut f: impl FnMut()) -> f64 {
     let mut rounds: Vec<f64> = (0..7)
@@ -161,6 +204,11 @@ fn main() {
         let (median, min) = decode(context);
         println!(
             "decode_step/{NUM_SEQS}x{context}: median {median:.1} us, min {min:.1} us per step"
+        );
+        let (median, min) = decode_with_cache(context);
+        println!(
+            "decode_step+cache/{NUM_SEQS}x{context}: median {median:.1} us, min {min:.1} us per \
+             step"
         );
     }
 }
