@@ -9,33 +9,7 @@ mod common;
 use common::{engine, greedy};
 use futures_util::StreamExt;
 use routed::{GenerateRequest, RequestEvent};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
-
-/// The system allocator, counting allocations and reallocations.
-struct Counting;
-
-static NUM_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is passed on to `System` unchanged; counting touches one atomic.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        NUM_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract is `System`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        NUM_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use routed_test_support::{Counting, num_allocations};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -62,10 +36,10 @@ async fn allocations_per_step(handle: &routed::EngineHandle, num_seqs: u32) -> f
                 RequestEvent::Error(e) => panic!("{e}"),
             }
             if i == 0 && num_tokens == FROM && window.0 == 0 {
-                window.0 = NUM_ALLOCATIONS.load(Ordering::Relaxed);
+                window.0 = num_allocations();
             }
             if i == 0 && num_tokens == TO && window.1 == 0 {
-                window.1 = NUM_ALLOCATIONS.load(Ordering::Relaxed);
+                window.1 = num_allocations();
             }
         }
         assert_eq!(num_tokens, TO + 8);

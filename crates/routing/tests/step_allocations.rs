@@ -3,41 +3,9 @@
 //!
 //! This binary holds a single test so no other test allocates while it counts.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use routed_routing::{RoutingStore, RoutingStoreConfig};
+use routed_test_support::{Counting, num_allocations};
 use routed_types::{BlockGeneration, BlockId, BlockRef, RoutingMeta};
-
-struct Counting;
-
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: defers to the system allocator; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -59,15 +27,15 @@ fn store_step_allocates_per_new_block_not_per_token() {
     let blocks: Vec<BlockRef> =
         (0..num_blocks as u32).map(|b| BlockRef::new(BlockId(b), BlockGeneration(1))).collect();
 
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = num_allocations() as usize;
     let first = store.store_step(&ids, &slots, &blocks).expect("valid");
-    let first_allocs = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let first_allocs = num_allocations() as usize - before;
     assert_eq!(first.rows_written, tokens);
     assert_eq!(first_allocs, num_blocks, "one buffer per block's first rows");
 
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = num_allocations() as usize;
     let again = store.store_step(&ids, &slots, &blocks).expect("valid");
-    let again_allocs = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let again_allocs = num_allocations() as usize - before;
     assert_eq!(again.rows_written, tokens);
     assert_eq!(again_allocs, 0, "rewriting stored blocks allocates nothing");
 }

@@ -67,18 +67,23 @@ fn output(token: TokenId) -> StepOutput {
     StepOutput { sampled: vec![Some(one); NUM_SEQS], ..StepOutput::default() }
 }
 
-/// Median and minimum per step, in microseconds, of `NUM_STEPS` decode steps after every
-/// sequence's `context`-token prompt was admitted.
-fn decode(context: usize) -> (f64, f64) {
-    let mut s = Scheduler::new(SchedulerConfig {
+/// A scheduler for `NUM_SEQS` sequences of `context`-token prompts and `NUM_STEPS` decode steps.
+fn scheduler(context: usize) -> Scheduler {
+    Scheduler::new(SchedulerConfig {
         max_num_batched_tokens: context * NUM_SEQS,
         max_num_seqs: NUM_SEQS,
         max_waiting_requests: NUM_SEQS,
-        max_model_len: context + NUM_STEPS + 1,
+        max_model_len: context + NUM_STEPS + 2,
         hybrid: false,
         eos_token_ids: vec![2],
         capture_routing: true,
-    });
+    })
+}
+
+/// Median and minimum per step, in microseconds, of `NUM_STEPS` decode steps after every
+/// sequence's `context`-token prompt was admitted.
+fn decode(context: usize) -> (f64, f64) {
+    let mut s = scheduler(context);
     let ids: Vec<SeqId> = (0..NUM_SEQS as u64).map(|r| SeqId::new(RequestId(r + 1), 0)).collect();
     let params = Arc::new(SamplingParams::greedy(NUM_STEPS as u32 + 1));
     let prompt: Arc<Vec<TokenId>> = Arc::new((10..10 + context as TokenId).collect());
@@ -127,15 +132,7 @@ fn decode(context: usize) -> (f64, f64) {
 fn decode_with_cache(context: usize) -> (f64, f64) {
     let num_blocks = NUM_SEQS * (context + NUM_STEPS + 2).div_ceil(BLOCK_SIZE) + 1;
     let mut cache = KvCacheManager::new(CacheConfig::attention(BLOCK_SIZE, num_blocks)).unwrap();
-    let mut s = Scheduler::new(SchedulerConfig {
-        max_num_batched_tokens: context * NUM_SEQS,
-        max_num_seqs: NUM_SEQS,
-        max_waiting_requests: NUM_SEQS,
-        max_model_len: context + NUM_STEPS + 2,
-        hybrid: false,
-        eos_token_ids: vec![2],
-        capture_routing: true,
-    });
+    let mut s = scheduler(context);
     let ids: Vec<SeqId> = (0..NUM_SEQS as u64).map(|r| SeqId::new(RequestId(r + 1), 0)).collect();
     let params = Arc::new(SamplingParams::greedy(NUM_STEPS as u32 + 2));
     let new = (0..NUM_SEQS as TokenId).zip(&ids).map(|(i, &id)| NewSeq {

@@ -137,11 +137,11 @@ impl Scheduler {
         }
         // A request's continuations share its prompt, and so their counts until they sample.
         let mut shared: Option<(Arc<Vec<TokenId>>, Arc<TokenCounts>)> = None;
-        for s in new {
+        for mut s in new {
             self.outbox.add.push(CacheRequest {
                 seq_id: s.id,
                 prompt_token_ids: s.prompt.to_vec(),
-                cache_salt: s.cache_salt,
+                cache_salt: s.cache_salt.take(),
                 // Prompt logprobs need every prompt position computed.
                 skip_reading_prefix_cache: s.params.prompt_logprobs.is_some(),
             });
@@ -154,21 +154,7 @@ impl Scheduler {
                     counts
                 }
             });
-            let seq = Seq {
-                id: s.id,
-                prompt: s.prompt,
-                output: Vec::new(),
-                history,
-                params: s.params,
-                status: SeqStatus::Waiting,
-                blocks: Arc::from([]),
-                num_computed_tokens: 0,
-                num_cached_tokens: 0,
-                live_state: None,
-                ever_computed: false,
-                prompt_logprobs: Vec::new(),
-            };
-            self.seqs.insert(s.id, seq);
+            self.seqs.insert(s.id, Seq::waiting(s, history));
         }
         Ok(())
     }

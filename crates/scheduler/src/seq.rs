@@ -61,6 +61,24 @@ pub struct Seq {
 }
 
 impl Seq {
+    /// A new sequence, waiting with nothing computed or generated.
+    pub fn waiting(new: NewSeq, history: Option<Arc<TokenCounts>>) -> Self {
+        Self {
+            id: new.id,
+            prompt: new.prompt,
+            output: Vec::new(),
+            history,
+            params: new.params,
+            status: SeqStatus::Waiting,
+            blocks: Arc::from([]),
+            num_computed_tokens: 0,
+            num_cached_tokens: 0,
+            live_state: None,
+            ever_computed: false,
+            prompt_logprobs: Vec::new(),
+        }
+    }
+
     /// Prompt plus generated tokens.
     pub fn num_tokens(&self) -> usize {
         self.prompt.len() + self.output.len()
@@ -92,20 +110,13 @@ mod tests {
     use routed_types::RequestId;
 
     fn seq(prompt: Vec<TokenId>, output: Vec<TokenId>) -> Seq {
-        Seq {
+        let new = NewSeq {
             id: SeqId::new(RequestId(1), 0),
             prompt: Arc::new(prompt),
-            output,
-            history: None,
             params: Arc::new(SamplingParams::greedy(8)),
-            status: SeqStatus::Running,
-            blocks: Arc::from([]),
-            num_computed_tokens: 0,
-            num_cached_tokens: 0,
-            live_state: None,
-            ever_computed: false,
-            prompt_logprobs: Vec::new(),
-        }
+            cache_salt: None,
+        };
+        Seq { output, ..Seq::waiting(new, None) }
     }
 
     #[test]

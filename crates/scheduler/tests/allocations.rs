@@ -10,45 +10,12 @@
 
 use routed_cache::{CacheConfig, KvCacheManager, MambaCacheConfig};
 use routed_scheduler::{NewSeq, Scheduler, SchedulerConfig};
+use routed_test_support::{Counting, num_allocations_here as num_allocations};
 use routed_types::{RequestId, SampledToken, SamplingParams, SeqId, StepOutput, TokenId};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::Arc;
-
-thread_local! {
-    static NUM_ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-/// The system allocator, counting this thread's allocations and reallocations.
-struct Counting;
-
-// SAFETY: every call is passed on to `System` unchanged; counting touches only a const-initialised
-// thread-local without a destructor, which never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        NUM_ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        // SAFETY: the caller's contract is `System`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        NUM_ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn num_allocations() -> u64 {
-    NUM_ALLOCATIONS.with(Cell::get)
-}
 
 const BLOCK_SIZE: usize = 16;
 const PROMPT_LEN: usize = 100;

@@ -1,13 +1,15 @@
 //! Test-only helpers: the golden-file loader ([`Golden`]), [`Driver`], which runs a model on
 //! private block tables without the engine, for model-level tests, and [`run_python`] for the
 //! Python client scripts; [`write_other_policy`] derives a second set of weights from a golden
-//! checkpoint; [`SplitMix64`] seeds the randomised tests.
+//! checkpoint; [`SplitMix64`] seeds the randomised tests; [`Counting`] counts heap allocations.
 
+mod alloc_count;
 mod checkpoint;
 mod driver;
 mod golden;
 mod python;
 
+pub use alloc_count::{Counting, num_allocations, num_allocations_here};
 pub use checkpoint::write_other_policy;
 pub use driver::{Driver, Prefill, Seq};
 pub use golden::{Golden, golden_root};
