@@ -52,6 +52,15 @@ struct ServeArgs {
     /// answered 408.
     #[arg(long, default_value_t = 60)]
     body_read_timeout_s: u64,
+    /// Let the model call the request's tools on its own (`tool_choice: "auto"`, the default
+    /// when a chat lists tools): calls in its output become the message's `tool_calls`. Needs
+    /// `--tool-call-parser`.
+    #[arg(long, requires = "tool_call_parser")]
+    enable_auto_tool_choice: bool,
+    /// The format of the model's tool calls: `hermes` (`<tool_call>{"name", "arguments"}
+    /// </tool_call>`: Qwen2.5, Qwen3, Hermes).
+    #[arg(long, value_name = "NAME")]
+    tool_call_parser: Option<routed::server::ToolCallParser>,
 }
 
 #[derive(clap::Args)]
@@ -106,6 +115,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         port: args.port,
         shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_s),
         body_read_timeout: std::time::Duration::from_secs(args.body_read_timeout_s),
+        tool_call_parser: args.tool_call_parser.filter(|_| args.enable_auto_tool_choice),
         ..routed::server::ServerConfig::default()
     };
     let listener = config.bind()?;

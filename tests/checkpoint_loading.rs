@@ -21,7 +21,7 @@ fn tokenizer_reproduces_the_reference_prompt_ids() {
 fn chat_template_renders_chatml_as_transformers_does() {
     let g = Golden::open("nemotron_h");
     let tok = Tokenizer::from_dir(&g.model_dir()).unwrap();
-    let messages = [ChatMessage { role: "user".into(), content: "hi".into() }];
+    let messages = [ChatMessage::new("user", "hi")];
     assert_eq!(
         tok.apply_chat_template(&messages, true).unwrap(),
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
@@ -33,9 +33,7 @@ fn chat_template_renders_chatml_as_transformers_does() {
     // The `long` golden prompt is a rendered user turn: the template and tokenizer reproduce it.
     let long = g.meta["cases"]["long"]["text"].as_str().unwrap();
     let content = long.trim_start_matches("<|im_start|>user\n").split("<|im_end|>").next().unwrap();
-    let rendered = tok
-        .apply_chat_template(&[ChatMessage { role: "user".into(), content: content.into() }], true)
-        .unwrap();
+    let rendered = tok.apply_chat_template(&[ChatMessage::new("user", content)], true).unwrap();
     assert_eq!(tok.encode(&rendered).unwrap(), g.prompt("long"));
 }
 

@@ -96,6 +96,35 @@ fn serve_runs_the_embedded_model() {
     );
 }
 
+/// `--enable-auto-tool-choice --tool-call-parser hermes` lets chats with tools run (their answers
+/// read for calls); the first flag without the second, or an unknown parser, is refused before
+/// anything starts.
+#[test]
+fn serve_reads_tool_calls_with_the_tool_flags() {
+    let args =
+        ["--num-kv-blocks", "64", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"];
+    let serve = Server::start(&args);
+    let tool = serde_json::json!({"type": "function", "function": {"name": "f"}});
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "hi"}],
+                                  "max_tokens": 2, "tools": [tool]});
+    let r = serve.post("/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{r:?}");
+    let answer: serde_json::Value = serde_json::from_str(&r.body).expect("JSON");
+    assert_eq!(answer["choices"][0]["message"]["tool_calls"], serde_json::json!([]), "{answer}");
+    for (args, says) in [
+        (&["--enable-auto-tool-choice"][..], "--tool-call-parser"),
+        (&["--tool-call-parser", "nope"][..], "supported: hermes"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_routed"))
+            .arg("serve")
+            .args(args)
+            .output()
+            .expect("run routed");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{args:?}: {err}");
+    }
+}
+
 /// `routed bench` on the embedded model writes the records the baseline scripts' format expects:
 /// decode rates per batch size, the cold prefill rate, and prefix hits at block boundaries; its
 /// requests sample at the temperature asked for.

@@ -42,7 +42,7 @@ pub use routed_types::SampledToken;
 pub use sampling::Sampler;
 pub use shard::{ExpertShard, LoadStats};
 pub use state::StateCache;
-pub use tokenizer::{ChatMessage, Tokenizer};
+pub use tokenizer::{ChatMessage, ChatTemplateArgs, Tokenizer};
 pub use weights::Weights;
 
 use routed_backend::collective::{Collective, SingleRank};

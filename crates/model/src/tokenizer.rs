@@ -11,10 +11,52 @@ use std::path::Path;
 /// One chat message as the template sees it.
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, ...
+    /// `system`, `user`, `assistant`, `tool`, ...
     pub role: String,
     /// The message text.
     pub content: String,
+    /// An assistant message's tool calls: `{"id", "type": "function", "function": {"name",
+    /// "arguments"}}` with the arguments as JSON (not text), as templates read them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+    /// A tool message's answer to this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The author's name (a tool message's function).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    /// A plain message: `role` saying `content`.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
+    }
+}
+
+/// What a chat is rendered with besides its messages.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ChatTemplateArgs<'a> {
+    /// Append the template's assistant header.
+    pub add_generation_prompt: bool,
+    /// The tools the model may call (`tools` in the template; undefined when empty), as the
+    /// request lists them.
+    pub tools: &'a [Value],
+    /// Further variables for the template (a request's `chat_template_kwargs`, such as
+    /// `enable_thinking`).
+    pub kwargs: Option<&'a serde_json::Map<String, Value>>,
+}
+
+impl ChatTemplateArgs<'_> {
+    /// The variables the renderer sets itself, which `kwargs` may not name.
+    pub const RESERVED: [&'static str; 5] =
+        ["messages", "tools", "add_generation_prompt", "bos_token", "eos_token"];
 }
 
 /// Text <-> token ids, the chat template and the EOS ids of one checkpoint.
@@ -135,6 +177,17 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        let args = ChatTemplateArgs { add_generation_prompt, ..ChatTemplateArgs::default() };
+        self.apply_chat_template_with(messages, args)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with tools and further variables, as transformers'
+    /// `apply_chat_template(messages, tools=..., **kwargs)` renders them.
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        args: ChatTemplateArgs<'_>,
+    ) -> Result<String> {
         let source = self
             .chat_template
             .as_deref()
@@ -160,9 +213,11 @@ impl Tokenizer {
         template
             .render(minijinja::context! {
                 messages => minijinja::value::Serde(messages),
-                add_generation_prompt => add_generation_prompt,
+                tools => (!args.tools.is_empty()).then_some(minijinja::value::Serde(args.tools)),
+                add_generation_prompt => args.add_generation_prompt,
                 bos_token => self.bos_token.clone().unwrap_or_default(),
                 eos_token => self.eos_token.clone().unwrap_or_default(),
+                ..minijinja::Value::from(minijinja::value::Serde(args.kwargs))
             })
             .map_err(|e| ModelError::ChatTemplate(e.to_string()))
     }

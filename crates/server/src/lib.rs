@@ -59,6 +59,7 @@ mod run;
 mod serve;
 mod stream;
 mod tokenize;
+mod tools;
 mod validate;
 mod weights;
 mod wire;
@@ -79,6 +80,7 @@ pub use serve::{
     BoundServer, ServerConfig, bind_server, bind_server_with, configure, serve, serve_until,
     serve_with,
 };
+pub use tools::ToolCallParser;
 
 /// What the gateway shares between its handlers: the engine handle, the in-flight registry and
 /// whether it is draining for a shutdown.
@@ -90,6 +92,7 @@ pub struct AppState {
     next_id: AtomicU64,
     body_read_timeout: Duration,
     draining: AtomicBool,
+    tool_call_parser: Option<ToolCallParser>,
 }
 
 impl AppState {
@@ -108,6 +111,7 @@ impl AppState {
             next_id: AtomicU64::new(0),
             body_read_timeout: config.body_read_timeout,
             draining: AtomicBool::new(false),
+            tool_call_parser: config.tool_call_parser,
         }
     }
 
@@ -124,6 +128,12 @@ impl AppState {
     /// How long a request body may take to arrive.
     pub(crate) fn body_read_timeout(&self) -> Duration {
         self.body_read_timeout
+    }
+
+    /// How tool calls are read when a chat lets the model call its tools (`None`: such chats
+    /// are refused).
+    pub(crate) fn tool_call_parser(&self) -> Option<ToolCallParser> {
+        self.tool_call_parser
     }
 
     /// The engine.

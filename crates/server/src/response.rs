@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use crate::error::ApiError;
 use crate::routing_wire::{self, RoutingRequest};
 use crate::run::ChoiceResult;
+use crate::tools::{self, ToolCall};
 use crate::validate::Job;
 
 /// `usage`.
@@ -305,15 +306,21 @@ pub(crate) fn whole(
         let output = c.output(i)?;
         outputs.push(Some(output));
         let prompt = &job.requests[i / job.n.max(1)].prompt_token_ids;
+        let mut called_tools = false;
         let mut choice = match route {
             Route::Completions => completion_choice(i, job, c, output, prompt, tokenizer),
-            Route::Chat => json!({
-                "index": i,
-                "message": {"role": "assistant", "content": output.text},
-                "logprobs": job.logprobs.map(|_| chat_logprobs(job.names(tokenizer), &c.tokens)),
-            }),
+            Route::Chat => {
+                let message;
+                (message, called_tools) = chat_message(job.tool_calls, &output.text);
+                let names = job.names(tokenizer);
+                let logprobs = job.logprobs.map(|_| chat_logprobs(names, &c.tokens));
+                json!({"index": i, "message": message, "logprobs": logprobs})
+            }
         };
-        choice["finish_reason"] = json!(finish_reason(&output.finish_reason));
+        choice["finish_reason"] = match called_tools {
+            true => json!("tool_calls"),
+            false => json!(finish_reason(&output.finish_reason)),
+        };
         choice["stop_reason"] = stop_reason(&output.finish_reason);
         if job.return_token_ids {
             choice["token_ids"] = json!(output.token_ids);
@@ -354,6 +361,19 @@ pub(crate) fn whole(
     Ok(body)
 }
 
+/// A whole chat answer's message, and whether it calls tools: when tool calls are read
+/// (`reads_tools`), the text before the calls is its content and the calls are its `tool_calls`
+/// (as vLLM's `hermes` parser reads them, `crate::tools`).
+fn chat_message(reads_tools: bool, text: &str) -> (Value, bool) {
+    if !reads_tools {
+        return (json!({"role": "assistant", "content": text}), false);
+    }
+    let found = tools::extract(text);
+    let calls: Vec<Value> = found.calls.iter().map(ToolCall::to_message_json).collect();
+    let called = !calls.is_empty();
+    (json!({"role": "assistant", "content": found.content, "tool_calls": calls}), called)
+}
+
 /// A whole completions choice: its text and logprobs, the prompt's first with `echo`, and vLLM's
 /// `prompt_logprobs` when asked.
 fn completion_choice(
@@ -385,4 +405,29 @@ fn completion_choice(
         choice["prompt_logprobs"] = prompt_logprobs_json(tokenizer, prompt, scores, k);
     }
     choice
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chat_message_carries_the_calls_read_from_its_text() {
+        let text = "Checking.<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}</tool_call>";
+        let (message, called) = chat_message(true, text);
+        assert!(called);
+        assert_eq!(message["role"], "assistant");
+        assert_eq!(message["content"], "Checking.");
+        let calls = message["tool_calls"].as_array().expect("tool_calls");
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0]["function"], json!({"name": "f", "arguments": "{\"x\": 1}"}));
+        // Not read: the text as it is.
+        let (plain, called) = chat_message(false, text);
+        assert!(!called);
+        assert_eq!(plain, json!({"role": "assistant", "content": text}));
+        // Read, without calls.
+        let (none, called) = chat_message(true, "just text");
+        assert!(!called);
+        assert_eq!(none, json!({"role": "assistant", "content": "just text", "tool_calls": []}));
+    }
 }

@@ -14,6 +14,7 @@ use routed_runtime::EngineHandle;
 use crate::body::DEFAULT_BODY_READ_TIMEOUT;
 use crate::drain::{DEFAULT_SHUTDOWN_GRACE, drain, refuse_when_draining};
 use crate::error::{self, not_found};
+use crate::tools::ToolCallParser;
 use crate::{
     AppState, control, generate, info, install_metrics_recorder, memory, routes, routing_stats,
     tokenize, weights,
@@ -41,6 +42,10 @@ pub struct ServerConfig {
     /// On SIGTERM or SIGINT, how long the requests in flight get to finish before they are
     /// ended with a 503 `shutting_down` (default 30 s).
     pub shutdown_grace: Duration,
+    /// How the model's tool calls are read when a chat lets it call its tools on its own
+    /// (`tool_choice: "auto"`); `None` refuses such chats, as vLLM does without
+    /// `--enable-auto-tool-choice` and `--tool-call-parser`.
+    pub tool_call_parser: Option<ToolCallParser>,
 }
 
 impl Default for ServerConfig {
@@ -52,6 +57,7 @@ impl Default for ServerConfig {
             workers: cores.clamp(2, 8),
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            tool_call_parser: None,
         }
     }
 }

@@ -28,6 +28,7 @@ use crate::response::{
     finish_reason, legacy_logprobs, routing_meta, sglext, stop_reason,
 };
 use crate::run::{Merged, choice_index};
+use crate::tools::{StreamDelta, ToolStream};
 use crate::validate::Job;
 
 /// One SSE event.
@@ -53,6 +54,8 @@ struct ChoiceState {
     /// Tokens held back until the choice's echoed prompt can be sent: with `echo` and
     /// `logprobs`, the prompt's logprobs (which come with the final output) go out first.
     held: Option<Vec<TokenEvent>>,
+    /// The text split into content and tool calls, when the chat reads tool calls.
+    tools: Option<ToolStream>,
 }
 
 /// Everything the SSE body needs while it runs.
@@ -79,6 +82,7 @@ impl SseState {
         merged: Merged,
     ) -> Self {
         let num_choices = job.requests.len() * job.n;
+        let reads_tools = route == Route::Chat && job.tool_calls;
         let mut state = Self {
             route,
             header,
@@ -86,7 +90,12 @@ impl SseState {
             tokenizer,
             meta,
             merged: Some(merged),
-            choices: (0..num_choices).map(|_| ChoiceState::default()).collect(),
+            choices: (0..num_choices)
+                .map(|_| ChoiceState {
+                    tools: reads_tools.then(ToolStream::default),
+                    ..ChoiceState::default()
+                })
+                .collect(),
             meta_sent: false,
             pending: VecDeque::new(),
         };
@@ -241,8 +250,9 @@ impl SseState {
         chunk
     }
 
-    /// The route-specific part of a choice: text delta and logprobs.
-    fn choice_body(&mut self, i: usize, text: String, tokens: &[TokenEvent]) -> Value {
+    /// The route-specific part of a choice: text delta (and a chat's tool calls) and logprobs.
+    fn choice_body(&mut self, i: usize, delta: StreamDelta, tokens: &[TokenEvent]) -> Value {
+        let StreamDelta { content: text, calls } = delta;
         match self.route {
             Route::Completions => {
                 let logprobs = self.job.logprobs.map(|_| {
@@ -254,7 +264,18 @@ impl SseState {
             Route::Chat => {
                 let names = self.job.names(&self.tokenizer);
                 let logprobs = self.job.logprobs.map(|_| chat_logprobs(names, tokens));
-                json!({"index": i, "delta": {"content": text}, "logprobs": logprobs})
+                let delta = match calls.is_empty() {
+                    true => json!({"content": text}),
+                    false => {
+                        let calls: Vec<Value> =
+                            calls.iter().map(|(index, call)| call.to_delta_json(*index)).collect();
+                        match text.is_empty() {
+                            true => json!({"tool_calls": calls}),
+                            false => json!({"content": text, "tool_calls": calls}),
+                        }
+                    }
+                };
+                json!({"index": i, "delta": delta, "logprobs": logprobs})
             }
         }
     }
@@ -266,8 +287,13 @@ impl SseState {
             held.push(t);
             return;
         }
-        let delta = state.detok.push(&self.tokenizer, t.token, self.job.sampling(prompt));
-        if delta.is_empty() && self.job.logprobs.is_none() && !self.job.return_token_ids {
+        let text = state.detok.push(&self.tokenizer, t.token, self.job.sampling(prompt));
+        let delta = match &mut state.tools {
+            Some(tools) => tools.push(&text),
+            None => StreamDelta { content: text, calls: Vec::new() },
+        };
+        let nothing = delta.content.is_empty() && delta.calls.is_empty();
+        if nothing && self.job.logprobs.is_none() && !self.job.return_token_ids {
             return;
         }
         let mut choice = self.choice_body(i, delta, std::slice::from_ref(&t));
@@ -291,9 +317,16 @@ impl SseState {
         }
         let state = &mut self.choices[i];
         let rest = state.detok.finish(&out.text);
-        let mut choice = self.choice_body(i, rest, &[]);
+        let (delta, called_tools) = match &mut state.tools {
+            Some(tools) => (tools.finish(&rest), tools.num_calls() > 0),
+            None => (StreamDelta { content: rest, calls: Vec::new() }, false),
+        };
+        let mut choice = self.choice_body(i, delta, &[]);
         choice["logprobs"] = Value::Null;
-        choice["finish_reason"] = json!(finish_reason(&out.finish_reason));
+        choice["finish_reason"] = match called_tools {
+            true => json!("tool_calls"),
+            false => json!(finish_reason(&out.finish_reason)),
+        };
         choice["stop_reason"] = stop_reason(&out.finish_reason);
         if self.job.return_token_ids {
             choice["token_ids"] = json!([]);

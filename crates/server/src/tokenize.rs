@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::AppState;
 use crate::body::{JsonBody, prepare};
 use crate::error::ApiError;
-use crate::validate::{ChatRender, check_model, encode, render_messages, token_ids};
+use crate::validate::{ChatExtras, ChatRender, check_model, encode, render_messages, token_ids};
 use crate::wire::{DetokenizeBody, TokenizeBody, parse};
 
 /// The token ids of a `/tokenize` body and the field they came from.
@@ -31,8 +31,9 @@ fn tokenize_ids(
         (None, Some(messages)) => {
             refuse_chat_options(b)?;
             let how = ChatRender::new(b.add_generation_prompt, b.continue_final_message)?;
+            let extras = ChatExtras::new(b.tools.as_deref(), b.chat_template_kwargs.as_ref())?;
             (
-                render_messages(state, messages, how)?,
+                render_messages(state, messages, how, extras)?,
                 "messages",
                 b.add_special_tokens.unwrap_or(false),
             )
@@ -48,19 +49,10 @@ fn tokenize_ids(
 /// Chat options this server does not offer on `/tokenize`, refused unless neutral (a request's
 /// own template is refused by vLLM too unless the server trusts it).
 fn refuse_chat_options(b: &TokenizeBody) -> Result<(), ApiError> {
-    if b.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::unsupported("tools", "tools are not supported"));
-    }
     if b.chat_template.is_some() {
         return Err(ApiError::unsupported(
             "chat_template",
             "a request's own chat_template is not accepted; the checkpoint's template is used",
-        ));
-    }
-    if b.chat_template_kwargs.as_ref().is_some_and(|k| !k.is_empty()) {
-        return Err(ApiError::unsupported(
-            "chat_template_kwargs",
-            "chat_template_kwargs are not supported",
         ));
     }
     Ok(())

@@ -106,6 +106,12 @@ pub(crate) struct CompletionFields {
 pub(crate) struct WireMessage {
     pub role: String,
     pub content: Option<MessageContent>,
+    /// An assistant message's calls: `{"id", "type", "function": {"name", "arguments"}}`, the
+    /// arguments as JSON text (OpenAI's shape) or as an object.
+    pub tool_calls: Option<Vec<Value>>,
+    /// A tool message's call.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 /// A message's content: text, or a list of parts of which only `text` parts are supported.
@@ -135,6 +141,8 @@ pub(crate) struct ChatFields {
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: Option<bool>,
     pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     pub response_format: Option<Value>,
 }
 

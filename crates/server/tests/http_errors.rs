@@ -108,7 +108,7 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
             json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
             "messages[0].content",
         ),
-        (json!({"messages": hi, "tools": [{"type": "function"}]}), "tools"),
+        (json!({"messages": hi, "tools": [{"type": "function"}]}), "tools[0]"),
         (json!({"messages": hi, "echo": true}), "echo"),
         (
             json!({"messages": hi, "continue_final_message": true, "add_generation_prompt": true}),

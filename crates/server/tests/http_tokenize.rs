@@ -119,7 +119,7 @@ fn tokenize_and_detokenize_refuse_bad_input_naming_the_field() {
             json!({"messages": hi, "add_generation_prompt": true, "continue_final_message": true}),
             "continue_final_message",
         ),
-        ("/tokenize", json!({"messages": hi, "tools": [{"type": "function"}]}), "tools"),
+        ("/tokenize", json!({"messages": hi, "tools": [{"type": "function"}]}), "tools[0]"),
         ("/tokenize", json!({"messages": hi, "chat_template": "{{ x }}"}), "chat_template"),
         ("/detokenize", json!({}), "tokens"),
         ("/detokenize", json!({"tokens": "abc"}), "tokens"),

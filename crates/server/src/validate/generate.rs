@@ -294,6 +294,7 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         logprobs,
         echo: None,
         prompt_logprobs: None,
+        tool_calls: false,
     };
     Ok(GenerateJob {
         job,

@@ -9,6 +9,7 @@
 //! wire spells differently from the engine (`top_k: -1`, `logit_bias`'s keys), and what only the
 //! gateway knows (a batch's size, a text's size before it is encoded).
 
+mod chat;
 mod generate;
 mod prompt;
 mod sampling;
@@ -26,6 +27,7 @@ use crate::response::TokenNames;
 use crate::routing_wire::{self, RoutingFields, RoutingRequest};
 use crate::wire::{ChatFields, CommonFields, CompletionFields, parse};
 
+pub(crate) use chat::ChatExtras;
 pub(crate) use generate::{GenerateJob, generate};
 use prompt::completion_prompts;
 pub(crate) use prompt::{ChatRender, encode, render_chat, render_messages, token_ids};
@@ -54,6 +56,9 @@ pub(crate) struct Job {
     /// Alternatives per prompt token in vLLM's `prompt_logprobs` response field, when it is
     /// returned.
     pub prompt_logprobs: Option<u32>,
+    /// A chat's tool calls are read from its output (`tool_choice: "auto"`, the server's
+    /// parser).
+    pub tool_calls: bool,
 }
 
 impl Job {
@@ -369,6 +374,7 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         logprobs: f.logprobs,
         echo: echo.then_some(texts),
         prompt_logprobs: shown,
+        tool_calls: false,
     })
 }
 
@@ -377,9 +383,8 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     let c: CommonFields = parse(body)?;
     let f: ChatFields = parse(body)?;
     check_model(state.info(), c.model.as_deref())?;
-    if f.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::unsupported("tools", "tools are not supported"));
-    }
+    let extras = ChatExtras::new(f.tools.as_deref(), f.chat_template_kwargs.as_ref())?;
+    let tool_calls = chat::parses_tool_calls(state, f.tool_choice.as_ref(), f.tools.as_deref())?;
     if let Some(format) = &f.response_format
         && format.get("type").and_then(Value::as_str) != Some("text")
     {
@@ -401,7 +406,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     }
     let Common { n, routing, routing_start, stream, cache_salt } = common_job(state, &c, 1)?;
     let asked = prompt_logprobs(c.prompt_logprobs, stream.is_some())?;
-    let prompt = render_chat(state, &f)?;
+    let prompt = render_chat(state, &f, extras)?;
     let (max_param, max_tokens) = match (f.max_completion_tokens, f.max_tokens) {
         (Some(m), _) => ("max_completion_tokens", m),
         (None, Some(m)) => ("max_tokens", m),
@@ -431,6 +436,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         logprobs,
         echo: None,
         prompt_logprobs: asked,
+        tool_calls,
     })
 }
 

@@ -1,6 +1,6 @@
 //! Prompts: token ids, text through the tokenizer, and chat messages through the template.
 
-use routed_model::ChatMessage;
+use routed_model::{ChatMessage, ChatTemplateArgs};
 use routed_runtime::ModelInfo;
 use routed_types::TokenId;
 use serde_json::Value;
@@ -8,6 +8,8 @@ use serde_json::Value;
 use crate::AppState;
 use crate::error::ApiError;
 use crate::wire::{ChatFields, MessageContent, WireMessage};
+
+use super::chat::{ChatExtras, template_tool_calls};
 
 /// Token ids from a JSON array: non-negative integers that fit a token id. Whether they are in the
 /// vocabulary is the engine's rule (`routed_runtime::validate`).
@@ -171,6 +173,7 @@ pub(crate) fn render_messages(
     state: &AppState,
     messages: &[WireMessage],
     how: ChatRender,
+    extras: ChatExtras<'_>,
 ) -> Result<String, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
@@ -185,12 +188,24 @@ pub(crate) fn render_messages(
     let messages = messages
         .iter()
         .enumerate()
-        .map(|(i, m)| Ok(ChatMessage { role: m.role.clone(), content: message_text(i, m)? }))
+        .map(|(i, m)| {
+            let tool_calls = m.tool_calls.as_deref().map(|c| template_tool_calls(i, c));
+            Ok(ChatMessage {
+                tool_calls: tool_calls.transpose()?,
+                tool_call_id: m.tool_call_id.clone(),
+                name: m.name.clone(),
+                ..ChatMessage::new(m.role.clone(), message_text(i, m)?)
+            })
+        })
         .collect::<Result<Vec<_>, ApiError>>()?;
-    let text =
-        tokenizer.apply_chat_template(&messages, how.add_generation_prompt).map_err(|e| {
-            ApiError::invalid("messages", format!("cannot apply the chat template: {e}"))
-        })?;
+    let args = ChatTemplateArgs {
+        add_generation_prompt: how.add_generation_prompt,
+        tools: extras.tools,
+        kwargs: extras.kwargs,
+    };
+    let text = tokenizer.apply_chat_template_with(&messages, args).map_err(|e| {
+        ApiError::invalid("messages", format!("cannot apply the chat template: {e}"))
+    })?;
     if !how.continue_final_message {
         return Ok(text);
     }
@@ -209,8 +224,12 @@ pub(crate) fn render_messages(
 }
 
 /// Renders a chat request's messages and encodes them.
-pub(crate) fn render_chat(state: &AppState, f: &ChatFields) -> Result<Vec<TokenId>, ApiError> {
+pub(crate) fn render_chat(
+    state: &AppState,
+    f: &ChatFields,
+    extras: ChatExtras<'_>,
+) -> Result<Vec<TokenId>, ApiError> {
     let how = ChatRender::new(f.add_generation_prompt, f.continue_final_message)?;
-    let text = render_messages(state, &f.messages, how)?;
+    let text = render_messages(state, &f.messages, how, extras)?;
     encode(state, &text, false, "messages", most_prompt_tokens(state.info()))
 }

@@ -1,0 +1,201 @@
+//! Chats with tools as vLLM's OpenAI server takes them: the tools, the calls of earlier turns
+//! and the tool answers reach the chat template, `chat_template_kwargs` too; `tool_choice` is
+//! checked against the tools and the server's parser; with `--tool-call-parser hermes` an answer
+//! without calls comes back with `tool_calls: []`, whole and streamed. (The tiny checkpoints
+//! cannot be made to write a call, so reading calls out of an answer is tested on texts, in the
+//! crate's unit tests.)
+
+mod common;
+
+use common::{TestServer, test_config};
+use routed_server::{ServerConfig, ToolCallParser};
+use serde_json::{Value, json};
+
+const MODEL: &str = "tiny_hybrid_default";
+
+/// A template in the style of Qwen's: the tools in a system turn, an assistant turn's calls as
+/// `<tool_call>` objects, a tool turn naming its call, and `enable_thinking`.
+const TOOLS_TEMPLATE: &str = concat!(
+    "{% if tools %}<|im_start|>system\n# Tools{% for tool in tools %}{{ '\\n' }}",
+    "{{ tool.function.name }}: {{ tool.function.description }}{% endfor %}<|im_end|>\n",
+    "{% endif %}{% for message in messages %}<|im_start|>{{ message.role }}\n",
+    "{% if message.tool_calls %}{% for call in message.tool_calls %}",
+    "<tool_call>{{ call.function.name }} {{ call.function.arguments.city }}</tool_call>",
+    "{% endfor %}{% else %}{{ message.content }}{% endif %}",
+    "{% if message.tool_call_id %} (answers {{ message.tool_call_id }}){% endif %}",
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n",
+    "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}",
+    "{% endif %}",
+);
+
+/// The tiny checkpoint with [`TOOLS_TEMPLATE`] as its chat template, in a directory that lives as
+/// long as the test process.
+fn checkpoint_with_tools_template() -> std::path::PathBuf {
+    let dir = tempfile::tempdir().expect("tempdir").keep();
+    let from = common::checkpoint(MODEL);
+    for entry in std::fs::read_dir(&from).expect("checkpoint") {
+        let path = entry.expect("entry").path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).expect("copy");
+    }
+    let config_path = dir.join("tokenizer_config.json");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["chat_template"] = json!(TOOLS_TEMPLATE);
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    dir
+}
+
+/// A server on the tools template, reading calls with `parser`.
+fn tools_server(parser: Option<ToolCallParser>) -> TestServer {
+    let dir = checkpoint_with_tools_template();
+    let mut config = test_config(MODEL);
+    config.model = routed_runtime::ModelSource::Dir(dir);
+    let server = ServerConfig { tool_call_parser: parser, ..ServerConfig::default() };
+    TestServer::start_with(config, server)
+}
+
+fn weather_tool() -> Value {
+    json!({"type": "function", "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }})
+}
+
+/// A conversation with a call and its answer.
+fn conversation() -> Value {
+    json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{
+            "id": "call-1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+        }]},
+        {"role": "tool", "tool_call_id": "call-1", "name": "get_weather", "content": "sunny"},
+    ])
+}
+
+/// The text `/tokenize` renders `body`'s chat to.
+fn rendered(s: &TestServer, body: &Value) -> String {
+    let tokens = s.ok("/tokenize", body)["tokens"].clone();
+    s.ok("/detokenize", &json!({"tokens": tokens}))["prompt"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn tools_calls_and_tool_answers_reach_the_template() {
+    let s = tools_server(Some(ToolCallParser::Hermes));
+    let body = json!({"messages": conversation(), "tools": [weather_tool()]});
+    let text = rendered(&s, &body);
+    let want = "<|im_start|>system\n# Tools\nget_weather: The weather in a city<|im_end|>\n\
+                <|im_start|>user\nWeather in Paris?<|im_end|>\n\
+                <|im_start|>assistant\n<tool_call>get_weather Paris</tool_call><|im_end|>\n\
+                <|im_start|>tool\nsunny (answers call-1)<|im_end|>\n\
+                <|im_start|>assistant\n";
+    assert_eq!(text, want);
+    // Without tools the template leaves its tools turn out; the variables reach it.
+    let plain = rendered(&s, &json!({"messages": [{"role": "user", "content": "hi"}]}));
+    assert_eq!(plain, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    let kwargs = json!({"messages": [{"role": "user", "content": "hi"}],
+                        "chat_template_kwargs": {"enable_thinking": false}});
+    assert!(rendered(&s, &kwargs).ends_with("<|im_start|>assistant\n<think></think>"));
+    // The chat route renders the same prompt.
+    let chat = s.ok(
+        "/v1/chat/completions",
+        &json!({"messages": conversation(), "tools": [weather_tool()], "max_tokens": 2,
+                "return_token_ids": true}),
+    );
+    let tokens = s.ok("/tokenize", &body)["tokens"].clone();
+    assert_eq!(chat["prompt_token_ids"], tokens);
+}
+
+#[test]
+fn an_answer_without_calls_has_empty_tool_calls_whole_and_streamed() {
+    let s = tools_server(Some(ToolCallParser::Hermes));
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "tools": [weather_tool()],
+                      "max_tokens": 6, "temperature": 0});
+    let whole = s.ok("/v1/chat/completions", &body);
+    let choice = &whole["choices"][0];
+    let text = choice["message"]["content"].as_str().expect("content").to_owned();
+    assert!(!text.contains("<tool_call>"));
+    assert_eq!(choice["message"]["tool_calls"], json!([]));
+    assert_eq!(choice["finish_reason"], "length");
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let chunks = s.post("/v1/chat/completions", &stream).sse_json();
+    let streamed: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(streamed, text);
+    assert!(chunks.iter().all(|c| c["choices"][0]["delta"].get("tool_calls").is_none()));
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+    // `tool_choice: "none"` reads no calls: the message is the plain one.
+    let mut none = body.clone();
+    none["tool_choice"] = json!("none");
+    let plain = s.ok("/v1/chat/completions", &none);
+    assert_eq!(plain["choices"][0]["message"]["content"], text.as_str());
+    assert!(plain["choices"][0]["message"].get("tool_calls").is_none());
+}
+
+#[test]
+fn tool_choice_and_tools_are_checked_as_vllm_checks_them() {
+    let with = tools_server(Some(ToolCallParser::Hermes));
+    let without = tools_server(None);
+    let hi = json!([{"role": "user", "content": "hi"}]);
+    let chat = |s: &TestServer, extra: Value| {
+        let mut body = json!({"messages": hi, "max_tokens": 1});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        s.post("/v1/chat/completions", &body)
+    };
+    // "auto" (the default with tools) needs the parser.
+    let err =
+        chat(&without, json!({"tools": [weather_tool()]})).error(400, "invalid_request_error");
+    assert_eq!(err["param"], "tool_choice");
+    assert!(err["message"].as_str().unwrap().contains("--enable-auto-tool-choice"), "{err}");
+    assert_eq!(
+        chat(&without, json!({"tools": [weather_tool()], "tool_choice": "none"})).status,
+        200
+    );
+    for (extra, param, code) in [
+        (
+            json!({"tools": [weather_tool()], "tool_choice": "required"}),
+            "tool_choice",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"tools": [weather_tool()],
+                   "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+            "tool_choice",
+            "unsupported_parameter",
+        ),
+        (json!({"tool_choice": "auto"}), "tool_choice", "invalid_value"),
+        (
+            json!({"tools": [weather_tool()], "tool_choice": "sometimes"}),
+            "tool_choice",
+            "invalid_value",
+        ),
+        (json!({"tools": [{"type": "function"}]}), "tools[0]", "invalid_value"),
+        (
+            json!({"tools": [{"type": "code", "function": {"name": "f"}}]}),
+            "tools[0]",
+            "invalid_value",
+        ),
+        (
+            json!({"chat_template_kwargs": {"add_generation_prompt": false}}),
+            "chat_template_kwargs.add_generation_prompt",
+            "invalid_value",
+        ),
+    ] {
+        let err = chat(&with, extra.clone()).error(400, "invalid_request_error");
+        assert_eq!(
+            (err["param"].as_str(), err["code"].as_str()),
+            (Some(param), Some(code)),
+            "{extra}"
+        );
+    }
+    // "required" with no tools to require behaves as "none", as OpenAI's does.
+    assert_eq!(chat(&with, json!({"tools": [], "tool_choice": "required"})).status, 200);
+    // A call of an earlier turn whose arguments are not JSON.
+    let mut bad = conversation();
+    bad[1]["tool_calls"][0]["function"]["arguments"] = json!("{city: Paris");
+    let body = json!({"messages": bad, "tools": [weather_tool()], "max_tokens": 1});
+    let err = with.post("/v1/chat/completions", &body).error(400, "invalid_request_error");
+    assert_eq!(err["param"], "messages[1].tool_calls[0].function.arguments");
+}
