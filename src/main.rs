@@ -61,6 +61,10 @@ struct ServeArgs {
     /// </tool_call>`: Qwen2.5, Qwen3, Hermes).
     #[arg(long, value_name = "NAME")]
     tool_call_parser: Option<routed::server::ToolCallParser>,
+    /// Split a chat answer's thinking off its content into `reasoning_content`: `qwen3`
+    /// (between `<think>` and `</think>`) or `deepseek_r1` (the answer starts thinking).
+    #[arg(long, value_name = "NAME")]
+    reasoning_parser: Option<routed::server::ReasoningParser>,
 }
 
 #[derive(clap::Args)]
@@ -116,6 +120,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_s),
         body_read_timeout: std::time::Duration::from_secs(args.body_read_timeout_s),
         tool_call_parser: args.tool_call_parser.filter(|_| args.enable_auto_tool_choice),
+        reasoning_parser: args.reasoning_parser,
         ..routed::server::ServerConfig::default()
     };
     let listener = config.bind()?;

@@ -97,12 +97,19 @@ fn serve_runs_the_embedded_model() {
 }
 
 /// `--enable-auto-tool-choice --tool-call-parser hermes` lets chats with tools run (their answers
-/// read for calls); the first flag without the second, or an unknown parser, is refused before
-/// anything starts.
+/// read for calls) and `--reasoning-parser qwen3` splits off their reasoning; the first flag
+/// without the second, or an unknown parser, is refused before anything starts.
 #[test]
-fn serve_reads_tool_calls_with_the_tool_flags() {
-    let args =
-        ["--num-kv-blocks", "64", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"];
+fn serve_reads_tool_calls_and_reasoning_with_their_flags() {
+    let args = [
+        "--num-kv-blocks",
+        "64",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--reasoning-parser",
+        "qwen3",
+    ];
     let serve = Server::start(&args);
     let tool = serde_json::json!({"type": "function", "function": {"name": "f"}});
     let body = serde_json::json!({"messages": [{"role": "user", "content": "hi"}],
@@ -110,10 +117,13 @@ fn serve_reads_tool_calls_with_the_tool_flags() {
     let r = serve.post("/v1/chat/completions", &body);
     assert_eq!(r.status, 200, "{r:?}");
     let answer: serde_json::Value = serde_json::from_str(&r.body).expect("JSON");
-    assert_eq!(answer["choices"][0]["message"]["tool_calls"], serde_json::json!([]), "{answer}");
+    let message = &answer["choices"][0]["message"];
+    assert_eq!(message["tool_calls"], serde_json::json!([]), "{answer}");
+    assert!(message.get("reasoning_content").is_some_and(|r| r.is_null()), "{answer}");
     for (args, says) in [
         (&["--enable-auto-tool-choice"][..], "--tool-call-parser"),
         (&["--tool-call-parser", "nope"][..], "supported: hermes"),
+        (&["--reasoning-parser", "nope"][..], "supported: qwen3, deepseek_r1"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_routed"))
             .arg("serve")

@@ -51,6 +51,7 @@ mod generate;
 mod info;
 mod memory;
 mod metrics;
+mod reasoning;
 mod response;
 mod routes;
 mod routing_stats;
@@ -74,6 +75,7 @@ use routed_runtime::{EngineHandle, ModelInfo};
 
 pub use error::{ApiError, ErrorBody, ErrorDetail, json_config, not_found};
 pub use metrics::install_metrics_recorder;
+pub use reasoning::ReasoningParser;
 pub use routing_wire::{NON_MOE_FILL, RoutingFormat, RoutingLayers, RoutingRequest};
 pub use run::{InFlight, Registry};
 pub use serve::{
@@ -93,6 +95,7 @@ pub struct AppState {
     body_read_timeout: Duration,
     draining: AtomicBool,
     tool_call_parser: Option<ToolCallParser>,
+    reasoning_parser: Option<ReasoningParser>,
 }
 
 impl AppState {
@@ -112,6 +115,7 @@ impl AppState {
             body_read_timeout: config.body_read_timeout,
             draining: AtomicBool::new(false),
             tool_call_parser: config.tool_call_parser,
+            reasoning_parser: config.reasoning_parser,
         }
     }
 
@@ -134,6 +138,11 @@ impl AppState {
     /// are refused).
     pub(crate) fn tool_call_parser(&self) -> Option<ToolCallParser> {
         self.tool_call_parser
+    }
+
+    /// How a chat answer's reasoning is split off its content, if at all.
+    pub(crate) fn reasoning_parser(&self) -> Option<ReasoningParser> {
+        self.reasoning_parser
     }
 
     /// The engine.

@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
+use crate::reasoning::ReasoningParser;
 use crate::routing_wire::{self, RoutingRequest};
 use crate::run::ChoiceResult;
 use crate::tools::{self, ToolCall};
@@ -311,7 +312,7 @@ pub(crate) fn whole(
             Route::Completions => completion_choice(i, job, c, output, prompt, tokenizer),
             Route::Chat => {
                 let message;
-                (message, called_tools) = chat_message(job.tool_calls, &output.text);
+                (message, called_tools) = chat_message(job.tool_calls, job.reasoning, &output.text);
                 let names = job.names(tokenizer);
                 let logprobs = job.logprobs.map(|_| chat_logprobs(names, &c.tokens));
                 json!({"index": i, "message": message, "logprobs": logprobs})
@@ -361,17 +362,35 @@ pub(crate) fn whole(
     Ok(body)
 }
 
-/// A whole chat answer's message, and whether it calls tools: when tool calls are read
-/// (`reads_tools`), the text before the calls is its content and the calls are its `tool_calls`
-/// (as vLLM's `hermes` parser reads them, `crate::tools`).
-fn chat_message(reads_tools: bool, text: &str) -> (Value, bool) {
-    if !reads_tools {
-        return (json!({"role": "assistant", "content": text}), false);
+/// A whole chat answer's message, and whether it calls tools. With a `reasoning` parser the
+/// thinking is split off into `reasoning_content` (`crate::reasoning`); when tool calls are read
+/// (`reads_tools`) from what remains, the text before the calls is the content and the calls are
+/// its `tool_calls` (as vLLM's `hermes` parser reads them, `crate::tools`).
+fn chat_message(
+    reads_tools: bool,
+    reasoning: Option<ReasoningParser>,
+    text: &str,
+) -> (Value, bool) {
+    let (thinking, answer) = match reasoning {
+        Some(parser) => {
+            let split = parser.split(text);
+            (Some(split.reasoning), split.content)
+        }
+        None => (None, Some(text.to_owned())),
+    };
+    let (mut message, called) = match reads_tools {
+        false => (json!({"role": "assistant", "content": answer}), false),
+        true => {
+            let found = tools::extract(answer.as_deref().unwrap_or_default());
+            let calls: Vec<Value> = found.calls.iter().map(ToolCall::to_message_json).collect();
+            let called = !calls.is_empty();
+            (json!({"role": "assistant", "content": found.content, "tool_calls": calls}), called)
+        }
+    };
+    if let Some(thinking) = thinking {
+        message["reasoning_content"] = json!(thinking);
     }
-    let found = tools::extract(text);
-    let calls: Vec<Value> = found.calls.iter().map(ToolCall::to_message_json).collect();
-    let called = !calls.is_empty();
-    (json!({"role": "assistant", "content": found.content, "tool_calls": calls}), called)
+    (message, called)
 }
 
 /// A whole completions choice: its text and logprobs, the prompt's first with `echo`, and vLLM's
@@ -414,7 +433,7 @@ mod tests {
     #[test]
     fn a_chat_message_carries_the_calls_read_from_its_text() {
         let text = "Checking.<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}</tool_call>";
-        let (message, called) = chat_message(true, text);
+        let (message, called) = chat_message(true, None, text);
         assert!(called);
         assert_eq!(message["role"], "assistant");
         assert_eq!(message["content"], "Checking.");
@@ -422,12 +441,30 @@ mod tests {
         assert_eq!(calls.len(), 1);
         assert_eq!(calls[0]["function"], json!({"name": "f", "arguments": "{\"x\": 1}"}));
         // Not read: the text as it is.
-        let (plain, called) = chat_message(false, text);
+        let (plain, called) = chat_message(false, None, text);
         assert!(!called);
         assert_eq!(plain, json!({"role": "assistant", "content": text}));
         // Read, without calls.
-        let (none, called) = chat_message(true, "just text");
+        let (none, called) = chat_message(true, None, "just text");
         assert!(!called);
         assert_eq!(none, json!({"role": "assistant", "content": "just text", "tool_calls": []}));
+    }
+
+    #[test]
+    fn a_chat_message_splits_its_reasoning_off_before_reading_calls() {
+        let qwen3 = Some(ReasoningParser::Qwen3);
+        let text =
+            "<think>use f</think>\n\n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
+        let (message, called) = chat_message(true, qwen3, text);
+        assert!(called);
+        assert_eq!(message["reasoning_content"], "use f");
+        assert_eq!(message["content"], "\n\n");
+        assert_eq!(message["tool_calls"][0]["function"]["name"], "f");
+        let (plain, _) = chat_message(false, qwen3, "<think>a</think>");
+        assert_eq!(plain, json!({"role": "assistant", "content": null, "reasoning_content": "a"}));
+        let (none, _) = chat_message(false, qwen3, "no thinking");
+        let want =
+            json!({"role": "assistant", "content": "no thinking", "reasoning_content": null});
+        assert_eq!(none, want);
     }
 }

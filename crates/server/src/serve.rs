@@ -14,6 +14,7 @@ use routed_runtime::EngineHandle;
 use crate::body::DEFAULT_BODY_READ_TIMEOUT;
 use crate::drain::{DEFAULT_SHUTDOWN_GRACE, drain, refuse_when_draining};
 use crate::error::{self, not_found};
+use crate::reasoning::ReasoningParser;
 use crate::tools::ToolCallParser;
 use crate::{
     AppState, control, generate, info, install_metrics_recorder, memory, routes, routing_stats,
@@ -46,6 +47,9 @@ pub struct ServerConfig {
     /// (`tool_choice: "auto"`); `None` refuses such chats, as vLLM does without
     /// `--enable-auto-tool-choice` and `--tool-call-parser`.
     pub tool_call_parser: Option<ToolCallParser>,
+    /// How a chat answer's reasoning (`<think>...</think>`) is split off its content into
+    /// `reasoning_content` (vLLM's `--reasoning-parser`); `None` leaves the text whole.
+    pub reasoning_parser: Option<ReasoningParser>,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +62,7 @@ impl Default for ServerConfig {
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             tool_call_parser: None,
+            reasoning_parser: None,
         }
     }
 }

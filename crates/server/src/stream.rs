@@ -23,12 +23,13 @@ use serde_json::{Value, json};
 
 use crate::detok::Detokenizer;
 use crate::error::ApiError;
+use crate::reasoning::ReasoningStream;
 use crate::response::{
     Header, Route, Usage, chat_logprobs, choice_routing, completion_logprobs, echoed_prompt,
     finish_reason, legacy_logprobs, routing_meta, sglext, stop_reason,
 };
 use crate::run::{Merged, choice_index};
-use crate::tools::{StreamDelta, ToolStream};
+use crate::tools::{ToolCall, ToolStream};
 use crate::validate::Job;
 
 /// One SSE event.
@@ -54,8 +55,42 @@ struct ChoiceState {
     /// Tokens held back until the choice's echoed prompt can be sent: with `echo` and
     /// `logprobs`, the prompt's logprobs (which come with the final output) go out first.
     held: Option<Vec<TokenEvent>>,
+    /// The text split into reasoning and the rest, when the chat splits off its reasoning.
+    reasoning: Option<ReasoningStream>,
     /// The text split into content and tool calls, when the chat reads tool calls.
     tools: Option<ToolStream>,
+}
+
+/// What one choice sends for some of its text.
+#[derive(Debug, Default)]
+struct ChatDelta {
+    /// A chat's thinking.
+    reasoning: String,
+    /// The text (a completion's all of it).
+    content: String,
+    /// A chat's tool calls completed, with their indices.
+    calls: Vec<(usize, ToolCall)>,
+}
+
+impl ChoiceState {
+    /// Splits the detokenized `text` as the chat reads it: reasoning off first, then tool calls
+    /// out of the rest. `end`: the choice's last text, which flushes what was held back.
+    fn split(&mut self, text: String, end: bool) -> ChatDelta {
+        let (reasoning, content) = match &mut self.reasoning {
+            Some(r) => {
+                let d = if end { r.finish(&text) } else { r.push(&text) };
+                (d.reasoning, d.content)
+            }
+            None => (String::new(), text),
+        };
+        match &mut self.tools {
+            Some(t) => {
+                let d = if end { t.finish(&content) } else { t.push(&content) };
+                ChatDelta { reasoning, content: d.content, calls: d.calls }
+            }
+            None => ChatDelta { reasoning, content, calls: Vec::new() },
+        }
+    }
 }
 
 /// Everything the SSE body needs while it runs.
@@ -83,6 +118,7 @@ impl SseState {
     ) -> Self {
         let num_choices = job.requests.len() * job.n;
         let reads_tools = route == Route::Chat && job.tool_calls;
+        let reasoning = job.reasoning.filter(|_| route == Route::Chat);
         let mut state = Self {
             route,
             header,
@@ -92,6 +128,7 @@ impl SseState {
             merged: Some(merged),
             choices: (0..num_choices)
                 .map(|_| ChoiceState {
+                    reasoning: reasoning.map(ReasoningStream::new),
                     tools: reads_tools.then(ToolStream::default),
                     ..ChoiceState::default()
                 })
@@ -250,9 +287,10 @@ impl SseState {
         chunk
     }
 
-    /// The route-specific part of a choice: text delta (and a chat's tool calls) and logprobs.
-    fn choice_body(&mut self, i: usize, delta: StreamDelta, tokens: &[TokenEvent]) -> Value {
-        let StreamDelta { content: text, calls } = delta;
+    /// The route-specific part of a choice: text delta (and a chat's reasoning and tool calls)
+    /// and logprobs.
+    fn choice_body(&mut self, i: usize, delta: ChatDelta, tokens: &[TokenEvent]) -> Value {
+        let ChatDelta { reasoning, content: text, calls } = delta;
         match self.route {
             Route::Completions => {
                 let logprobs = self.job.logprobs.map(|_| {
@@ -264,17 +302,18 @@ impl SseState {
             Route::Chat => {
                 let names = self.job.names(&self.tokenizer);
                 let logprobs = self.job.logprobs.map(|_| chat_logprobs(names, tokens));
-                let delta = match calls.is_empty() {
-                    true => json!({"content": text}),
-                    false => {
-                        let calls: Vec<Value> =
-                            calls.iter().map(|(index, call)| call.to_delta_json(*index)).collect();
-                        match text.is_empty() {
-                            true => json!({"tool_calls": calls}),
-                            false => json!({"content": text, "tool_calls": calls}),
-                        }
-                    }
-                };
+                // `content` is always there unless the delta carries reasoning or calls only.
+                let mut delta = serde_json::Map::new();
+                if !reasoning.is_empty() {
+                    delta.insert("reasoning_content".into(), json!(reasoning));
+                }
+                if !text.is_empty() || (reasoning.is_empty() && calls.is_empty()) {
+                    delta.insert("content".into(), json!(text));
+                }
+                if !calls.is_empty() {
+                    let calls = calls.iter().map(|(index, call)| call.to_delta_json(*index));
+                    delta.insert("tool_calls".into(), calls.collect());
+                }
                 json!({"index": i, "delta": delta, "logprobs": logprobs})
             }
         }
@@ -288,11 +327,9 @@ impl SseState {
             return;
         }
         let text = state.detok.push(&self.tokenizer, t.token, self.job.sampling(prompt));
-        let delta = match &mut state.tools {
-            Some(tools) => tools.push(&text),
-            None => StreamDelta { content: text, calls: Vec::new() },
-        };
-        let nothing = delta.content.is_empty() && delta.calls.is_empty();
+        let delta = state.split(text, false);
+        let nothing =
+            delta.reasoning.is_empty() && delta.content.is_empty() && delta.calls.is_empty();
         if nothing && self.job.logprobs.is_none() && !self.job.return_token_ids {
             return;
         }
@@ -317,10 +354,8 @@ impl SseState {
         }
         let state = &mut self.choices[i];
         let rest = state.detok.finish(&out.text);
-        let (delta, called_tools) = match &mut state.tools {
-            Some(tools) => (tools.finish(&rest), tools.num_calls() > 0),
-            None => (StreamDelta { content: rest, calls: Vec::new() }, false),
-        };
+        let delta = state.split(rest, true);
+        let called_tools = state.tools.as_ref().is_some_and(|t| t.num_calls() > 0);
         let mut choice = self.choice_body(i, delta, &[]);
         choice["logprobs"] = Value::Null;
         choice["finish_reason"] = match called_tools {

@@ -295,6 +295,7 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         echo: None,
         prompt_logprobs: None,
         tool_calls: false,
+        reasoning: None,
     };
     Ok(GenerateJob {
         job,

@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 
 use crate::AppState;
 use crate::error::ApiError;
+use crate::reasoning::ReasoningParser;
 use crate::response::TokenNames;
 use crate::routing_wire::{self, RoutingFields, RoutingRequest};
 use crate::wire::{ChatFields, CommonFields, CompletionFields, parse};
@@ -59,6 +60,8 @@ pub(crate) struct Job {
     /// A chat's tool calls are read from its output (`tool_choice: "auto"`, the server's
     /// parser).
     pub tool_calls: bool,
+    /// How a chat's reasoning is split off its content (the server's parser).
+    pub reasoning: Option<ReasoningParser>,
 }
 
 impl Job {
@@ -375,6 +378,7 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         echo: echo.then_some(texts),
         prompt_logprobs: shown,
         tool_calls: false,
+        reasoning: None,
     })
 }
 
@@ -437,6 +441,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         echo: None,
         prompt_logprobs: asked,
         tool_calls,
+        reasoning: state.reasoning_parser(),
     })
 }
 
