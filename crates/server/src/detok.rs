@@ -115,6 +115,12 @@ impl StopHold {
     }
 }
 
+/// How many bytes at the end of `text` could be the start of `tag` (an ASCII tag): what a
+/// stream that looks for the tag holds back until the next delta.
+pub(crate) fn held_back(text: &str, tag: &str) -> usize {
+    (1..tag.len()).rev().find(|&n| text.ends_with(&tag[..n])).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::StopHold;

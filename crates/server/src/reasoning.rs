@@ -17,6 +17,8 @@
 
 use std::str::FromStr;
 
+use crate::detok::held_back;
+
 const THINK_START: &str = "<think>";
 const THINK_END: &str = "</think>";
 
@@ -180,11 +182,6 @@ impl ReasoningStream {
         }
         out
     }
-}
-
-/// How many bytes at the end of `text` could be the start of `tag`.
-fn held_back(text: &str, tag: &str) -> usize {
-    (1..tag.len()).rev().find(|&n| text.ends_with(&tag[..n])).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -23,6 +23,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
+use crate::detok::held_back;
+
 const CALL_START: &str = "<tool_call>";
 const CALL_END: &str = "</tool_call>";
 
@@ -190,7 +192,7 @@ impl ToolStream {
                 }
                 None => {
                     // What may be the start of a `<tool_call>` waits for the next delta.
-                    let keep = held_back(pending);
+                    let keep = held_back(pending, CALL_START);
                     out.content.push_str(&pending[..pending.len() - keep]);
                     self.done += pending.len() - keep;
                     return out;
@@ -246,11 +248,6 @@ impl ToolStream {
             self.done += taken;
         }
     }
-}
-
-/// How many bytes at the end of `text` could be the start of a `<tool_call>`.
-fn held_back(text: &str) -> usize {
-    (1..CALL_START.len()).rev().find(|&n| text.ends_with(&CALL_START[..n])).unwrap_or(0)
 }
 
 #[cfg(test)]
