@@ -112,6 +112,19 @@ def main():
     assert deltas == c["message"]["content"]
     assert final == c["routed_experts"]
 
+    # Tools as the client sends them, with tool_choice "none" (this server reads no calls) and a
+    # template variable through extra_body: the answer is the plain chat's.
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }}]
+    with_tools = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=6, temperature=0, tools=tools,
+        tool_choice="none", extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    ).choices[0].message
+    assert with_tools.content == c["message"]["content"], with_tools
+    assert not with_tools.tool_calls, with_tools
+
     # The sampling fields the client sends natively: a logit bias forces a token, penalties are
     # accepted, and the same seed gives the same draw.
     forced = client.completions.create(
