@@ -56,6 +56,8 @@ pub(crate) async fn server_info(state: web::Data<AppState>) -> Result<HttpRespon
         "num_moe_layers": routing.map(|r| r.moe_layer_ids.len()),
         "num_experts": routing.map(|r| r.num_experts),
         "num_experts_per_tok": routing.map(|r| r.top_k),
+        "tool_call_parser": state.tool_call_parser().map(|p| p.name()),
+        "reasoning_parser": state.reasoning_parser().map(|p| p.name()),
         "internal_states": [internal],
         "version": env!("CARGO_PKG_VERSION"),
     })))

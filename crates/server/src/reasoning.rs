@@ -31,6 +31,16 @@ pub enum ReasoningParser {
     DeepseekR1,
 }
 
+impl ReasoningParser {
+    /// The name `--reasoning-parser` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Qwen3 => "qwen3",
+            Self::DeepseekR1 => "deepseek_r1",
+        }
+    }
+}
+
 impl FromStr for ReasoningParser {
     type Err = String;
 
@@ -278,8 +288,9 @@ mod tests {
 
     #[test]
     fn parsers_are_named_as_vllm_names_them() {
-        assert_eq!("qwen3".parse(), Ok(ReasoningParser::Qwen3));
-        assert_eq!("deepseek_r1".parse(), Ok(ReasoningParser::DeepseekR1));
+        for parser in [ReasoningParser::Qwen3, ReasoningParser::DeepseekR1] {
+            assert_eq!(parser.name().parse(), Ok(parser));
+        }
         assert!("granite".parse::<ReasoningParser>().unwrap_err().contains("supported"));
     }
 }

@@ -35,6 +35,15 @@ pub enum ToolCallParser {
     Hermes,
 }
 
+impl ToolCallParser {
+    /// The name `--tool-call-parser` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Hermes => "hermes",
+        }
+    }
+}
+
 impl FromStr for ToolCallParser {
     type Err = String;
 

@@ -32,7 +32,14 @@ fn answers(s: &TestServer) -> (Value, String, String) {
 
 #[test]
 fn deepseek_r1_reads_an_answer_without_tags_as_all_reasoning() {
-    let (whole, reasoning, content) = answers(&reasoning_server(ReasoningParser::DeepseekR1));
+    let s = reasoning_server(ReasoningParser::DeepseekR1);
+    // SGLang's server info names the parsers.
+    let info = s.get("/server_info").json();
+    assert_eq!(
+        (&info["reasoning_parser"], &info["tool_call_parser"]),
+        (&json!("deepseek_r1"), &Value::Null)
+    );
+    let (whole, reasoning, content) = answers(&s);
     let thinking = whole["reasoning_content"].as_str().expect("reasoning_content").to_owned();
     assert!(!thinking.is_empty());
     assert_eq!(whole["content"], Value::Null);
