@@ -173,15 +173,19 @@ pub(crate) struct StreamDelta {
     pub calls: Vec<(usize, ToolCall)>,
 }
 
-/// Splits a streamed answer's text deltas into content and calls (the module's rules).
+/// Splits a streamed answer's text deltas into content and calls (the module's rules). Each
+/// byte is searched for a tag about once, however the answer is cut: a long call is not searched
+/// again from its start at every delta.
 #[derive(Debug, Default)]
 pub(crate) struct ToolStream {
-    /// Every delta so far.
-    text: String,
-    /// Bytes of `text` sent as content or taken by calls.
-    done: usize,
+    /// Text received and not sent or dropped yet: what may start a tag, or the call being read.
+    pending: String,
     /// A `<tool_call>` has begun: nothing after it is content any more.
     in_calls: bool,
+    /// Where the open call's body starts in `pending` (`pending` then starts with its tag).
+    open: Option<usize>,
+    /// How far the open call's body has been searched for its closing tag without finding it.
+    searched: usize,
     /// Calls sent.
     num_calls: usize,
 }
@@ -189,21 +193,18 @@ pub(crate) struct ToolStream {
 impl ToolStream {
     /// Takes the next text delta.
     pub(crate) fn push(&mut self, delta: &str) -> StreamDelta {
-        self.text.push_str(delta);
+        self.pending.push_str(delta);
         let mut out = StreamDelta::default();
         if !self.in_calls {
-            let pending = &self.text[self.done..];
-            match pending.find(CALL_START) {
+            match self.pending.find(CALL_START) {
                 Some(at) => {
-                    out.content.push_str(&pending[..at]);
-                    self.done += at;
+                    out.content.extend(self.pending.drain(..at));
                     self.in_calls = true;
                 }
                 None => {
                     // What may be the start of a `<tool_call>` waits for the next delta.
-                    let keep = held_back(pending, CALL_START);
-                    out.content.push_str(&pending[..pending.len() - keep]);
-                    self.done += pending.len() - keep;
+                    let send = self.pending.len() - held_back(&self.pending, CALL_START);
+                    out.content.extend(self.pending.drain(..send));
                     return out;
                 }
             }
@@ -219,9 +220,9 @@ impl ToolStream {
         if self.in_calls {
             self.take_calls(&mut out, true);
         } else {
-            out.content.push_str(&self.text[self.done..]);
-            self.done = self.text.len();
+            out.content.push_str(&self.pending);
         }
+        self.pending.clear();
         out
     }
 
@@ -230,31 +231,49 @@ impl ToolStream {
         self.num_calls
     }
 
-    /// Moves every complete call past `done` into `out` (at the end, `ended`, also one that
-    /// lacks its closing tag); a call that does not parse goes out as content.
+    /// Moves every complete call in `pending` into `out` (at the end, `ended`, also one that
+    /// lacks its closing tag), dropping the text between calls; a call that does not parse goes
+    /// out as content.
     fn take_calls(&mut self, out: &mut StreamDelta, ended: bool) {
         loop {
-            let pending = &self.text[self.done..];
-            let Some(start) = pending.find(CALL_START) else {
-                if ended {
-                    self.done = self.text.len();
+            let Some(body) = self.open else {
+                match self.pending.find(CALL_START) {
+                    Some(start) => {
+                        self.pending.drain(..start);
+                        (self.open, self.searched) = (Some(CALL_START.len()), CALL_START.len());
+                        continue;
+                    }
+                    None => {
+                        // Text between or after calls is dropped; a tag's start may wait.
+                        let keep = if ended { 0 } else { held_back(&self.pending, CALL_START) };
+                        self.pending.drain(..self.pending.len() - keep);
+                        return;
+                    }
                 }
-                return;
             };
-            let body = &pending[start + CALL_START.len()..];
-            let (body, taken) = match body.find(CALL_END) {
-                Some(end) => (&body[..end], start + CALL_START.len() + end + CALL_END.len()),
-                None if ended => (body, pending.len()),
-                None => return,
+            let taken = match self.pending[self.searched..].find(CALL_END) {
+                Some(end) => self.searched + end,
+                None if ended => self.pending.len(),
+                None => {
+                    // The closing tag may straddle this delta and the next.
+                    let mut from = self.pending.len().saturating_sub(CALL_END.len() - 1);
+                    while !self.pending.is_char_boundary(from) {
+                        from -= 1;
+                    }
+                    self.searched = from.max(body);
+                    return;
+                }
             };
-            match ToolCall::parse(body) {
+            let block_end = (taken + CALL_END.len()).min(self.pending.len());
+            match ToolCall::parse(&self.pending[body..taken]) {
                 Some(call) => {
                     out.calls.push((self.num_calls, call));
                     self.num_calls += 1;
                 }
-                None => out.content.push_str(&pending[start..taken]),
+                None => out.content.push_str(&self.pending[..block_end]),
             }
-            self.done += taken;
+            self.pending.drain(..block_end);
+            self.open = None;
         }
     }
 }
@@ -356,6 +375,18 @@ mod tests {
                 assert_eq!(calls, whole.calls, "{text} at {cuts:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_long_call_streamed_a_character_at_a_time_is_the_whole_answers() {
+        let long = "ü, x: ".repeat(400);
+        let text = format!(
+            "a<tool_call>{{\"name\": \"write\", \"arguments\": {{\"s\": \"{long}\"}}}}</tool_call> b"
+        );
+        let cuts: Vec<usize> = (1..text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+        let whole = extract(&text);
+        assert_eq!(whole.calls.len(), 1);
+        assert_eq!(streamed(&text, &cuts), (whole.content.unwrap(), whole.calls));
     }
 
     #[test]
