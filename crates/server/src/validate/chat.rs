@@ -50,55 +50,77 @@ impl<'a> ChatExtras<'a> {
     }
 }
 
-/// Whether the model's tool calls are read from its output: `tool_choice` (`"auto"` by default
-/// when there are tools) checked against the tools and the server's parser. `"required"` and a
-/// named function would need output constrained to a call, which this server does not offer.
+/// What `tool_choice` asks of the model, once checked against the tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ToolChoice {
+    /// No calls are read (the tools are still rendered).
+    None,
+    /// The model may call the tools; its calls are read from its output.
+    Auto,
+    /// The model must call one: needs output constrained to a call.
+    Required,
+    /// The model must call this function: the same.
+    Named,
+}
+
+impl ToolChoice {
+    /// `tool_choice` (`"auto"` by default when there are tools) checked as vLLM checks it.
+    fn of(tool_choice: Option<&Value>, tools: Option<&[Value]>) -> Result<Self, ApiError> {
+        Ok(match (tool_choice, tools) {
+            (None, Some(tools)) if !tools.is_empty() => Self::Auto,
+            (None, _) => Self::None,
+            (Some(Value::String(s)), _) if s == "none" => Self::None,
+            (Some(_), None) => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "When using `tool_choice`, `tools` must be set.",
+                ));
+            }
+            // As OpenAI: with no tools there is nothing to require.
+            (Some(Value::String(s)), Some([])) if s == "required" => Self::None,
+            (Some(Value::String(s)), _) if s == "required" => Self::Required,
+            (Some(Value::String(s)), _) if s == "auto" => Self::Auto,
+            (Some(Value::Object(_)), _) => Self::Named,
+            (Some(other), _) => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!(
+                        "Invalid value for `tool_choice`: {other}! Only named tools, \"none\", \
+                         \"auto\" or \"required\" are supported."
+                    ),
+                ));
+            }
+        })
+    }
+}
+
+/// Whether the model's tool calls are read from its output: `tool_choice` checked against the
+/// tools and the server's parser. `"required"` and a named function would need output
+/// constrained to a call, which this server does not offer.
 pub(crate) fn parses_tool_calls(
     state: &AppState,
     tool_choice: Option<&Value>,
     tools: Option<&[Value]>,
 ) -> Result<bool, ApiError> {
-    let choice = match (tool_choice, tools) {
-        (None, Some(tools)) if !tools.is_empty() => "auto",
-        (None, _) => return Ok(false),
-        (Some(Value::String(s)), _) if s == "none" => return Ok(false),
-        (Some(_), None) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "When using `tool_choice`, `tools` must be set.",
-            ));
-        }
-        (Some(Value::String(s)), Some(tools)) if s == "required" && tools.is_empty() => {
-            // As OpenAI: nothing to require.
-            return Ok(false);
-        }
-        (Some(Value::String(s)), _) if s == "auto" || s == "required" => s.as_str(),
-        (Some(Value::Object(_)), _) => "named",
-        (Some(other), _) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                format!(
-                    "Invalid value for `tool_choice`: {other}! Only named tools, \"none\", \
-                     \"auto\" or \"required\" are supported."
-                ),
-            ));
-        }
+    let constrained = |what: &str| {
+        ApiError::unsupported(
+            "tool_choice",
+            format!(
+                "tool_choice {what} needs output constrained to a tool call, which this server \
+                 does not offer; use \"auto\" or \"none\""
+            ),
+        )
     };
-    match (choice, state.tool_call_parser()) {
-        ("auto", Some(_)) => Ok(true),
-        ("auto", None) => Err(ApiError::invalid(
+    match (ToolChoice::of(tool_choice, tools)?, state.tool_call_parser()) {
+        (ToolChoice::None, _) => Ok(false),
+        (ToolChoice::Auto, Some(_)) => Ok(true),
+        (ToolChoice::Auto, None) => Err(ApiError::invalid(
             "tool_choice",
             "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to \
              be set",
         )),
-        (required_or_named, _) => Err(ApiError::unsupported(
-            "tool_choice",
-            format!(
-                "tool_choice {} needs output constrained to a tool call, which this server does \
-                 not offer; use \"auto\" or \"none\"",
-                if required_or_named == "named" { "naming a function" } else { "\"required\"" }
-            ),
-        )),
+        (ToolChoice::Required, _) => Err(constrained("\"required\"")),
+        (ToolChoice::Named, _) => Err(constrained("naming a function")),
     }
 }
 
