@@ -8,7 +8,7 @@ mod common;
 use common::{Outcome, collect, engine, greedy, request, run, test_device};
 use futures_util::{StreamExt, future::join_all};
 use routed::runtime::{FinalOutput, TokenEvent};
-use routed::types::{SamplingParams, TokenId};
+use routed::types::{FinishReason, ResponseFormat, SamplingParams, TokenId};
 use routed::{EngineHandle, GenerateRequest, RequestEvent};
 use routed_test_support::Golden;
 
@@ -24,7 +24,8 @@ fn features() -> Vec<(&'static str, SamplingParams)> {
             "logit_bias",
             SamplingParams { logit_bias: vec![(3, 4.0), (40, -50.0)], ..sampled.clone() },
         ),
-        ("prompt_logprobs", SamplingParams { prompt_logprobs: Some(3), ..sampled }),
+        ("prompt_logprobs", SamplingParams { prompt_logprobs: Some(3), ..sampled.clone() }),
+        ("json_object", SamplingParams { response_format: ResponseFormat::JsonObject, ..sampled }),
     ]
 }
 
@@ -65,6 +66,59 @@ async fn each_feature_is_batch_invariant_and_deterministic() {
         solo.shutdown().await;
         busy.shutdown().await;
     }
+}
+
+/// Whether `text` is one JSON object (`Some(true)`), a proper prefix of one (`Some(false)`) or
+/// neither, as serde_json reads it.
+fn json_object_prefix(text: &str) -> Option<bool> {
+    let body = text.trim_start();
+    if body.is_empty() {
+        return Some(false);
+    }
+    if !body.starts_with('{') {
+        return None;
+    }
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(value) => Some(value.is_object()),
+        Err(e) if e.is_eof() => Some(false),
+        Err(_) => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_object_outputs_are_json_objects_or_their_prefixes() {
+    // Greedy and seeded continuations of every family's prompts, sampled with and without the
+    // constraint: the tiny checkpoints write no JSON of their own, so every constrained answer
+    // being a JSON object's prefix, and every one ended by EOS a whole object, is the mask's work.
+    let (mut num_whole, mut num_free_json) = (0, 0);
+    for arch in ["qwen3_moe", "nemotron_h"] {
+        let g = Golden::open(arch);
+        let handle = engine(arch, |c| c.max_num_batched_tokens = 16);
+        let json = ResponseFormat::JsonObject;
+        for (i, name) in ["main", "short3", "long"].into_iter().enumerate() {
+            for seed in 0..4 {
+                let temperature = if seed == 0 { 0.0 } else { 1.0 };
+                let free = SamplingParams { temperature, seed, ..greedy(40 + 10 * i as u32) };
+                let constrained = SamplingParams { response_format: json, ..free.clone() };
+                let prompt = g.prompt(name);
+                let out = run(&handle, GenerateRequest::new(prompt.clone(), constrained)).await;
+                let f = &out.finals[0];
+                let whole = json_object_prefix(&f.text)
+                    .unwrap_or_else(|| panic!("{arch} {name} {seed}: {:?}", f.text));
+                // An object may also close on the last token the length allows.
+                let stopped = matches!(f.finish_reason, FinishReason::Stop { .. });
+                assert!(whole || !stopped, "{arch} {name} {seed}: stopped in {:?}", f.text);
+                num_whole += usize::from(whole);
+                let rows = f.routing.as_ref().expect("routing").num_rows;
+                assert_eq!(rows, prompt.len() + f.token_ids.len() - 1, "every row kept");
+                let out = run(&handle, GenerateRequest::new(prompt, free)).await;
+                num_free_json += usize::from(json_object_prefix(&out.finals[0].text).is_some());
+            }
+        }
+        handle.shutdown().await;
+    }
+    assert!(num_whole > 0, "some answer closed its object");
+    assert_eq!(num_free_json, 0, "unconstrained, the checkpoints write no JSON");
 }
 
 /// How often `token` appears in a greedy continuation of `prompt` under `params`.

@@ -8,6 +8,7 @@ Run by crates/server/tests/http_openai_python.rs, which starts the server. Exits
 
 import base64
 import io
+import json
 import sys
 
 try:
@@ -124,6 +125,19 @@ def main():
     ).choices[0].message
     assert with_tools.content == c["message"]["content"], with_tools
     assert not with_tools.tool_calls, with_tools
+
+    # JSON mode as the client asks for it: a whole object when EOS ended the answer, else the
+    # start of one.
+    for seed in range(4):
+        answer = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=40, temperature=1.0, seed=seed,
+            response_format={"type": "json_object"},
+        ).choices[0]
+        content = answer.message.content or ""
+        if answer.finish_reason == "stop":
+            assert isinstance(json.loads(content), dict), content
+        else:
+            assert not content.strip() or content.strip().startswith("{"), content
 
     # The sampling fields the client sends natively: a logit bias forces a token, penalties are
     # accepted, and the same seed gives the same draw.

@@ -105,9 +105,10 @@ impl StepPacker {
 
 /// Whether the device kernels may pick the token and report its logprobs (the rank and up to
 /// [`MAX_LOGPROBS`] alternatives included); the bias and penalties go as logit edits when they
-/// fit the step's list.
+/// fit the step's list. A constrained output's row is chosen on the host, where its mask (most of
+/// the vocabulary ruled out, in most states) applies as it does on the CPU.
 pub fn on_device(params: &SamplingParams) -> bool {
-    params.logprobs.is_none_or(|n| n <= MAX_LOGPROBS)
+    params.logprobs.is_none_or(|n| n <= MAX_LOGPROBS) && !params.is_constrained()
 }
 
 /// The kernels' `SampleParams`: seed and index (u64, little-endian words), temperature, top-p,

@@ -97,7 +97,8 @@ fn a_mixed_step_is_packed_section_by_section() {
     chunk.restore_from = Some(SnapshotSlotId(2));
     chunk.snapshots = vec![(4, SnapshotSlotId(1)), (8, SnapshotSlotId(4))];
     chunk.prompt_logprobs = Some(0);
-    chunk.context = Some(SeqContext { prompt: Arc::new((10..22).collect()), history: None });
+    chunk.context =
+        Some(SeqContext { prompt: Arc::new((10..22).collect()), history: None, allowed: None });
     let seeded = SamplingParams {
         temperature: 0.7,
         top_p: 0.9,
@@ -211,7 +212,8 @@ fn logits_rows_count_within_their_chunk_and_a_repeated_step_uploads_its_fixed_se
     let mut words = words_of(&packer);
     let mut big = sampled(seq(0, &[1, 2, 3, 4, 5], &[1, 2]), SamplingParams::greedy(1), 0);
     big.prompt_logprobs = Some(1);
-    big.context = Some(SeqContext { prompt: Arc::new(vec![1, 2, 3, 4, 5]), history: None });
+    big.context =
+        Some(SeqContext { prompt: Arc::new(vec![1, 2, 3, 4, 5]), history: None, allowed: None });
     let plan = StepPlan { seqs: vec![big], ..StepPlan::default() };
     let first = packer.pack(&plan, true, &mut words).unwrap();
     let l = packer.layout().clone();

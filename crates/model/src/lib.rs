@@ -24,6 +24,7 @@ mod sampling;
 mod shard;
 mod state;
 mod token_bound;
+mod token_bytes;
 mod tokenizer;
 mod weights;
 mod workspace;

@@ -155,6 +155,12 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// Every token's bytes as it decodes them (`None` for special tokens), indexed by id: what
+    /// an output constraint reads the vocabulary as.
+    pub fn token_bytes(&self) -> Vec<Option<Vec<u8>>> {
+        crate::token_bytes::vocabulary_bytes(&self.inner)
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

@@ -23,7 +23,7 @@ use routed_backend::{
 use routed_cache::{CacheConfig, KvCacheManager, MambaCacheConfig};
 use routed_model::{Model, Tokenizer};
 use routed_routing::{RoutingStore, RoutingStoreConfig};
-use routed_scheduler::{Scheduler, SchedulerConfig};
+use routed_scheduler::{Scheduler, SchedulerConfig, json_mode::JsonVocabulary};
 use routed_types::BlockId;
 use std::{
     sync::{Arc, Mutex},
@@ -425,7 +425,11 @@ impl Parts {
             })
             .collect();
         let executor = ExecutorActor::new(ranks).start();
-        let (policy, tokenizer, info) = (Scheduler::new(self.scheduler), self.tokenizer, self.info);
+        // The vocabulary as bytes, for outputs constrained to JSON (`response_format`).
+        let vocabulary =
+            JsonVocabulary::new(&self.tokenizer.token_bytes(), self.tokenizer.eos_token_ids());
+        let policy = Scheduler::new(self.scheduler).with_json_vocabulary(Arc::new(vocabulary));
+        let (tokenizer, info) = (self.tokenizer, self.info);
         let heartbeat_ms = self.config.heartbeat_ms;
         let ranks = self.ranks;
         let weights = WeightsInfo {

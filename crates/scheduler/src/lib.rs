@@ -14,6 +14,7 @@
 //! [`Scheduler::release`] then frees their blocks, so rows are never read from freed blocks.
 
 mod exchange;
+pub mod json_mode;
 mod policy;
 mod seq;
 mod stop;
@@ -32,4 +33,8 @@ pub enum SchedulerError {
     /// A request id is already in use.
     #[error("duplicate request id {0:?}")]
     Duplicate(routed_types::SeqId),
+    /// A request asks for a constrained output and the scheduler was given no vocabulary to
+    /// constrain it with.
+    #[error("constrained output (response_format) needs the vocabulary's bytes")]
+    NoVocabulary,
 }

@@ -1,7 +1,10 @@
 //! The scheduler proper: queues, the per-step exchange with the cache manager, and applying a
 //! step's output.
 
-use crate::{CacheStep, GrantedStep, NewSeq, SchedulerError, Seq, SeqStatus, check_stop};
+use crate::{
+    CacheStep, GrantedStep, NewSeq, SchedulerError, Seq, SeqStatus, check_stop,
+    json_mode::{JsonConstraint, JsonMasks, JsonVocabulary},
+};
 use routed_cache::{CacheRequest, CommitEntry, SlotRequest};
 use routed_types::{
     BlockRef, FinishReason, SampledToken, ScheduledSeq, SeqContext, SeqId, StepId, StepOutput,
@@ -63,6 +66,8 @@ pub struct Scheduler {
     outbox: CacheStep,
     /// Commit entries of the step in flight, aligned with its plan.
     in_flight: Vec<CommitEntry>,
+    /// The masks of `json_object` outputs, when the vocabulary's bytes were given.
+    json: Option<JsonMasks>,
 }
 
 impl Scheduler {
@@ -78,7 +83,15 @@ impl Scheduler {
             next_step: 0,
             outbox: CacheStep::default(),
             in_flight: Vec::new(),
+            json: None,
         }
+    }
+
+    /// Lets requests constrain their output (`response_format: json_object`) over `vocabulary`;
+    /// without it such a request is refused.
+    pub fn with_json_vocabulary(mut self, vocabulary: Arc<JsonVocabulary>) -> Self {
+        self.json = Some(JsonMasks::new(vocabulary));
+        self
     }
 
     /// The configuration.
@@ -135,6 +148,9 @@ impl Scheduler {
         if let Some(dup) = new.iter().find(|s| self.seqs.contains_key(&s.id)) {
             return Err(SchedulerError::Duplicate(dup.id));
         }
+        if self.json.is_none() && new.iter().any(|s| s.params.is_constrained()) {
+            return Err(SchedulerError::NoVocabulary);
+        }
         // A request's continuations share its prompt, and so their counts until they sample.
         let mut shared: Option<(Arc<Vec<TokenId>>, Arc<TokenCounts>)> = None;
         for mut s in new {
@@ -154,7 +170,11 @@ impl Scheduler {
                     counts
                 }
             });
-            self.seqs.insert(s.id, Seq::waiting(s, history));
+            let mut seq = Seq::waiting(s, history);
+            if let Some(masks) = self.json.as_mut().filter(|_| seq.params.is_constrained()) {
+                seq.json = Some(JsonConstraint::start(masks));
+            }
+            self.seqs.insert(seq.id, seq);
         }
         Ok(())
     }
@@ -275,8 +295,13 @@ impl Scheduler {
                 .params
                 .prompt_logprobs
                 .filter(|_| grant.num_computed_tokens + 1 < seq.prompt.len());
-            let context = (seq.params.needs_history() || prompt_logprobs.is_some())
-                .then(|| SeqContext { prompt: seq.prompt.clone(), history: seq.history.clone() });
+            let context =
+                (seq.params.needs_history() || prompt_logprobs.is_some() || seq.json.is_some())
+                    .then(|| SeqContext {
+                        prompt: seq.prompt.clone(),
+                        history: seq.history.clone(),
+                        allowed: seq.json.as_ref().map(|j| Arc::clone(&j.allowed)),
+                    });
             plan.seqs.push(ScheduledSeq {
                 seq_id: seq.id,
                 token_ids: seq.tokens(grant.num_computed_tokens..grant.end()),
@@ -353,6 +378,9 @@ impl Scheduler {
             if let Some(history) = &mut seq.history {
                 // In place once the last plan that shared it is gone.
                 Arc::make_mut(history).push_output(sampled.token);
+            }
+            if let (Some(json), Some(masks)) = (&mut seq.json, &mut self.json) {
+                json.advance(sampled.token, masks);
             }
             events.push(SeqEvent::Token { id, sampled: sampled.clone() });
             let stop = check_stop(

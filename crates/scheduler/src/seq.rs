@@ -1,5 +1,6 @@
 //! One sequence (one sampled continuation) as the scheduler tracks it.
 
+use crate::json_mode::JsonConstraint;
 use routed_types::{
     BlockRef, SampledToken, SamplingParams, SeqId, StepTokens, TokenCounts, TokenId,
 };
@@ -58,6 +59,8 @@ pub struct Seq {
     pub ever_computed: bool,
     /// When the request asked for prompt logprobs: entry `i` is prompt token `i + 1`'s.
     pub prompt_logprobs: Vec<SampledToken>,
+    /// The output read so far and the tokens allowed next, for a `json_object` response format.
+    pub json: Option<JsonConstraint>,
 }
 
 impl Seq {
@@ -76,6 +79,7 @@ impl Seq {
             live_state: None,
             ever_computed: false,
             prompt_logprobs: Vec::new(),
+            json: None,
         }
     }
 

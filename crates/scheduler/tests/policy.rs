@@ -182,6 +182,53 @@ fn a_penalised_sequence_carries_its_token_counts_and_older_plans_keep_theirs() {
 }
 
 #[test]
+fn a_json_object_sequence_plans_the_mask_of_its_output_so_far() {
+    use routed_scheduler::json_mode::JsonVocabulary;
+    use routed_types::ResponseFormat;
+    // Tokens 0..4 spell `{`, `}`, EOS (special), `"a"`, `:`; 5 is `x`, which no object starts with.
+    let spellings = ["{", "}", "", "\"a\"", ":", "x"];
+    let tokens: Vec<Option<Vec<u8>>> =
+        spellings.iter().map(|s| (!s.is_empty()).then(|| s.as_bytes().to_vec())).collect();
+    let params =
+        SamplingParams { response_format: ResponseFormat::JsonObject, ..SamplingParams::greedy(8) };
+    let constrained = NewSeq { params: Arc::new(params), ..new_seq(seq(1), 3, 8) };
+    // Without the vocabulary's bytes there is nothing to constrain with.
+    let mut plain = scheduler(4, false);
+    assert_eq!(plain.add(vec![constrained.clone()]), Err(SchedulerError::NoVocabulary));
+    assert!(plain.is_idle(), "a refused add queues nothing");
+    let vocabulary = Arc::new(JsonVocabulary::new(&tokens, &[EOS]));
+    let mut s = scheduler(4, false).with_json_vocabulary(vocabulary);
+    s.add(vec![constrained, new_seq(seq(2), 3, 8)]).unwrap();
+    s.begin_step();
+    let admit = |id| (grant(id, true, 0, 3), blocks(&[id.0 as u32]));
+    let mut plan = s.build_plan(granted(vec![admit(seq(1)), admit(seq(2))], vec![]));
+    assert!(plan.seqs[1].context.is_none(), "an unconstrained sequence carries no mask");
+    let allowed = |plan: &routed_types::StepPlan| -> Vec<TokenId> {
+        let mask = plan.seqs[0].context.as_ref().and_then(|c| c.allowed.clone()).expect("a mask");
+        (0..6).filter(|&t| mask.allows(t)).collect()
+    };
+    assert_eq!(allowed(&plan), [0], "an object starts with `{{`");
+    // Each plan allows what may follow the tokens sampled before it: a key or `}`, then `:`, a
+    // value (an object or a string), ... and EOS alone once the outer object has closed.
+    let steps = [
+        (0, vec![1, 3]),
+        (3, vec![4]),
+        (4, vec![0, 3]),
+        (0, vec![1, 3]),
+        (1, vec![1]),
+        (1, vec![2]),
+    ];
+    for (token, next) in steps {
+        s.apply_output(&[seq(1), seq(2)], &sampled(&[Some(token), Some(7)]), &mut no_text);
+        s.begin_step();
+        let computed = s.seq(seq(1)).unwrap().num_tokens() - 1;
+        let decode = |id| (grant(id, false, computed, 1), vec![]);
+        plan = s.build_plan(granted(vec![decode(seq(1)), decode(seq(2))], vec![]));
+        assert_eq!(allowed(&plan), next, "after {:?}", s.seq(seq(1)).unwrap().output);
+    }
+}
+
+#[test]
 fn continuations_of_one_prompt_share_its_counts_until_they_sample() {
     let mut s = scheduler(4, false);
     let params = Arc::new(SamplingParams { repetition_penalty: 1.2, ..SamplingParams::greedy(8) });

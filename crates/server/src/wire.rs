@@ -143,7 +143,6 @@ pub(crate) struct ChatFields {
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
-    pub response_format: Option<Value>,
 }
 
 /// `sampling_params` of `/generate` (SGLang names).
@@ -168,6 +167,11 @@ pub(crate) struct SglSamplingParams {
     pub repetition_penalty: Option<f32>,
     pub min_p: Option<f32>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// SGLang's output constraints, none of which is served (refused, never ignored).
+    pub json_schema: Option<Value>,
+    pub regex: Option<Value>,
+    pub ebnf: Option<Value>,
+    pub structural_tag: Option<Value>,
 }
 
 /// `/generate`'s `sampling_params`: one object for every prompt, or a list with one per prompt of
@@ -175,7 +179,7 @@ pub(crate) struct SglSamplingParams {
 /// its path (`sampling_params[1].temperature`), not "no variant matched".
 #[derive(Clone, Debug)]
 pub(crate) enum SamplingParamsField {
-    One(SglSamplingParams),
+    One(Box<SglSamplingParams>),
     PerPrompt(Vec<SglSamplingParams>),
 }
 
@@ -189,7 +193,7 @@ impl<'de> Deserialize<'de> for SamplingParamsField {
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
                 let one = SglSamplingParams::deserialize(MapAccessDeserializer::new(map))?;
-                Ok(SamplingParamsField::One(one))
+                Ok(SamplingParamsField::One(Box::new(one)))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
                 let each = Vec::deserialize(SeqAccessDeserializer::new(seq))?;

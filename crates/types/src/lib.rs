@@ -6,6 +6,7 @@
 
 mod history;
 mod ids;
+mod mask;
 mod routing;
 mod sampling;
 mod step;
@@ -14,10 +15,11 @@ pub use history::{TokenCount, TokenCounts};
 pub use ids::{
     BlockGeneration, BlockHash, BlockId, BlockRef, RequestId, SeqId, SnapshotSlotId, TokenId,
 };
+pub use mask::TokenMask;
 pub use routing::{ExpertId, RoutingMeta, RoutingRows};
 pub use sampling::{
-    FinishReason, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY, SamplingError, SamplingParams,
-    StopMatch, check_num_logprobs,
+    FinishReason, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY, ResponseFormat, SamplingError,
+    SamplingParams, StopMatch, check_num_logprobs,
 };
 pub use step::{
     PromptLogprobs, SampledToken, ScheduledSeq, SeqContext, StepId, StepOutput, StepPlan,

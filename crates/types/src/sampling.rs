@@ -65,6 +65,20 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// Added to the logits of these tokens before anything else, sorted by token id.
     pub logit_bias: Vec<(TokenId, f32)>,
+    /// What the output must be (OpenAI's `response_format`).
+    #[serde(default)]
+    pub response_format: ResponseFormat,
+}
+
+/// What a request's output must be (OpenAI's `response_format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ResponseFormat {
+    /// Any text.
+    #[default]
+    Text,
+    /// One JSON object (`{"type": "json_object"}`): each token is chosen among those that keep
+    /// the output a prefix of a JSON object, and EOS only once the object is closed.
+    JsonObject,
 }
 
 impl Default for SamplingParams {
@@ -88,6 +102,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             min_p: 0.0,
             logit_bias: Vec::new(),
+            response_format: ResponseFormat::Text,
         }
     }
 }
@@ -111,9 +126,19 @@ impl SamplingParams {
             || self.repetition_penalty != 1.0
     }
 
-    /// Whether the logits are changed before a token is chosen (penalties, bias, `min_p`).
+    /// Whether the logits are changed before a token is chosen (penalties, bias, `min_p`, an
+    /// output constraint).
     pub fn processes_logits(&self) -> bool {
-        self.needs_history() || !self.logit_bias.is_empty() || self.min_p > 0.0
+        self.needs_history()
+            || !self.logit_bias.is_empty()
+            || self.min_p > 0.0
+            || self.is_constrained()
+    }
+
+    /// Whether the output is constrained (`response_format` other than text): each choice is
+    /// among the tokens the scheduler's mask allows.
+    pub fn is_constrained(&self) -> bool {
+        self.response_format != ResponseFormat::Text
     }
 
     /// Checks every parameter against its range, and `logit_bias`'s token ids against a

@@ -2,7 +2,7 @@
 //! it returns ([`StepOutput`]). Names follow vLLM v1 (`num_computed_tokens`, block tables, slot
 //! mapping) so a reader who knows it can read ours cold.
 
-use crate::{BlockRef, SamplingParams, SeqId, SnapshotSlotId, TokenCounts, TokenId};
+use crate::{BlockRef, SamplingParams, SeqId, SnapshotSlotId, TokenCounts, TokenId, TokenMask};
 use std::{ops::Range, sync::Arc};
 
 /// Numbers engine steps in order; the routing host-cache's watermark is a step id.
@@ -121,13 +121,16 @@ pub struct SeqContext {
     /// counts, when the sequence's penalties need them (shared with the scheduler, which adds
     /// each sampled token).
     pub history: Option<Arc<TokenCounts>>,
+    /// The tokens the request's output constraint allows next (`response_format`), when it has
+    /// one; the samplers choose among them only.
+    pub allowed: Option<Arc<TokenMask>>,
 }
 
 impl SeqContext {
     /// The context of a sequence that generated `output` after `prompt`, with its counts.
     pub fn new(prompt: Vec<TokenId>, output: &[TokenId]) -> Self {
         let history = Some(Arc::new(TokenCounts::new(&prompt, output)));
-        Self { prompt: Arc::new(prompt), history }
+        Self { prompt: Arc::new(prompt), history, allowed: None }
     }
 }
 

@@ -9,7 +9,7 @@ mod draw;
 mod mass;
 
 use routed_backend::cpu;
-use routed_types::{SampledToken, SamplingParams, SeqContext, TokenId};
+use routed_types::{SampledToken, SamplingParams, SeqContext, TokenCounts, TokenId};
 
 /// Sampling scratch reused across tokens so the hot path does not allocate per token.
 #[derive(Default)]
@@ -73,8 +73,8 @@ impl Sampler {
         SampledToken { token, logprob: logits[token as usize] - log_z, top_logprobs, rank }
     }
 
-    /// Logit bias, then the repetition, frequency and presence penalties (vLLM's order) into
-    /// `out`.
+    /// Logit bias, then the repetition, frequency and presence penalties (vLLM's order), then
+    /// the output constraint's mask, into `out`.
     fn process(
         &mut self,
         logits: &[f32],
@@ -89,28 +89,20 @@ impl Sampler {
                 *l += bias;
             }
         }
-        let Some(history) = history.filter(|_| params.needs_history()) else { return };
-        let Some(counts) = &history.history else { return };
-        let rp = params.repetition_penalty;
-        if rp != 1.0 {
-            // Every distinct token of the prompt and the output.
-            for c in counts.entries() {
-                if let Some(l) = out.get_mut(c.token as usize) {
-                    *l = if *l > 0.0 { *l / rp } else { *l * rp };
-                }
-            }
+        if let Some(counts) =
+            history.filter(|_| params.needs_history()).and_then(|h| h.history.as_deref())
+        {
+            penalise(params, counts, out);
         }
-        let (presence, frequency) = (params.presence_penalty, params.frequency_penalty);
-        if presence != 0.0 || frequency != 0.0 {
-            for c in counts.entries().iter().filter(|c| c.num_in_output > 0) {
-                if let Some(l) = out.get_mut(c.token as usize) {
-                    *l -= frequency * c.num_in_output as f32;
-                    *l -= presence;
+        // An output constraint last: a token it rules out has no chance, whatever else applied.
+        if let Some(allowed) = history.and_then(|h| h.allowed.as_deref()) {
+            for (t, l) in out.iter_mut().enumerate() {
+                if !allowed.allows(t as TokenId) {
+                    *l = f32::NEG_INFINITY;
                 }
             }
         }
     }
-
     /// The `n` most likely tokens (ties to the lower id) with their logprobs; ranking logits
     /// ranks logprobs, which differ by a constant.
     fn top_logprobs(&mut self, logits: &[f32], log_z: f32, n: usize) -> Vec<(TokenId, f32)> {
@@ -123,6 +115,29 @@ impl Sampler {
         self.order.truncate(n);
         self.order.sort_by(by_logit);
         self.order.iter().map(|&i| (i, logits[i as usize] - log_z)).collect()
+    }
+}
+
+/// The repetition penalty over every distinct token of the prompt and the output, then the
+/// frequency and presence penalties over the output's (vLLM's order).
+fn penalise(params: &SamplingParams, counts: &TokenCounts, out: &mut [f32]) {
+    let rp = params.repetition_penalty;
+    if rp != 1.0 {
+        // Every distinct token of the prompt and the output.
+        for c in counts.entries() {
+            if let Some(l) = out.get_mut(c.token as usize) {
+                *l = if *l > 0.0 { *l / rp } else { *l * rp };
+            }
+        }
+    }
+    let (presence, frequency) = (params.presence_penalty, params.frequency_penalty);
+    if presence != 0.0 || frequency != 0.0 {
+        for c in counts.entries().iter().filter(|c| c.num_in_output > 0) {
+            if let Some(l) = out.get_mut(c.token as usize) {
+                *l -= frequency * c.num_in_output as f32;
+                *l -= presence;
+            }
+        }
     }
 }
 
@@ -260,5 +275,36 @@ mod tests {
             (0..40).map(|i| Sampler::default().sample(&logits, &p, i, None).token).collect();
         assert!(picks.iter().all(|&t| t == 1 || t == 3));
         assert!(picks.contains(&1) && picks.contains(&3));
+    }
+
+    #[test]
+    fn a_constrained_choice_is_among_the_allowed_tokens_and_its_logprob_stays_raw() {
+        use routed_types::{ResponseFormat, TokenMask};
+        use std::sync::Arc;
+        let logits: Vec<f32> = (0..3000).map(|i| ((i * 7919) % 4001) as f32 * 0.004).collect();
+        let mut allowed = TokenMask::none(logits.len());
+        for t in [5, 17, 2999] {
+            allowed.allow(t);
+        }
+        let context = SeqContext { allowed: Some(Arc::new(allowed)), ..history(&[1], &[]) };
+        let json = ResponseFormat::JsonObject;
+        let greedy = SamplingParams { response_format: json, ..SamplingParams::greedy(1) };
+        let top_p = SamplingParams { top_p: 0.9, top_k: Some(40), ..Default::default() };
+        let seeded = SamplingParams { seed: 11, response_format: json, ..top_p };
+        let penalised = SamplingParams { repetition_penalty: 1.5, ..seeded.clone() };
+        let mut s = Sampler::default();
+        let mut seen = std::collections::BTreeSet::new();
+        for params in [greedy, seeded, penalised] {
+            for index in 0..40 {
+                let out = s.sample(&logits, &params, index, Some(&context));
+                assert!([5, 17, 2999].contains(&out.token), "{params:?}: {}", out.token);
+                let raw = Sampler::default().score(&logits, out.token, 0);
+                assert_eq!(out.logprob.to_bits(), raw.logprob.to_bits());
+                seen.insert(out.token);
+            }
+        }
+        assert!(seen.len() > 1, "seeded draws reach more than one allowed token");
+        let free = s.sample(&logits, &SamplingParams::greedy(1), 0, None).token;
+        assert!(![5, 17, 2999].contains(&free), "the mask, not the row, made the choices");
     }
 }

@@ -153,7 +153,7 @@ fn sampling_entries(
 ) -> Result<(Vec<SglSamplingParams>, bool), ApiError> {
     let entries = match params {
         None => return Ok((vec![SglSamplingParams::default()], false)),
-        Some(SamplingParamsField::One(one)) => return Ok((vec![one], false)),
+        Some(SamplingParamsField::One(one)) => return Ok((vec![*one], false)),
         Some(SamplingParamsField::PerPrompt(entries)) => entries,
     };
     if entries.len() != num_prompts {
@@ -201,6 +201,22 @@ fn entry_sampling(
     logprobs: Option<u32>,
     prompt_logprobs: Option<u32>,
 ) -> Result<SamplingParams, ApiError> {
+    let constraints = [
+        ("json_schema", &sp.json_schema),
+        ("regex", &sp.regex),
+        ("ebnf", &sp.ebnf),
+        ("structural_tag", &sp.structural_tag),
+    ];
+    if let Some((name, _)) =
+        constraints.iter().find(|(_, v)| v.as_ref().is_some_and(|v| !v.is_null()))
+    {
+        return Err(ApiError::unsupported(
+            &format!("sampling_params.{name}"),
+            format!(
+                "sampling_params.{name} is not supported: constrained output is served on the OpenAI routes' response_format json_object"
+            ),
+        ));
+    }
     let fields = SamplingFields {
         temperature: sp.temperature,
         top_p: sp.top_p,

@@ -352,7 +352,10 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
     let max_tokens = f.max_tokens.unwrap_or(16);
     let fields = sampling_fields(&c, asked.max(echoed));
     let info = state.info();
-    let sampling = sampling(fields, max_tokens, f.logprobs, state.default_seed())?;
+    let sampling = SamplingParams {
+        response_format: sampling::response_format(body)?,
+        ..sampling(fields, max_tokens, f.logprobs, state.default_seed())?
+    };
     let names = WireNames::openai(routing_start);
     let mut texts = Vec::new();
     let requests = prompts
@@ -389,14 +392,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     check_model(state.info(), c.model.as_deref())?;
     let extras = ChatExtras::new(f.tools.as_deref(), f.chat_template_kwargs.as_ref())?;
     let tool_calls = chat::parses_tool_calls(state, f.tool_choice.as_ref(), f.tools.as_deref())?;
-    if let Some(format) = &f.response_format
-        && format.get("type").and_then(Value::as_str) != Some("text")
-    {
-        return Err(ApiError::unsupported(
-            "response_format",
-            "only the text response_format is supported",
-        ));
-    }
+    let response_format = sampling::response_format(body)?;
     if c.echo == Some(true) {
         return Err(ApiError::unsupported(
             "echo",
@@ -421,7 +417,10 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     };
     let logprobs = logprobs.then_some(top_logprobs);
     let fields = sampling_fields(&c, asked);
-    let sampling = sampling(fields, max_tokens, logprobs, state.default_seed())?;
+    let sampling = SamplingParams {
+        response_format,
+        ..sampling(fields, max_tokens, logprobs, state.default_seed())?
+    };
     let r = request(prompt, &sampling, n, routing, cache_salt.as_ref());
     let names = WireNames {
         prompt: "messages",

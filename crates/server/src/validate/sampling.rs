@@ -2,7 +2,7 @@
 //! Their ranges are the engine's rules ([`SamplingParams::check`]), which `check_request` runs
 //! and names as the route does.
 
-use routed_types::{SamplingParams, TokenId};
+use routed_types::{ResponseFormat, SamplingParams, TokenId};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -75,7 +75,50 @@ pub(crate) fn sampling(
         repetition_penalty: f.repetition_penalty.unwrap_or(1.0),
         min_p: f.min_p.unwrap_or(0.0),
         logit_bias,
+        response_format: ResponseFormat::Text,
     })
+}
+
+/// vLLM's structured-output fields beside `response_format`, none of which is served: refused
+/// rather than ignored, so that a client never takes an unconstrained answer for a constrained one.
+const GUIDED_FIELDS: [&str; 6] = [
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_decoding_backend",
+    "structured_outputs",
+];
+
+/// OpenAI's `response_format` (on both OpenAI routes, as vLLM takes it): `{"type": "text"}` or
+/// `{"type": "json_object"}`. A JSON schema, and vLLM's other ways to constrain the output, are a
+/// 400 naming the field.
+pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> {
+    if let Some(field) = GUIDED_FIELDS.iter().find(|f| body.get(**f).is_some_and(|v| !v.is_null()))
+    {
+        return Err(ApiError::unsupported(
+            field,
+            format!("{field} is not supported; response_format {{\"type\": \"json_object\"}} is"),
+        ));
+    }
+    let Some(format) = body.get("response_format").filter(|v| !v.is_null()) else {
+        return Ok(ResponseFormat::Text);
+    };
+    let Some(kind) = format.get("type") else {
+        return Err(ApiError::missing("response_format.type", "response_format needs a type"));
+    };
+    match kind.as_str() {
+        Some("text") => Ok(ResponseFormat::Text),
+        Some("json_object") => Ok(ResponseFormat::JsonObject),
+        Some(other @ ("json_schema" | "structural_tag")) => Err(ApiError::unsupported(
+            "response_format.type",
+            format!("response_format {other:?} is not supported; \"text\" and \"json_object\" are"),
+        )),
+        _ => Err(ApiError::invalid(
+            "response_format.type",
+            format!("response_format.type must be \"text\" or \"json_object\", got {kind}"),
+        )),
+    }
 }
 
 /// OpenAI's `logit_bias`: token ids as the JSON keys they must be, each with a number; sorted by

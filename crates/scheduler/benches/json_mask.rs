@@ -1,0 +1,126 @@
+//! Times the `json_object` constraint's work on a vocabulary of Qwen3's size (151,643 entries,
+//! synthetic: every byte, then words of 2 to 10 letters with and without a leading space, CJK
+//! runs of 1 to 3 characters, pieces of such runs cut anywhere, and JSON punctuation pairs): building the vocabulary's trie once,
+//! one mask walk from states of each kind, a memoised mask, and advancing a state by a token.
+//!
+//! Run: `cargo bench -p routed-scheduler --bench json_mask`
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use routed_scheduler::json_mode::{JsonMasks, JsonState, JsonVocabulary};
+
+const VOCAB_SIZE: usize = 151_643;
+
+/// The synthetic vocabulary's entries, distinct, with an EOS (special) at the end.
+fn vocabulary() -> Vec<Option<Vec<u8>>> {
+    let mut rng = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let mut seen: BTreeSet<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    let punctuation: Vec<&[u8]> = vec![
+        b"{\"", b"\":", b"\": ", b"\",", b"\"}", b"},", b"}}", b"]}", b"[{", b"\n  ", b"0.", b"\\n",
+    ];
+    seen.extend(punctuation.iter().map(|p| p.to_vec()));
+    while seen.len() < VOCAB_SIZE - 1 {
+        let mut token = Vec::new();
+        match next(20) {
+            // Pieces of characters, as byte-level BPE has them: a cut run of CJK characters.
+            0..=1 => {
+                let mut run = Vec::new();
+                for _ in 0..2 + next(2) {
+                    let c = char::from_u32(0x4E00 + next(0x5000) as u32).unwrap();
+                    run.extend_from_slice(c.to_string().as_bytes());
+                }
+                let from = next(3) as usize;
+                token.extend_from_slice(
+                    &run[from..from + 1 + next((run.len() - from - 1) as u64) as usize],
+                );
+            }
+            2..=5 => {
+                for _ in 0..1 + next(3) {
+                    let c = char::from_u32(0x4E00 + next(0x5000) as u32).unwrap();
+                    token.extend_from_slice(c.to_string().as_bytes());
+                }
+            }
+            kind => {
+                if kind % 2 == 0 {
+                    token.push(b' ');
+                }
+                for _ in 0..2 + next(9) {
+                    token.push(b'a' + next(26) as u8);
+                }
+            }
+        }
+        seen.insert(token);
+    }
+    let mut tokens: Vec<Option<Vec<u8>>> = seen.into_iter().map(Some).collect();
+    tokens.push(None);
+    tokens
+}
+
+fn state_after(text: &str) -> JsonState {
+    let mut state = JsonState::start();
+    assert!(state.feed_all(text.as_bytes()), "{text}");
+    state
+}
+
+/// Median of `runs` timings of `f`, in microseconds.
+fn median_us(runs: usize, mut f: impl FnMut()) -> f64 {
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[runs / 2]
+}
+
+fn main() {
+    let tokens = vocabulary();
+    let eos = [tokens.len() as u32 - 1];
+    let start = Instant::now();
+    let vocab = Arc::new(JsonVocabulary::new(&tokens, &eos));
+    println!(
+        "trie of {} tokens built in {:.1} ms",
+        tokens.len(),
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    println!("| state | allowed | walk (us) |");
+    println!("| --- | --- | --- |");
+    for (name, text) in [
+        ("before the object", ""),
+        ("after `{`", "{"),
+        ("in a key", "{\"ke"),
+        ("after a key's `:`", "{\"key\":"),
+        ("in a string value", "{\"key\": \"some text"),
+        ("in a number", "{\"key\": 12"),
+        ("in a nested array", "{\"a\": [1, {\"b\": [true"),
+    ] {
+        let state = state_after(text);
+        let allowed = vocab.mask(state).num_allowed();
+        let us = median_us(21, || {
+            std::hint::black_box(vocab.mask(state));
+        });
+        println!("| {name} | {allowed} | {us:.0} |");
+    }
+    let mut masks = JsonMasks::new(Arc::clone(&vocab));
+    let state = state_after("{\"key\": \"some text");
+    masks.mask(state);
+    let hit = median_us(1001, || {
+        std::hint::black_box(masks.mask(state));
+    });
+    let token = tokens.iter().position(|t| t.as_deref() == Some(b" hello".as_slice()));
+    let token = token.unwrap_or(300) as u32;
+    let advance = median_us(1001, || {
+        std::hint::black_box(vocab.advance(state, token));
+    });
+    println!("memoised mask: {hit:.2} us; advancing a state by a token: {advance:.3} us");
+}

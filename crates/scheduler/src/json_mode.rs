@@ -1,0 +1,532 @@
+//! `response_format: {"type": "json_object"}`: the output is kept a prefix of one JSON object.
+//!
+//! A request's [`JsonState`] reads its output byte by byte, as a pushdown automaton over RFC 8259
+//! JSON whose top-level value must be an object (strings checked as UTF-8, escapes included). After
+//! each sampled token the scheduler advances the state by the token's bytes and asks
+//! [`JsonMasks`] for the tokens that may come next: a walk of the vocabulary's byte trie from the
+//! state, pruned at the first byte the automaton refuses, so a token is allowed exactly when all of
+//! its bytes are. EOS is allowed only once the object has closed, and then nothing else is.
+//!
+//! The state is a small `Copy` value (the container stack is a bit per level), so the walk copies
+//! it at each trie edge instead of undoing moves, and masks are memoised by state: the long runs
+//! of identical states (every token inside one string) cost one walk. Between a string's
+//! characters, where almost every token fits, the tokens that fit in any string are a mask made
+//! once and only the rest of the vocabulary is walked (`docs/performance.md`, "JSON output").
+
+use routed_types::{TokenId, TokenMask};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+};
+
+/// Deepest nesting of objects and arrays (one bit each in [`JsonState`]'s stack).
+pub const MAX_JSON_DEPTH: u8 = 127;
+
+/// States whose masks are kept.
+const MASK_CACHE_CAPACITY: usize = 256;
+
+/// The JSON literals, in the order [`Lex::Literal`] numbers them.
+const LITERALS: [&[u8]; 3] = [b"true", b"false", b"null"];
+
+/// Where the reader is within a number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Num {
+    /// After `-`: a digit must follow.
+    Minus,
+    /// After a leading `0`: a fraction, an exponent or the end.
+    Zero,
+    /// In the integer digits.
+    Int,
+    /// After `.`: a digit must follow.
+    Dot,
+    /// In the fraction digits.
+    Frac,
+    /// After `e`: a sign or a digit.
+    Exp,
+    /// After the exponent's sign: a digit must follow.
+    ExpSign,
+    /// In the exponent digits.
+    ExpInt,
+}
+
+impl Num {
+    /// Whether a number may end here.
+    fn may_end(self) -> bool {
+        matches!(self, Self::Zero | Self::Int | Self::Frac | Self::ExpInt)
+    }
+
+    /// The state after `b`, if `b` continues the number.
+    fn next(self, b: u8) -> Option<Self> {
+        use Num::*;
+        Some(match (self, b) {
+            (Minus, b'0') => Zero,
+            (Minus, b'1'..=b'9') | (Int, b'0'..=b'9') => Int,
+            (Zero | Int, b'.') => Dot,
+            (Dot | Frac, b'0'..=b'9') => Frac,
+            (Zero | Int | Frac, b'e' | b'E') => Exp,
+            (Exp, b'+' | b'-') => ExpSign,
+            (Exp | ExpSign | ExpInt, b'0'..=b'9') => ExpInt,
+            _ => return None,
+        })
+    }
+}
+
+/// What the reader expects next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Lex {
+    /// Before the top-level object: whitespace or `{`.
+    Start,
+    /// After `{`: a key or `}`.
+    ObjectOpen,
+    /// After `,` in an object: a key.
+    Key,
+    /// After a key: `:`.
+    Colon,
+    /// After `:`, or `,` in an array: a value.
+    Value,
+    /// After `[`: a value or `]`.
+    ArrayOpen,
+    /// After a value in a container: `,` or the container's closer.
+    AfterValue,
+    /// The top-level object has closed: only EOS.
+    Done,
+    /// Inside a string (a key or a value), `utf8` continuation bytes still due.
+    Str { key: bool, utf8: u8 },
+    /// After a backslash in a string.
+    Escape { key: bool },
+    /// In a `\u` escape, `left` hex digits still due.
+    Unicode { key: bool, left: u8 },
+    /// After `\ud`: the second digit keeps the code unit out of the surrogates (`d800` to
+    /// `dfff`), which many JSON readers refuse unpaired.
+    UnicodeD { key: bool },
+    /// Inside a number.
+    Number(Num),
+    /// Inside `LITERALS[word]`, `at` bytes of it read.
+    Literal { word: u8, at: u8 },
+}
+
+/// A JSON object's reader: how much of the output has been read and what may follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct JsonState {
+    lex: Lex,
+    /// Open containers.
+    depth: u8,
+    /// Bit `i` set: the container at depth `i` is an object (else an array).
+    kinds: u128,
+}
+
+impl Default for JsonState {
+    fn default() -> Self {
+        Self::start()
+    }
+}
+
+fn is_whitespace(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+impl JsonState {
+    /// Nothing read yet.
+    pub fn start() -> Self {
+        Self { lex: Lex::Start, depth: 0, kinds: 0 }
+    }
+
+    /// Whether a whole object has been read (only EOS may follow).
+    pub fn is_complete(&self) -> bool {
+        self.lex == Lex::Done
+    }
+
+    /// Reads `bytes`; `false` (the state then unspecified) as soon as one cannot follow.
+    pub fn feed_all(&mut self, bytes: &[u8]) -> bool {
+        bytes.iter().all(|&b| self.feed(b))
+    }
+
+    /// Reads one byte; `false`, with the state unspecified, when it cannot follow.
+    pub fn feed(&mut self, b: u8) -> bool {
+        match self.lex {
+            Lex::Str { .. } | Lex::Escape { .. } | Lex::Unicode { .. } | Lex::UnicodeD { .. } => {
+                self.string_byte(b)
+            }
+            Lex::Number(num) => match num.next(b) {
+                Some(next) => self.to(true, Lex::Number(next)),
+                // The byte after a number is read as what follows the value.
+                None => {
+                    num.may_end() && {
+                        self.lex = Lex::AfterValue;
+                        self.feed(b)
+                    }
+                }
+            },
+            Lex::Literal { word, at } => {
+                let literal = LITERALS[word as usize];
+                let at = at + 1;
+                let next = match at as usize == literal.len() {
+                    true => Lex::AfterValue,
+                    false => Lex::Literal { word, at },
+                };
+                self.to(literal[at as usize - 1] == b, next)
+            }
+            // Whitespace may stand between any two tokens of JSON, not after the object.
+            Lex::Done => false,
+            _ if is_whitespace(b) => true,
+            _ => self.structural_byte(b),
+        }
+    }
+
+    /// A byte between JSON's tokens: a value's start, a key's quote, or punctuation.
+    fn structural_byte(&mut self, b: u8) -> bool {
+        match self.lex {
+            Lex::Start => b == b'{' && self.open(true),
+            Lex::ObjectOpen if b == b'}' => self.close(true),
+            Lex::ObjectOpen | Lex::Key => self.to(b == b'"', Lex::Str { key: true, utf8: 0 }),
+            Lex::Colon => self.to(b == b':', Lex::Value),
+            Lex::ArrayOpen if b == b']' => self.close(false),
+            Lex::Value | Lex::ArrayOpen => self.begin_value(b),
+            Lex::AfterValue => match b {
+                b',' => {
+                    self.lex = if self.in_object() { Lex::Key } else { Lex::Value };
+                    true
+                }
+                b'}' => self.in_object() && self.close(true),
+                b']' => !self.in_object() && self.close(false),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    fn to(&mut self, ok: bool, lex: Lex) -> bool {
+        if ok {
+            self.lex = lex;
+        }
+        ok
+    }
+
+    fn in_object(&self) -> bool {
+        self.depth > 0 && self.kinds >> (self.depth - 1) & 1 == 1
+    }
+
+    fn open(&mut self, object: bool) -> bool {
+        if self.depth == MAX_JSON_DEPTH {
+            return false;
+        }
+        self.kinds = self.kinds & !(1 << self.depth) | (u128::from(object) << self.depth);
+        self.depth += 1;
+        self.lex = if object { Lex::ObjectOpen } else { Lex::ArrayOpen };
+        true
+    }
+
+    fn close(&mut self, object: bool) -> bool {
+        debug_assert_eq!(self.in_object(), object);
+        self.depth -= 1;
+        self.lex = if self.depth == 0 { Lex::Done } else { Lex::AfterValue };
+        true
+    }
+
+    fn begin_value(&mut self, b: u8) -> bool {
+        match b {
+            b'{' => self.open(true),
+            b'[' => self.open(false),
+            b'"' => self.to(true, Lex::Str { key: false, utf8: 0 }),
+            b'-' => self.to(true, Lex::Number(Num::Minus)),
+            b'0' => self.to(true, Lex::Number(Num::Zero)),
+            b'1'..=b'9' => self.to(true, Lex::Number(Num::Int)),
+            b't' => self.to(true, Lex::Literal { word: 0, at: 1 }),
+            b'f' => self.to(true, Lex::Literal { word: 1, at: 1 }),
+            b'n' => self.to(true, Lex::Literal { word: 2, at: 1 }),
+            _ => false,
+        }
+    }
+
+    /// A byte inside a string: printable ASCII, an escape (`\u` with four hex digits, not a
+    /// surrogate), the closing quote, or well-formed UTF-8 (a lead byte of a 2 to 4 byte sequence,
+    /// then its continuation bytes).
+    fn string_byte(&mut self, b: u8) -> bool {
+        let next = match self.lex {
+            Lex::Str { key, utf8: 0 } => match b {
+                b'"' if key => Some(Lex::Colon),
+                b'"' => Some(Lex::AfterValue),
+                b'\\' => Some(Lex::Escape { key }),
+                0x00..=0x1F | 0x80..=0xC1 | 0xF5..=0xFF => None,
+                0xC2..=0xDF => Some(Lex::Str { key, utf8: 1 }),
+                0xE0..=0xEF => Some(Lex::Str { key, utf8: 2 }),
+                0xF0..=0xF4 => Some(Lex::Str { key, utf8: 3 }),
+                _ => Some(Lex::Str { key, utf8: 0 }),
+            },
+            Lex::Str { key, utf8 } => {
+                matches!(b, 0x80..=0xBF).then_some(Lex::Str { key, utf8: utf8 - 1 })
+            }
+            Lex::Escape { key } => match b {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {
+                    Some(Lex::Str { key, utf8: 0 })
+                }
+                b'u' => Some(Lex::Unicode { key, left: 4 }),
+                _ => None,
+            },
+            Lex::Unicode { key, left: 4 } if matches!(b, b'd' | b'D') => {
+                Some(Lex::UnicodeD { key })
+            }
+            Lex::Unicode { key, left } => b.is_ascii_hexdigit().then_some(match left {
+                1 => Lex::Str { key, utf8: 0 },
+                _ => Lex::Unicode { key, left: left - 1 },
+            }),
+            // After `\ud`, 0 to 7 keeps the code unit below the surrogates.
+            Lex::UnicodeD { key } => {
+                matches!(b, b'0'..=b'7').then_some(Lex::Unicode { key, left: 2 })
+            }
+            _ => unreachable!("not in a string"),
+        };
+        next.is_some_and(|lex| self.to(true, lex))
+    }
+}
+
+/// A byte trie over some of the vocabulary's tokens.
+#[derive(Debug)]
+struct Trie {
+    /// Node `n`'s children are `edges[first_edge[n]..first_edge[n + 1]]`: `(byte, node)`.
+    first_edge: Vec<u32>,
+    edges: Vec<(u8, u32)>,
+    /// Node `n` ends the tokens `node_tokens[first_token[n]..first_token[n + 1]]`.
+    first_token: Vec<u32>,
+    node_tokens: Vec<TokenId>,
+}
+
+impl Trie {
+    /// The trie of the tokens `keep` selects (with bytes), built over them in byte order so each
+    /// node's children come sorted and contiguous.
+    fn new(tokens: &[Option<Vec<u8>>], keep: impl Fn(TokenId) -> bool) -> Self {
+        let bytes = |t: TokenId| tokens[t as usize].as_deref().unwrap_or_default();
+        let mut order: Vec<TokenId> =
+            (0..tokens.len() as TokenId).filter(|&t| !bytes(t).is_empty() && keep(t)).collect();
+        order.sort_by(|&a, &b| bytes(a).cmp(bytes(b)).then(a.cmp(&b)));
+        let mut children: Vec<Vec<(u8, u32)>> = vec![Vec::new()];
+        let mut ends: Vec<Vec<TokenId>> = vec![Vec::new()];
+        for &t in &order {
+            let mut node = 0usize;
+            for &b in bytes(t) {
+                node = match children[node].last() {
+                    Some(&(last, child)) if last == b => child as usize,
+                    _ => {
+                        let child = children.len();
+                        children.push(Vec::new());
+                        ends.push(Vec::new());
+                        children[node].push((b, child as u32));
+                        child
+                    }
+                };
+            }
+            ends[node].push(t);
+        }
+        let mut trie = Self {
+            first_edge: vec![0],
+            edges: Vec::new(),
+            first_token: vec![0],
+            node_tokens: Vec::new(),
+        };
+        for (c, e) in children.iter().zip(&ends) {
+            trie.edges.extend_from_slice(c);
+            trie.node_tokens.extend_from_slice(e);
+            trie.first_edge.push(trie.edges.len() as u32);
+            trie.first_token.push(trie.node_tokens.len() as u32);
+        }
+        trie
+    }
+
+    /// Allows in `mask` every token below `node` whose bytes `state` reads, pruning a subtree at
+    /// the first byte it refuses.
+    fn walk(&self, node: usize, state: JsonState, mask: &mut TokenMask) {
+        let edges = &self.edges[self.first_edge[node] as usize..self.first_edge[node + 1] as usize];
+        for &(b, child) in edges {
+            let mut next = state;
+            if next.feed(b) {
+                let child = child as usize;
+                let ends = self.first_token[child] as usize..self.first_token[child + 1] as usize;
+                self.node_tokens[ends].iter().for_each(|&t| mask.allow(t));
+                self.walk(child, next, mask);
+            }
+        }
+    }
+}
+
+/// Whether a string could hold `bytes` anywhere: no quote, backslash or control byte, and whole
+/// UTF-8 characters only. Such a token is allowed inside every string (between characters),
+/// whatever the nesting around it.
+fn fits_any_string(bytes: &[u8]) -> bool {
+    let mut state = JsonState { lex: Lex::Str { key: false, utf8: 0 }, depth: 1, kinds: 1 };
+    !bytes.iter().any(|b| matches!(b, b'"' | b'\\'))
+        && state.feed_all(bytes)
+        && state.lex == (Lex::Str { key: false, utf8: 0 })
+}
+
+/// The vocabulary as bytes: each token's text (none for special tokens, which only EOS may be
+/// among the allowed), and byte tries over them for the walks.
+#[derive(Debug)]
+pub struct JsonVocabulary {
+    num_tokens: usize,
+    eos: Vec<TokenId>,
+    /// Token `t`'s bytes are `bytes[starts[t]..starts[t + 1]]`.
+    starts: Vec<u32>,
+    bytes: Vec<u8>,
+    /// Every token with bytes.
+    all: Trie,
+    /// The tokens every string takes ([`fits_any_string`]): most of a vocabulary.
+    in_any_string: TokenMask,
+    /// The others, walked from a state between a string's characters, so that such a state's
+    /// mask costs a walk over a small part of the vocabulary.
+    not_in_any_string: Trie,
+}
+
+impl JsonVocabulary {
+    /// From each token's bytes (`None` for a special token) and the EOS ids.
+    pub fn new(tokens: &[Option<Vec<u8>>], eos: &[TokenId]) -> Self {
+        let mut starts = Vec::with_capacity(tokens.len() + 1);
+        let mut bytes = Vec::new();
+        starts.push(0);
+        for t in tokens {
+            bytes.extend_from_slice(t.as_deref().unwrap_or_default());
+            starts.push(bytes.len() as u32);
+        }
+        let mut in_any_string = TokenMask::none(tokens.len());
+        for (t, b) in tokens.iter().enumerate() {
+            if b.as_deref().is_some_and(|b| !b.is_empty() && fits_any_string(b)) {
+                in_any_string.allow(t as TokenId);
+            }
+        }
+        Self {
+            num_tokens: tokens.len(),
+            eos: eos.to_vec(),
+            starts,
+            bytes,
+            all: Trie::new(tokens, |_| true),
+            not_in_any_string: Trie::new(tokens, |t| !in_any_string.allows(t)),
+            in_any_string,
+        }
+    }
+
+    /// Tokens in the vocabulary.
+    pub fn num_tokens(&self) -> usize {
+        self.num_tokens
+    }
+
+    /// Token `t`'s bytes (empty for a special token or one outside the vocabulary).
+    pub fn token_bytes(&self, t: TokenId) -> &[u8] {
+        let t = t as usize;
+        if t >= self.num_tokens {
+            return &[];
+        }
+        &self.bytes[self.starts[t] as usize..self.starts[t + 1] as usize]
+    }
+
+    /// The state after `token`: `None` when the token cannot follow `state` (a mask allowed it
+    /// only because nothing else could be).
+    pub fn advance(&self, state: JsonState, token: TokenId) -> Option<JsonState> {
+        if self.eos.contains(&token) {
+            return state.is_complete().then_some(state);
+        }
+        let bytes = self.token_bytes(token);
+        let mut next = state;
+        (!bytes.is_empty() && next.feed_all(bytes)).then_some(next)
+    }
+
+    /// The tokens that may follow `state`: those whose every byte the automaton reads, or EOS
+    /// once the object is complete. Never empty: with nothing allowed (a vocabulary that cannot
+    /// write what the state needs) EOS is, or, without an EOS, every token.
+    pub fn mask(&self, state: JsonState) -> TokenMask {
+        let mut mask = match state.lex {
+            Lex::Done => {
+                let mut mask = TokenMask::none(self.num_tokens);
+                self.eos.iter().for_each(|&t| mask.allow(t));
+                mask
+            }
+            Lex::Str { utf8: 0, .. } => {
+                let mut mask = self.in_any_string.clone();
+                self.not_in_any_string.walk(0, state, &mut mask);
+                mask
+            }
+            _ => {
+                let mut mask = TokenMask::none(self.num_tokens);
+                self.all.walk(0, state, &mut mask);
+                mask
+            }
+        };
+        if mask.num_allowed() == 0 {
+            self.eos.iter().for_each(|&t| mask.allow(t));
+        }
+        if mask.num_allowed() == 0 {
+            (0..self.num_tokens as TokenId).for_each(|t| mask.allow(t));
+        }
+        mask
+    }
+}
+
+/// [`JsonVocabulary::mask`] memoised by state, for the scheduler's thread.
+#[derive(Debug)]
+pub struct JsonMasks {
+    vocabulary: Arc<JsonVocabulary>,
+    cache: HashMap<JsonState, Arc<TokenMask>>,
+    /// Oldest state first, for eviction.
+    order: VecDeque<JsonState>,
+}
+
+impl JsonMasks {
+    /// An empty cache over `vocabulary`.
+    pub fn new(vocabulary: Arc<JsonVocabulary>) -> Self {
+        Self { vocabulary, cache: HashMap::new(), order: VecDeque::new() }
+    }
+
+    /// The vocabulary.
+    pub fn vocabulary(&self) -> &JsonVocabulary {
+        &self.vocabulary
+    }
+
+    /// The tokens that may follow `state`, shared with every request in the same state.
+    pub fn mask(&mut self, state: JsonState) -> Arc<TokenMask> {
+        if let Some(mask) = self.cache.get(&state) {
+            return Arc::clone(mask);
+        }
+        let mask = Arc::new(self.vocabulary.mask(state));
+        if self.order.len() == MASK_CACHE_CAPACITY
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.cache.remove(&oldest);
+        }
+        self.order.push_back(state);
+        self.cache.insert(state, Arc::clone(&mask));
+        mask
+    }
+}
+
+/// A constrained sequence's reader and the tokens it allows next.
+#[derive(Clone, Debug)]
+pub struct JsonConstraint {
+    /// The output read so far; `None` once a token that could not follow was sampled (then
+    /// nothing is constrained any more).
+    pub state: Option<JsonState>,
+    /// What may be sampled next.
+    pub allowed: Arc<TokenMask>,
+}
+
+impl JsonConstraint {
+    /// Nothing generated yet.
+    pub fn start(masks: &mut JsonMasks) -> Self {
+        let state = JsonState::start();
+        Self { state: Some(state), allowed: masks.mask(state) }
+    }
+
+    /// After `token` was sampled.
+    pub fn advance(&mut self, token: TokenId, masks: &mut JsonMasks) {
+        let Some(state) = self.state else { return };
+        self.state = masks.vocabulary().advance(state, token);
+        self.allowed = match self.state {
+            Some(state) => masks.mask(state),
+            None => {
+                let mut all = TokenMask::none(masks.vocabulary().num_tokens());
+                (0..all.num_tokens() as TokenId).for_each(|t| all.allow(t));
+                Arc::new(all)
+            }
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests;

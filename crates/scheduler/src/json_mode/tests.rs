@@ -1,0 +1,249 @@
+use super::*;
+
+fn reads(text: &[u8]) -> Option<JsonState> {
+    let mut state = JsonState::start();
+    state.feed_all(text).then_some(state)
+}
+
+const VALID: &[&str] = &[
+    "{}",
+    " \n{ }",
+    r#"{"a": 1}"#,
+    r#"{"a": [1, -2.5e+3, 0, 0.25, 1E9, true, false, null, [], {}], "c": {"d": [[]]}}"#,
+    "{\"s\": \"x\\n\\t\\\"\\\\\\/\\u00e9\\uD7FF é 中 🦀\"}",
+    "{\"k\"\r\n:\t\"v\" ,\"\":\"\"}",
+];
+
+#[test]
+fn whole_objects_are_read_and_complete() {
+    for text in VALID {
+        serde_json::from_str::<serde_json::Value>(text).expect("the examples are JSON");
+        let state = reads(text.as_bytes()).unwrap_or_else(|| panic!("refused {text}"));
+        assert!(state.is_complete(), "{text}");
+        // Every proper prefix reads and is incomplete.
+        for cut in 0..text.len() {
+            let state = reads(&text.as_bytes()[..cut]).unwrap_or_else(|| panic!("{text} at {cut}"));
+            assert!(!state.is_complete(), "{text} complete at {cut}");
+        }
+    }
+}
+
+#[test]
+fn what_is_not_a_json_object_is_refused_at_the_first_bad_byte() {
+    for text in [
+        "[1]",
+        "\"s\"",
+        "1",
+        "{\"a\" 1}",
+        "{\"a\": 01}",
+        "{\"a\": -}",
+        "{\"a\": 1.}",
+        "{\"a\": 1e}",
+        "{\"a\": tru }",
+        "{\"a\": nul}",
+        "{,}",
+        "{\"a\": 1,}",
+        "{\"a\": 1]",
+        "{\"a\": [1}",
+        "{a: 1}",
+        "{'a': 1}",
+        "{\"a\": \"\x01\"}",
+        "{\"a\": \"\\x\"}",
+        "{\"a\": \"\\u12g4\"}",
+        "{\"a\": \"\\ud800\"}",
+        "{\"a\": \"\\uDC00\"}",
+        "{} ",
+        "{}{}",
+        "{\"a\": +1}",
+    ] {
+        assert!(reads(text.as_bytes()).is_none(), "read {text:?}");
+    }
+    // Bytes that are not UTF-8 inside a string.
+    for bad in [
+        &b"{\"a\": \"\xC0\x80\"}"[..],
+        b"{\"a\": \"\xE4\xB8\"}",
+        b"{\"a\": \"\x80\"}",
+        b"{\"\xFF\": 1}",
+    ] {
+        assert!(reads(bad).is_none(), "read {bad:?}");
+    }
+}
+
+#[test]
+fn nesting_stops_at_the_depth_limit() {
+    let mut text = String::from("{\"a\": ");
+    text.push_str(&"[".repeat(MAX_JSON_DEPTH as usize - 1));
+    assert!(reads(text.as_bytes()).is_some());
+    text.push('[');
+    assert!(reads(text.as_bytes()).is_none());
+}
+
+/// A small vocabulary of JSON fragments (and some that fit nowhere), with EOS and a special
+/// token.
+fn vocabulary() -> (Vec<Option<Vec<u8>>>, JsonVocabulary) {
+    let mut tokens: Vec<Option<Vec<u8>>> = [
+        "{",
+        "}",
+        "[",
+        "]",
+        "\"",
+        ":",
+        ",",
+        " ",
+        "\n",
+        "{\"",
+        "\":",
+        "\": ",
+        "\",",
+        "\"}",
+        "},",
+        "}}",
+        "]}",
+        "a",
+        "b",
+        "key",
+        "1",
+        "0",
+        "-",
+        ".",
+        "5",
+        "e",
+        "+",
+        "true",
+        "tr",
+        "ue",
+        "false",
+        "null",
+        "\\",
+        "n",
+        "u",
+        "00",
+        "e9",
+        "d8",
+        "\\u",
+        "é",
+        "\u{1F980}",
+        "x y",
+        "{}",
+        "[]",
+        "1,",
+        "0.",
+        ",\"",
+        "\"a\"",
+        "{\"a\": ",
+        "abc\"",
+        "\" ",
+        "D",
+        "7F",
+        "FF",
+        "l",
+        "s",
+        "r",
+        "t",
+        "f",
+    ]
+    .iter()
+    .map(|s| Some(s.as_bytes().to_vec()))
+    .collect();
+    tokens.push(Some(vec![0xE4])); // a character's first byte alone
+    tokens.push(Some(vec![0xB8, 0xAD])); // ... and its rest
+    tokens.push(None); // a special token
+    tokens.push(None); // EOS
+    let eos = tokens.len() as TokenId - 1;
+    let vocab = JsonVocabulary::new(&tokens, &[eos]);
+    (tokens, vocab)
+}
+
+/// The mask a token at a time: what the trie walk must equal.
+fn brute_force(tokens: &[Option<Vec<u8>>], vocab: &JsonVocabulary, state: JsonState) -> TokenMask {
+    let mut mask = TokenMask::none(tokens.len());
+    for t in 0..tokens.len() as TokenId {
+        if vocab.advance(state, t).is_some() {
+            mask.allow(t);
+        }
+    }
+    mask
+}
+
+/// A seeded walk through the vocabulary: tokens drawn among those each mask allows, until EOS.
+fn generate(
+    vocab: &JsonVocabulary,
+    masks: &mut JsonMasks,
+    seed: u64,
+    max: usize,
+) -> (Vec<TokenId>, bool) {
+    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut constraint = JsonConstraint::start(masks);
+    let mut out = Vec::new();
+    while out.len() < max {
+        let allowed: Vec<TokenId> =
+            (0..vocab.num_tokens() as TokenId).filter(|&t| constraint.allowed.allows(t)).collect();
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let token = allowed[(rng % allowed.len() as u64) as usize];
+        if vocab.eos.contains(&token) {
+            return (out, true);
+        }
+        out.push(token);
+        constraint.advance(token, masks);
+        assert!(constraint.state.is_some(), "a token the mask allowed did not read");
+    }
+    (out, false)
+}
+
+#[test]
+fn the_trie_walk_allows_exactly_the_tokens_that_read_and_eos_only_when_complete() {
+    let (tokens, vocab) = vocabulary();
+    let mut masks = JsonMasks::new(Arc::new(JsonVocabulary::new(&tokens, &vocab.eos)));
+    let mut num_states = 0;
+    for seed in 0..200 {
+        let (out, _) = generate(&vocab, &mut masks, seed, 60);
+        let mut state = JsonState::start();
+        for &t in &out {
+            assert_eq!(vocab.mask(state), brute_force(&tokens, &vocab, state), "seed {seed}");
+            state = vocab.advance(state, t).unwrap();
+            num_states += 1;
+        }
+    }
+    assert!(num_states > 5000);
+    let special = tokens.len() as TokenId - 2;
+    let eos = special + 1;
+    let start = vocab.mask(JsonState::start());
+    assert!(!start.allows(special) && !start.allows(eos) && start.allows(0) && start.allows(7));
+    // `{`, `{"`, `{}`, `{"a": `, a space and a newline.
+    assert_eq!(start.num_allowed(), 6, "{start:?}");
+    let done = vocab.mask(reads(b"{}").unwrap());
+    assert_eq!((done.num_allowed(), done.allows(eos)), (1, true));
+}
+
+#[test]
+fn every_finished_walk_is_a_json_object() {
+    let (tokens, vocab) = vocabulary();
+    let mut masks = JsonMasks::new(Arc::new(JsonVocabulary::new(&tokens, &vocab.eos)));
+    let mut finished = 0;
+    for seed in 0..400 {
+        let (out, ended) = generate(&vocab, &mut masks, seed, 400);
+        let text: Vec<u8> = out.iter().flat_map(|&t| vocab.token_bytes(t).to_vec()).collect();
+        if ended {
+            // Read without building the value: `1e999` is JSON, out of an f64's range.
+            serde_json::from_slice::<serde::de::IgnoredAny>(&text)
+                .unwrap_or_else(|e| panic!("seed {seed}: {e}: {}", String::from_utf8_lossy(&text)));
+            assert_eq!(text.iter().find(|b| !b.is_ascii_whitespace()), Some(&b'{'));
+            finished += 1;
+        }
+    }
+    assert!(finished > 50, "{finished} of 400 walks closed their object");
+}
+
+#[test]
+fn a_token_that_cannot_follow_frees_the_sequence_and_masks_are_shared_by_state() {
+    let (tokens, vocab) = vocabulary();
+    let mut masks = JsonMasks::new(Arc::new(JsonVocabulary::new(&tokens, &vocab.eos)));
+    let mut a = JsonConstraint::start(&mut masks);
+    let b = JsonConstraint::start(&mut masks);
+    assert!(Arc::ptr_eq(&a.allowed, &b.allowed));
+    a.advance(17, &mut masks); // `a` cannot start the output
+    assert_eq!(a.state, None);
+    assert_eq!(a.allowed.num_allowed(), tokens.len());
+}

@@ -1,0 +1,133 @@
+//! `response_format: {"type": "json_object"}` on both OpenAI routes: every answer is a prefix of
+//! one JSON object and an answer ended by EOS is a whole one, whole and streamed; the ways to ask
+//! for a constraint that is not served are each a 400 naming the field. The tiny checkpoint
+//! writes no JSON by itself (the same requests without the constraint are checked not to be),
+//! so what holds is the constraint's doing.
+
+mod common;
+
+use common::{TestServer, test_config};
+use serde_json::{Value, json};
+
+const MODEL: &str = "tiny_hybrid_default";
+
+/// Whether `text` is one JSON object (`Some(true)`), a proper prefix of one (`Some(false)`), or
+/// neither (`None`), as serde_json reads it.
+fn json_object_prefix(text: &str) -> Option<bool> {
+    let body = text.trim_start();
+    if body.is_empty() {
+        return Some(false);
+    }
+    if !body.starts_with('{') {
+        return None;
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(value) => Some(value.is_object()),
+        Err(e) if e.is_eof() => Some(false),
+        Err(_) => None,
+    }
+}
+
+/// Each choice's text (or message content) and finish reason.
+fn answers(out: &Value) -> Vec<(String, String)> {
+    let choices = out["choices"].as_array().expect("choices");
+    let text =
+        |c: &Value| c["text"].as_str().or(c["message"]["content"].as_str()).map(str::to_owned);
+    choices
+        .iter()
+        .map(|c| (text(c).unwrap_or_default(), c["finish_reason"].as_str().unwrap().to_owned()))
+        .collect()
+}
+
+#[test]
+fn answers_are_json_objects_or_their_prefixes_on_both_routes() {
+    let s = TestServer::start(test_config(MODEL));
+    let json_object = json!({"type": "json_object"});
+    let (mut num_whole, mut num_answers) = (0, 0);
+    for seed in 0..5 {
+        let temperature = if seed == 0 { 0.0 } else { 1.0 };
+        let sampling = json!({"max_tokens": 48, "temperature": temperature, "seed": seed, "n": 3,
+                              "response_format": json_object});
+        let mut completion = sampling.clone();
+        completion["prompt"] = json!("Answer in JSON:");
+        let mut chat = sampling;
+        chat["messages"] = json!([{"role": "user", "content": "Answer in JSON."}]);
+        for (route, body) in [("/v1/completions", completion), ("/v1/chat/completions", chat)] {
+            for (text, finish) in answers(&s.ok(route, &body)) {
+                let whole = json_object_prefix(&text)
+                    .unwrap_or_else(|| panic!("{route} seed {seed}: not JSON: {text:?}"));
+                assert!(whole || finish != "stop", "{route} seed {seed}: stopped in {text:?}");
+                num_whole += usize::from(whole);
+                num_answers += 1;
+            }
+            let mut free = body.clone();
+            free.as_object_mut().unwrap().remove("response_format");
+            for (text, _) in answers(&s.ok(route, &free)) {
+                assert_eq!(json_object_prefix(&text), None, "{route} seed {seed}: {text:?}");
+            }
+        }
+    }
+    assert!(num_whole > 0, "none of {num_answers} answers closed its object");
+    // `{"type": "text"}` is no constraint.
+    let body = json!({"prompt": "Answer in JSON:", "max_tokens": 8, "temperature": 0,
+                      "response_format": {"type": "text"}});
+    assert_eq!(json_object_prefix(answers(&s.ok("/v1/completions", &body))[0].0.as_str()), None);
+}
+
+#[test]
+fn a_streamed_answer_is_the_whole_ones() {
+    let s = TestServer::start(test_config(MODEL));
+    for seed in 1..4 {
+        let body = json!({"messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 40,
+                          "temperature": 1.0, "seed": seed, "response_format": {"type": "json_object"}});
+        let whole = answers(&s.ok("/v1/chat/completions", &body)).remove(0).0;
+        let mut stream = body.clone();
+        stream["stream"] = json!(true);
+        let chunks = s.post("/v1/chat/completions", &stream).sse_json();
+        let streamed: String =
+            chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+        assert_eq!(streamed, whole, "seed {seed}");
+        assert!(json_object_prefix(&streamed).is_some(), "seed {seed}: {streamed:?}");
+    }
+}
+
+#[test]
+fn constraints_that_are_not_served_are_refused_by_name() {
+    let s = TestServer::start(test_config(MODEL));
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+    let completion = json!({"prompt": "hi", "max_tokens": 4});
+    let schema =
+        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}});
+    for base in [&chat, &completion] {
+        let route =
+            if base.get("messages").is_some() { "/v1/chat/completions" } else { "/v1/completions" };
+        for (field, value, param, code) in [
+            ("response_format", schema.clone(), "response_format.type", "unsupported_parameter"),
+            ("response_format", json!({"type": "xml"}), "response_format.type", "invalid_value"),
+            ("response_format", json!({}), "response_format.type", "missing_required_parameter"),
+            ("guided_json", json!({"type": "object"}), "guided_json", "unsupported_parameter"),
+            ("guided_regex", json!("a+"), "guided_regex", "unsupported_parameter"),
+            (
+                "structured_outputs",
+                json!({"json": {}}),
+                "structured_outputs",
+                "unsupported_parameter",
+            ),
+        ] {
+            let mut body = base.clone();
+            body[field] = value;
+            let error = s.post(route, &body).error(400, "invalid_request_error");
+            assert_eq!(
+                (error["param"].as_str(), error["code"].as_str()),
+                (Some(param), Some(code)),
+                "{route} {field}: {error}"
+            );
+        }
+    }
+    for field in ["json_schema", "regex", "ebnf"] {
+        let body =
+            json!({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, field: "{}"}});
+        let error = s.post("/generate", &body).error(400, "invalid_request_error");
+        assert_eq!(error["param"], json!(format!("sampling_params.{field}")), "{error}");
+    }
+}
