@@ -10,7 +10,7 @@ use futures_util::{StreamExt, future::join_all};
 use routed::runtime::{FinalOutput, TokenEvent};
 use routed::types::{FinishReason, ResponseFormat, SamplingParams, TokenId};
 use routed::{EngineHandle, GenerateRequest, RequestEvent};
-use routed_test_support::Golden;
+use routed_test_support::{Golden, json_object_prefix};
 
 /// Each feature on its own, sampled (temperature 1) so its effect on the draw shows.
 fn features() -> Vec<(&'static str, SamplingParams)> {
@@ -65,23 +65,6 @@ async fn each_feature_is_batch_invariant_and_deterministic() {
         }
         solo.shutdown().await;
         busy.shutdown().await;
-    }
-}
-
-/// Whether `text` is one JSON object (`Some(true)`), a proper prefix of one (`Some(false)`) or
-/// neither, as serde_json reads it.
-fn json_object_prefix(text: &str) -> Option<bool> {
-    let body = text.trim_start();
-    if body.is_empty() {
-        return Some(false);
-    }
-    if !body.starts_with('{') {
-        return None;
-    }
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(value) => Some(value.is_object()),
-        Err(e) if e.is_eof() => Some(false),
-        Err(_) => None,
     }
 }
 

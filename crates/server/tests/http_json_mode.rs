@@ -7,26 +7,10 @@
 mod common;
 
 use common::{TestServer, test_config};
+use routed_test_support::json_object_prefix;
 use serde_json::{Value, json};
 
 const MODEL: &str = "tiny_hybrid_default";
-
-/// Whether `text` is one JSON object (`Some(true)`), a proper prefix of one (`Some(false)`), or
-/// neither (`None`), as serde_json reads it.
-fn json_object_prefix(text: &str) -> Option<bool> {
-    let body = text.trim_start();
-    if body.is_empty() {
-        return Some(false);
-    }
-    if !body.starts_with('{') {
-        return None;
-    }
-    match serde_json::from_str::<Value>(text) {
-        Ok(value) => Some(value.is_object()),
-        Err(e) if e.is_eof() => Some(false),
-        Err(_) => None,
-    }
-}
 
 /// Each choice's text (or message content) and finish reason.
 fn answers(out: &Value) -> Vec<(String, String)> {

@@ -1,7 +1,8 @@
 //! Test-only helpers: the golden-file loader ([`Golden`]), [`Driver`], which runs a model on
 //! private block tables without the engine, for model-level tests, and [`run_python`] for the
 //! Python client scripts; [`write_other_policy`] derives a second set of weights from a golden
-//! checkpoint; [`SplitMix64`] seeds the randomised tests; [`Counting`] counts heap allocations.
+//! checkpoint; [`SplitMix64`] seeds the randomised tests; [`Counting`] counts heap allocations; [`json_object_prefix`]
+//! reads a constrained answer.
 
 mod alloc_count;
 mod checkpoint;
@@ -14,6 +15,23 @@ pub use checkpoint::write_other_policy;
 pub use driver::{Driver, Prefill, Seq};
 pub use golden::{Golden, golden_root};
 pub use python::{repo_root, run_python};
+
+/// Whether `text` is one JSON object (`Some(true)`), a proper prefix of one (`Some(false)`), or
+/// neither (`None`), as serde_json reads it: what a `json_object` response format promises.
+pub fn json_object_prefix(text: &str) -> Option<bool> {
+    let body = text.trim_start();
+    if body.is_empty() {
+        return Some(false);
+    }
+    if !body.starts_with('{') {
+        return None;
+    }
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(value) => Some(value.is_object()),
+        Err(e) if e.is_eof() => Some(false),
+        Err(_) => None,
+    }
+}
 
 /// Largest absolute difference between two equally long slices.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
