@@ -161,6 +161,12 @@ impl Tokenizer {
         crate::token_bytes::vocabulary_bytes(&self.inner)
     }
 
+    /// The id of the one token whose entry is `text` (an added token's content, or a vocabulary
+    /// entry as the model spells it), if there is one.
+    pub fn token_id(&self, text: &str) -> Option<TokenId> {
+        self.inner.token_to_id(text)
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

@@ -6,6 +6,8 @@
 //! [`JsonMasks`] for the tokens that may come next: a walk of the vocabulary's byte trie from the
 //! state, pruned at the first byte the automaton refuses, so a token is allowed exactly when all of
 //! its bytes are. EOS is allowed only once the object has closed, and then nothing else is.
+//! With a reasoning model's thinking tags in the request, the constraint waits for the end tag
+//! (unless the prompt closed the thinking) and leaves the thinking free.
 //!
 //! The state is a small `Copy` value (the container stack is a bit per level), so the walk copies
 //! it at each trie edge instead of undoing moves, and masks are memoised by state: the long runs
@@ -13,7 +15,7 @@
 //! characters, where almost every token fits, the tokens that fit in any string are a mask made
 //! once and only the rest of the vocabulary is walked (`docs/performance.md`, "JSON output").
 
-use routed_types::{TokenId, TokenMask};
+use routed_types::{ThinkingTags, TokenId, TokenMask};
 use std::{
     collections::{HashMap, VecDeque},
     sync::Arc,
@@ -499,32 +501,55 @@ impl JsonMasks {
 /// A constrained sequence's reader and the tokens it allows next.
 #[derive(Clone, Debug)]
 pub struct JsonConstraint {
+    /// The end-of-thinking token the constraint waits for while a reasoning model thinks.
+    waits_for: Option<TokenId>,
     /// The output read so far; `None` once a token that could not follow was sampled (then
     /// nothing is constrained any more).
     pub state: Option<JsonState>,
-    /// What may be sampled next.
-    pub allowed: Arc<TokenMask>,
+    /// What may be sampled next; `None` while the model thinks.
+    allowed: Option<Arc<TokenMask>>,
 }
 
 impl JsonConstraint {
-    /// Nothing generated yet.
-    pub fn start(masks: &mut JsonMasks) -> Self {
+    /// Nothing generated yet after `prompt`. With `thinking` tags the constraint waits for the
+    /// end tag, unless the prompt already closed the thinking (vLLM's rule for its reasoning
+    /// parsers: the last tag of the prompt decides).
+    pub fn start(
+        masks: &mut JsonMasks,
+        prompt: &[TokenId],
+        thinking: Option<ThinkingTags>,
+    ) -> Self {
         let state = JsonState::start();
-        Self { state: Some(state), allowed: masks.mask(state) }
+        match thinking.filter(|tags| !tags.ended_in(prompt)) {
+            Some(tags) => Self { waits_for: Some(tags.end), state: Some(state), allowed: None },
+            None => Self { waits_for: None, state: Some(state), allowed: Some(masks.mask(state)) },
+        }
+    }
+
+    /// The tokens that may be sampled next, `None` while the model thinks.
+    pub fn allowed(&self) -> Option<&Arc<TokenMask>> {
+        self.allowed.as_ref()
     }
 
     /// After `token` was sampled.
     pub fn advance(&mut self, token: TokenId, masks: &mut JsonMasks) {
+        if let Some(end) = self.waits_for {
+            if token == end {
+                self.waits_for = None;
+                self.allowed = self.state.map(|state| masks.mask(state));
+            }
+            return;
+        }
         let Some(state) = self.state else { return };
         self.state = masks.vocabulary().advance(state, token);
-        self.allowed = match self.state {
+        self.allowed = Some(match self.state {
             Some(state) => masks.mask(state),
             None => {
                 let mut all = TokenMask::none(masks.vocabulary().num_tokens());
                 (0..all.num_tokens() as TokenId).for_each(|t| all.allow(t));
                 Arc::new(all)
             }
-        };
+        });
     }
 }
 

@@ -172,7 +172,8 @@ impl Scheduler {
             });
             let mut seq = Seq::waiting(s, history);
             if let Some(masks) = self.json.as_mut().filter(|_| seq.params.is_constrained()) {
-                seq.json = Some(JsonConstraint::start(masks));
+                let thinking = seq.params.thinking_tags;
+                seq.json = Some(JsonConstraint::start(masks, &seq.prompt, thinking));
             }
             self.seqs.insert(seq.id, seq);
         }
@@ -300,7 +301,7 @@ impl Scheduler {
                     .then(|| SeqContext {
                         prompt: seq.prompt.clone(),
                         history: seq.history.clone(),
-                        allowed: seq.json.as_ref().map(|j| Arc::clone(&j.allowed)),
+                        allowed: seq.json.as_ref().and_then(JsonConstraint::allowed).cloned(),
                     });
             plan.seqs.push(ScheduledSeq {
                 seq_id: seq.id,

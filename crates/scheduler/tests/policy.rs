@@ -229,6 +229,58 @@ fn a_json_object_sequence_plans_the_mask_of_its_output_so_far() {
 }
 
 #[test]
+fn a_reasoning_models_json_waits_for_the_end_of_its_thinking() {
+    use routed_scheduler::json_mode::JsonVocabulary;
+    use routed_types::{ResponseFormat, ThinkingTags};
+    // `{`, `}`, EOS, `"a"`, `:`, `x`, then the tags as single tokens.
+    let spellings = ["{", "}", "", "\"a\"", ":", "x", "<think>", "</think>"];
+    let tokens: Vec<Option<Vec<u8>>> =
+        spellings.iter().map(|s| (!s.is_empty()).then(|| s.as_bytes().to_vec())).collect();
+    let vocabulary = Arc::new(JsonVocabulary::new(&tokens, &[EOS]));
+    let tags = ThinkingTags { start: 6, end: 7 };
+    let params = Arc::new(SamplingParams {
+        response_format: ResponseFormat::JsonObject,
+        thinking_tags: Some(tags),
+        ..SamplingParams::greedy(8)
+    });
+    // The prompt's last tag decides: none or an opening one, the model thinks first; a closing
+    // one (a template that turned the thinking off), the answer is constrained from the start.
+    let prompts: [(&[TokenId], bool); 4] =
+        [(&[10, 11], false), (&[10, 6], false), (&[6, 7, 10], true), (&[6, 7, 10, 6], false)];
+    for (prompt, constrained_at_once) in prompts {
+        let mut s = scheduler(4, false).with_json_vocabulary(Arc::clone(&vocabulary));
+        let new = NewSeq {
+            params: Arc::clone(&params),
+            prompt: Arc::new(prompt.to_vec()),
+            ..new_seq(seq(1), 0, 8)
+        };
+        s.add(vec![new]).unwrap();
+        s.begin_step();
+        let n = prompt.len();
+        let mut plan =
+            s.build_plan(granted(vec![(grant(seq(1), true, 0, n), blocks(&[1]))], vec![]));
+        let allowed = |plan: &routed_types::StepPlan| -> Option<Vec<TokenId>> {
+            let context = plan.seqs[0].context.as_ref().expect("a constrained sequence's context");
+            context.allowed.as_ref().map(|mask| (0..8).filter(|&t| mask.allows(t)).collect())
+        };
+        let first = if constrained_at_once { Some(vec![0]) } else { None };
+        assert_eq!(allowed(&plan), first, "prompt {prompt:?}");
+        // Thinking text is free; the end tag starts the object; then it is read as before.
+        let expected = match constrained_at_once {
+            true => vec![(0, Some(vec![1, 3])), (3, Some(vec![4]))],
+            false => vec![(5, None), (6, None), (7, Some(vec![0])), (0, Some(vec![1, 3]))],
+        };
+        for (token, next) in expected {
+            s.apply_output(&[seq(1)], &sampled(&[Some(token)]), &mut no_text);
+            s.begin_step();
+            let computed = s.seq(seq(1)).unwrap().num_tokens() - 1;
+            plan = s.build_plan(granted(vec![(grant(seq(1), false, computed, 1), vec![])], vec![]));
+            assert_eq!(allowed(&plan), next, "prompt {prompt:?}, after {token}");
+        }
+    }
+}
+
+#[test]
 fn continuations_of_one_prompt_share_its_counts_until_they_sample() {
     let mut s = scheduler(4, false);
     let params = Arc::new(SamplingParams { repetition_penalty: 1.2, ..SamplingParams::greedy(8) });

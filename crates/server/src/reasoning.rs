@@ -18,6 +18,8 @@
 use std::str::FromStr;
 
 use crate::detok::held_back;
+use routed_model::Tokenizer;
+use routed_types::ThinkingTags;
 
 const THINK_START: &str = "<think>";
 const THINK_END: &str = "</think>";
@@ -38,6 +40,16 @@ impl ReasoningParser {
             Self::Qwen3 => "qwen3",
             Self::DeepseekR1 => "deepseek_r1",
         }
+    }
+}
+
+impl ReasoningParser {
+    /// The tags as single tokens of `tokenizer`, for a response format that constrains only the
+    /// answer after the thinking; `None` when the vocabulary does not hold both.
+    pub(crate) fn thinking_tags(self, tokenizer: &Tokenizer) -> Option<ThinkingTags> {
+        // Both formats think between the same tags.
+        let (start, end) = (tokenizer.token_id(THINK_START)?, tokenizer.token_id(THINK_END)?);
+        Some(ThinkingTags { start, end })
     }
 }
 

@@ -7,6 +7,8 @@
 mod common;
 
 use common::{TestServer, test_config};
+use routed_runtime::ModelSource;
+use routed_server::{ReasoningParser, ServerConfig};
 use routed_test_support::json_object_prefix;
 use serde_json::{Value, json};
 
@@ -114,4 +116,65 @@ fn constraints_that_are_not_served_are_refused_by_name() {
         let error = s.post("/generate", &body).error(400, "invalid_request_error");
         assert_eq!(error["param"], json!(format!("sampling_params.{field}")), "{error}");
     }
+}
+
+/// The tiny checkpoint with two of its byte tokens (`#` and `$`, in no merge) turned into
+/// `<think>` and `</think>`, as a reasoning model's vocabulary holds them: single, non-special
+/// tokens the model can sample.
+fn with_thinking_tags() -> (tempfile::TempDir, u32) {
+    let dir = tempfile::tempdir().unwrap();
+    let source = common::checkpoint(MODEL);
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+    }
+    let path = dir.path().join("tokenizer.json");
+    let mut tokenizer: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let vocab = tokenizer["model"]["vocab"].as_object_mut().unwrap();
+    let (start, end) = (vocab.remove("#").unwrap(), vocab.remove("$").unwrap());
+    vocab.insert("<think>".into(), start.clone());
+    vocab.insert("</think>".into(), end.clone());
+    for (id, content) in [(start, "<think>"), (end.clone(), "</think>")] {
+        tokenizer["added_tokens"].as_array_mut().unwrap().push(json!({
+            "id": id, "content": content, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": false}));
+    }
+    std::fs::write(&path, serde_json::to_vec(&tokenizer).unwrap()).unwrap();
+    (dir, end.as_u64().unwrap() as u32)
+}
+
+#[test]
+fn with_a_reasoning_parser_the_answer_after_the_thinking_is_constrained() {
+    let (dir, end) = with_thinking_tags();
+    let config = |dir: &std::path::Path| {
+        let mut config = test_config(MODEL);
+        config.model = ModelSource::Dir(dir.to_owned());
+        config
+    };
+    // The end tag biased far above everything: free to be sampled while the model thinks, ruled
+    // out once the answer is constrained.
+    let body = json!({"messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 24,
+                      "temperature": 0, "response_format": {"type": "json_object"},
+                      "logit_bias": {end.to_string(): 100}, "return_token_ids": true});
+    let thinking = ServerConfig {
+        reasoning_parser: Some(ReasoningParser::DeepseekR1),
+        ..ServerConfig::default()
+    };
+    let s = TestServer::start_with(config(dir.path()), thinking);
+    let choice = s.ok("/v1/chat/completions", &body)["choices"][0].clone();
+    assert_eq!(choice["token_ids"][0], json!(end), "{choice}");
+    let message = &choice["message"];
+    // DeepSeek-R1's answers start in the thinking: the first token closes it (the bias), and the
+    // rest is the constrained answer.
+    assert_eq!(message["reasoning_content"], json!(""), "{message}");
+    let content = message["content"].as_str().expect("content");
+    assert_eq!(json_object_prefix(content).map(|_| ()), Some(()), "{content:?}");
+    assert!(content.trim_start().starts_with('{'), "{content:?}");
+    // Without a reasoning parser the whole answer is constrained: the tag cannot come first
+    // (only inside a string, as any text can).
+    let plain = TestServer::start(config(dir.path()));
+    let out = plain.ok("/v1/chat/completions", &body);
+    let content = out["choices"][0]["message"]["content"].as_str().unwrap().to_owned();
+    assert_eq!(json_object_prefix(&content).map(|_| ()), Some(()), "{content:?}");
+    assert_ne!(out["choices"][0]["token_ids"][0], json!(end), "{out}");
 }

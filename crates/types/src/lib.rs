@@ -19,7 +19,7 @@ pub use mask::TokenMask;
 pub use routing::{ExpertId, RoutingMeta, RoutingRows};
 pub use sampling::{
     FinishReason, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY, ResponseFormat, SamplingError,
-    SamplingParams, StopMatch, check_num_logprobs,
+    SamplingParams, StopMatch, ThinkingTags, check_num_logprobs,
 };
 pub use step::{
     PromptLogprobs, SampledToken, ScheduledSeq, SeqContext, StepId, StepOutput, StepPlan,

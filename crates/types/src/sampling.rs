@@ -68,6 +68,28 @@ pub struct SamplingParams {
     /// What the output must be (OpenAI's `response_format`).
     #[serde(default)]
     pub response_format: ResponseFormat,
+    /// A reasoning model's thinking tags, when the response format constrains only the answer
+    /// after the thinking (a server with a reasoning parser): the constraint applies from the
+    /// start when the prompt's last tag is the end tag (the template closed the thinking), else
+    /// from the first end tag sampled.
+    #[serde(default)]
+    pub thinking_tags: Option<ThinkingTags>,
+}
+
+/// The single tokens that open and close a reasoning model's thinking (`<think>`, `</think>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ThinkingTags {
+    /// Opens the thinking.
+    pub start: TokenId,
+    /// Closes it.
+    pub end: TokenId,
+}
+
+impl ThinkingTags {
+    /// Whether the thinking is over by the end of `tokens`: its last tag is the end tag.
+    pub fn ended_in(&self, tokens: &[TokenId]) -> bool {
+        tokens.iter().rev().find(|&&t| t == self.start || t == self.end) == Some(&self.end)
+    }
 }
 
 /// What a request's output must be (OpenAI's `response_format`).
@@ -103,6 +125,7 @@ impl Default for SamplingParams {
             min_p: 0.0,
             logit_bias: Vec::new(),
             response_format: ResponseFormat::Text,
+            thinking_tags: None,
         }
     }
 }
@@ -307,6 +330,15 @@ mod tests {
     use super::*;
 
     const VOCAB: usize = 100;
+
+    #[test]
+    fn the_last_thinking_tag_says_whether_the_thinking_ended() {
+        let tags = ThinkingTags { start: 5, end: 6 };
+        assert!(!tags.ended_in(&[]) && !tags.ended_in(&[1, 2]));
+        assert!(tags.ended_in(&[5, 1, 6, 2]), "closed by the template");
+        assert!(!tags.ended_in(&[5, 6, 1, 5, 2]), "an earlier turn closed, this one opened");
+        assert!(tags.ended_in(&[6]));
+    }
 
     /// The field `check` names for `params`, `None` when they pass.
     fn param(params: SamplingParams) -> Option<&'static str> {

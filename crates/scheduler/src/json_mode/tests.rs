@@ -173,11 +173,12 @@ fn generate(
     max: usize,
 ) -> (Vec<TokenId>, bool) {
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut constraint = JsonConstraint::start(masks);
+    let mut constraint = JsonConstraint::start(masks, &[], None);
     let mut out = Vec::new();
     while out.len() < max {
+        let mask = constraint.allowed().expect("no thinking to wait for");
         let allowed: Vec<TokenId> =
-            (0..vocab.num_tokens() as TokenId).filter(|&t| constraint.allowed.allows(t)).collect();
+            (0..vocab.num_tokens() as TokenId).filter(|&t| mask.allows(t)).collect();
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
@@ -240,10 +241,10 @@ fn every_finished_walk_is_a_json_object() {
 fn a_token_that_cannot_follow_frees_the_sequence_and_masks_are_shared_by_state() {
     let (tokens, vocab) = vocabulary();
     let mut masks = JsonMasks::new(Arc::new(JsonVocabulary::new(&tokens, &vocab.eos)));
-    let mut a = JsonConstraint::start(&mut masks);
-    let b = JsonConstraint::start(&mut masks);
-    assert!(Arc::ptr_eq(&a.allowed, &b.allowed));
+    let mut a = JsonConstraint::start(&mut masks, &[], None);
+    let b = JsonConstraint::start(&mut masks, &[], None);
+    assert!(Arc::ptr_eq(a.allowed().unwrap(), b.allowed().unwrap()));
     a.advance(17, &mut masks); // `a` cannot start the output
     assert_eq!(a.state, None);
-    assert_eq!(a.allowed.num_allowed(), tokens.len());
+    assert_eq!(a.allowed().unwrap().num_allowed(), tokens.len());
 }

@@ -18,7 +18,9 @@ use std::borrow::Cow;
 
 use routed_model::Tokenizer;
 use routed_runtime::{EngineError, GenerateRequest, MAX_N, ModelInfo};
-use routed_types::{MAX_LOGPROBS, SamplingError, SamplingParams, TokenId};
+use routed_types::{
+    MAX_LOGPROBS, ResponseFormat, SamplingError, SamplingParams, ThinkingTags, TokenId,
+};
 use serde_json::{Value, json};
 
 use crate::AppState;
@@ -313,6 +315,21 @@ fn sampling_fields(c: &CommonFields, prompt_logprobs: Option<u32>) -> SamplingFi
     }
 }
 
+/// The request's `response_format`, and, with a reasoning parser, the thinking tags it waits
+/// for: as vLLM's reasoning parsers have it, a constraint applies to the answer after the
+/// thinking, not to the thinking.
+fn output_format(
+    state: &AppState,
+    body: &Value,
+) -> Result<(ResponseFormat, Option<ThinkingTags>), ApiError> {
+    let format = sampling::response_format(body)?;
+    let tags = match (format, state.reasoning_parser()) {
+        (ResponseFormat::Text, _) | (_, None) => None,
+        (_, Some(parser)) => parser.thinking_tags(state.tokenizer()),
+    };
+    Ok((format, tags))
+}
+
 /// The engine request for one prompt, sampling `n` continuations.
 pub(crate) fn request(
     prompt: Vec<TokenId>,
@@ -352,8 +369,10 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
     let max_tokens = f.max_tokens.unwrap_or(16);
     let fields = sampling_fields(&c, asked.max(echoed));
     let info = state.info();
+    let (response_format, thinking_tags) = output_format(state, body)?;
     let sampling = SamplingParams {
-        response_format: sampling::response_format(body)?,
+        response_format,
+        thinking_tags,
         ..sampling(fields, max_tokens, f.logprobs, state.default_seed())?
     };
     let names = WireNames::openai(routing_start);
@@ -392,7 +411,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     check_model(state.info(), c.model.as_deref())?;
     let extras = ChatExtras::new(f.tools.as_deref(), f.chat_template_kwargs.as_ref())?;
     let tool_calls = chat::parses_tool_calls(state, f.tool_choice.as_ref(), f.tools.as_deref())?;
-    let response_format = sampling::response_format(body)?;
+    let (response_format, thinking_tags) = output_format(state, body)?;
     if c.echo == Some(true) {
         return Err(ApiError::unsupported(
             "echo",
@@ -419,6 +438,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     let fields = sampling_fields(&c, asked);
     let sampling = SamplingParams {
         response_format,
+        thinking_tags,
         ..sampling(fields, max_tokens, logprobs, state.default_seed())?
     };
     let r = request(prompt, &sampling, n, routing, cache_salt.as_ref());

@@ -76,6 +76,7 @@ pub(crate) fn sampling(
         min_p: f.min_p.unwrap_or(0.0),
         logit_bias,
         response_format: ResponseFormat::Text,
+        thinking_tags: None,
     })
 }
 
