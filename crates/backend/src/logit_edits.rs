@@ -10,7 +10,7 @@
 //! Only the touched tokens change, so the device saves their raw values and puts them back after
 //! the choice: logprobs stay those of the raw distribution, as on the CPU.
 
-use routed_types::{SamplingParams, SeqContext, TokenId};
+use routed_types::{SamplingParams, SeqContext, TokenCount, TokenId};
 
 /// Words of one edit as the kernel's `LogitEdit` reads it: token, operations, bias, repetition
 /// penalty, frequency term, presence penalty.
@@ -92,21 +92,11 @@ impl EditBuilder {
         vocab_size: usize,
         out: &mut Vec<LogitEdit>,
     ) -> bool {
-        self.bias.clear();
-        let biased = params.logit_bias.iter().enumerate();
-        self.bias.extend(
-            biased
-                .filter(|(_, (t, _))| (*t as usize) < vocab_size)
-                .map(|(i, &(t, _))| (t, i as u32)),
-        );
-        self.bias.sort_unstable();
-        if self.bias.windows(2).any(|w| w[0].0 == w[1].0) {
+        if !self.sort_bias(params, vocab_size) {
             return false;
         }
         let counts = history.filter(|_| params.needs_history()).and_then(|h| h.history.as_deref());
         let entries = counts.map_or(&[][..], |c| c.entries());
-        let repetition = params.repetition_penalty != 1.0;
-        let penalties = params.presence_penalty != 0.0 || params.frequency_penalty != 0.0;
         // The bias and the history, both sorted by token, merged.
         let (mut b, mut e) = (0, 0);
         loop {
@@ -117,38 +107,59 @@ impl EditBuilder {
                 (None, Some(c)) => c.token,
                 (Some(&(t, _)), Some(c)) => t.min(c.token),
             };
-            let mut edit = LogitEdit {
-                token,
-                ops: 0,
-                bias: 0.0,
-                repetition: params.repetition_penalty,
-                frequency: 0.0,
-                presence: params.presence_penalty,
-            };
-            if let Some(&(_, index)) = next_bias.filter(|&&(t, _)| t == token) {
-                edit.ops |= EDIT_BIAS;
-                edit.bias = params.logit_bias[index as usize].1;
-                b += 1;
-            }
-            let mut count = 0;
-            if let Some(c) = next_seen.filter(|c| c.token == token) {
-                if repetition {
-                    edit.ops |= EDIT_REPETITION;
-                }
-                if penalties && c.num_in_output > 0 {
-                    edit.ops |= EDIT_PENALTIES;
-                    count = c.num_in_output;
-                }
-                e += 1;
-            }
-            if edit.ops != 0 {
-                // The CPU's `frequency * count as f32`.
-                edit.frequency = params.frequency_penalty * count as f32;
-                out.push(edit);
-            }
+            let bias = next_bias.filter(|&&(t, _)| t == token);
+            let seen = next_seen.filter(|c| c.token == token);
+            b += usize::from(bias.is_some());
+            e += usize::from(seen.is_some());
+            let bias = bias.map(|&(_, index)| params.logit_bias[index as usize].1);
+            out.extend(edit_of(params, token, bias, seen));
         }
         true
     }
+
+    /// The logit bias's entries inside the vocabulary, as `(token, index)` sorted by token;
+    /// `false` when a token is biased twice.
+    fn sort_bias(&mut self, params: &SamplingParams, vocab_size: usize) -> bool {
+        self.bias.clear();
+        let biased = params.logit_bias.iter().enumerate();
+        self.bias.extend(
+            biased
+                .filter(|(_, (t, _))| (*t as usize) < vocab_size)
+                .map(|(i, &(t, _))| (t, i as u32)),
+        );
+        self.bias.sort_unstable();
+        !self.bias.windows(2).any(|w| w[0].0 == w[1].0)
+    }
+}
+
+/// `token`'s edit: its `bias`, then the penalties its entry in the history (`seen`) calls for;
+/// `None` when nothing applies.
+fn edit_of(
+    params: &SamplingParams,
+    token: TokenId,
+    bias: Option<f32>,
+    seen: Option<&TokenCount>,
+) -> Option<LogitEdit> {
+    let mut edit = LogitEdit {
+        token,
+        ops: if bias.is_some() { EDIT_BIAS } else { 0 },
+        bias: bias.unwrap_or(0.0),
+        repetition: params.repetition_penalty,
+        frequency: 0.0,
+        presence: params.presence_penalty,
+    };
+    if let Some(c) = seen {
+        if params.repetition_penalty != 1.0 {
+            edit.ops |= EDIT_REPETITION;
+        }
+        let penalties = params.presence_penalty != 0.0 || params.frequency_penalty != 0.0;
+        if penalties && c.num_in_output > 0 {
+            edit.ops |= EDIT_PENALTIES;
+            // The CPU's `frequency * count as f32`.
+            edit.frequency = params.frequency_penalty * c.num_in_output as f32;
+        }
+    }
+    (edit.ops != 0).then_some(edit)
 }
 
 #[cfg(test)]

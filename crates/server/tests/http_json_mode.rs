@@ -91,6 +91,8 @@ fn constraints_that_are_not_served_are_refused_by_name() {
             ("response_format", schema.clone(), "response_format.type", "unsupported_parameter"),
             ("response_format", json!({"type": "xml"}), "response_format.type", "invalid_value"),
             ("response_format", json!({}), "response_format.type", "missing_required_parameter"),
+            ("response_format", json!("json_object"), "response_format", "invalid_type"),
+            ("response_format", json!({"type": 1}), "response_format.type", "invalid_value"),
             ("guided_json", json!({"type": "object"}), "guided_json", "unsupported_parameter"),
             ("guided_regex", json!("a+"), "guided_regex", "unsupported_parameter"),
             (

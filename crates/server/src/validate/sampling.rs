@@ -105,6 +105,15 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
     let Some(format) = body.get("response_format").filter(|v| !v.is_null()) else {
         return Ok(ResponseFormat::Text);
     };
+    if !format.is_object() {
+        return Err(ApiError::InvalidRequest {
+            message: format!(
+                "response_format must be an object such as {{\"type\": \"json_object\"}}, got {format}"
+            ),
+            param: Some("response_format".to_owned()),
+            code: "invalid_type",
+        });
+    }
     let Some(kind) = format.get("type") else {
         return Err(ApiError::missing("response_format.type", "response_format needs a type"));
     };
