@@ -34,6 +34,12 @@ impl TokenMask {
         self.words.iter().map(|w| w.count_ones() as usize).sum()
     }
 
+    /// The bits, 64 tokens a word (token `t` is bit `t % 64` of word `t / 64`); bits past the
+    /// vocabulary are clear.
+    pub fn words(&self) -> &[u64] {
+        &self.words
+    }
+
     /// Tokens in the vocabulary the mask covers.
     pub fn num_tokens(&self) -> usize {
         self.num_tokens

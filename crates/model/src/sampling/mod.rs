@@ -9,7 +9,7 @@ mod draw;
 mod mass;
 
 use routed_backend::cpu;
-use routed_types::{SampledToken, SamplingParams, SeqContext, TokenCounts, TokenId};
+use routed_types::{SampledToken, SamplingParams, SeqContext, TokenCounts, TokenId, TokenMask};
 
 /// Sampling scratch reused across tokens so the hot path does not allocate per token.
 #[derive(Default)]
@@ -96,11 +96,7 @@ impl Sampler {
         }
         // An output constraint last: a token it rules out has no chance, whatever else applied.
         if let Some(allowed) = history.and_then(|h| h.allowed.as_deref()) {
-            for (t, l) in out.iter_mut().enumerate() {
-                if !allowed.allows(t as TokenId) {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
+            rule_out(allowed, out);
         }
     }
     /// The `n` most likely tokens (ties to the lower id) with their logprobs; ranking logits
@@ -116,6 +112,23 @@ impl Sampler {
         self.order.sort_by(by_logit);
         self.order.iter().map(|&i| (i, logits[i as usize] - log_z)).collect()
     }
+}
+
+/// Sends every logit the mask does not allow to minus infinity, a word of 64 tokens at a time
+/// (inside a JSON string nearly every word allows all of its tokens); rows longer than the mask
+/// (a model's vocabulary padded past the tokenizer's) lose their tail.
+fn rule_out(allowed: &TokenMask, row: &mut [f32]) {
+    let mut chunks = row.chunks_mut(64);
+    for (&word, chunk) in allowed.words().iter().zip(&mut chunks) {
+        if word != u64::MAX {
+            for (i, l) in chunk.iter_mut().enumerate() {
+                if word >> i & 1 == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    chunks.flatten().for_each(|l| *l = f32::NEG_INFINITY);
 }
 
 /// The repetition penalty over every distinct token of the prompt and the output, then the
@@ -292,6 +305,7 @@ mod tests {
         let top_p = SamplingParams { top_p: 0.9, top_k: Some(40), ..Default::default() };
         let seeded = SamplingParams { seed: 11, response_format: json, ..top_p };
         let penalised = SamplingParams { repetition_penalty: 1.5, ..seeded.clone() };
+        let seeded_params = seeded.clone();
         let mut s = Sampler::default();
         let mut seen = std::collections::BTreeSet::new();
         for params in [greedy, seeded, penalised] {
@@ -304,6 +318,16 @@ mod tests {
             }
         }
         assert!(seen.len() > 1, "seeded draws reach more than one allowed token");
+        // A row longer than the mask (a padded vocabulary): the padding is never chosen.
+        let mut padded = logits.clone();
+        padded.extend([1e6; 100]);
+        let out = s.sample(
+            &padded,
+            &SamplingParams { seed: 3, ..seeded_params.clone() },
+            0,
+            Some(&context),
+        );
+        assert!([5, 17, 2999].contains(&out.token), "{}", out.token);
         let free = s.sample(&logits, &SamplingParams::greedy(1), 0, None).token;
         assert!(![5, 17, 2999].contains(&free), "the mask, not the row, made the choices");
     }
