@@ -54,6 +54,12 @@ fn answers_are_json_objects_or_their_prefixes_on_both_routes() {
         }
     }
     assert!(num_whole > 0, "none of {num_answers} answers closed its object");
+    // vLLM's own spelling, and a backend named beside it, ask for the same.
+    let body = json!({"prompt": "Answer in JSON:", "max_tokens": 16, "temperature": 0,
+                      "structured_outputs": {"json_object": true, "disable_fallback": true},
+                      "guided_decoding_backend": "xgrammar", "response_format": {"type": "text"}});
+    let (text, _) = answers(&s.ok("/v1/completions", &body)).remove(0);
+    assert!(json_object_prefix(&text).is_some(), "{text:?}");
     // `{"type": "text"}` is no constraint.
     let body = json!({"prompt": "Answer in JSON:", "max_tokens": 8, "temperature": 0,
                       "response_format": {"type": "text"}});
@@ -98,7 +104,26 @@ fn constraints_that_are_not_served_are_refused_by_name() {
             (
                 "structured_outputs",
                 json!({"json": {}}),
+                "structured_outputs.json",
+                "unsupported_parameter",
+            ),
+            (
                 "structured_outputs",
+                json!({"regex": "a+"}),
+                "structured_outputs.regex",
+                "unsupported_parameter",
+            ),
+            (
+                "structured_outputs",
+                json!({"json_object": true, "disable_any_whitespace": true}),
+                "structured_outputs.disable_any_whitespace",
+                "unsupported_parameter",
+            ),
+            ("structured_outputs", json!(true), "structured_outputs", "invalid_type"),
+            (
+                "guided_whitespace_pattern",
+                json!(" "),
+                "guided_whitespace_pattern",
                 "unsupported_parameter",
             ),
         ] {

@@ -80,20 +80,20 @@ pub(crate) fn sampling(
     })
 }
 
-/// vLLM's structured-output fields beside `response_format`, none of which is served: refused
-/// rather than ignored, so that a client never takes an unconstrained answer for a constrained one.
-const GUIDED_FIELDS: [&str; 6] = [
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "guided_decoding_backend",
-    "structured_outputs",
-];
+/// vLLM's older structured-output fields, none of which is served: refused rather than ignored,
+/// so that a client never takes an unconstrained answer for a constrained one.
+/// (`guided_decoding_backend` only names an implementation, and is accepted.)
+const GUIDED_FIELDS: [&str; 5] =
+    ["guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern"];
 
-/// OpenAI's `response_format` (on both OpenAI routes, as vLLM takes it): `{"type": "text"}` or
-/// `{"type": "json_object"}`. A JSON schema, and vLLM's other ways to constrain the output, are a
-/// 400 naming the field.
+/// Constraints of vLLM's `structured_outputs` other than `json_object`, refused by name.
+const STRUCTURED_OUTPUTS_REFUSED: [&str; 6] =
+    ["json", "regex", "choice", "grammar", "structural_tag", "whitespace_pattern"];
+
+/// The output format a request asks for: OpenAI's `response_format` (on both OpenAI routes, as
+/// vLLM takes it), `{"type": "text"}` or `{"type": "json_object"}`, or vLLM's
+/// `structured_outputs: {"json_object": true}`. A JSON schema, and vLLM's other ways to constrain
+/// the output, are a 400 naming the field.
 pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> {
     if let Some(field) = GUIDED_FIELDS.iter().find(|f| body.get(**f).is_some_and(|v| !v.is_null()))
     {
@@ -102,8 +102,9 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
             format!("{field} is not supported; response_format {{\"type\": \"json_object\"}} is"),
         ));
     }
+    let structured = structured_outputs(body)?;
     let Some(format) = body.get("response_format").filter(|v| !v.is_null()) else {
-        return Ok(ResponseFormat::Text);
+        return Ok(structured);
     };
     if !format.is_object() {
         return Err(ApiError::InvalidRequest {
@@ -118,7 +119,7 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         return Err(ApiError::missing("response_format.type", "response_format needs a type"));
     };
     match kind.as_str() {
-        Some("text") => Ok(ResponseFormat::Text),
+        Some("text") => Ok(structured),
         Some("json_object") => Ok(ResponseFormat::JsonObject),
         Some(other @ ("json_schema" | "structural_tag")) => Err(ApiError::unsupported(
             "response_format.type",
@@ -129,6 +130,37 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
             format!("response_format.type must be \"text\" or \"json_object\", got {kind}"),
         )),
     }
+}
+
+/// vLLM's `structured_outputs`: `{"json_object": true}` is served; its other constraints, and
+/// `disable_any_whitespace: true` (compact JSON), are a 400 naming the key; its other switches
+/// concern schemas and backends, and change nothing here.
+fn structured_outputs(body: &Value) -> Result<ResponseFormat, ApiError> {
+    let Some(value) = body.get("structured_outputs").filter(|v| !v.is_null()) else {
+        return Ok(ResponseFormat::Text);
+    };
+    let Some(fields) = value.as_object() else {
+        return Err(ApiError::InvalidRequest {
+            message: format!("structured_outputs must be an object, got {value}"),
+            param: Some("structured_outputs".to_owned()),
+            code: "invalid_type",
+        });
+    };
+    let set = |key: &str| fields.get(key).is_some_and(|v| !v.is_null() && *v != Value::Bool(false));
+    if let Some(key) = STRUCTURED_OUTPUTS_REFUSED.iter().find(|k| set(k)) {
+        let param = format!("structured_outputs.{key}");
+        return Err(ApiError::unsupported(
+            &param,
+            format!("{param} is not supported; structured_outputs.json_object is"),
+        ));
+    }
+    if set("disable_any_whitespace") {
+        return Err(ApiError::unsupported(
+            "structured_outputs.disable_any_whitespace",
+            "compact JSON is not supported: whitespace between tokens is JSON's",
+        ));
+    }
+    Ok(if set("json_object") { ResponseFormat::JsonObject } else { ResponseFormat::Text })
 }
 
 /// OpenAI's `logit_bias`: token ids as the JSON keys they must be, each with a number; sorted by
