@@ -111,4 +111,46 @@ mod tests {
         let num_special = bytes.iter().filter(|b| b.is_none()).count();
         assert!((1..=8).contains(&num_special), "{num_special} special tokens");
     }
+
+    /// A SentencePiece-style vocabulary (Mixtral's and Llama's Hugging Face form: `▁` for a
+    /// space, `<0xNN>` byte pieces, a decoder that replaces, falls back to bytes and strips).
+    #[test]
+    fn sentencepiece_pieces_spell_spaces_and_byte_fallbacks() {
+        let json = r#"{
+          "version": "1.0", "truncation": null, "padding": null,
+          "added_tokens": [
+            {"id": 0, "content": "<unk>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+            {"id": 1, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+            {"id": 2, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}
+          ],
+          "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+          "pre_tokenizer": null, "post_processor": null,
+          "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+          "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
+                    "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                    "vocab": {"<unk>": 0, "<s>": 1, "</s>": 2, "<0x0A>": 3, "<0xE4>": 4, "\u2581": 5, "{": 6,
+                              "\u2581{": 7, "\"": 8, "a": 9, "\u2581a": 10},
+                    "merges": [["\u2581", "{"], ["\u2581", "a"]]}
+        }"#;
+        let tokenizer = Tokenizer::from_bytes(json.as_bytes()).unwrap();
+        let bytes = vocabulary_bytes(&tokenizer);
+        let spelled: Vec<Option<&[u8]>> = bytes.iter().map(|b| b.as_deref()).collect();
+        let expected: [Option<&[u8]>; 11] = [
+            None,
+            None,
+            None,
+            Some(b"\n"),
+            Some(&[0xE4]),
+            Some(b" "),
+            Some(b"{"),
+            Some(b" {"),
+            Some(b"\""),
+            Some(b"a"),
+            Some(b" a"),
+        ];
+        assert_eq!(spelled, expected);
+    }
 }
