@@ -80,7 +80,7 @@ fn nesting_stops_at_the_depth_limit() {
 
 /// A small vocabulary of JSON fragments (and some that fit nowhere), with EOS and a special
 /// token.
-fn vocabulary() -> (Vec<Option<Vec<u8>>>, JsonVocabulary) {
+fn vocabulary() -> (Vec<Option<Vec<u8>>>, Arc<JsonVocabulary>, JsonMasks) {
     let mut tokens: Vec<Option<Vec<u8>>> = [
         "{",
         "}",
@@ -150,8 +150,9 @@ fn vocabulary() -> (Vec<Option<Vec<u8>>>, JsonVocabulary) {
     tokens.push(None); // a special token
     tokens.push(None); // EOS
     let eos = tokens.len() as TokenId - 1;
-    let vocab = JsonVocabulary::new(&tokens, &[eos]);
-    (tokens, vocab)
+    let vocab = Arc::new(JsonVocabulary::new(&tokens, &[eos]));
+    let masks = JsonMasks::new(Arc::clone(&vocab));
+    (tokens, vocab, masks)
 }
 
 /// The mask a token at a time: what the trie walk must equal.
@@ -195,8 +196,7 @@ fn generate(
 
 #[test]
 fn the_trie_walk_allows_exactly_the_tokens_that_read_and_eos_only_when_complete() {
-    let (tokens, vocab) = vocabulary();
-    let mut masks = JsonMasks::new(Arc::new(JsonVocabulary::new(&tokens, &vocab.eos)));
+    let (tokens, vocab, mut masks) = vocabulary();
     let mut num_states = 0;
     for seed in 0..200 {
         let (out, _) = generate(&vocab, &mut masks, seed, 60);
@@ -220,8 +220,7 @@ fn the_trie_walk_allows_exactly_the_tokens_that_read_and_eos_only_when_complete(
 
 #[test]
 fn every_finished_walk_is_a_json_object() {
-    let (tokens, vocab) = vocabulary();
-    let mut masks = JsonMasks::new(Arc::new(JsonVocabulary::new(&tokens, &vocab.eos)));
+    let (_, vocab, mut masks) = vocabulary();
     let mut finished = 0;
     for seed in 0..400 {
         let (out, ended) = generate(&vocab, &mut masks, seed, 400);
@@ -239,8 +238,7 @@ fn every_finished_walk_is_a_json_object() {
 
 #[test]
 fn a_token_that_cannot_follow_frees_the_sequence_and_masks_are_shared_by_state() {
-    let (tokens, vocab) = vocabulary();
-    let mut masks = JsonMasks::new(Arc::new(JsonVocabulary::new(&tokens, &vocab.eos)));
+    let (tokens, _, mut masks) = vocabulary();
     let mut a = JsonConstraint::start(&mut masks, &[], None);
     let b = JsonConstraint::start(&mut masks, &[], None);
     assert!(Arc::ptr_eq(a.allowed().unwrap(), b.allowed().unwrap()));
