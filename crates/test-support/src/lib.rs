@@ -26,8 +26,9 @@ pub fn json_object_prefix(text: &str) -> Option<bool> {
     if !body.starts_with('{') {
         return None;
     }
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(value) => Some(value.is_object()),
+    // Read without building the value: `1e999` is JSON, out of an f64's range.
+    match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+        Ok(_) => Some(true),
         Err(e) if e.is_eof() => Some(false),
         Err(_) => None,
     }
