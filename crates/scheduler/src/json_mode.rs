@@ -111,6 +111,8 @@ enum Lex {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct JsonState {
     lex: Lex,
+    /// No whitespace outside strings.
+    compact: bool,
     /// Open containers.
     depth: u8,
     /// Bit `i` set: the container at depth `i` is an object (else an array).
@@ -130,7 +132,12 @@ fn is_whitespace(b: u8) -> bool {
 impl JsonState {
     /// Nothing read yet.
     pub fn start() -> Self {
-        Self { lex: Lex::Start, depth: 0, kinds: 0 }
+        Self { lex: Lex::Start, compact: false, depth: 0, kinds: 0 }
+    }
+
+    /// Nothing read yet, and no whitespace to come outside strings.
+    pub fn start_compact() -> Self {
+        Self { compact: true, ..Self::start() }
     }
 
     /// Whether a whole object has been read (only EOS may follow).
@@ -170,7 +177,7 @@ impl JsonState {
             }
             // Whitespace may stand between any two tokens of JSON, not after the object.
             Lex::Done => false,
-            _ if is_whitespace(b) => true,
+            _ if is_whitespace(b) => !self.compact,
             _ => self.structural_byte(b),
         }
     }
@@ -354,7 +361,8 @@ impl Trie {
 /// UTF-8 characters only. Such a token is allowed inside every string (between characters),
 /// whatever the nesting around it.
 fn fits_any_string(bytes: &[u8]) -> bool {
-    let mut state = JsonState { lex: Lex::Str { key: false, utf8: 0 }, depth: 1, kinds: 1 };
+    let mut state =
+        JsonState { lex: Lex::Str { key: false, utf8: 0 }, compact: false, depth: 1, kinds: 1 };
     !bytes.iter().any(|b| matches!(b, b'"' | b'\\'))
         && state.feed_all(bytes)
         && state.lex == (Lex::Str { key: false, utf8: 0 })
@@ -511,15 +519,17 @@ pub struct JsonConstraint {
 }
 
 impl JsonConstraint {
-    /// Nothing generated yet after `prompt`. With `thinking` tags the constraint waits for the
+    /// Nothing generated yet after `prompt` (`compact`: no whitespace outside strings). With
+    /// `thinking` tags the constraint waits for the
     /// end tag, unless the prompt already closed the thinking (vLLM's rule for its reasoning
     /// parsers: the last tag of the prompt decides).
     pub fn start(
         masks: &mut JsonMasks,
+        compact: bool,
         prompt: &[TokenId],
         thinking: Option<ThinkingTags>,
     ) -> Self {
-        let state = JsonState::start();
+        let state = if compact { JsonState::start_compact() } else { JsonState::start() };
         match thinking.filter(|tags| !tags.ended_in(prompt)) {
             Some(tags) => Self { waits_for: Some(tags.end), state: Some(state), allowed: None },
             None => Self { waits_for: None, state: Some(state), allowed: Some(masks.mask(state)) },

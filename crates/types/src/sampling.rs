@@ -101,6 +101,9 @@ pub enum ResponseFormat {
     /// One JSON object (`{"type": "json_object"}`): each token is chosen among those that keep
     /// the output a prefix of a JSON object, and EOS only once the object is closed.
     JsonObject,
+    /// [`Self::JsonObject`] without whitespace outside strings (vLLM's
+    /// `disable_any_whitespace`).
+    CompactJsonObject,
 }
 
 impl Default for SamplingParams {

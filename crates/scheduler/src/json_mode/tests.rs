@@ -174,7 +174,7 @@ fn generate(
     max: usize,
 ) -> (Vec<TokenId>, bool) {
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut constraint = JsonConstraint::start(masks, &[], None);
+    let mut constraint = JsonConstraint::start(masks, false, &[], None);
     let mut out = Vec::new();
     while out.len() < max {
         let mask = constraint.allowed().expect("no thinking to wait for");
@@ -239,10 +239,52 @@ fn every_finished_walk_is_a_json_object() {
 #[test]
 fn a_token_that_cannot_follow_frees_the_sequence_and_masks_are_shared_by_state() {
     let (tokens, _, mut masks) = vocabulary();
-    let mut a = JsonConstraint::start(&mut masks, &[], None);
-    let b = JsonConstraint::start(&mut masks, &[], None);
+    let mut a = JsonConstraint::start(&mut masks, false, &[], None);
+    let b = JsonConstraint::start(&mut masks, false, &[], None);
     assert!(Arc::ptr_eq(a.allowed().unwrap(), b.allowed().unwrap()));
     a.advance(17, &mut masks); // `a` cannot start the output
     assert_eq!(a.state, None);
     assert_eq!(a.allowed().unwrap().num_allowed(), tokens.len());
+}
+
+#[test]
+fn a_compact_object_has_no_whitespace_outside_its_strings() {
+    let read = |text: &[u8]| {
+        let mut state = JsonState::start_compact();
+        state.feed_all(text).then_some(state)
+    };
+    assert!(read(b"{\"a b\":[1,{\"c\":\" \\n \"}]}").is_some_and(|s| s.is_complete()));
+    for text in [
+        &b" {}"[..],
+        b"{ }",
+        b"{\"a\": 1}",
+        b"{\"a\":1 }",
+        b"{\"a\":[1, 2]}",
+        b"{\"a\":1,\n\"b\":2}",
+    ] {
+        assert!(read(text).is_none(), "read {:?}", String::from_utf8_lossy(text));
+    }
+    let (tokens, vocab, mut masks) = vocabulary();
+    let id = |text: &str| {
+        tokens.iter().position(|t| t.as_deref() == Some(text.as_bytes())).unwrap() as TokenId
+    };
+    let (space, newline) = (id(" "), id("\n"));
+    for state in
+        [JsonState::start_compact(), read(b"{\"a\":").unwrap(), read(b"{\"a\":[1").unwrap()]
+    {
+        let mask = vocab.mask(state);
+        assert!(
+            mask.num_allowed() > 0 && !mask.allows(space) && !mask.allows(newline),
+            "{state:?}"
+        );
+    }
+    // A token ending in a space after the colon: the loose form only.
+    let start = vocab.mask(JsonState::start_compact());
+    assert!(start.allows(id("{\"")) && !start.allows(id("{\"a\": ")));
+    assert!(vocab.mask(JsonState::start()).allows(id("{\"a\": ")));
+    let after_key = vocab.mask(read(b"{\"a").unwrap());
+    assert!(after_key.allows(id("\":")) && !after_key.allows(id("\": ")));
+    // Inside a string, whitespace is text.
+    let in_string = masks.mask(read(b"{\"a\":\"x").unwrap());
+    assert!(in_string.allows(space) && in_string.allows(id("x y")));
 }

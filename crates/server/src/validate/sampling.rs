@@ -92,8 +92,8 @@ const STRUCTURED_OUTPUTS_REFUSED: [&str; 6] =
 
 /// The output format a request asks for: OpenAI's `response_format` (on both OpenAI routes, as
 /// vLLM takes it), `{"type": "text"}` or `{"type": "json_object"}`, or vLLM's
-/// `structured_outputs: {"json_object": true}`. A JSON schema, and vLLM's other ways to constrain
-/// the output, are a 400 naming the field.
+/// `structured_outputs: {"json_object": true}`, compact with its `disable_any_whitespace`. A JSON
+/// schema, and vLLM's other ways to constrain the output, are a 400 naming the field.
 pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> {
     if let Some(field) = GUIDED_FIELDS.iter().find(|f| body.get(**f).is_some_and(|v| !v.is_null()))
     {
@@ -102,9 +102,19 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
             format!("{field} is not supported; response_format {{\"type\": \"json_object\"}} is"),
         ));
     }
-    let structured = structured_outputs(body)?;
+    let (structured, compact) = structured_outputs(body)?;
+    let json = structured || openai_response_format(body)?;
+    Ok(match (json, compact) {
+        (false, _) => ResponseFormat::Text,
+        (true, false) => ResponseFormat::JsonObject,
+        (true, true) => ResponseFormat::CompactJsonObject,
+    })
+}
+
+/// Whether OpenAI's `response_format` asks for a JSON object.
+fn openai_response_format(body: &Value) -> Result<bool, ApiError> {
     let Some(format) = body.get("response_format").filter(|v| !v.is_null()) else {
-        return Ok(structured);
+        return Ok(false);
     };
     if !format.is_object() {
         return Err(ApiError::InvalidRequest {
@@ -119,8 +129,8 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         return Err(ApiError::missing("response_format.type", "response_format needs a type"));
     };
     match kind.as_str() {
-        Some("text") => Ok(structured),
-        Some("json_object") => Ok(ResponseFormat::JsonObject),
+        Some("text") => Ok(false),
+        Some("json_object") => Ok(true),
         Some(other @ ("json_schema" | "structural_tag")) => Err(ApiError::unsupported(
             "response_format.type",
             format!("response_format {other:?} is not supported; \"text\" and \"json_object\" are"),
@@ -132,12 +142,13 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
     }
 }
 
-/// vLLM's `structured_outputs`: `{"json_object": true}` is served; its other constraints, and
-/// `disable_any_whitespace: true` (compact JSON), are a 400 naming the key; its other switches
+/// vLLM's `structured_outputs`: whether it asks for a JSON object (`json_object: true`) and for
+/// no whitespace outside strings (`disable_any_whitespace: true`, which, as in vLLM, only shapes
+/// a structured output). Its other constraints are a 400 naming the key; its other switches
 /// concern schemas and backends, and change nothing here.
-fn structured_outputs(body: &Value) -> Result<ResponseFormat, ApiError> {
+fn structured_outputs(body: &Value) -> Result<(bool, bool), ApiError> {
     let Some(value) = body.get("structured_outputs").filter(|v| !v.is_null()) else {
-        return Ok(ResponseFormat::Text);
+        return Ok((false, false));
     };
     let Some(fields) = value.as_object() else {
         return Err(ApiError::InvalidRequest {
@@ -154,13 +165,7 @@ fn structured_outputs(body: &Value) -> Result<ResponseFormat, ApiError> {
             format!("{param} is not supported; structured_outputs.json_object is"),
         ));
     }
-    if set("disable_any_whitespace") {
-        return Err(ApiError::unsupported(
-            "structured_outputs.disable_any_whitespace",
-            "compact JSON is not supported: whitespace between tokens is JSON's",
-        ));
-    }
-    Ok(if set("json_object") { ResponseFormat::JsonObject } else { ResponseFormat::Text })
+    Ok((set("json_object"), set("disable_any_whitespace")))
 }
 
 /// OpenAI's `logit_bias`: token ids as the JSON keys they must be, each with a number; sorted by
