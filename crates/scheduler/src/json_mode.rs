@@ -357,15 +357,14 @@ impl Trie {
     }
 }
 
-/// Whether a string could hold `bytes` anywhere: no quote, backslash or control byte, and whole
-/// UTF-8 characters only. Such a token is allowed inside every string (between characters),
-/// whatever the nesting around it.
+/// Whether a string could hold `bytes` anywhere: read from between a string's characters, they
+/// end between characters again (whole UTF-8 characters and whole escapes, no closing quote, no
+/// control byte). Such a token is allowed inside every string, key or value, whatever the nesting
+/// around it.
 fn fits_any_string(bytes: &[u8]) -> bool {
-    let mut state =
-        JsonState { lex: Lex::Str { key: false, utf8: 0 }, compact: false, depth: 1, kinds: 1 };
-    !bytes.iter().any(|b| matches!(b, b'"' | b'\\'))
-        && state.feed_all(bytes)
-        && state.lex == (Lex::Str { key: false, utf8: 0 })
+    let between = Lex::Str { key: false, utf8: 0 };
+    let mut state = JsonState { lex: between, compact: false, depth: 1, kinds: 1 };
+    state.feed_all(bytes) && state.lex == between
 }
 
 /// The vocabulary as bytes: each token's text (none for special tokens, which only EOS may be
@@ -418,6 +417,12 @@ impl JsonVocabulary {
         self.num_tokens
     }
 
+    /// Tokens every string takes, so that a mask between a string's characters walks only the
+    /// others.
+    pub fn num_in_any_string(&self) -> usize {
+        self.in_any_string.num_allowed()
+    }
+
     /// Token `t`'s bytes (empty for a special token or one outside the vocabulary).
     pub fn token_bytes(&self, t: TokenId) -> &[u8] {
         let t = t as usize;
@@ -463,7 +468,7 @@ impl JsonVocabulary {
             self.eos.iter().for_each(|&t| mask.allow(t));
         }
         if mask.num_allowed() == 0 {
-            (0..self.num_tokens as TokenId).for_each(|t| mask.allow(t));
+            mask = TokenMask::all(self.num_tokens);
         }
         mask
     }
@@ -554,11 +559,7 @@ impl JsonConstraint {
         self.state = masks.vocabulary().advance(state, token);
         self.allowed = Some(match self.state {
             Some(state) => masks.mask(state),
-            None => {
-                let mut all = TokenMask::none(masks.vocabulary().num_tokens());
-                (0..all.num_tokens() as TokenId).for_each(|t| all.allow(t));
-                Arc::new(all)
-            }
+            None => Arc::new(TokenMask::all(masks.vocabulary().num_tokens())),
         });
     }
 }

@@ -15,6 +15,16 @@ impl TokenMask {
         Self { words: vec![0; num_tokens.div_ceil(64)], num_tokens }
     }
 
+    /// A mask over `num_tokens` tokens allowing every one.
+    pub fn all(num_tokens: usize) -> Self {
+        let mut words = vec![u64::MAX; num_tokens.div_ceil(64)];
+        if let Some(last) = words.last_mut().filter(|_| !num_tokens.is_multiple_of(64)) {
+            // Bits past the vocabulary stay clear.
+            *last = (1 << (num_tokens % 64)) - 1;
+        }
+        Self { words, num_tokens }
+    }
+
     /// Allows `token` (ignored outside the vocabulary).
     pub fn allow(&mut self, token: u32) {
         let t = token as usize;
@@ -59,5 +69,9 @@ mod tests {
         assert_eq!(mask.num_allowed(), 4);
         assert!(mask.allows(63) && mask.allows(64) && mask.allows(129));
         assert!(!mask.allows(1) && !mask.allows(130) && !mask.allows(1000));
+        for n in [0, 1, 63, 64, 65, 130] {
+            let all = TokenMask::all(n);
+            assert_eq!((all.num_allowed(), all.allows(n as u32)), (n, false), "{n}");
+        }
     }
 }

@@ -141,6 +141,9 @@ fn vocabulary() -> (Vec<Option<Vec<u8>>>, Arc<JsonVocabulary>, JsonMasks) {
         "r",
         "t",
         "f",
+        // Whole escapes, which fit in any string.
+        "\\n",
+        "a\\\"b",
     ]
     .iter()
     .map(|s| Some(s.as_bytes().to_vec()))
@@ -287,4 +290,18 @@ fn a_compact_object_has_no_whitespace_outside_its_strings() {
     // Inside a string, whitespace is text.
     let in_string = masks.mask(read(b"{\"a\":\"x").unwrap());
     assert!(in_string.allows(space) && in_string.allows(id("x y")));
+}
+
+#[test]
+fn tokens_that_fit_any_string_end_between_characters() {
+    for fits in [&b"abc"[..], b" x y", b"\\n", b"a\\\"b", b"\\u00e9", "é中".as_bytes()] {
+        assert!(fits_any_string(fits), "{:?}", String::from_utf8_lossy(fits));
+    }
+    for not in [&b"\""[..], b"a\"", b"\\", b"\\u00", &[0xE4], &[0xB8, 0xAD], b"\x01"] {
+        assert!(!fits_any_string(not), "{:?}", String::from_utf8_lossy(not));
+    }
+    let (tokens, vocab, _) = vocabulary();
+    let walked =
+        tokens.iter().filter(|t| t.as_deref().is_some_and(|b| !fits_any_string(b))).count();
+    assert_eq!(vocab.num_in_any_string() + walked + 2, tokens.len(), "two special tokens");
 }
