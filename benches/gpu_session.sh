@@ -103,6 +103,7 @@ make_models() {
 }
 
 # One `routed bench` run (at most CAP seconds), its output appended to the model's log.
+# One `routed bench` run (at most CAP seconds), its output appended to the model's log.
 routed_bench() {
     local cap=$1 m=$2 label=$3
     shift 3
@@ -114,8 +115,9 @@ routed_bench() {
 bench() {
     device_info
     wait_models || return
-    # The most telling records first: decode in both precisions, then the kernels beside
-    # PyTorch's, the prefill, transformers, and the paired comparisons last.
+    # The most telling records first (a lease that ends early keeps them): decode in both
+    # precisions, routing capture on vs off, the kernels beside PyTorch's, where a step's time
+    # goes, transformers; then profiles, prefill and the compiled baselines.
     for m in qwen3_moe nemotron_h; do
         routed_bench 120 $m throughput throughput --batch-sizes 1,8,64,256 --prompt-len 16 \
             --output-len 65 --json "$OUT/routed-$m-throughput.json"
@@ -124,13 +126,11 @@ bench() {
             --batch-sizes 1,8,64,256 --prompt-len 16 --output-len 65 \
             --json "$OUT/routed-$m-throughput-tc.json"
     done
-    # Where a step's time goes at batch 1 and 64: the engine, the worker's host side, the device.
+    # Routing capture on vs off, in interleaved pairs.
     for m in qwen3_moe nemotron_h; do
-        routed_bench 90 $m "engine overhead" engine-overhead --prompt-len 16 --output-len 65 \
-            --json "$OUT/routed-$m-engine-overhead.json"
+        routed_bench 90 $m routing-overhead routing-overhead --prompt-len 16 --output-len 65 \
+            --repeats "${PAIR_REPEATS:-10}" --json "$OUT/routed-$m-routing-overhead.json"
     done
-    profile
-    timeline
     # The kernels alone (the matrix product and decode attention at qwen3_moe's shapes), beside
     # PyTorch's at the same shapes and the device's copy bandwidth.
     local sizes=1,8,64,256
@@ -143,23 +143,29 @@ bench() {
             --batch-sizes 1 8 64 256 --json "$OUT/torch-kernels.json" >>"$OUT/kernels.log" 2>&1
         note "torch kernels: rc $?"
     fi
+    # Where a step's time goes at batch 1 and 64: the engine, the worker's host side, the device.
+    for m in qwen3_moe nemotron_h; do
+        routed_bench 90 $m "engine overhead" engine-overhead --prompt-len 16 --output-len 65 \
+            --json "$OUT/routed-$m-engine-overhead.json"
+    done
+    if [ "$DEVICE" != cuda-sim ]; then
+        # Eager (records survive a timeout per model).
+        limited 300 "$PYTHON" benches/hf_baseline.py "$models" --device cuda --dtypes bf16 \
+            --batches 1 8 64 256 --runs 3 --quiet-wait 5 --json "$OUT/transformers.json" >"$OUT/transformers.log" 2>&1
+        note "transformers: rc $?"
+        "$PYTHON" benches/compare.py "$OUT"/*.json >"$OUT/table.txt" 2>&1
+    fi
+    profile
+    timeline
     for m in qwen3_moe nemotron_h; do
         routed_bench 90 $m prefill prefix-hit --prompt-len 512 --json "$OUT/routed-$m-prefill.json"
         routed_bench 90 $m "prefill bf16-tc" prefix-hit --matmul-precision bf16 --prompt-len 512 \
             --json "$OUT/routed-$m-prefill-tc.json"
     done
-    if [ "$DEVICE" != cuda-sim ]; then
-        # Eager first (records survive a timeout per model), then torch.compile.
-        limited 300 "$PYTHON" benches/hf_baseline.py "$models" --device cuda --dtypes bf16 \
-            --batches 1 8 64 256 --runs 3 --quiet-wait 5 --json "$OUT/transformers.json" >"$OUT/transformers.log" 2>&1
-        note "transformers: rc $?"
-    fi
-    # Routing capture on vs off, and graphs vs eager decode, in interleaved pairs.
+    # Graphs vs eager decode, in interleaved pairs.
     for m in qwen3_moe nemotron_h; do
-        for scenario in routing-overhead cuda-graphs; do
-            routed_bench 90 $m "$scenario" "$scenario" --prompt-len 16 --output-len 65 \
-                --repeats "${PAIR_REPEATS:-10}" --json "$OUT/routed-$m-$scenario.json"
-        done
+        routed_bench 90 $m cuda-graphs cuda-graphs --prompt-len 16 --output-len 65 \
+            --repeats "${PAIR_REPEATS:-10}" --json "$OUT/routed-$m-cuda-graphs.json"
     done
     if [ "$DEVICE" != cuda-sim ]; then
         # torch.compile one model and mode per process: reduce-overhead crashed the process during
@@ -201,8 +207,10 @@ profile() {
         note "profile: skipped (no ncu or no GPU)"
         return
     fi
-    for prec in f32 bf16; do
+    for prec in bf16 f32; do
         profile_run "decode-b1-$prec" 400 300 "$(seq -s, 11 26)" 24 --matmul-precision "$prec"
+    done
+    for prec in bf16 f32; do
         profile_run "prefill-512-$prec" 0 250 "$(seq -s, 11 522)" 1 --matmul-precision "$prec"
     done
 }
