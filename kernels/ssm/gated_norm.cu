@@ -3,7 +3,11 @@
 // a (token, group) pair and sums squares in cpu::dot's order, so the result is the CPU's bit for
 // bit.
 //
-// Block: 128 threads = 8 (token, group) pairs. Grid: ceil(num_tokens * groups / 8).
+// Block: 128 threads = GATED_NORM_ROWS_PER_BLOCK (token, group) pairs. Grid: ceil(num_tokens *
+// groups / GATED_NORM_ROWS_PER_BLOCK).
+
+#define GATED_NORM_ROWS_PER_BLOCK 8
+
 extern "C" __global__ void mamba_gated_norm(
     float* __restrict__ y,              // device [num_tokens, d_inner]
     const float* __restrict__ proj,     // device [num_tokens, proj_dim]; z in columns 0..d_inner
@@ -14,7 +18,7 @@ extern "C" __global__ void mamba_gated_norm(
     int group_size,
     float eps) {
     const int groups = d_inner / group_size;
-    const int item = blockIdx.x * 8 + threadIdx.x / DOT_LANES;
+    const int item = blockIdx.x * GATED_NORM_ROWS_PER_BLOCK + threadIdx.x / DOT_LANES;
     const int lane = threadIdx.x % DOT_LANES;
     const bool live = item < num_tokens * groups;
     const int t = live ? item / groups : 0, g = live ? item % groups : 0;

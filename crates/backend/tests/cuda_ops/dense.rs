@@ -112,6 +112,39 @@ fn rms_norms_equal_the_cpu_and_do_not_depend_on_the_batch() {
     });
 }
 
+/// Rows wider than the norms' staging chunk (4,096 elements) are summed over several chunks in
+/// the CPU's order; `rms_norm` in place (`out` aliasing `x`) reads each element before writing it.
+#[test]
+fn rms_norms_of_rows_wider_than_a_chunk_equal_the_cpu() {
+    let Some(dev) = gpu_or_skip("rms_norms_of_rows_wider_than_a_chunk_equal_the_cpu") else {
+        return;
+    };
+    let (rows, width) = (3, 9001);
+    let mut rng = Rng::new(3);
+    let (x, branch, w) = (
+        rng.vec(rows * width, -3.0, 3.0),
+        rng.vec(rows * width, -1.0, 1.0),
+        rng.vec(width, 0.5, 1.5),
+    );
+    let mut want = vec![0.0; rows * width];
+    cpu::rms_norm(&x, &w, 1e-6, &mut want);
+    let mut p = Plan::new(dev);
+    let (xs, bs, ws) = (p.input(&x), p.input(&branch), p.input(&w));
+    let normed = p.output::<f32>(rows * width);
+    let mut m = p.alloc();
+    dev.rms_norm(m.get(xs), m.get(ws), m.get(xs), rows, width, width, 1e-6).unwrap();
+    assert_bits("wide rms_norm in place", &m.read(xs), &want);
+
+    m.write(xs, &x);
+    dev.add_rms_norm(m.get(xs), m.get(bs), m.get(ws), m.get(normed), rows, width, 0.5, 1e-5)
+        .unwrap();
+    let mut want_x = x.clone();
+    want_x.iter_mut().zip(&branch).for_each(|(a, b)| *a += 0.5 * b);
+    cpu::rms_norm(&want_x, &w, 1e-5, &mut want);
+    assert_bits("wide add_rms_norm residual", &m.read(xs), &want_x);
+    assert_bits("wide add_rms_norm", &m.read(normed), &want);
+}
+
 /// The CPU attention layer's rotation, written out: pairs (i, i + rot/2) of the first `rot` dims,
 /// angles per position.
 fn rotate_like_the_cpu(head: &mut [f32], pos: i32, rot: usize) {
