@@ -54,6 +54,37 @@ __device__ __forceinline__ void dot_tile(
     }
 }
 
+// The lane sums of one input row `xr` against NW weight rows (`ws`, never null), for the products
+// of one row a half-warp (the one-row dense product, the expert rows of a decode step): UNROLL
+// stripes of every weight row and of the input requested before any is multiplied, then the
+// stripes summed in ascending order, as dot_tile sums them.
+template <int UNROLL, int NW, typename W>
+__device__ __forceinline__ void dot_rows(
+    const float* __restrict__ xr, const W* const (&ws)[NW], int k, int lane, float (&acc)[NW]) {
+#pragma unroll
+    for (int n = 0; n < NW; ++n) acc[n] = 0.0f;
+    int c = lane;
+    for (; c + (UNROLL - 1) * DOT_LANES < k; c += UNROLL * DOT_LANES) {
+        float wv[UNROLL][NW], xv[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+            for (int n = 0; n < NW; ++n) wv[u][n] = load_weight(ws[n] + c + u * DOT_LANES);
+            xv[u] = xr[c + u * DOT_LANES];
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int n = 0; n < NW; ++n) acc[n] = add(acc[n], mul(xv[u], wv[u][n]));
+    }
+    // The last stripes, one at a time.
+    for (; c < k; c += DOT_LANES) {
+        const float xv = xr[c];
+#pragma unroll
+        for (int n = 0; n < NW; ++n) acc[n] = add(acc[n], mul(xv, load_weight(ws[n] + c)));
+    }
+}
+
 // Staging: a block whose half-warps share ROWS input rows copies them into shared memory once,
 // DOT_STAGE_K elements of k at a time, and every half-warp keeps the sums of all ROWS rows for
 // its GEMM_RN columns, its weights loaded once per chunk: an input element leaves L2 once per

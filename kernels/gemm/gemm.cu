@@ -65,24 +65,12 @@ __device__ __forceinline__ void gemm_row_body(
     int n_cols, int k) {
     const int lane = threadIdx.x % DOT_LANES;
     const int col = blockIdx.y * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES;
-    const W* wr = col < n_cols ? w + (u64)col * k : nullptr;
-    const float* xr = x + (u64)blockIdx.x * k;
-    float acc = 0.0f;
-    int c = lane;
-    for (; c + (DOT_ROW_UNROLL - 1) * DOT_LANES < k; c += DOT_ROW_UNROLL * DOT_LANES) {
-        float wv[DOT_ROW_UNROLL], xv[DOT_ROW_UNROLL];
-#pragma unroll
-        for (int u = 0; u < DOT_ROW_UNROLL; ++u) {
-            wv[u] = wr ? load_weight(wr + c + u * DOT_LANES) : 0.0f;
-            xv[u] = xr[c + u * DOT_LANES];
-        }
-#pragma unroll
-        for (int u = 0; u < DOT_ROW_UNROLL; ++u) acc = add(acc, mul(xv[u], wv[u]));
-    }
-    // The last stripes, one at a time.
-    for (; c < k; c += DOT_LANES) acc = add(acc, mul(xr[c], wr ? load_weight(wr + c) : 0.0f));
-    const float v = fold16(acc);
-    if (lane == 0 && wr) out[(u64)blockIdx.x * n_cols + col] = v;
+    // A half-warp past n reads the last column (fold16 needs every lane) and stores nothing.
+    const W* ws[1] = {w + (u64)min(col, n_cols - 1) * k};
+    float acc[1];
+    dot_rows<DOT_ROW_UNROLL>(x + (u64)blockIdx.x * k, ws, k, lane, acc);
+    const float v = fold16(acc[0]);
+    if (lane == 0 && col < n_cols) out[(u64)blockIdx.x * n_cols + col] = v;
 }
 
 extern "C" __global__ void __launch_bounds__(128) gemm_bf16w_f32_row(

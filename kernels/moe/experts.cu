@@ -152,3 +152,110 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_down_f32w(
     expert_down(act, w_down, expert_starts, out, hidden, inter, first_local, splits,
                 reinterpret_cast<float*>(chunks));
 }
+
+// The row variants, for decode-sized steps (at most one row per expert on average: a few tokens).
+// There a staged pass holds one or two rows, and a block walks k in chunks, each a round trip to
+// memory behind a barrier; here a block takes one sorted row and GEMM_HALF_WARPS of its output
+// columns, a half-warp one column, with EXPERT_UP_ROW_UNROLL or EXPERT_DOWN_ROW_UNROLL stripes of each weight row requested
+// ahead (dot_rows), as the one-row dense product does. Each output is still cpu::dot's, so a row's
+// bits are the staged kernels' and do not depend on which of the two a step takes.
+//
+// Block: 128 threads. Grid: (num_pairs, ceil(cols / GEMM_HALF_WARPS)): a function of the step's
+// size only, so a decode graph's launch holds whatever the routing.
+
+// Stripes requested ahead: up reads hidden-wide rows (two of them with a gate), down
+// inter-wide ones (fewer stripes; with f32 weights ptxas spilled at 16).
+#define EXPERT_UP_ROW_UNROLL 16
+#define EXPERT_DOWN_ROW_UNROLL 8
+
+// The rank's local index of the expert that sorted row `p` belongs to (expert_starts[e] <= p <
+// expert_starts[e + 1]), found by the block's threads together; -1 for another rank's expert.
+// Every thread of the block must call it.
+__device__ __forceinline__ int local_expert_of_row(
+    const int* __restrict__ expert_starts, int first_local, int num_local, int p, int* slot) {
+    if (threadIdx.x == 0) *slot = -1;
+    __syncthreads();
+    for (int e = threadIdx.x; e < num_local; e += blockDim.x) {
+        const int global = first_local + e;
+        if (expert_starts[global] <= p && p < expert_starts[global + 1]) *slot = e;
+    }
+    __syncthreads();
+    return *slot;
+}
+
+template <typename W>
+__device__ __forceinline__ void expert_up_row(
+    const float* __restrict__ x, const W* __restrict__ w_up, const W* __restrict__ w_gate,
+    const int* __restrict__ sorted_pairs, const int* __restrict__ expert_starts,
+    float* __restrict__ act, int top_k, int hidden, int inter, int activation, int first_local,
+    int num_local) {
+    __shared__ int expert_slot;
+    const int p = blockIdx.x;
+    const int e = local_expert_of_row(expert_starts, first_local, num_local, p, &expert_slot);
+    if (e < 0) return;
+    const int lane = threadIdx.x % DOT_LANES;
+    const int col = blockIdx.y * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES;
+    // A half-warp past the columns reads the last one (fold16 needs every lane), storing nothing.
+    const u64 at = ((u64)e * inter + min(col, inter - 1)) * hidden;
+    const float* xr = x + (u64)(sorted_pairs[p] / top_k) * hidden;
+    float u, g = 0.0f;
+    if (activation == MOE_ACT_SWIGLU) {
+        const W* ws[2] = {w_up + at, w_gate + at};
+        float acc[2];
+        dot_rows<EXPERT_UP_ROW_UNROLL>(xr, ws, hidden, lane, acc);
+        u = fold16(acc[0]);
+        g = fold16(acc[1]);
+    } else {
+        const W* ws[1] = {w_up + at};
+        float acc[1];
+        dot_rows<EXPERT_UP_ROW_UNROLL>(xr, ws, hidden, lane, acc);
+        u = fold16(acc[0]);
+    }
+    if (lane == 0 && col < inter) act[(u64)p * inter + col] = expert_activation(activation, u, g);
+}
+
+extern "C" __global__ void __launch_bounds__(128) moe_expert_up_row(
+    const float* x, const bf16_t* w_up, const bf16_t* w_gate, const int* sorted_pairs,
+    const int* expert_starts, float* act, int top_k, int hidden, int inter, int activation,
+    int first_local, int num_local) {
+    expert_up_row(x, w_up, w_gate, sorted_pairs, expert_starts, act, top_k, hidden, inter,
+                  activation, first_local, num_local);
+}
+
+extern "C" __global__ void __launch_bounds__(128) moe_expert_up_row_f32w(
+    const float* x, const float* w_up, const float* w_gate, const int* sorted_pairs,
+    const int* expert_starts, float* act, int top_k, int hidden, int inter, int activation,
+    int first_local, int num_local) {
+    expert_up_row(x, w_up, w_gate, sorted_pairs, expert_starts, act, top_k, hidden, inter,
+                  activation, first_local, num_local);
+}
+
+template <typename W>
+__device__ __forceinline__ void expert_down_row(
+    const float* __restrict__ act, const W* __restrict__ w_down,
+    const int* __restrict__ expert_starts, float* __restrict__ out, int hidden, int inter,
+    int first_local, int num_local) {
+    __shared__ int expert_slot;
+    const int p = blockIdx.x;
+    const int e = local_expert_of_row(expert_starts, first_local, num_local, p, &expert_slot);
+    if (e < 0) return;
+    const int lane = threadIdx.x % DOT_LANES;
+    const int col = blockIdx.y * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES;
+    const W* ws[1] = {w_down + ((u64)e * hidden + min(col, hidden - 1)) * inter};
+    float acc[1];
+    dot_rows<EXPERT_DOWN_ROW_UNROLL>(act + (u64)p * inter, ws, inter, lane, acc);
+    const float v = fold16(acc[0]);
+    if (lane == 0 && col < hidden) out[(u64)p * hidden + col] = v;
+}
+
+extern "C" __global__ void __launch_bounds__(128) moe_expert_down_row(
+    const float* act, const bf16_t* w_down, const int* expert_starts, float* out, int hidden,
+    int inter, int first_local, int num_local) {
+    expert_down_row(act, w_down, expert_starts, out, hidden, inter, first_local, num_local);
+}
+
+extern "C" __global__ void __launch_bounds__(128) moe_expert_down_row_f32w(
+    const float* act, const float* w_down, const int* expert_starts, float* out, int hidden,
+    int inter, int first_local, int num_local) {
+    expert_down_row(act, w_down, expert_starts, out, hidden, inter, first_local, num_local);
+}

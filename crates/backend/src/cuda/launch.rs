@@ -278,6 +278,20 @@ pub fn moe_expert(cols: usize, num_local: usize, splits: usize) -> Option<Shape>
     Shape::new((cols.div_ceil(cols_per_block) * splits, num_local), GEMM_HALF_WARPS * 16, 0)
 }
 
+/// Whether a step of `num_pairs` (token, expert) pairs over `num_experts` experts takes the
+/// expert products' row kernels (a block per sorted row) rather than the staged ones: at most one
+/// pair per expert on average, a decode step of a few tokens, where a staged pass would hold a
+/// row or two. A function of the step's size only, as the graphs need.
+pub fn moe_takes_row_kernels(num_pairs: usize, num_experts: usize) -> bool {
+    num_pairs > 0 && num_pairs <= num_experts
+}
+
+/// An expert product's row kernel with `cols` outputs per row over `num_pairs` sorted rows: a
+/// block row per sorted row, a column per half-warp.
+pub fn moe_expert_row(cols: usize, num_pairs: usize) -> Option<Shape> {
+    Shape::new((num_pairs, cols.div_ceil(GEMM_HALF_WARPS)), GEMM_HALF_WARPS * 16, 0)
+}
+
 /// A grouped tensor-core expert product with `cols` outputs per row: a block row per expert of
 /// the rank, whatever the routing, `splits` blocks per column tile side by side.
 pub fn moe_expert_mma(cols: usize, num_local: usize, splits: usize) -> Option<Shape> {

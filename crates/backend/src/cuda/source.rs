@@ -142,6 +142,10 @@ kernel_ids! {
     MoeExpertUpF32 = "moe_expert_up_f32w" in EXPERTS;
     MoeExpertDown = "moe_expert_down" in EXPERTS;
     MoeExpertDownF32 = "moe_expert_down_f32w" in EXPERTS;
+    MoeExpertUpRow = "moe_expert_up_row" in EXPERTS;
+    MoeExpertUpRowF32 = "moe_expert_up_row_f32w" in EXPERTS;
+    MoeExpertDownRow = "moe_expert_down_row" in EXPERTS;
+    MoeExpertDownRowF32 = "moe_expert_down_row_f32w" in EXPERTS;
     MoeExpertUpMma = "moe_expert_up_mma" in EXPERTS_MMA;
     MoeExpertDownMma = "moe_expert_down_mma" in EXPERTS_MMA;
     MoeCombine = "moe_combine" in COMBINE;

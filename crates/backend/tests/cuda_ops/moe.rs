@@ -420,22 +420,26 @@ fn swiglu_experts_equal_the_cpu_block_whatever_the_batch() {
 }
 
 /// f32 expert weights (an f32 or f16 checkpoint) go through the `_f32w` kernels: with the same
-/// values as bf16 weights widened, every output has the bf16 kernels' bits.
+/// values as bf16 weights widened, every output has the bf16 kernels' bits; in a step of 45
+/// tokens (the staged kernels) and of 3 (at most a pair per expert: the row kernels).
 #[test]
 fn f32_expert_weights_give_the_bf16_kernels_bits() {
     let Some(dev) = gpu_or_skip("f32_expert_weights_give_the_bf16_kernels_bits") else { return };
-    let (n, e, k, h, i) = (45, 8, 2, 40, 24);
+    let (e, k, h, i) = (8, 2, 40, 24);
     let mut rng = Rng::new(26);
     let mut ex = Experts::random(&mut rng, e, h, i);
-    let x = rng.vec(n * h, -1.0, 1.0);
-    let logits = clear_logits(&mut rng, n, e);
-    for act in [ExpertActivation::SwiGlu, ExpertActivation::Relu2] {
-        ex.storage = Storage::Bf16;
-        let want = moe_forward(dev, &ex, &x, &logits, n, k, act, ExpertShard::all(e));
-        ex.storage = Storage::F32;
-        let got = moe_forward(dev, &ex, &x, &logits, n, k, act, ExpertShard::all(e));
-        assert_bits(&format!("{act:?}: f32 storage"), &got.out, &want.out);
-        assert!(want.out.iter().any(|&v| v != 0.0), "{act:?}: the outputs are not all zero");
+    for n in [45, 3] {
+        let x = rng.vec(n * h, -1.0, 1.0);
+        let logits = clear_logits(&mut rng, n, e);
+        for act in [ExpertActivation::SwiGlu, ExpertActivation::Relu2] {
+            let what = format!("{n} tokens, {act:?}");
+            ex.storage = Storage::Bf16;
+            let want = moe_forward(dev, &ex, &x, &logits, n, k, act, ExpertShard::all(e));
+            ex.storage = Storage::F32;
+            let got = moe_forward(dev, &ex, &x, &logits, n, k, act, ExpertShard::all(e));
+            assert_bits(&format!("{what}: f32 storage"), &got.out, &want.out);
+            assert!(want.out.iter().any(|&v| v != 0.0), "{what}: the outputs are not all zero");
+        }
     }
 }
 
@@ -446,41 +450,64 @@ fn relu2_experts_equal_the_cpu_block_whatever_the_batch() {
 
 /// Under expert parallelism each rank runs only its slice of the experts (weights stacked from
 /// its first expert): its rows are bitwise the single rank's, the other ranks' rows are left
-/// untouched, and the ranks' slices of the sorted rows tile the whole; with either kernels.
+/// untouched, and the ranks' slices of the sorted rows tile the whole; with either kernels, and
+/// in a step of 37 tokens (the staged kernels) and of 4 (at most a pair per expert: the `f32`
+/// row kernels).
 #[test]
 fn expert_slices_compute_their_own_rows_only() {
     let Some(dev) = gpu_or_skip("expert_slices_compute_their_own_rows_only") else { return };
-    let (n, e, k, h, i, num_ranks) = (37, 16, 4, 48, 24, 4);
+    let (e, k, h, i) = (16, 4, 48, 24);
     let mut rng = Rng::new(25);
     let mut ex = Experts::random(&mut rng, e, h, i);
-    let x = rng.vec(n * h, -1.0, 1.0);
-    let logits = clear_logits(&mut rng, n, e);
-    let act = ExpertActivation::SwiGlu;
-    // The CPU's arithmetic, then the tensor-core kernels.
-    for storage in [Storage::Bf16, Storage::Bf16Mma] {
-        ex.storage = storage;
-        let full = moe_forward(dev, &ex, &x, &logits, n, k, act, ExpertShard::all(e));
-        let starts: Vec<usize> = full.expert_starts.iter().map(|&s| s as usize).collect();
-        let per = e / num_ranks;
-        let mut gathered = vec![0.0f32; full.expert_out.len()];
-        for r in 0..num_ranks {
-            let what = format!("{storage:?} rank {r}");
-            let shard = ExpertShard { num_experts: e, first: r * per, num_local: per };
-            let run = moe_forward(dev, &ex, &x, &logits, n, k, act, shard);
-            assert_eq!(run.expert_starts, full.expert_starts, "{what}: the same sort");
-            let own = starts[r * per] * h..starts[(r + 1) * per] * h;
-            assert!(!own.is_empty(), "{what} has rows (clear logits spread the experts)");
-            for (at, &v) in run.expert_out.iter().enumerate() {
-                if !own.contains(&at) {
-                    assert_eq!(v.to_bits(), 0, "{what} wrote element {at}, another rank's row");
-                }
-            }
-            gathered[own.clone()].copy_from_slice(&run.expert_out[own]);
+    for n in [37, 4] {
+        let x = rng.vec(n * h, -1.0, 1.0);
+        let logits = clear_logits(&mut rng, n, e);
+        // The CPU's arithmetic, then the tensor-core kernels.
+        for storage in [Storage::Bf16, Storage::Bf16Mma] {
+            ex.storage = storage;
+            check_expert_slices(dev, &ex, &x, &logits, (n, k), &format!("{n} tokens, {storage:?}"));
         }
-        let used = starts[e] * h;
-        let all = &full.expert_out[..used];
-        assert_bits(&format!("{storage:?}: the ranks' rows put together"), &gathered[..used], all);
     }
+}
+
+/// One step's expert slices over 4 ranks against the whole
+/// (`expert_slices_compute_their_own_rows_only`).
+fn check_expert_slices(
+    dev: &'static CudaDevice,
+    ex: &Experts,
+    x: &[f32],
+    logits: &[f32],
+    (n, k): (usize, usize),
+    step: &str,
+) {
+    let (e, h, num_ranks) = (ex.e, ex.h, 4);
+    let act = ExpertActivation::SwiGlu;
+    let full = moe_forward(dev, ex, x, logits, n, k, act, ExpertShard::all(e));
+    let starts: Vec<usize> = full.expert_starts.iter().map(|&s| s as usize).collect();
+    let per = e / num_ranks;
+    let mut gathered = vec![0.0f32; full.expert_out.len()];
+    let mut ranks_with_rows = 0;
+    for r in 0..num_ranks {
+        let what = format!("{step}, rank {r}");
+        let shard = ExpertShard { num_experts: e, first: r * per, num_local: per };
+        let run = moe_forward(dev, ex, x, logits, n, k, act, shard);
+        assert_eq!(run.expert_starts, full.expert_starts, "{what}: the same sort");
+        let own = starts[r * per] * h..starts[(r + 1) * per] * h;
+        ranks_with_rows += usize::from(!own.is_empty());
+        for (at, &v) in run.expert_out.iter().enumerate() {
+            if !own.contains(&at) {
+                assert_eq!(v.to_bits(), 0, "{what} wrote element {at}, another rank's row");
+            }
+        }
+        gathered[own.clone()].copy_from_slice(&run.expert_out[own]);
+    }
+    assert!(
+        ranks_with_rows >= 2,
+        "{step}: rows on several ranks (clear logits spread the experts)"
+    );
+    let used = starts[e] * h;
+    let all = &full.expert_out[..used];
+    assert_bits(&format!("{step}: the ranks' rows put together"), &gathered[..used], all);
 }
 
 #[test]

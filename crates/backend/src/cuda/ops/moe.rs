@@ -187,8 +187,9 @@ impl CudaDevice {
     /// The up (and gate) projections of every sorted row of this rank's experts with their
     /// weights `[num_local, inter, hidden]`, activated, into `act` `[num_pairs, inter]`
     /// (`moe_expert_up`; `moe_expert_up_f32w` for f32 weights, `moe_expert_up_mma` for bf16
-    /// precision on tensor cores); the other ranks' rows are left as they are. `gate` is required
-    /// for SwiGLU (in the storage of `up`) and ignored for relu^2.
+    /// precision on tensor cores; `moe_expert_up_row[_f32w]` in a step of at most a pair per
+    /// expert, [`cfg::moe_takes_row_kernels`]); the other ranks' rows are left as they are.
+    /// `gate` is required for SwiGLU (in the storage of `up`) and ignored for relu^2.
     #[allow(clippy::too_many_arguments)] // the kernel's own buffers and sizes
     pub fn moe_expert_up(
         &self,
@@ -221,12 +222,30 @@ impl CudaDevice {
             (ExpertActivation::Relu2, _) => 0,
         };
         fits(id, "act", &act, pairs * inter)?;
-        let (sh, splits) = self.expert_shape(id, inter, pairs, experts, s)?;
         let (x, up, sorted, act) = (x.addr(), up.addr(), s.sorted_pairs.addr(), act.addr());
+        let starts = s.expert_starts.addr();
+        let activation = activation as i32;
+        if let Some(row_id) = row_kernel(id, pairs, experts) {
+            let sh = self.expert_row_shape(row_id, inter, pairs, experts, s)?;
+            let (top_k, hidden, inter) = (
+                int(row_id, "top_k", top_k)?,
+                int(row_id, "hidden", hidden)?,
+                int(row_id, "inter", inter)?,
+            );
+            let num_local = int(row_id, "num_local", experts.num_local)?;
+            return launch!(
+                self,
+                row_id,
+                sh,
+                [
+                    x, up, gate, sorted, starts, act, top_k, hidden, inter, activation, first,
+                    num_local
+                ]
+            );
+        }
+        let (sh, splits) = self.expert_shape(id, inter, pairs, experts, s)?;
         let (top_k, hidden, inter) =
             (int(id, "top_k", top_k)?, int(id, "hidden", hidden)?, int(id, "inter", inter)?);
-        let activation = activation as i32;
-        let starts = s.expert_starts.addr();
         launch!(
             self,
             id,
@@ -238,7 +257,8 @@ impl CudaDevice {
     /// The down projections of every sorted row of this rank's experts with their weights
     /// `[num_local, hidden, inter]` into `out` `[num_pairs, hidden]` (`moe_expert_down`;
     /// `moe_expert_down_f32w` for f32 weights, `moe_expert_down_mma` for bf16 precision on tensor
-    /// cores); the other ranks' rows are left as they are.
+    /// cores; `moe_expert_down_row[_f32w]` in a step of at most a pair per expert); the other
+    /// ranks' rows are left as they are.
     pub fn moe_expert_down(
         &self,
         act: DevSlice<'_, f32>,
@@ -258,12 +278,37 @@ impl CudaDevice {
         fits(id, "act", &act, rows * inter)?;
         down.fits(id, "down", experts.num_local * hidden * inter)?;
         fits(id, "out", &out, rows * hidden)?;
-        let (sh, splits) = self.expert_shape(id, hidden, rows, experts, s)?;
         // The activations are in sorted order already: no pair is looked up.
         let (act, down, starts, out) =
             (act.addr(), down.addr(), s.expert_starts.addr(), out.addr());
+        if let Some(row_id) = row_kernel(id, rows, experts) {
+            let sh = self.expert_row_shape(row_id, hidden, rows, experts, s)?;
+            let (hidden, inter) = (int(row_id, "hidden", hidden)?, int(row_id, "inter", inter)?);
+            let num_local = int(row_id, "num_local", experts.num_local)?;
+            return launch!(
+                self,
+                row_id,
+                sh,
+                [act, down, starts, out, hidden, inter, first, num_local]
+            );
+        }
+        let (sh, splits) = self.expert_shape(id, hidden, rows, experts, s)?;
         let (hidden, inter) = (int(id, "hidden", hidden)?, int(id, "inter", inter)?);
         launch!(self, id, sh, [act, down, starts, out, hidden, inter, first, splits])
+    }
+
+    /// The grid of expert row kernel `id` with `cols` outputs per row over `num_pairs` sorted
+    /// rows ([`cfg::moe_expert_row`]).
+    fn expert_row_shape(
+        &self,
+        id: KernelId,
+        cols: usize,
+        num_pairs: usize,
+        experts: ExpertShard,
+        s: &MoeSortBuffers<'_>,
+    ) -> Result<cfg::Shape, BackendError> {
+        fits(id, "expert_starts", &s.expert_starts, experts.num_experts + 1)?;
+        shape(id, cfg::moe_expert_row(cols, num_pairs))
     }
 
     /// The grid of expert kernel `id` with `cols` outputs per row over `num_pairs` pairs, and the
@@ -362,5 +407,21 @@ impl CudaDevice {
         let (world, hidden) = (int(id, "world_size", world_size)?, int(id, "hidden", hidden)?);
         let rank = rank as i32; // Below world_size, an int.
         launch!(self, id, sh, [out, peers, starts, num_local, rank, world, hidden])
+    }
+}
+
+/// The row kernel that replaces the `f32`-arithmetic expert kernel `id` in a step of `num_pairs`
+/// pairs, when the step is small enough ([`cfg::moe_takes_row_kernels`]); the tensor-core
+/// kernels have none.
+fn row_kernel(id: KernelId, num_pairs: usize, experts: ExpertShard) -> Option<KernelId> {
+    if !cfg::moe_takes_row_kernels(num_pairs, experts.num_experts) {
+        return None;
+    }
+    match id {
+        KernelId::MoeExpertUp => Some(KernelId::MoeExpertUpRow),
+        KernelId::MoeExpertUpF32 => Some(KernelId::MoeExpertUpRowF32),
+        KernelId::MoeExpertDown => Some(KernelId::MoeExpertDownRow),
+        KernelId::MoeExpertDownF32 => Some(KernelId::MoeExpertDownRowF32),
+        _ => None,
     }
 }
