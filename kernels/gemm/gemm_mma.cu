@@ -63,7 +63,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16w_mma(
 
 // The staged product of the block's WARPS * MMA_COLS columns by GROUPS * MMA_ROWS rows; `chunks`
 // holds two chunks of GROUPS * MMA_ROWS * MMA_STAGE_STRIDE elements, 16-byte aligned.
-template <int WARPS, int GROUPS>
+template <int WARPS, int GROUPS, bool PREFETCH>
 __device__ __forceinline__ void gemm_mma_staged_body(
     const float* x, const bf16_t* w, float* out, int m_rows, int n_cols, int k, bf16_t* chunks) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -78,7 +78,7 @@ __device__ __forceinline__ void gemm_mma_staged_body(
     float acc[1][GROUPS][4];
     int buf = 0;
     const DenseRows rows{x, m0, m_rows, k};
-    mma_tile_staged<WARPS * 32>(
+    mma_tile_staged<WARPS * 32, PREFETCH>(
         w_lo, w_hi, rows, has, k, mma_vec_ok(x, w, k), live, chunks, buf, acc);
     if (!live) return;
 #pragma unroll
@@ -99,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) gemm_bf16w_mma_stag
     int m_rows, int n_cols, int k) {
     // Two chunks; u32x4 for the 16-byte alignment of the fragments' loads.
     __shared__ u32x4 chunks[2 * MMA_ROW_GROUPS * MMA_ROWS * MMA_STAGE_STRIDE * 2 / 16];
-    gemm_mma_staged_body<MMA_WARPS, MMA_ROW_GROUPS>(
+    gemm_mma_staged_body<MMA_WARPS, MMA_ROW_GROUPS, true>(
         x, w, out, m_rows, n_cols, k, reinterpret_cast<bf16_t*>(chunks));
 }
 
@@ -109,6 +109,6 @@ extern "C" __global__ void __launch_bounds__(MMA_STAGE_WARPS * 32) gemm_bf16w_mm
     float* __restrict__ out,       // device [m, n]
     int m_rows, int n_cols, int k) {
     __shared__ u32x4 chunks[2 * MMA_STAGE_GROUPS * MMA_ROWS * MMA_STAGE_STRIDE * 2 / 16];
-    gemm_mma_staged_body<MMA_STAGE_WARPS, MMA_STAGE_GROUPS>(
+    gemm_mma_staged_body<MMA_STAGE_WARPS, MMA_STAGE_GROUPS, false>(
         x, w, out, m_rows, n_cols, k, reinterpret_cast<bf16_t*>(chunks));
 }

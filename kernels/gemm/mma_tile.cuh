@@ -151,10 +151,10 @@ __device__ __forceinline__ void mma_step(
 // lane, since the instruction needs the whole warp). acc[j][r] holds the lane's four outputs:
 // (column g, rows 2t and 2t + 1) and (column g + 8, the same rows).
 //
-// The weights of MMA_UNROLL steps are loaded before the first of them is multiplied, so that a
-// decode step's thin product (a few warps per SM, bound by memory latency) has that many loads
-// in flight; the instructions still run step after step, so the sums are those of one step at a
-// time. The fragment arrays are indexed by unrolled loops only, so that they stay in registers.
+// The weights and inputs of MMA_UNROLL steps are loaded before the first of them is multiplied,
+// so that a decode step's thin product (a few warps per SM, bound by memory latency) has that
+// many loads in flight; the instructions still run step after step, each group's in ascending
+// order, so the sums are those of one step at a time (mma_step's). The fragment arrays are indexed by unrolled loops only, so that they stay in registers.
 template <int NW, int RT>
 __device__ __forceinline__ void mma_tile(
     const bf16_t* const (&w_lo)[NW],
@@ -168,13 +168,23 @@ __device__ __forceinline__ void mma_tile(
     zero_sums(acc);
     int k0 = 0;
     for (; k0 + MMA_UNROLL * MMA_K <= k; k0 += MMA_UNROLL * MMA_K) {
-        u32 lo[MMA_UNROLL][NW][4], hi[MMA_UNROLL][NW][4];
+        u32 lo[MMA_UNROLL][NW][4], hi[MMA_UNROLL][NW][4], xv[MMA_UNROLL][RT][4];
 #pragma unroll
         for (int u = 0; u < MMA_UNROLL; ++u)
             load_step_weights(w_lo, w_hi, k0 + u * MMA_K + 8 * t, k, vec, lo[u], hi[u]);
+        // The inputs too (from L2): loaded step by step beside their instructions, each step
+        // waited for its own (the H100 showed a 1024-wide product at one row taking 15.5 us, a
+        // step's round trip to L2 at a time).
 #pragma unroll
         for (int u = 0; u < MMA_UNROLL; ++u)
-            mma_step(lo[u], hi[u], xs, has, k0 + u * MMA_K + 8 * t, k, vec, acc);
+#pragma unroll
+            for (int r = 0; r < RT; ++r)
+                if (has[r]) load_x8(xs[r], k0 + u * MMA_K + 8 * t, k, vec, xv[u][r]);
+#pragma unroll
+        for (int u = 0; u < MMA_UNROLL; ++u)
+#pragma unroll
+            for (int r = 0; r < RT; ++r)
+                if (has[r]) mma_step_group(lo[u], hi[u], xv[u][r], r, acc);
     }
     // The last steps, one at a time.
     for (; k0 < k; k0 += MMA_K) {
@@ -229,6 +239,36 @@ __device__ __forceinline__ void mma_step_staged(
     }
 }
 
+// The lane's weights of the MMA_UNROLL steps of the chunk at c0.
+template <int NW>
+__device__ __forceinline__ void load_chunk_weights(
+    const bf16_t* const (&w_lo)[NW], const bf16_t* const (&w_hi)[NW], int c0, int t, int k,
+    bool vec, u32 (&lo)[MMA_UNROLL][NW][4], u32 (&hi)[MMA_UNROLL][NW][4]) {
+#pragma unroll
+    for (int u = 0; u < MMA_UNROLL; ++u)
+        load_step_weights(w_lo, w_hi, c0 + u * MMA_K + 8 * t, k, vec, lo[u], hi[u]);
+}
+
+// One staged chunk at c0 with its weights loaded: the block stages its input rows into chunk
+// `buf` (then flips it), meets at the barrier, and the live warps run the chunk's steps.
+template <int THREADS, int NW, int GROUPS, typename Rows>
+__device__ __forceinline__ void mma_chunk_staged(
+    const u32 (&lo)[MMA_UNROLL][NW][4], const u32 (&hi)[MMA_UNROLL][NW][4], const Rows& rows,
+    const bool (&has)[GROUPS], int c0, int k, bool vec, bool live, bf16_t* chunks, int& buf,
+    float (&acc)[NW][GROUPS][4]) {
+    constexpr int CHUNK = GROUPS * MMA_ROWS * MMA_STAGE_STRIDE;
+    bf16_t* chunk = chunks + buf * CHUNK;
+    buf ^= 1;
+    stage_rows<GROUPS * MMA_ROWS, THREADS>(rows, c0, k, vec, chunk);
+    __syncthreads();
+    if (!live) return;
+#pragma unroll
+    for (int u = 0; u < MMA_UNROLL; ++u) {
+        // mma_tile has no step at or past k.
+        if (c0 + u * MMA_K < k) mma_step_staged(lo[u], hi[u], chunk, u, has, acc);
+    }
+}
+
 // mma_tile over GROUPS groups of input rows that the whole block of THREADS threads shares
 // (`rows`, as the prelude's DenseRows: row r of the groups, absent rows read as zeros), staged
 // through `chunks` (two chunks of GROUPS * MMA_ROWS * MMA_STAGE_STRIDE elements, 16-byte
@@ -236,29 +276,37 @@ __device__ __forceinline__ void mma_step_staged(
 // `live` (its columns past the matrix) stages its share and meets the others at each barrier but
 // multiplies nothing. `buf` is the chunk to fill first; it carries over from call to call, so that
 // consecutive chunks always alternate (the barrier before a chunk is read then also orders the
-// next write to that buffer after every read of it).
-template <int THREADS, int NW, int GROUPS, typename Rows>
+// next write to that buffer after every read of it). With PREFETCH the next chunk's weights are
+// requested before this one is staged (twice the weight registers: the wide product, whose
+// blocks already fill the device two an SM and stream at 84 % of the bandwidth on an H100, goes
+// without, keeping that occupancy).
+template <int THREADS, bool PREFETCH = true, int NW, int GROUPS, typename Rows>
 __device__ __forceinline__ void mma_tile_staged(
     const bf16_t* const (&w_lo)[NW], const bf16_t* const (&w_hi)[NW], const Rows& rows,
     const bool (&has)[GROUPS], int k, bool vec, bool live, bf16_t* chunks, int& buf,
     float (&acc)[NW][GROUPS][4]) {
-    constexpr int CHUNK = GROUPS * MMA_ROWS * MMA_STAGE_STRIDE;
     const int t = (threadIdx.x % 32) % 4;
     zero_sums(acc);
-    for (int c0 = 0; c0 < k; c0 += MMA_STAGE_K, buf ^= 1) {
-        // The chunk's weights are requested first, so they are in flight while the block stages.
-        u32 lo[MMA_UNROLL][NW][4], hi[MMA_UNROLL][NW][4];
-#pragma unroll
-        for (int u = 0; u < MMA_UNROLL; ++u)
-            load_step_weights(w_lo, w_hi, c0 + u * MMA_K + 8 * t, k, vec, lo[u], hi[u]);
-        bf16_t* chunk = chunks + buf * CHUNK;
-        stage_rows<GROUPS * MMA_ROWS, THREADS>(rows, c0, k, vec, chunk);
-        __syncthreads();
-        if (!live) continue;
-#pragma unroll
-        for (int u = 0; u < MMA_UNROLL; ++u) {
-            // mma_tile has no step at or past k.
-            if (c0 + u * MMA_K < k) mma_step_staged(lo[u], hi[u], chunk, u, has, acc);
+    u32 lo_a[MMA_UNROLL][NW][4], hi_a[MMA_UNROLL][NW][4];
+    if (!PREFETCH) {
+        for (int c0 = 0; c0 < k; c0 += MMA_STAGE_K) {
+            load_chunk_weights(w_lo, w_hi, c0, t, k, vec, lo_a, hi_a);
+            mma_chunk_staged<THREADS>(lo_a, hi_a, rows, has, c0, k, vec, live, chunks, buf, acc);
         }
+        return;
+    }
+    // Two sets of a chunk's weights, so that the next chunk's are in flight while this one is
+    // staged and multiplied (with one, each chunk waited a round trip to memory of its own after
+    // the barrier). Two named sets, not an array indexed by the chunk, so both stay in registers.
+    u32 lo_b[MMA_UNROLL][NW][4], hi_b[MMA_UNROLL][NW][4];
+    load_chunk_weights(w_lo, w_hi, 0, t, k, vec, lo_a, hi_a);
+    for (int c0 = 0; c0 < k; c0 += 2 * MMA_STAGE_K) {
+        const int c1 = c0 + MMA_STAGE_K;
+        if (c1 < k) load_chunk_weights(w_lo, w_hi, c1, t, k, vec, lo_b, hi_b);
+        mma_chunk_staged<THREADS>(lo_a, hi_a, rows, has, c0, k, vec, live, chunks, buf, acc);
+        if (c1 >= k) break;
+        if (c1 + MMA_STAGE_K < k)
+            load_chunk_weights(w_lo, w_hi, c1 + MMA_STAGE_K, t, k, vec, lo_a, hi_a);
+        mma_chunk_staged<THREADS>(lo_b, hi_b, rows, has, c1, k, vec, live, chunks, buf, acc);
     }
 }
