@@ -168,11 +168,17 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_down_f32w(
 #define EXPERT_UP_ROW_UNROLL 16
 #define EXPERT_DOWN_ROW_UNROLL 8
 
-// The rank's local index of the expert that sorted row `p` belongs to (expert_starts[e] <= p <
-// expert_starts[e + 1]), found by the block's threads together; -1 for another rank's expert.
-// Every thread of the block must call it.
-__device__ __forceinline__ int local_expert_of_row(
-    const int* __restrict__ expert_starts, int first_local, int num_local, int p, int* slot) {
+// Where a block of a row kernel stands: its sorted row p (blockIdx.x), the rank's local index e
+// of the expert the row belongs to (expert_starts[e'] <= p < expert_starts[e' + 1] for the
+// global e'; -1 for another rank's expert), found by the block's threads together, and the
+// half-warp's lane and output column. Every thread of the block must call it.
+struct ExpertRowBlock {
+    int p, e, lane, col;
+};
+
+__device__ __forceinline__ ExpertRowBlock expert_row_block(
+    const int* __restrict__ expert_starts, int first_local, int num_local, int* slot) {
+    const int p = blockIdx.x;
     if (threadIdx.x == 0) *slot = -1;
     __syncthreads();
     for (int e = threadIdx.x; e < num_local; e += blockDim.x) {
@@ -180,7 +186,8 @@ __device__ __forceinline__ int local_expert_of_row(
         if (expert_starts[global] <= p && p < expert_starts[global + 1]) *slot = e;
     }
     __syncthreads();
-    return *slot;
+    return ExpertRowBlock{p, *slot, (int)threadIdx.x % DOT_LANES,
+                          (int)(blockIdx.y * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES)};
 }
 
 template <typename W>
@@ -190,11 +197,9 @@ __device__ __forceinline__ void expert_up_row(
     float* __restrict__ act, int top_k, int hidden, int inter, int activation, int first_local,
     int num_local) {
     __shared__ int expert_slot;
-    const int p = blockIdx.x;
-    const int e = local_expert_of_row(expert_starts, first_local, num_local, p, &expert_slot);
-    if (e < 0) return;
-    const int lane = threadIdx.x % DOT_LANES;
-    const int col = blockIdx.y * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES;
+    const ExpertRowBlock b = expert_row_block(expert_starts, first_local, num_local, &expert_slot);
+    if (b.e < 0) return;
+    const int p = b.p, e = b.e, lane = b.lane, col = b.col;
     // A half-warp past the columns reads the last one (fold16 needs every lane), storing nothing.
     const u64 at = ((u64)e * inter + min(col, inter - 1)) * hidden;
     const float* xr = x + (u64)(sorted_pairs[p] / top_k) * hidden;
@@ -236,11 +241,9 @@ __device__ __forceinline__ void expert_down_row(
     const int* __restrict__ expert_starts, float* __restrict__ out, int hidden, int inter,
     int first_local, int num_local) {
     __shared__ int expert_slot;
-    const int p = blockIdx.x;
-    const int e = local_expert_of_row(expert_starts, first_local, num_local, p, &expert_slot);
-    if (e < 0) return;
-    const int lane = threadIdx.x % DOT_LANES;
-    const int col = blockIdx.y * GEMM_HALF_WARPS + threadIdx.x / DOT_LANES;
+    const ExpertRowBlock b = expert_row_block(expert_starts, first_local, num_local, &expert_slot);
+    if (b.e < 0) return;
+    const int p = b.p, e = b.e, lane = b.lane, col = b.col;
     const W* ws[1] = {w_down + ((u64)e * hidden + min(col, hidden - 1)) * inter};
     float acc[1];
     dot_rows<EXPERT_DOWN_ROW_UNROLL>(act + (u64)p * inter, ws, inter, lane, acc);
