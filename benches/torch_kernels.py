@@ -7,7 +7,8 @@
 The same cases under the same scenario names as `routed bench kernels` (see benches/README.md):
 `gemm_<proj>_m<M>` is F.linear of bf16 activations [M, k] by the bf16 weight [n, k] (the
 projections: qkv_proj, q_proj, kv_proj, o_proj, expert_up, shared_up, lm_head, as the model's
-config has them), and `attn_decode_b<B>_ctx<L>` is scaled_dot_product_attention of one bf16 query per
+config has them), `add_rms_norm_m<M>` is an in-place add of f32 rows [M, hidden] then F.rms_norm,
+and `attn_decode_b<B>_ctx<L>` is scaled_dot_product_attention of one bf16 query per
 sequence over L contiguous bf16 keys and values (grouped heads as the config says), and `argmax_b<B>`,
 `log_softmax_b<B>`, `greedy_b<B>` (both), `sample_b<B>`, `sample_top_p_b<B>` and `top_logprobs_b<B>` choose tokens from B rows of f32 logits
 as vLLM's sampler does (softmax and multinomial; top-k, sort and cumulative sum for top-p). Each
@@ -170,6 +171,14 @@ def main():
             runs = time_graph(torch, lambda: F.linear(x, w), args.repeats)
             nbytes = 2 * (n * k + m * k + m * n)
             records.append(record(model, f"gemm_{what}_m{m}", "F.linear", nbytes, 2 * m * n * k, runs, name))
+        # The residual add and the norm: in f32, as routed keeps the residual stream.
+        h = cfg["hidden_size"]
+        x = torch.rand(m, h, generator=gen, device=dev).sub_(0.5)
+        branch = torch.rand(m, h, generator=gen, device=dev).sub_(0.5)
+        nw = torch.ones(h, device=dev)
+        fn = lambda: F.rms_norm(x.add_(branch), (h,), nw, 1e-6)  # noqa: E731
+        runs = time_graph(torch, fn, args.repeats)
+        records.append(record(model, f"add_rms_norm_m{m}", "add_ + F.rms_norm", 16 * m * h + 4 * h, 0, runs, name))
         if attention:
             heads, kv_heads, d = attention
             for ctx in (c for c in CONTEXTS if c <= cfg.get("max_position_embeddings", c)):

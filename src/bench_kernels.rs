@@ -1,5 +1,5 @@
-//! `routed bench kernels`: the device's matrix product, a MoE layer's expert work, decode
-//! attention and token selection at a model's shapes, timed on their own, with the bytes they must move and the flops
+//! `routed bench kernels`: the device's matrix product, the residual add and norm, a MoE layer's
+//! expert work, decode attention and token selection at a model's shapes, timed on their own, with the bytes they must move and the flops
 //! they do (`docs/gpu.md`).
 //!
 //! Each case is uploaded once, then [`LAUNCHES`] launches of its kernel are captured into a CUDA
@@ -14,7 +14,7 @@ use routed_backend::{
     cuda::{
         ArenaLayout, CudaDevice, DeviceArena, DeviceElem, Span,
         host::SampleParams,
-        launch::{ATTN_PARTITION_TILES, attention_items, attention_parts},
+        launch::{self, ATTN_PARTITION_TILES, attention_items, attention_parts},
         ops::{
             AttentionBuffers, AttentionParams, AttentionSplit, ExpertActivation, ExpertShard,
             GemmTiling, MoeSortBuffers, Weights,
@@ -60,6 +60,7 @@ pub fn run(
     let mut records = Vec::new();
     for &m in batch_sizes {
         records.extend(product_cases(&dev, &config, m, repeats)?);
+        records.push(norm_case(&dev, &config, m, repeats)?);
         records.extend(expert_case(&dev, &config, m, repeats)?);
         records.extend(attention_cases(&dev, &config, m, repeats)?);
         records.extend(sampling_cases(&dev, &config, m, repeats)?);
@@ -99,6 +100,35 @@ fn product_cases(
     Ok(records)
 }
 
+/// The residual add and the next norm over `m` rows of the model's hidden width, as every layer
+/// runs it twice: the rows and the residual read, both written, the weight read.
+fn norm_case(dev: &CudaDevice, c: &ModelConfig, m: usize, repeats: usize) -> Result<Value> {
+    let h = c.hidden_size;
+    let mut layout = ArenaLayout::new("bench");
+    let (x, branch, w, normed) = (
+        layout.push::<f32>(m * h),
+        layout.push::<f32>(m * h),
+        layout.push::<f32>(h),
+        layout.push::<f32>(m * h),
+    );
+    let mut arena = DeviceArena::new(dev, &layout)?;
+    upload(&mut arena, x, &fill(m * h, 3, |v| v))?;
+    upload(&mut arena, branch, &fill(m * h, 4, |v| v))?;
+    upload(&mut arena, w, &fill(h, 5, |v| 1.0 + v))?;
+    let (x, branch, w, normed) =
+        (arena.get(x)?, arena.get(branch)?, arena.get(w)?, arena.get(normed)?);
+    let case = Case {
+        scenario: format!("add_rms_norm_m{m}"),
+        kernel: "add_rms_norm_f32".into(),
+        bytes: (16 * m * h + 4 * h) as f64,
+        flops: 0.0,
+    };
+    // The residual grows by the branch each launch: a few hundred launches, ordinary numbers.
+    let runs =
+        time_graph(dev, repeats, || dev.add_rms_norm(x, branch, w, normed, m, h, 1.0, 1e-6))?;
+    Ok(report(&case, runs))
+}
+
 /// A MoE layer's expert work for `m` tokens routed uniformly, whole and kernel by kernel; the
 /// bytes of the whole are the experts touched and the tokens' rows in and out, those of a part
 /// what that kernel must read and write.
@@ -115,7 +145,10 @@ fn expert_case(dev: &CudaDevice, c: &ModelConfig, m: usize, repeats: usize) -> R
     let up = (touched * up_matrices * inter * h * 2 + 4 * (m * h + pairs * inter), up_matrices);
     let down = (touched * inter * h * 2 + 4 * (pairs * inter + pairs * h), 1);
     let mut records = Vec::new();
-    for (suffix, kernels, mma) in [("", "", false), ("_mma", " (mma)", true)] {
+    // The CPU's arithmetic takes the row kernels in a step of at most a pair per expert.
+    let rows = launch::moe_takes_row_kernels(pairs, moe.num_experts);
+    let f32_kernels = if rows { "_row" } else { "" };
+    for (suffix, kernels, mma) in [("", f32_kernels, false), ("_mma", " (mma)", true)] {
         let t = time_moe(dev, moe, h, (&ids, mma), repeats)?;
         let case = |name: &str, kernel: String, (bytes, matrices): (usize, usize)| Case {
             scenario: format!("{name}{suffix}_m{m}"),

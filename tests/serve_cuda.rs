@@ -53,8 +53,8 @@ fn bench_compares_decode_graphs_with_eager_steps() {
     }
 }
 
-/// `routed bench kernels` times every product of the model's shapes, a MoE layer's experts, decode
-/// attention and token selection, and its records carry the bytes and flops each case must move and compute (qwen3_moe's golden
+/// `routed bench kernels` times every product of the model's shapes, the residual add and norm, a
+/// MoE layer's experts, decode attention and token selection, and its records carry the bytes and flops each case must move and compute (qwen3_moe's golden
 /// checkpoint: hidden 64, 4 query and 2 KV heads of 16, 8 experts 16 wide, top 2, vocabulary
 /// 512).
 #[test]
@@ -98,13 +98,16 @@ fn bench_kernels_times_the_models_products_and_attention() {
         ("moe_up", "moe_expert_up", touched * 2 * 16 * 64 * 2 + 4 * (2 * 64 + 4 * 16)),
         ("moe_down", "moe_expert_down", touched * 16 * 64 * 2 + 4 * (4 * 16 + 4 * 64)),
     ] {
-        for (suffix, tc) in [("", ""), ("_mma", " (mma)")] {
+        // 4 pairs over 8 experts: the CPU's arithmetic takes the row kernels.
+        for (suffix, tc) in [("", "_row"), ("_mma", " (mma)")] {
             let r = find(&format!("{part}{suffix}_m2"));
             assert_eq!(r["kernel"], format!("{kernel}{tc}"), "{r}");
             assert_eq!(r["bytes"], bytes as f64, "{r}");
         }
     }
     assert_eq!(find("moe_sort_m2")["kernel"], "moe_sort_pairs");
+    // The residual add and norm of 2 rows of 64: both read, both written, and the weight.
+    assert_eq!(find("add_rms_norm_m2")["bytes"], (16 * 2 * 64 + 4 * 64) as f64);
     assert_eq!(find("moe_combine_m2")["bytes"], (4 * (4 * 64 + 2 * 64)) as f64);
     // Choosing tokens from 2 rows of 512 f32 logits.
     for scenario in [
