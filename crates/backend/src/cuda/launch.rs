@@ -34,8 +34,6 @@ pub const MMA_STAGE_GROUPS: usize = 8;
 pub const GEMM_BIG_MIN_BLOCKS: usize = 264;
 /// Threads per block of the row norms, a block a row (`NORM_THREADS`).
 pub const NORM_THREADS: usize = 128;
-/// (token, group) pairs per block of Mamba2's gated norm (`GATED_NORM_ROWS_PER_BLOCK`).
-pub const GATED_NORM_ROWS_PER_BLOCK: usize = 8;
 /// Heads per block of the q/k/v heads kernel (`QKV_HEADS_PER_BLOCK`).
 pub const QKV_HEADS_PER_BLOCK: usize = 8;
 /// Keys per attention tile, aligned at absolute position 0 (`ATTN_TILE`).
@@ -163,14 +161,10 @@ pub fn gemm_mma_staged_wide(m: usize, n: usize) -> Option<Shape> {
     Shape::new((m.div_ceil(rows_per_block), n.div_ceil(cols_per_block)), MMA_STAGE_WARPS * 32, 0)
 }
 
-/// A row norm over `rows` rows: a block a row.
+/// A row norm over `rows` rows (or Mamba2's gated norm over (token, group) pairs): a block a
+/// row.
 pub fn norm(rows: usize) -> Option<Shape> {
     Shape::new((rows, 1), NORM_THREADS, 0)
-}
-
-/// Mamba2's gated norm over `items` (token, group) pairs: a half-warp a pair.
-pub fn gated_norm(items: usize) -> Option<Shape> {
-    Shape::new((items.div_ceil(GATED_NORM_ROWS_PER_BLOCK), 1), GATED_NORM_ROWS_PER_BLOCK * 16, 0)
 }
 
 /// One thread per element of `width`, one block row per token.
@@ -391,7 +385,6 @@ mod tests {
             ("MMA_STAGE_WARPS", MMA_STAGE_WARPS),
             ("MMA_STAGE_GROUPS", MMA_STAGE_GROUPS),
             ("NORM_THREADS", NORM_THREADS),
-            ("GATED_NORM_ROWS_PER_BLOCK", GATED_NORM_ROWS_PER_BLOCK),
             ("QKV_HEADS_PER_BLOCK", QKV_HEADS_PER_BLOCK),
             ("ATTN_TILE", ATTN_TILE),
             ("ATTN_ROWS", ATTN_ROWS),

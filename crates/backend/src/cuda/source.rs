@@ -17,6 +17,8 @@ const PRELUDE: &str = kernel_file!("common/prelude.cuh");
 /// The product tile shared by the dense and the MoE matrix products.
 const DOT_TILE: &str = kernel_file!("gemm/dot_tile.cuh");
 const MMA_TILE: &str = kernel_file!("gemm/mma_tile.cuh");
+/// Row norms staged through shared memory, shared by the norms and Mamba2's gated norm.
+const ROW_NORM: &str = kernel_file!("common/row_norm.cuh");
 const EXPERT_COMMON: &str = kernel_file!("moe/expert_common.cuh");
 /// The step's sequences as the Mamba kernels see them.
 const SSM_SEQS: &str = kernel_file!("ssm/seqs.cuh");
@@ -63,7 +65,7 @@ macro_rules! units {
 
 units! {
     EMBED = "common/embed.cu" [];
-    NORM = "common/norm.cu" [];
+    NORM = "common/norm.cu" [ROW_NORM];
     ACTIVATION = "common/activation.cu" [];
     GEMM = "gemm/gemm.cu" [DOT_TILE];
     GEMM_MMA = "gemm/gemm_mma.cu" [MMA_TILE];
@@ -77,7 +79,7 @@ units! {
     COMBINE = "moe/combine.cu" [];
     CONV1D = "ssm/conv1d.cu" [SSM_SEQS];
     SCAN = "ssm/scan.cu" [SSM_SEQS];
-    GATED_NORM = "ssm/gated_norm.cu" [];
+    GATED_NORM = "ssm/gated_norm.cu" [ROW_NORM];
     SAMPLE = "sample/sample.cu" [];
 }
 
@@ -257,7 +259,8 @@ mod tests {
                 );
             }
             let used = bodies.contains(&text.as_str())
-                || [PRELUDE, DOT_TILE, MMA_TILE, EXPERT_COMMON, SSM_SEQS].contains(&text.as_str());
+                || [PRELUDE, DOT_TILE, MMA_TILE, ROW_NORM, EXPERT_COMMON, SSM_SEQS]
+                    .contains(&text.as_str());
             assert!(used, "{rel} is in kernels/ but no unit compiles it");
         }
         for unit in UNITS {

@@ -260,29 +260,40 @@ fn the_scan_matches_the_cpu_recurrence_however_tokens_are_chunked() {
     assert_bits("sequence 1 alone", &alone[0], &whole[1]);
 }
 
+/// The gated norm at the test model's shape (groups of a quarter of the channels, many tokens),
+/// and with one group wider than the norms' staging chunk (4,096 elements), summed over chunks.
 #[test]
 fn the_gated_norm_equals_the_cpu() {
     let Some(dev) = gpu_or_skip("the_gated_norm_equals_the_cpu") else { return };
-    let (n, groups) = (300, 4);
-    let group = D_INNER / groups;
+    gated_norm_case(dev, 300, (D_INNER, PROJ_DIM), 4);
+    gated_norm_case(dev, 3, (9000, 9000 + 7), 1);
+}
+
+fn gated_norm_case(
+    dev: &'static CudaDevice,
+    n: usize,
+    (d_inner, proj_dim): (usize, usize),
+    groups: usize,
+) {
+    let group = d_inner / groups;
     let mut rng = Rng::new(32);
     let (y, proj, weight) = (
-        rng.vec(n * D_INNER, -2.0, 2.0),
-        rng.vec(n * PROJ_DIM, -3.0, 3.0),
-        rng.vec(D_INNER, 0.5, 1.5),
+        rng.vec(n * d_inner, -2.0, 2.0),
+        rng.vec(n * proj_dim, -3.0, 3.0),
+        rng.vec(d_inner, 0.5, 1.5),
     );
     let mut p = Plan::new(dev);
     let (ys, ps, ws) = (p.input(&y), p.input(&proj), p.input(&weight));
     let m = p.alloc();
-    dev.mamba_gated_norm(m.get(ys), m.get(ps), m.get(ws), n, (D_INNER, PROJ_DIM), group, 1e-5)
+    dev.mamba_gated_norm(m.get(ys), m.get(ps), m.get(ws), n, (d_inner, proj_dim), group, 1e-5)
         .unwrap();
     let mut want = y.clone();
-    for (row, pr) in want.chunks_exact_mut(D_INNER).zip(proj.chunks_exact(PROJ_DIM)) {
-        cpu::mul_silu_inplace(row, &pr[..D_INNER]);
+    for (row, pr) in want.chunks_exact_mut(d_inner).zip(proj.chunks_exact(proj_dim)) {
+        cpu::mul_silu_inplace(row, &pr[..d_inner]);
         for (chunk, w) in row.chunks_exact_mut(group).zip(weight.chunks_exact(group)) {
             cpu::rms_norm_inplace(chunk, w, 1e-5);
         }
     }
     let full = m.read(ys);
-    assert_bits("gated norm", &full, &want);
+    assert_bits(&format!("gated norm, groups of {group}"), &full, &want);
 }

@@ -251,7 +251,7 @@ impl CudaDevice {
         fits(id, "y", &y, num_tokens * d_inner)?;
         fits(id, "proj", &proj, num_tokens * proj_dim)?;
         fits(id, "weight", &weight, d_inner)?;
-        let sh = shape(id, cfg::gated_norm(num_tokens * (d_inner / group_size)))?;
+        let sh = shape(id, cfg::norm(num_tokens * (d_inner / group_size)))?;
         let (y, proj, weight) = (y.addr(), proj.addr(), weight.addr());
         let (n, d_inner, proj_dim, group) = (
             int(id, "tokens", num_tokens)?,
