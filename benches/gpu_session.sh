@@ -220,6 +220,7 @@ profile() {
         --batch-sizes 64 --prompt-len 16 --output-len 24 --repeats 1 --heartbeat-ms 0 \
         --matmul-precision bf16 >"$OUT/profile-qwen3_moe-decode-b64-bf16.log" 2>&1
     note "profile decode-b64-bf16: rc $?"
+    profile_summary decode-b64-bf16
     for prec in bf16 f32; do
         profile_run "prefill-512-$prec" 0 250 "$(seq -s, 11 522)" 1 --matmul-precision "$prec"
     done
@@ -236,6 +237,15 @@ profile_run() {
         --prompt-ids "$ids" --max-tokens "$tokens" --ignore-eos "$@" \
         >"$OUT/profile-qwen3_moe-$label.log" 2>&1
     note "profile $label: rc $?"
+    profile_summary "$label"
+}
+
+# The kernels of one profile, largest first (benches/kernel_profile.py), its last line noted.
+profile_summary() {
+    local csv="$OUT/profile-qwen3_moe-$1.csv"
+    [ -s "$csv" ] || return 0
+    "$PYTHON" benches/kernel_profile.py "$csv" >"${csv%.csv}.txt" 2>&1
+    note "profile $1: $(tail -1 "${csv%.csv}.txt")"
 }
 
 # Where a decode step's wall time goes between the host and the device: Nsight Systems traces
