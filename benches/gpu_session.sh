@@ -199,8 +199,8 @@ sanitize() {
 
 # Where a real step's device time goes, kernel by kernel: Nsight Compute times each kernel of a
 # few batch-1 decode steps of qwen3_moe (`generate` after a 16-token prompt; the first launches,
-# the prefill among them, skipped), of batch-64 decode steps on tensor cores (`bench
-# throughput`) and of a 512-token prefill, in both precisions, replaying each kernel with its
+# the prefill among them, skipped), of batch-64 decode steps (`bench throughput`) and of a
+# 512-token prefill, in both precisions, replaying each kernel with its
 # caches flushed (as a step's weights arrive from HBM), the clocks left alone.
 # The per-kernel summaries are CSV files.
 profile() {
@@ -211,16 +211,18 @@ profile() {
     for prec in bf16 f32; do
         profile_run "decode-b1-$prec" 400 300 "$(seq -s, 11 26)" 24 --matmul-precision "$prec"
     done
-    # Batch 64 with tensor cores, where the memory-floor target is: a few decode steps of
-    # `bench throughput` past its 1,024-token prefill.
-    limited 90 ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 400 \
-        --launch-count 300 --print-summary per-kernel --csv \
-        --log-file "$OUT/profile-qwen3_moe-decode-b64-bf16.csv" \
-        "$KIT/bin/routed" bench throughput --model "$models/qwen3_moe" --device "$DEVICE" \
-        --batch-sizes 64 --prompt-len 16 --output-len 24 --repeats 1 --heartbeat-ms 0 \
-        --matmul-precision bf16 >"$OUT/profile-qwen3_moe-decode-b64-bf16.log" 2>&1
-    note "profile decode-b64-bf16: rc $?"
-    profile_summary decode-b64-bf16
+    # Batch 64, where the memory-floor target is: a few decode steps of `bench throughput` past
+    # its 1,024-token prefill, on tensor cores, then in the CPU's arithmetic.
+    for prec in bf16 f32; do
+        limited 90 ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 400 \
+            --launch-count 300 --print-summary per-kernel --csv \
+            --log-file "$OUT/profile-qwen3_moe-decode-b64-$prec.csv" \
+            "$KIT/bin/routed" bench throughput --model "$models/qwen3_moe" --device "$DEVICE" \
+            --batch-sizes 64 --prompt-len 16 --output-len 24 --repeats 1 --heartbeat-ms 0 \
+            --matmul-precision "$prec" >"$OUT/profile-qwen3_moe-decode-b64-$prec.log" 2>&1
+        note "profile decode-b64-$prec: rc $?"
+        profile_summary "decode-b64-$prec"
+    done
     for prec in bf16 f32; do
         profile_run "prefill-512-$prec" 0 250 "$(seq -s, 11 522)" 1 --matmul-precision "$prec"
     done
