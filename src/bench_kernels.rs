@@ -1,6 +1,6 @@
 //! `routed bench kernels`: the device's matrix product, the residual add and norm, a MoE layer's
-//! expert work, decode attention and token selection at a model's shapes, timed on their own, with the bytes they must move and the flops
-//! they do (`docs/gpu.md`).
+//! expert work, decode attention and token selection at a model's shapes, timed on their own,
+//! with the bytes they must move and the flops they do (`docs/gpu.md`).
 //!
 //! Each case is uploaded once, then [`LAUNCHES`] launches of its kernel are captured into a CUDA
 //! graph, and every run replays the graph and waits for it: the per-launch time excludes the

@@ -154,7 +154,8 @@ __device__ __forceinline__ void mma_step(
 // The weights and inputs of MMA_UNROLL steps are loaded before the first of them is multiplied,
 // so that a decode step's thin product (a few warps per SM, bound by memory latency) has that
 // many loads in flight; the instructions still run step after step, each group's in ascending
-// order, so the sums are those of one step at a time (mma_step's). The fragment arrays are indexed by unrolled loops only, so that they stay in registers.
+// order, so the sums are those of one step at a time (mma_step's). The fragment arrays are
+// indexed by unrolled loops only, so that they stay in registers.
 template <int NW, int RT>
 __device__ __forceinline__ void mma_tile(
     const bf16_t* const (&w_lo)[NW],

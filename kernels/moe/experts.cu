@@ -156,9 +156,9 @@ extern "C" __global__ void __launch_bounds__(128) moe_expert_down_f32w(
 // The row variants, for decode-sized steps (at most one row per expert on average: a few tokens).
 // There a staged pass holds one or two rows, and a block walks k in chunks, each a round trip to
 // memory behind a barrier; here a block takes one sorted row and GEMM_HALF_WARPS of its output
-// columns, a half-warp one column, with EXPERT_UP_ROW_UNROLL or EXPERT_DOWN_ROW_UNROLL stripes of each weight row requested
-// ahead (dot_rows), as the one-row dense product does. Each output is still cpu::dot's, so a row's
-// bits are the staged kernels' and do not depend on which of the two a step takes.
+// columns, a half-warp one column, with several stripes of each weight row requested ahead
+// (dot_rows), as the one-row dense product does. Each output is still cpu::dot's, so a row's bits
+// are the staged kernels' and do not depend on which of the two a step takes.
 //
 // Block: 128 threads. Grid: (num_pairs, ceil(cols / GEMM_HALF_WARPS)): a function of the step's
 // size only, so a decode graph's launch holds whatever the routing.
