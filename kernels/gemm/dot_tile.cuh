@@ -118,6 +118,42 @@ __device__ __forceinline__ void stage_f32_rows(const Rows& rows, int c0, int k, 
 // first; it carries over from call to call, so that consecutive chunks always alternate (the
 // barrier before a chunk is read then also orders the next write to that buffer after every read
 // of it).
+// The lane's weights of the chunk at c0: DOT_UNROLL stripes of each of its GEMM_RN rows (zero past
+// k and for a null row).
+template <typename W>
+__device__ __forceinline__ void load_chunk_weights_f32(
+    const W* const (&ws)[GEMM_RN], int c0, int k, int lane, float (&wv)[DOT_UNROLL][GEMM_RN]) {
+#pragma unroll
+    for (int u = 0; u < DOT_UNROLL; ++u) {
+        const int c = c0 + u * DOT_LANES + lane;
+#pragma unroll
+        for (int n = 0; n < GEMM_RN; ++n) wv[u][n] = ws[n] && c < k ? load_weight(ws[n] + c) : 0.0f;
+    }
+}
+
+// One staged chunk at c0 with its weights loaded: the block stages its input rows into chunk
+// `buf` (then flips it), meets at the barrier, and the lane adds the chunk's products.
+template <int ROWS, typename Rows>
+__device__ __forceinline__ void dot_chunk_staged(
+    const Rows& rows, const float (&wv)[DOT_UNROLL][GEMM_RN], int c0, int k, bool vec, int lane,
+    float* chunks, int& buf, float (&acc)[ROWS][GEMM_RN]) {
+    float* chunk = chunks + buf * ROWS * DOT_STAGE_K;
+    buf ^= 1;
+    stage_f32_rows<ROWS>(rows, c0, k, vec, chunk);
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < DOT_UNROLL; ++u) {
+        // The CPU adds nothing past k; a lane's elements ascend, so the rest are past it too.
+        if (c0 + u * DOT_LANES + lane >= k) break;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const float xv = chunk[r * DOT_STAGE_K + u * DOT_LANES + lane];
+#pragma unroll
+            for (int n = 0; n < GEMM_RN; ++n) acc[r][n] = add(acc[r][n], mul(xv, wv[u][n]));
+        }
+    }
+}
+
 template <int ROWS, typename W, typename Rows>
 __device__ __forceinline__ void dot_tile_staged(
     const Rows& rows, const W* const (&ws)[GEMM_RN], int k, bool vec, int lane, float* chunks,
@@ -126,29 +162,17 @@ __device__ __forceinline__ void dot_tile_staged(
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
         for (int n = 0; n < GEMM_RN; ++n) acc[r][n] = 0.0f;
-    for (int c0 = 0; c0 < k; c0 += DOT_STAGE_K, buf ^= 1) {
-        // The chunk's weights are requested first, so they are in flight while the block stages.
-        float wv[DOT_UNROLL][GEMM_RN];
-#pragma unroll
-        for (int u = 0; u < DOT_UNROLL; ++u) {
-            const int c = c0 + u * DOT_LANES + lane;
-#pragma unroll
-            for (int n = 0; n < GEMM_RN; ++n)
-                wv[u][n] = ws[n] && c < k ? load_weight(ws[n] + c) : 0.0f;
-        }
-        float* chunk = chunks + buf * ROWS * DOT_STAGE_K;
-        stage_f32_rows<ROWS>(rows, c0, k, vec, chunk);
-        __syncthreads();
-#pragma unroll
-        for (int u = 0; u < DOT_UNROLL; ++u) {
-            // The CPU adds nothing past k; a lane's elements ascend, so the rest are past it too.
-            if (c0 + u * DOT_LANES + lane >= k) break;
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                const float xv = chunk[r * DOT_STAGE_K + u * DOT_LANES + lane];
-#pragma unroll
-                for (int n = 0; n < GEMM_RN; ++n) acc[r][n] = add(acc[r][n], mul(xv, wv[u][n]));
-            }
-        }
+    // Two sets of a chunk's weights, so that the next chunk's are in flight while this one is
+    // staged and summed (with one, each chunk waited a round trip to memory of its own after the
+    // barrier); two named sets, not an array indexed by the chunk, so both stay in registers.
+    float wa[DOT_UNROLL][GEMM_RN], wb[DOT_UNROLL][GEMM_RN];
+    load_chunk_weights_f32(ws, 0, k, lane, wa);
+    for (int c0 = 0; c0 < k; c0 += 2 * DOT_STAGE_K) {
+        const int c1 = c0 + DOT_STAGE_K;
+        if (c1 < k) load_chunk_weights_f32(ws, c1, k, lane, wb);
+        dot_chunk_staged<ROWS>(rows, wa, c0, k, vec, lane, chunks, buf, acc);
+        if (c1 >= k) break;
+        if (c1 + DOT_STAGE_K < k) load_chunk_weights_f32(ws, c1 + DOT_STAGE_K, k, lane, wa);
+        dot_chunk_staged<ROWS>(rows, wb, c1, k, vec, lane, chunks, buf, acc);
     }
 }
