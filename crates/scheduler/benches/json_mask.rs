@@ -89,7 +89,12 @@ fn main() {
     let start = Instant::now();
     let vocab = Arc::new(JsonVocabulary::new(&tokens, &eos));
     let built_ms = start.elapsed().as_secs_f64() * 1e3;
-    println!("tries of {} tokens built in {built_ms:.1} ms", tokens.len());
+    println!(
+        "tries of {} tokens built in {built_ms:.1} ms, {:.1} MB on the heap; a memoised mask {:.1} KB",
+        tokens.len(),
+        vocab.heap_bytes() as f64 / 1e6,
+        tokens.len().div_ceil(64) as f64 * 8.0 / 1e3
+    );
     let walked = tokens.len() - vocab.num_in_any_string();
     println!("tokens walked between a string's characters: {walked} (the rest fit any string)");
     println!("| state | allowed | walk (us) |");

@@ -301,6 +301,14 @@ struct Trie {
 }
 
 impl Trie {
+    /// Bytes its tables hold on the heap.
+    fn heap_bytes(&self) -> usize {
+        self.first_edge.capacity() * size_of::<u32>()
+            + self.edges.capacity() * size_of::<(u8, u32)>()
+            + self.first_token.capacity() * size_of::<u32>()
+            + self.node_tokens.capacity() * size_of::<TokenId>()
+    }
+
     /// The trie of the tokens `keep` selects (with bytes), built over them in byte order so each
     /// node's children come sorted and contiguous.
     fn new(tokens: &[Option<Vec<u8>>], keep: impl Fn(TokenId) -> bool) -> Self {
@@ -421,6 +429,18 @@ impl JsonVocabulary {
     /// others.
     pub fn num_in_any_string(&self) -> usize {
         self.in_any_string.num_allowed()
+    }
+
+    /// Bytes the vocabulary holds on the heap: the tokens' bytes, both tries and the mask of the
+    /// tokens every string takes (what an engine keeps for JSON output).
+    pub fn heap_bytes(&self) -> usize {
+        let vec = |len: usize, elem: usize| len * elem;
+        vec(self.eos.capacity(), size_of::<TokenId>())
+            + vec(self.starts.capacity(), size_of::<u32>())
+            + self.bytes.capacity()
+            + self.all.heap_bytes()
+            + self.not_in_any_string.heap_bytes()
+            + vec(self.in_any_string.words().len(), size_of::<u64>())
     }
 
     /// Token `t`'s bytes (empty for a special token or one outside the vocabulary).

@@ -305,3 +305,17 @@ fn tokens_that_fit_any_string_end_between_characters() {
         tokens.iter().filter(|t| t.as_deref().is_some_and(|b| !fits_any_string(b))).count();
     assert_eq!(vocab.num_in_any_string() + walked + 2, tokens.len(), "two special tokens");
 }
+
+/// The heap a vocabulary reports holds at least its tokens' bytes, their offsets and the
+/// in-any-string mask, and grows with the vocabulary.
+#[test]
+fn a_vocabularys_heap_covers_its_tables() {
+    let (tokens, vocab, _) = vocabulary();
+    let text: usize = tokens.iter().flatten().map(Vec::len).sum();
+    let floor = text + 4 * (tokens.len() + 1) + 8 * tokens.len().div_ceil(64);
+    assert!(vocab.heap_bytes() >= floor, "{} < {floor}", vocab.heap_bytes());
+    let mut more = tokens.clone();
+    more.extend((0..1000).map(|i| Some(format!("\"k{i}\"").into_bytes())));
+    let bigger = JsonVocabulary::new(&more, &[0]);
+    assert!(bigger.heap_bytes() > vocab.heap_bytes() + 5 * 1000);
+}
