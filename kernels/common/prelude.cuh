@@ -151,6 +151,25 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Walks k in chunks of `step` with two register sets of a chunk's operands, so that the next
+// chunk's loads are in flight while the current one is computed: load_a(c0) / load_b(c0) fill
+// set a / b with the chunk at c0, run_a(c0) / run_b(c0) compute it from that set; chunks run in
+// ascending order, a, b, a, ... Two named sets rather than an array indexed by the chunk, so
+// that both stay in registers (the staged products' weights).
+template <typename LoadA, typename LoadB, typename RunA, typename RunB>
+__device__ __forceinline__ void chunks_prefetched(
+    int k, int step, LoadA load_a, LoadB load_b, RunA run_a, RunB run_b) {
+    load_a(0);
+    for (int c0 = 0; c0 < k; c0 += 2 * step) {
+        const int c1 = c0 + step;
+        if (c1 < k) load_b(c1);
+        run_a(c0);
+        if (c1 >= k) break;
+        if (c1 + step < k) load_a(c1 + step);
+        run_b(c1);
+    }
+}
+
 // Order-preserving key of a float under total ordering (the order of f32::total_cmp).
 __device__ __forceinline__ u32 total_order_key(float f) {
     u32 b = __float_as_uint(f);

@@ -111,13 +111,6 @@ __device__ __forceinline__ void stage_f32_rows(const Rows& rows, int c0, int k, 
         *reinterpret_cast<f32x4*>(dst + (r0 + i * STRIDE) * DOT_STAGE_K + c) = v[i];
 }
 
-// The lane sums of ROWS shared input rows (`rows`, as the prelude's DenseRows; `vec` says whether
-// the present ones allow 16-byte loads) against this half-warp's GEMM_RN weight rows (null past the
-// matrix), staged through `chunks` (two chunks of ROWS * DOT_STAGE_K floats, 16-byte aligned).
-// Every thread of the block must call it with the same rows and k. `buf` is the chunk to fill
-// first; it carries over from call to call, so that consecutive chunks always alternate (the
-// barrier before a chunk is read then also orders the next write to that buffer after every read
-// of it).
 // The lane's weights of the chunk at c0: DOT_UNROLL stripes of each of its GEMM_RN rows (zero past
 // k and for a null row).
 template <typename W>
@@ -154,6 +147,14 @@ __device__ __forceinline__ void dot_chunk_staged(
     }
 }
 
+// The lane sums of ROWS shared input rows (`rows`, as the prelude's DenseRows; `vec` says whether
+// the present ones allow 16-byte loads) against this half-warp's GEMM_RN weight rows (null past the
+// matrix), staged through `chunks` (two chunks of ROWS * DOT_STAGE_K floats, 16-byte aligned).
+// Every thread of the block must call it with the same rows and k. `buf` is the chunk to fill
+// first; it carries over from call to call, so that consecutive chunks always alternate (the
+// barrier before a chunk is read then also orders the next write to that buffer after every read
+// of it). The next chunk's weights are requested before the current chunk is staged (with one
+// set, each chunk waited a round trip to memory of its own after the barrier).
 template <int ROWS, typename W, typename Rows>
 __device__ __forceinline__ void dot_tile_staged(
     const Rows& rows, const W* const (&ws)[GEMM_RN], int k, bool vec, int lane, float* chunks,
@@ -162,17 +163,10 @@ __device__ __forceinline__ void dot_tile_staged(
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
         for (int n = 0; n < GEMM_RN; ++n) acc[r][n] = 0.0f;
-    // Two sets of a chunk's weights, so that the next chunk's are in flight while this one is
-    // staged and summed (with one, each chunk waited a round trip to memory of its own after the
-    // barrier); two named sets, not an array indexed by the chunk, so both stay in registers.
     float wa[DOT_UNROLL][GEMM_RN], wb[DOT_UNROLL][GEMM_RN];
-    load_chunk_weights_f32(ws, 0, k, lane, wa);
-    for (int c0 = 0; c0 < k; c0 += 2 * DOT_STAGE_K) {
-        const int c1 = c0 + DOT_STAGE_K;
-        if (c1 < k) load_chunk_weights_f32(ws, c1, k, lane, wb);
-        dot_chunk_staged<ROWS>(rows, wa, c0, k, vec, lane, chunks, buf, acc);
-        if (c1 >= k) break;
-        if (c1 + DOT_STAGE_K < k) load_chunk_weights_f32(ws, c1 + DOT_STAGE_K, k, lane, wa);
-        dot_chunk_staged<ROWS>(rows, wb, c1, k, vec, lane, chunks, buf, acc);
-    }
+    chunks_prefetched(
+        k, DOT_STAGE_K, [&](int c0) { load_chunk_weights_f32(ws, c0, k, lane, wa); },
+        [&](int c0) { load_chunk_weights_f32(ws, c0, k, lane, wb); },
+        [&](int c0) { dot_chunk_staged<ROWS>(rows, wa, c0, k, vec, lane, chunks, buf, acc); },
+        [&](int c0) { dot_chunk_staged<ROWS>(rows, wb, c0, k, vec, lane, chunks, buf, acc); });
 }

@@ -296,18 +296,17 @@ __device__ __forceinline__ void mma_tile_staged(
         }
         return;
     }
-    // Two sets of a chunk's weights, so that the next chunk's are in flight while this one is
-    // staged and multiplied (with one, each chunk waited a round trip to memory of its own after
-    // the barrier). Two named sets, not an array indexed by the chunk, so both stay in registers.
+    // The next chunk's weights in flight while this one is staged and multiplied (with one set,
+    // each chunk waited a round trip to memory of its own after the barrier).
     u32 lo_b[MMA_UNROLL][NW][4], hi_b[MMA_UNROLL][NW][4];
-    load_chunk_weights(w_lo, w_hi, 0, t, k, vec, lo_a, hi_a);
-    for (int c0 = 0; c0 < k; c0 += 2 * MMA_STAGE_K) {
-        const int c1 = c0 + MMA_STAGE_K;
-        if (c1 < k) load_chunk_weights(w_lo, w_hi, c1, t, k, vec, lo_b, hi_b);
-        mma_chunk_staged<THREADS>(lo_a, hi_a, rows, has, c0, k, vec, live, chunks, buf, acc);
-        if (c1 >= k) break;
-        if (c1 + MMA_STAGE_K < k)
-            load_chunk_weights(w_lo, w_hi, c1 + MMA_STAGE_K, t, k, vec, lo_a, hi_a);
-        mma_chunk_staged<THREADS>(lo_b, hi_b, rows, has, c1, k, vec, live, chunks, buf, acc);
-    }
+    const auto load = [&](int c0, u32(&lo)[MMA_UNROLL][NW][4], u32(&hi)[MMA_UNROLL][NW][4]) {
+        load_chunk_weights(w_lo, w_hi, c0, t, k, vec, lo, hi);
+    };
+    const auto run = [&](int c0, const u32(&lo)[MMA_UNROLL][NW][4],
+                         const u32(&hi)[MMA_UNROLL][NW][4]) {
+        mma_chunk_staged<THREADS>(lo, hi, rows, has, c0, k, vec, live, chunks, buf, acc);
+    };
+    chunks_prefetched(
+        k, MMA_STAGE_K, [&](int c0) { load(c0, lo_a, hi_a); }, [&](int c0) { load(c0, lo_b, hi_b); },
+        [&](int c0) { run(c0, lo_a, hi_a); }, [&](int c0) { run(c0, lo_b, hi_b); });
 }
