@@ -222,35 +222,17 @@ impl CudaDevice {
             (ExpertActivation::Relu2, _) => 0,
         };
         fits(id, "act", &act, pairs * inter)?;
+        let (id, sh, last) = self.expert_launch(id, inter, pairs, experts, s)?;
         let (x, up, sorted, act) = (x.addr(), up.addr(), s.sorted_pairs.addr(), act.addr());
-        let starts = s.expert_starts.addr();
-        let activation = activation as i32;
-        if let Some(row_id) = row_kernel(id, pairs, experts) {
-            let sh = self.expert_row_shape(row_id, inter, pairs, experts, s)?;
-            let (top_k, hidden, inter) = (
-                int(row_id, "top_k", top_k)?,
-                int(row_id, "hidden", hidden)?,
-                int(row_id, "inter", inter)?,
-            );
-            let num_local = int(row_id, "num_local", experts.num_local)?;
-            return launch!(
-                self,
-                row_id,
-                sh,
-                [
-                    x, up, gate, sorted, starts, act, top_k, hidden, inter, activation, first,
-                    num_local
-                ]
-            );
-        }
-        let (sh, splits) = self.expert_shape(id, inter, pairs, experts, s)?;
         let (top_k, hidden, inter) =
             (int(id, "top_k", top_k)?, int(id, "hidden", hidden)?, int(id, "inter", inter)?);
+        let activation = activation as i32;
+        let starts = s.expert_starts.addr();
         launch!(
             self,
             id,
             sh,
-            [x, up, gate, sorted, starts, act, top_k, hidden, inter, activation, first, splits]
+            [x, up, gate, sorted, starts, act, top_k, hidden, inter, activation, first, last]
         )
     }
 
@@ -278,52 +260,34 @@ impl CudaDevice {
         fits(id, "act", &act, rows * inter)?;
         down.fits(id, "down", experts.num_local * hidden * inter)?;
         fits(id, "out", &out, rows * hidden)?;
+        let (id, sh, last) = self.expert_launch(id, hidden, rows, experts, s)?;
         // The activations are in sorted order already: no pair is looked up.
         let (act, down, starts, out) =
             (act.addr(), down.addr(), s.expert_starts.addr(), out.addr());
-        if let Some(row_id) = row_kernel(id, rows, experts) {
-            let sh = self.expert_row_shape(row_id, hidden, rows, experts, s)?;
-            let (hidden, inter) = (int(row_id, "hidden", hidden)?, int(row_id, "inter", inter)?);
-            let num_local = int(row_id, "num_local", experts.num_local)?;
-            return launch!(
-                self,
-                row_id,
-                sh,
-                [act, down, starts, out, hidden, inter, first, num_local]
-            );
-        }
-        let (sh, splits) = self.expert_shape(id, hidden, rows, experts, s)?;
         let (hidden, inter) = (int(id, "hidden", hidden)?, int(id, "inter", inter)?);
-        launch!(self, id, sh, [act, down, starts, out, hidden, inter, first, splits])
+        launch!(self, id, sh, [act, down, starts, out, hidden, inter, first, last])
     }
 
-    /// The grid of expert row kernel `id` with `cols` outputs per row over `num_pairs` sorted
-    /// rows ([`cfg::moe_expert_row`]).
-    fn expert_row_shape(
+    /// The kernel that runs expert product `id` with `cols` outputs per row over `num_pairs`
+    /// pairs, its grid, and the last argument it takes. In a step of at most a pair per expert
+    /// the `f32`-arithmetic kernels give way to their row kernels (a block per sorted row,
+    /// [`cfg::moe_expert_row`]), whose last argument is the rank's number of experts. Otherwise
+    /// a block row per expert of the rank (the tensor-core kernels also need bf16 tensor cores)
+    /// walks the rows the sort's expert starts give it, and the last argument is how many blocks
+    /// share an expert's column tile ([`cfg::moe_row_splits`]).
+    fn expert_launch(
         &self,
         id: KernelId,
         cols: usize,
         num_pairs: usize,
         experts: ExpertShard,
         s: &MoeSortBuffers<'_>,
-    ) -> Result<cfg::Shape, BackendError> {
+    ) -> Result<(KernelId, cfg::Shape, i32), BackendError> {
         fits(id, "expert_starts", &s.expert_starts, experts.num_experts + 1)?;
-        shape(id, cfg::moe_expert_row(cols, num_pairs))
-    }
-
-    /// The grid of expert kernel `id` with `cols` outputs per row over `num_pairs` pairs, and the
-    /// blocks that share an expert's column tile: a block row per expert of the rank (the
-    /// tensor-core kernels also need bf16 tensor cores), walking the rows the sort's expert starts
-    /// give it ([`cfg::moe_row_splits`]).
-    fn expert_shape(
-        &self,
-        id: KernelId,
-        cols: usize,
-        num_pairs: usize,
-        experts: ExpertShard,
-        s: &MoeSortBuffers<'_>,
-    ) -> Result<(cfg::Shape, i32), BackendError> {
-        fits(id, "expert_starts", &s.expert_starts, experts.num_experts + 1)?;
+        if let Some(row_id) = row_kernel(id, num_pairs, experts) {
+            let sh = shape(row_id, cfg::moe_expert_row(cols, num_pairs))?;
+            return Ok((row_id, sh, int(row_id, "num_local", experts.num_local)?));
+        }
         let mma = matches!(id, KernelId::MoeExpertUpMma | KernelId::MoeExpertDownMma);
         let pass_rows = match id {
             _ if mma => cfg::EXPERT_MMA_ROWS,
@@ -338,7 +302,7 @@ impl CudaDevice {
             }
             false => cfg::moe_expert(cols, experts.num_local, splits),
         };
-        Ok((shape(id, sh)?, splits as i32))
+        Ok((id, shape(id, sh)?, splits as i32))
     }
 
     /// Each token's output: its experts' rows weighted in rank order, plus the shared expert's
