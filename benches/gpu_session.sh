@@ -209,34 +209,30 @@ profile() {
         return
     fi
     for prec in bf16 f32; do
-        profile_run "decode-b1-$prec" 400 300 "$(seq -s, 11 26)" 24 --matmul-precision "$prec"
+        profile_run "decode-b1-$prec" 400 300 generate --prompt-ids "$(seq -s, 11 26)" \
+            --max-tokens 24 --ignore-eos --matmul-precision "$prec"
     done
     # Batch 64, where the memory-floor target is: a few decode steps of `bench throughput` past
-    # its 1,024-token prefill, on tensor cores, then in the CPU's arithmetic.
+    # its 1,024-token prefill.
     for prec in bf16 f32; do
-        limited 90 ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 400 \
-            --launch-count 300 --print-summary per-kernel --csv \
-            --log-file "$OUT/profile-qwen3_moe-decode-b64-$prec.csv" \
-            "$KIT/bin/routed" bench throughput --model "$models/qwen3_moe" --device "$DEVICE" \
-            --batch-sizes 64 --prompt-len 16 --output-len 24 --repeats 1 --heartbeat-ms 0 \
-            --matmul-precision "$prec" >"$OUT/profile-qwen3_moe-decode-b64-$prec.log" 2>&1
-        note "profile decode-b64-$prec: rc $?"
-        profile_summary "decode-b64-$prec"
+        profile_run "decode-b64-$prec" 400 300 bench throughput --batch-sizes 64 --prompt-len 16 \
+            --output-len 24 --repeats 1 --heartbeat-ms 0 --matmul-precision "$prec"
     done
     for prec in bf16 f32; do
-        profile_run "prefill-512-$prec" 0 250 "$(seq -s, 11 522)" 1 --matmul-precision "$prec"
+        profile_run "prefill-512-$prec" 0 250 generate --prompt-ids "$(seq -s, 11 522)" \
+            --max-tokens 1 --ignore-eos --matmul-precision "$prec"
     done
 }
 
-# One `generate` under ncu: label, launches skipped, launches timed, prompt ids, tokens, flags.
+# One `routed` command on qwen3_moe under ncu: label, launches skipped, launches timed, then the
+# subcommand and its flags.
 profile_run() {
-    local label=$1 skip=$2 count=$3 ids=$4 tokens=$5
-    shift 5
-    limited 60 ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip "$skip" \
+    local label=$1 skip=$2 count=$3
+    shift 3
+    limited 90 ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip "$skip" \
         --launch-count "$count" --print-summary per-kernel --csv \
         --log-file "$OUT/profile-qwen3_moe-$label.csv" \
-        "$KIT/bin/routed" generate --model "$models/qwen3_moe" --device "$DEVICE" \
-        --prompt-ids "$ids" --max-tokens "$tokens" --ignore-eos "$@" \
+        "$KIT/bin/routed" "$@" --model "$models/qwen3_moe" --device "$DEVICE" \
         >"$OUT/profile-qwen3_moe-$label.log" 2>&1
     note "profile $label: rc $?"
     profile_summary "$label"
