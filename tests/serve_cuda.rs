@@ -54,9 +54,9 @@ fn bench_compares_decode_graphs_with_eager_steps() {
 }
 
 /// `routed bench kernels` times every product of the model's shapes, the residual add and norm, a
-/// MoE layer's experts, decode attention and token selection, and its records carry the bytes and flops each case must move and compute (qwen3_moe's golden
-/// checkpoint: hidden 64, 4 query and 2 KV heads of 16, 8 experts 16 wide, top 2, vocabulary
-/// 512).
+/// MoE layer's experts, decode attention and token selection, and its records carry the bytes
+/// and flops each case must move and compute (qwen3_moe's golden checkpoint: hidden 64, 4 query
+/// and 2 KV heads of 16, 8 experts 16 wide, top 2, vocabulary 512).
 #[test]
 fn bench_kernels_times_the_models_products_and_attention() {
     let Some(device) = cuda_device() else { return };
@@ -107,7 +107,9 @@ fn bench_kernels_times_the_models_products_and_attention() {
     }
     assert_eq!(find("moe_sort_m2")["kernel"], "moe_sort_pairs");
     // The residual add and norm of 2 rows of 64: both read, both written, and the weight.
-    assert_eq!(find("add_rms_norm_m2")["bytes"], (16 * 2 * 64 + 4 * 64) as f64);
+    let norm = find("add_rms_norm_m2");
+    assert_eq!(norm["kernel"], "add_rms_norm_f32");
+    assert_eq!(norm["bytes"], (16 * 2 * 64 + 4 * 64) as f64);
     assert_eq!(find("moe_combine_m2")["bytes"], (4 * (4 * 64 + 2 * 64)) as f64);
     // Choosing tokens from 2 rows of 512 f32 logits.
     for scenario in [
