@@ -434,13 +434,12 @@ impl JsonVocabulary {
     /// Bytes the vocabulary holds on the heap: the tokens' bytes, both tries and the mask of the
     /// tokens every string takes (what an engine keeps for JSON output).
     pub fn heap_bytes(&self) -> usize {
-        let vec = |len: usize, elem: usize| len * elem;
-        vec(self.eos.capacity(), size_of::<TokenId>())
-            + vec(self.starts.capacity(), size_of::<u32>())
+        self.eos.capacity() * size_of::<TokenId>()
+            + self.starts.capacity() * size_of::<u32>()
             + self.bytes.capacity()
             + self.all.heap_bytes()
             + self.not_in_any_string.heap_bytes()
-            + vec(self.in_any_string.words().len(), size_of::<u64>())
+            + self.in_any_string.words().len() * size_of::<u64>()
     }
 
     /// Token `t`'s bytes (empty for a special token or one outside the vocabulary).
