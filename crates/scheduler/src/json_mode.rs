@@ -439,7 +439,7 @@ impl JsonVocabulary {
             + self.bytes.capacity()
             + self.all.heap_bytes()
             + self.not_in_any_string.heap_bytes()
-            + self.in_any_string.words().len() * size_of::<u64>()
+            + size_of_val(self.in_any_string.words())
     }
 
     /// Token `t`'s bytes (empty for a special token or one outside the vocabulary).
