@@ -2,8 +2,8 @@
 //! `resume_memory_occupation`, vLLM's `sleep` and `wake_up`): the weights and the KV blocks are
 //! freed and allocated again, nothing runs meanwhile (no step, no dummy forward) while requests
 //! submitted wait, and what runs after computes exactly what a fresh engine does, from an empty
-//! prefix cache. Requests running refuse a release; a paused, retracted one survives it bit for
-//! bit; a weight update waits for the weights to be resumed.
+//! prefix cache. Requests running refuse a release (one being aborted does not); a paused, retracted one
+//! survives it bit for bit; a weight update waits for the weights to be resumed.
 
 mod common;
 
@@ -141,6 +141,39 @@ async fn running_requests_refuse_a_release_and_a_retracted_one_survives_it() {
     }
     assert_eq!(handle.memory_released().await.unwrap(), MemoryTags::default());
     drop(long);
+    handle.shutdown().await;
+}
+
+/// A trainer aborts its rollouts and releases at once: the abort of a request in the step in
+/// flight waits for that step, and the release waits with it rather than counting the request
+/// as running. The aborted request still ends with its routing rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_right_after_an_abort_waits_for_it() {
+    let arch = "qwen3_moe";
+    let g = Golden::open(arch);
+    let prompt = g.prompt("long");
+    let handle = engine(arch, |_| {});
+    // Decoding back to back, a step is in flight nearly always: each round aborts one.
+    for round in 0..3 {
+        let mut stream = handle.submit(routed_request(&prompt, 400)).await.unwrap();
+        let first = tokio::time::timeout(WATCHDOG, stream.next()).await.unwrap();
+        let Some(RequestEvent::Token(first)) = first else { panic!("{first:?}") };
+        handle.abort(stream.id());
+        let released = handle.release_memory(MemoryTags::ALL).await;
+        assert!(
+            released.is_ok(),
+            "round {round}: the aborted request is not running: {released:?}"
+        );
+        let rest = common::collect(stream).await;
+        assert!(rest.error.is_none(), "{:?}", rest.error);
+        let last = &rest.finals[0];
+        assert_eq!(last.finish_reason, routed::types::FinishReason::Abort);
+        // A row for every token computed: the prompt and each token fed back.
+        let num_tokens = 1 + rest.tokens.len();
+        let rows = last.routing.as_ref().expect("routing rows");
+        assert_eq!(rows.num_rows, prompt.len() + num_tokens - 1, "round {round}: {first:?}");
+        handle.resume_memory(MemoryTags::ALL).await.unwrap();
+    }
     handle.shutdown().await;
 }
 

@@ -130,8 +130,8 @@ impl EngineHandle {
 
     /// Gives back the memory of `tags` on every rank, so that a trainer on the same device can
     /// use it (SGLang's `release_memory_occupation`). Refused while a request holds KV blocks
-    /// (pause with [`PauseMode::Retract`] or [`PauseMode::Abort`] first) or a weight update is
-    /// queued. The prefix cache is dropped; until the memory is resumed nothing runs and new
+    /// (pause with [`PauseMode::Retract`] or [`PauseMode::Abort`] first, or abort it: an abort
+    /// sent before the release is waited for) or a weight update is queued. The prefix cache is dropped; until the memory is resumed nothing runs and new
     /// requests wait.
     pub async fn release_memory(&self, tags: MemoryTags) -> Result<MemoryChange, EngineError> {
         self.scheduler.send(ReleaseMemory(tags)).await.map_err(|_| EngineError::ShutDown)?

@@ -109,6 +109,11 @@ impl Scheduler {
         self.running.len()
     }
 
+    /// The running sequences, oldest admission first.
+    pub fn running(&self) -> &[SeqId] {
+        &self.running
+    }
+
     /// Live state slots held by sequences.
     pub fn num_live_states_held(&self) -> usize {
         if self.config.hybrid { self.config.max_num_seqs - self.free_live_states.len() } else { 0 }

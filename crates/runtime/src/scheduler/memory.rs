@@ -2,8 +2,9 @@
 //! `release_memory_occupation` / `resume_memory_occupation`, vLLM's `sleep` / `wake_up`).
 //!
 //! A release needs no request to hold KV blocks or state slots: requests running are refused
-//! (pause with `retract` or `abort` first, or let them finish); waiting, retracted and held ones
-//! stay and run once the memory is back. The release runs between steps: the last step's
+//! (pause with `retract` or `abort` first, abort them, or let them finish; one whose abort waits
+//! for the step in flight does not count); waiting, retracted and held ones stay and run once the
+//! memory is back. The release runs between steps: the last step's
 //! commits and frees reach the cache manager first, the prefix cache is dropped (its blocks lose
 //! their contents; and weights taken again are read from disk, which may have changed), then
 //! every rank gives the memory back. While the weights or the KV cache are released no step and
@@ -21,12 +22,14 @@ use crate::{
     worker::WorkerError,
 };
 use actix::{ActorFutureExt, AsyncContext, Context, Handler, Message, ResponseFuture, WrapFuture};
+use routed_types::SeqId;
 use std::collections::VecDeque;
 use tokio::sync::oneshot;
 
 /// Handle -> scheduler: give back the memory of `tags` on every rank. Reply once it is given back
 /// (after the step in flight), with what is released and the bytes freed; refused
-/// ([`EngineError::Conflict`]) while a request holds KV blocks or a weight update is queued.
+/// ([`EngineError::Conflict`]) while a request holds KV blocks (one whose abort waits for the step
+/// in flight does not count: it ends first) or a weight update is queued.
 #[derive(Message)]
 #[rtype(result = "Result<MemoryChange, EngineError>")]
 pub struct ReleaseMemory(pub MemoryTags);
@@ -186,7 +189,10 @@ impl SchedulerActor {
                 "a weight update is in progress: release memory once it is done".into(),
             ));
         }
-        match self.policy.num_running() {
+        // A request whose abort waits for the step in flight ends with that step, before any
+        // release runs: a trainer may abort everything and release at once.
+        let aborting = |id: &&SeqId| self.pending_aborts.contains(&id.request());
+        match self.policy.running().iter().filter(|id| !aborting(id)).count() {
             0 => Ok(()),
             n => Err(EngineError::Conflict(format!(
                 "{n} requests are running: let them finish, or pause generation with mode \
