@@ -280,3 +280,56 @@ async fn aborts_free_every_resource() {
         handle.shutdown().await;
     }
 }
+
+/// One continuation of a request with `n = 3` aborted while it decodes: it ends with the tokens
+/// and routing rows it computed (a prefix of its uninterrupted run's), and its siblings finish
+/// bit for bit as they would have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_continuation_aborted_leaves_its_siblings_as_they_were() {
+    for arch in ["qwen3_moe", "nemotron_h"] {
+        let g = Golden::open(arch);
+        let params = SamplingParams {
+            temperature: 0.9,
+            seed: 11,
+            max_tokens: 24,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        let mut trio = GenerateRequest::new(g.prompt("main"), params);
+        (trio.n, trio.return_routing) = (3, true);
+        let want = solo(arch, trio.clone()).await;
+        let handle = engine(arch, |_| {});
+        let mut stream = handle.submit(trio).await.unwrap();
+        let mut got = Outcome { tokens: Vec::new(), finals: Vec::new(), error: None };
+        while let Some(event) = futures_util::StreamExt::next(&mut stream).await {
+            match event {
+                routed::RequestEvent::Token(t) => {
+                    got.tokens.push(t);
+                    if got.tokens.iter().filter(|t| t.index == 1).count() == 3 {
+                        handle.abort_continuation(stream.id(), 1);
+                    }
+                }
+                routed::RequestEvent::Finished(f) => got.finals.push(*f),
+                routed::RequestEvent::Error(e) => panic!("{arch}: {e}"),
+            }
+        }
+        got.finals.sort_by_key(|f| f.index);
+        let aborted = &got.finals[1];
+        assert_eq!(aborted.finish_reason, routed::types::FinishReason::Abort, "{arch}");
+        let n = aborted.token_ids.len();
+        assert!((3..24).contains(&n), "{arch}: {n} tokens");
+        assert_eq!(aborted.token_ids[..], want.finals[1].token_ids[..n], "{arch}");
+        // A row for the prompt and every token fed back: the first rows of the whole run's.
+        let (rows, all) = (aborted.routing.as_ref().unwrap(), want.finals[1].routing.as_ref());
+        let num_rows = g.prompt("main").len() + n - 1;
+        assert_eq!(rows.num_rows, num_rows, "{arch}");
+        let row_len = rows.num_moe_layers * rows.top_k;
+        assert_eq!(rows.ids[..], all.unwrap().ids[..num_rows * row_len], "{arch}");
+        for i in [0, 2] {
+            assert_eq!(got.finals[i].token_ids, want.finals[i].token_ids, "{arch} #{i}");
+            assert_eq!(got.finals[i].routing, want.finals[i].routing, "{arch} #{i}");
+            assert_eq!(got.finals[i].finish_reason, want.finals[i].finish_reason, "{arch} #{i}");
+        }
+        handle.shutdown().await;
+    }
+}

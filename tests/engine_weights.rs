@@ -144,12 +144,21 @@ async fn an_update_waits_for_the_requests_in_flight_and_holds_the_ones_after_it(
     let after = handle.submit(long_request(&g, 6)).await.unwrap();
     let dropped = handle.submit(long_request(&g, 6)).await.unwrap();
     handle.abort(dropped.id());
-    let (before, after, dropped) =
-        (common::collect(before), common::collect(after), common::collect(dropped));
-    let (before, after, dropped, updated) =
-        tokio::time::timeout(WATCHDOG, async { tokio::join!(before, after, dropped, updated) })
-            .await
-            .expect("within the watchdog");
+    // Of a held pair, one continuation aborted: the other runs on the new weights.
+    let pair =
+        handle.submit(routed::GenerateRequest { n: 2, ..long_request(&g, 6) }).await.unwrap();
+    handle.abort_continuation(pair.id(), 0);
+    let (before, after, dropped, pair) = (
+        common::collect(before),
+        common::collect(after),
+        common::collect(dropped),
+        common::collect(pair),
+    );
+    let (before, after, dropped, pair, updated) = tokio::time::timeout(WATCHDOG, async {
+        tokio::join!(before, after, dropped, pair, updated)
+    })
+    .await
+    .expect("within the watchdog");
 
     assert_eq!(bits(&before), bits(&want_old), "the request in flight ran on the old weights");
     assert_eq!(before.finals[0].weight_version, "default");
@@ -157,8 +166,12 @@ async fn an_update_waits_for_the_requests_in_flight_and_holds_the_ones_after_it(
     assert_eq!(after.finals[0].weight_version, "step-1");
     assert_eq!(dropped.finals[0].finish_reason, FinishReason::Abort);
     assert!(dropped.tokens.is_empty(), "aborted while held: nothing computed");
+    assert_eq!(pair.finals[0].finish_reason, FinishReason::Abort);
+    assert!(pair.tokens.iter().all(|t| t.index == 1), "continuation 0 computed nothing");
+    assert_eq!(common::token_bits(&pair), common::token_bits(&want_new));
+    assert_eq!(pair.finals[1].routing, want_new.finals[0].routing);
     let updated = updated.unwrap();
-    assert_eq!((updated.num_held_requests, updated.num_aborted_requests), (1, 0));
+    assert_eq!((updated.num_held_requests, updated.num_aborted_requests), (2, 0));
     handle.shutdown().await;
 }
 

@@ -64,7 +64,13 @@ impl EngineHandle {
 
     /// Aborts a request (every continuation); unknown ids are ignored.
     pub fn abort(&self, id: RequestId) {
-        self.scheduler.do_send(Abort(id));
+        self.scheduler.do_send(Abort { request: id, index: None });
+    }
+
+    /// Aborts continuation `index` of a request (one of its `n`); the others go on. Unknown ids
+    /// and indices are ignored.
+    pub fn abort_continuation(&self, id: RequestId, index: usize) {
+        self.scheduler.do_send(Abort { request: id, index: Some(index) });
     }
 
     /// The engine's figures.
@@ -207,7 +213,7 @@ impl Stream for RequestStream {
 impl Drop for RequestStream {
     fn drop(&mut self) {
         if self.num_open > 0 {
-            self.scheduler.do_send(Abort(self.id));
+            self.scheduler.do_send(Abort { request: self.id, index: None });
         }
     }
 }

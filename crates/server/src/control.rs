@@ -30,7 +30,8 @@ struct AbortBody {
 }
 
 /// `POST /abort_request`: aborts the request whose id is `rid` (`/generate`'s `rid`, or a
-/// response's `id`), or with `abort_all` every request in flight. Aborted requests answer as
+/// response's `id`; a `/generate` continuation's suffixed id ends it alone), or with `abort_all`
+/// every request in flight. Aborted requests answer as
 /// usual, with `finish_reason` `abort` and what they computed. An unknown `rid` is no error (the
 /// request may just have ended); 200 with an empty body, as SGLang answers.
 pub(crate) async fn abort_request(

@@ -165,6 +165,14 @@ fn choice_id(id: &str, index: usize, n: usize) -> String {
     if n > 1 { format!("{id}-{index}") } else { id.to_owned() }
 }
 
+/// The response id and index a suffixed [`choice_id`] was made from, if `id` has that form.
+pub(crate) fn split_choice_id(id: &str) -> Option<(&str, usize)> {
+    let (base, suffix) = id.rsplit_once('-')?;
+    let index: usize = suffix.parse().ok()?;
+    // Exactly what `choice_id` writes: no sign, no leading zeros.
+    (index.to_string() == suffix).then_some((base, index))
+}
+
 /// `POST /generate`.
 pub(crate) async fn generate(
     state: web::Data<AppState>,

@@ -33,6 +33,9 @@ pub struct InFlight {
     /// The id of its response (`cmpl-...`, or `/generate`'s `rid`): what `/abort_request`
     /// names it by.
     pub response_id: Arc<str>,
+    /// Its continuations (`n`): on `/generate`, continuation `i` of several answers as
+    /// `{response_id}-{i}`, which `/abort_request` names it by alone.
+    pub num_continuations: usize,
     /// When it was submitted.
     pub submitted: Instant,
 }
@@ -104,8 +107,9 @@ impl Registry {
     }
 
     /// Aborts the requests in flight whose response has id `response_id` (the prompts of an
-    /// OpenAI batch share one; those of a `/generate` batch each have their own). Returns how
-    /// many.
+    /// OpenAI batch share one; those of a `/generate` batch each have their own), or else the
+    /// one `/generate` continuation whose id it is (`{response_id}-{i}` of a prompt with
+    /// `n > 1`; its siblings go on). Returns how many requests or continuations it aborted.
     pub fn abort_response(&self, handle: &EngineHandle, response_id: &str) -> usize {
         let ids: Vec<RequestId> = self
             .requests
@@ -116,7 +120,24 @@ impl Registry {
         for &id in &ids {
             handle.abort(id);
         }
-        ids.len()
+        if !ids.is_empty() {
+            return ids.len();
+        }
+        let Some((id, index)) = self.continuation(response_id) else { return 0 };
+        handle.abort_continuation(id, index);
+        1
+    }
+
+    /// The engine request and index of the `/generate` continuation whose `meta_info.id` is
+    /// `choice_id`, if one is in flight.
+    fn continuation(&self, choice_id: &str) -> Option<(RequestId, usize)> {
+        let (base, index) = crate::generate::split_choice_id(choice_id)?;
+        self.requests
+            .iter()
+            .find(|e| {
+                e.route == "/generate" && &*e.response_id == base && index < e.num_continuations
+            })
+            .map(|e| (*e.key(), index))
     }
 
     /// Requests being parsed, templated or tokenized, not submitted yet.
@@ -243,7 +264,9 @@ pub(crate) async fn submit_each(
     for ((prompt, request), response_id) in job.requests.iter().enumerate().zip(response_ids) {
         let stream = handle.submit(request.clone()).await?;
         let id = stream.id();
-        registry.requests.insert(id, InFlight { route, response_id, submitted: Instant::now() });
+        let num_continuations = request.n;
+        let entry = InFlight { route, response_id, num_continuations, submitted: Instant::now() };
+        registry.requests.insert(id, entry);
         tracked.push(Tracked {
             inner: stream,
             prompt,

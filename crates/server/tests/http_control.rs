@@ -239,3 +239,32 @@ fn abort_request_by_rid_ends_one_prompt_of_a_batch() {
     assert_eq!(drop["meta_info"]["finish_reason"]["type"], "abort", "{drop}");
     assert_eq!(drop["meta_info"]["completion_tokens"], 0, "aborted before it ran: {drop}");
 }
+
+#[test]
+fn abort_request_by_a_continuations_id_ends_it_alone() {
+    let s = own_server();
+    // Held by the pause until continue, so the pair is in flight when the aborts come.
+    s.ok("/pause_generation", &json!({"mode": "in_place"}));
+    let body = json!({"input_ids": prompt_ids(12, 43), "rid": "pair", "return_routed_experts": true,
+                      "sampling_params": {"n": 2, "max_new_tokens": 8, "temperature": 0,
+                                          "ignore_eos": true}});
+    let pair = std::thread::spawn({
+        let s = s.clone();
+        move || s.ok("/generate", &body)
+    });
+    wait_until("the pair to be submitted", || s.registry.len() == 1);
+    // Ids `/generate` never gives this pair abort nothing.
+    for rid in ["pair-2", "pair-01", "pair-+1", "pai-1"] {
+        assert_eq!(s.post("/abort_request", &json!({"rid": rid})).status, 200, "{rid}");
+    }
+    assert_eq!(s.post("/abort_request", &json!({"rid": "pair-1"})).status, 200);
+    s.ok("/continue_generation", &json!({}));
+    let answer = pair.join().unwrap();
+    let [kept, aborted] = answer.as_array().expect("a list").as_slice() else { panic!("{answer}") };
+    assert_eq!(kept["meta_info"]["id"], "pair-0");
+    assert_eq!(kept["meta_info"]["finish_reason"]["type"], "length", "{kept}");
+    assert_eq!(kept["meta_info"]["routed_experts_shape"][0], 12 + 8 - 1, "{kept}");
+    assert_eq!(aborted["meta_info"]["id"], "pair-1");
+    assert_eq!(aborted["meta_info"]["finish_reason"]["type"], "abort", "{aborted}");
+    assert_eq!(aborted["meta_info"]["completion_tokens"], 0, "aborted before it ran: {aborted}");
+}

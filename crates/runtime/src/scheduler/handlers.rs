@@ -24,10 +24,16 @@ pub struct Submit {
     pub events: UnboundedSender<RequestEvent>,
 }
 
-/// Handle -> scheduler: abort a request (every sequence). No reply; unknown ids are ignored.
+/// Handle -> scheduler: abort a request: every sequence, or continuation `index` alone (its
+/// siblings go on). No reply; unknown ids and indices are ignored.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Abort(pub RequestId);
+pub struct Abort {
+    /// The request.
+    pub request: RequestId,
+    /// The one continuation to end, or `None` for all of them.
+    pub index: Option<usize>,
+}
 
 /// Handle -> scheduler: the engine's figures.
 #[derive(Message)]
@@ -92,7 +98,7 @@ impl Handler<Abort> for SchedulerActor {
     type Result = ();
 
     fn handle(&mut self, msg: Abort, ctx: &mut Context<Self>) {
-        self.abort(msg.0, ctx);
+        self.abort(msg.request, msg.index, ctx);
     }
 }
 
@@ -215,7 +221,7 @@ impl Handler<Shutdown> for SchedulerActor {
         if self.memory.stops_steps() {
             // Nothing can run without the memory: the requests waiting for it end now.
             for request in self.open_requests() {
-                self.abort(request, ctx);
+                self.abort(request, None, ctx);
             }
         }
         if self.cancel_updates() || paused {

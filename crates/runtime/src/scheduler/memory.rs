@@ -191,7 +191,10 @@ impl SchedulerActor {
         }
         // A request whose abort waits for the step in flight ends with that step, before any
         // release runs: a trainer may abort everything and release at once.
-        let aborting = |id: &&SeqId| self.pending_aborts.contains(&id.request());
+        let aborting = |id: &&SeqId| {
+            let (request, index) = (id.request(), Some(id.index_in_request()));
+            self.pending_aborts.iter().any(|&(r, i)| r == request && (i.is_none() || i == index))
+        };
         match self.policy.running().iter().filter(|id| !aborting(id)).count() {
             0 => Ok(()),
             n => Err(EngineError::Conflict(format!(

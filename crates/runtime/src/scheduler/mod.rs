@@ -82,8 +82,8 @@ pub struct SchedulerActor {
     step_in_flight: bool,
     /// The sequences of the step in flight.
     in_flight: Vec<SeqId>,
-    /// Requests whose abort waits for the step in flight.
-    pending_aborts: Vec<RequestId>,
+    /// Aborts waiting for the step in flight: a request's sequences, all or one.
+    pending_aborts: Vec<(RequestId, Option<usize>)>,
     idle: Option<bool>,
     stats: EngineStats,
     unhealthy: Option<String>,

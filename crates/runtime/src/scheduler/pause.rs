@@ -169,7 +169,7 @@ impl Handler<PauseGeneration> for SchedulerActor {
         self.pause = Some(Pause { mode, num_requests: open.len(), holds: false, waiters });
         if mode == PauseMode::Abort {
             for request in open {
-                self.abort(request, ctx);
+                self.abort(request, None, ctx);
             }
         }
         self.schedule(ctx);

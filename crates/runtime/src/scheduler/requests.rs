@@ -111,7 +111,7 @@ impl SchedulerActor {
         }
         self.peers.outbox.flush();
         for request in gone {
-            self.abort(request, ctx);
+            self.abort(request, None, ctx);
         }
     }
 
@@ -232,25 +232,32 @@ impl SchedulerActor {
         self.check_drained();
     }
 
-    /// Ends every open sequence of `request` with `finish_reason: abort`. A sequence in the step
-    /// now in flight is aborted once that step's output is applied (the abort waits in
-    /// `pending_aborts`), so its rows are all stored and the token that step samples is streamed
-    /// like any other; a sequence that computed tokens returns their routing rows. A sequence whose
-    /// step the cache manager is still granting stops at once: the policy leaves it out of that
-    /// step's plan.
-    pub(super) fn abort(&mut self, request: RequestId, ctx: &mut Context<Self>) {
-        if self.abort_held(request) {
+    /// Ends every open sequence of `request` (or its continuation `only`) with
+    /// `finish_reason: abort`. A sequence in the step now in flight is aborted once that step's
+    /// output is applied (the abort waits in `pending_aborts`), so its rows are all stored and the
+    /// token that step samples is streamed like any other; a sequence that computed tokens returns
+    /// their routing rows. A sequence whose step the cache manager is still granting stops at
+    /// once: the policy leaves it out of that step's plan.
+    pub(super) fn abort(
+        &mut self,
+        request: RequestId,
+        only: Option<usize>,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.abort_held(request, only) {
             return self.schedule(ctx);
         }
         let Some(g) = self.groups.get(&request) else { return };
+        let picked = |i: usize| only.is_none_or(|o| o == i);
         let n = g.n;
-        if self.in_flight.iter().any(|id| id.request() == request) {
-            if !self.pending_aborts.contains(&request) {
-                self.pending_aborts.push(request);
+        if self.in_flight.iter().any(|id| id.request() == request && picked(id.index_in_request()))
+        {
+            if !self.pending_aborts.contains(&(request, only)) {
+                self.pending_aborts.push((request, only));
             }
             return;
         }
-        for i in 0..n {
+        for i in (0..n).filter(|&i| picked(i)) {
             let id = SeqId::new(request, i);
             let Some(seq) = self.policy.seq(id) else { continue };
             if seq.status == SeqStatus::Finishing {
@@ -285,8 +292,8 @@ impl SchedulerActor {
 
     /// Aborts that waited for the step that was in flight.
     pub(super) fn run_pending_aborts(&mut self, ctx: &mut Context<Self>) {
-        for request in std::mem::take(&mut self.pending_aborts) {
-            self.abort(request, ctx);
+        for (request, only) in std::mem::take(&mut self.pending_aborts) {
+            self.abort(request, only, ctx);
         }
     }
 }

@@ -124,10 +124,17 @@ impl Updates {
         self.held.iter().any(|(r, _)| *r == request)
     }
 
-    /// Takes a held request's sequences out (it was aborted before it ran).
-    fn take_held(&mut self, request: RequestId) -> Option<Vec<NewSeq>> {
+    /// Takes a held request's sequences out, all or continuation `only` (aborted before it
+    /// ran).
+    fn take_held(&mut self, request: RequestId, only: Option<usize>) -> Option<Vec<NewSeq>> {
         let at = self.held.iter().position(|(r, _)| *r == request)?;
-        Some(self.held.remove(at).1)
+        let Some(index) = only else { return Some(self.held.remove(at).1) };
+        let seqs = &mut self.held[at].1;
+        let taken = seqs.extract_if(.., |s| s.id.index_in_request() == index).collect();
+        if seqs.is_empty() {
+            self.held.remove(at);
+        }
+        Some(taken)
     }
 }
 
@@ -219,10 +226,10 @@ impl SchedulerActor {
         }
     }
 
-    /// Ends a held request, which computed nothing, with `finish_reason: abort`. Returns whether
-    /// `request` was held.
-    pub(super) fn abort_held(&mut self, request: RequestId) -> bool {
-        let Some(seqs) = self.updates.take_held(request) else { return false };
+    /// Ends a held request's sequences (all, or continuation `only`), which computed nothing,
+    /// with `finish_reason: abort`. Returns whether `request` was held.
+    pub(super) fn abort_held(&mut self, request: RequestId, only: Option<usize>) -> bool {
+        let Some(seqs) = self.updates.take_held(request, only) else { return false };
         for s in seqs {
             let output = FinalOutput {
                 index: s.id.index_in_request(),
@@ -283,7 +290,7 @@ impl Handler<UpdateWeights> for SchedulerActor {
             let open = self.open_requests();
             num_aborted = open.len();
             for request in open {
-                self.abort(request, ctx);
+                self.abort(request, None, ctx);
             }
         }
         let (reply, rx) = oneshot::channel();
@@ -306,7 +313,7 @@ impl Handler<SetWeightVersion> for SchedulerActor {
         self.health()?;
         if msg.abort_all_requests {
             for request in self.open_requests() {
-                self.abort(request, ctx);
+                self.abort(request, None, ctx);
             }
         }
         tracing::info!(version = %msg.version, "weights renamed");
