@@ -15,6 +15,7 @@
 //! characters, where almost every token fits, the tokens that fit in any string are a mask made
 //! once and only the rest of the vocabulary is walked (`docs/performance.md`, "JSON output").
 
+use crate::json_lex::{Num, StrPos, StrStep};
 use routed_types::{ThinkingTags, TokenId, TokenMask};
 use std::{
     collections::{HashMap, VecDeque},
@@ -29,49 +30,6 @@ const MASK_CACHE_CAPACITY: usize = 256;
 
 /// The JSON literals, in the order [`Lex::Literal`] numbers them.
 const LITERALS: [&[u8]; 3] = [b"true", b"false", b"null"];
-
-/// Where the reader is within a number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Num {
-    /// After `-`: a digit must follow.
-    Minus,
-    /// After a leading `0`: a fraction, an exponent or the end.
-    Zero,
-    /// In the integer digits.
-    Int,
-    /// After `.`: a digit must follow.
-    Dot,
-    /// In the fraction digits.
-    Frac,
-    /// After `e`: a sign or a digit.
-    Exp,
-    /// After the exponent's sign: a digit must follow.
-    ExpSign,
-    /// In the exponent digits.
-    ExpInt,
-}
-
-impl Num {
-    /// Whether a number may end here.
-    fn may_end(self) -> bool {
-        matches!(self, Self::Zero | Self::Int | Self::Frac | Self::ExpInt)
-    }
-
-    /// The state after `b`, if `b` continues the number.
-    fn next(self, b: u8) -> Option<Self> {
-        use Num::*;
-        Some(match (self, b) {
-            (Minus, b'0') => Zero,
-            (Minus, b'1'..=b'9') | (Int, b'0'..=b'9') => Int,
-            (Zero | Int, b'.') => Dot,
-            (Dot | Frac, b'0'..=b'9') => Frac,
-            (Zero | Int | Frac, b'e' | b'E') => Exp,
-            (Exp, b'+' | b'-') => ExpSign,
-            (Exp | ExpSign | ExpInt, b'0'..=b'9') => ExpInt,
-            _ => return None,
-        })
-    }
-}
 
 /// What the reader expects next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -92,15 +50,8 @@ enum Lex {
     AfterValue,
     /// The top-level object has closed: only EOS.
     Done,
-    /// Inside a string (a key or a value), `utf8` continuation bytes still due.
-    Str { key: bool, utf8: u8 },
-    /// After a backslash in a string.
-    Escape { key: bool },
-    /// In a `\u` escape, `left` hex digits still due.
-    Unicode { key: bool, left: u8 },
-    /// After `\ud`: the second digit keeps the code unit out of the surrogates (`d800` to
-    /// `dfff`), which many JSON readers refuse unpaired.
-    UnicodeD { key: bool },
+    /// Inside a string (a key or a value).
+    Str { key: bool, pos: StrPos },
     /// Inside a number.
     Number(Num),
     /// Inside `LITERALS[word]`, `at` bytes of it read.
@@ -153,9 +104,13 @@ impl JsonState {
     /// Reads one byte; `false`, with the state unspecified, when it cannot follow.
     pub fn feed(&mut self, b: u8) -> bool {
         match self.lex {
-            Lex::Str { .. } | Lex::Escape { .. } | Lex::Unicode { .. } | Lex::UnicodeD { .. } => {
-                self.string_byte(b)
-            }
+            Lex::Str { key, pos } => match pos.next(b) {
+                Some(StrStep::In(pos)) => self.to(true, Lex::Str { key, pos }),
+                Some(StrStep::Closed) => {
+                    self.to(true, if key { Lex::Colon } else { Lex::AfterValue })
+                }
+                None => false,
+            },
             Lex::Number(num) => match num.next(b) {
                 Some(next) => self.to(true, Lex::Number(next)),
                 // The byte after a number is read as what follows the value.
@@ -187,7 +142,9 @@ impl JsonState {
         match self.lex {
             Lex::Start => b == b'{' && self.open(true),
             Lex::ObjectOpen if b == b'}' => self.close(true),
-            Lex::ObjectOpen | Lex::Key => self.to(b == b'"', Lex::Str { key: true, utf8: 0 }),
+            Lex::ObjectOpen | Lex::Key => {
+                self.to(b == b'"', Lex::Str { key: true, pos: StrPos::Chars })
+            }
             Lex::Colon => self.to(b == b':', Lex::Value),
             Lex::ArrayOpen if b == b']' => self.close(false),
             Lex::Value | Lex::ArrayOpen => self.begin_value(b),
@@ -236,7 +193,7 @@ impl JsonState {
         match b {
             b'{' => self.open(true),
             b'[' => self.open(false),
-            b'"' => self.to(true, Lex::Str { key: false, utf8: 0 }),
+            b'"' => self.to(true, Lex::Str { key: false, pos: StrPos::Chars }),
             b'-' => self.to(true, Lex::Number(Num::Minus)),
             b'0' => self.to(true, Lex::Number(Num::Zero)),
             b'1'..=b'9' => self.to(true, Lex::Number(Num::Int)),
@@ -245,47 +202,6 @@ impl JsonState {
             b'n' => self.to(true, Lex::Literal { word: 2, at: 1 }),
             _ => false,
         }
-    }
-
-    /// A byte inside a string: printable ASCII, an escape (`\u` with four hex digits, not a
-    /// surrogate), the closing quote, or well-formed UTF-8 (a lead byte of a 2 to 4 byte sequence,
-    /// then its continuation bytes).
-    fn string_byte(&mut self, b: u8) -> bool {
-        let next = match self.lex {
-            Lex::Str { key, utf8: 0 } => match b {
-                b'"' if key => Some(Lex::Colon),
-                b'"' => Some(Lex::AfterValue),
-                b'\\' => Some(Lex::Escape { key }),
-                0x00..=0x1F | 0x80..=0xC1 | 0xF5..=0xFF => None,
-                0xC2..=0xDF => Some(Lex::Str { key, utf8: 1 }),
-                0xE0..=0xEF => Some(Lex::Str { key, utf8: 2 }),
-                0xF0..=0xF4 => Some(Lex::Str { key, utf8: 3 }),
-                _ => Some(Lex::Str { key, utf8: 0 }),
-            },
-            Lex::Str { key, utf8 } => {
-                matches!(b, 0x80..=0xBF).then_some(Lex::Str { key, utf8: utf8 - 1 })
-            }
-            Lex::Escape { key } => match b {
-                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {
-                    Some(Lex::Str { key, utf8: 0 })
-                }
-                b'u' => Some(Lex::Unicode { key, left: 4 }),
-                _ => None,
-            },
-            Lex::Unicode { key, left: 4 } if matches!(b, b'd' | b'D') => {
-                Some(Lex::UnicodeD { key })
-            }
-            Lex::Unicode { key, left } => b.is_ascii_hexdigit().then_some(match left {
-                1 => Lex::Str { key, utf8: 0 },
-                _ => Lex::Unicode { key, left: left - 1 },
-            }),
-            // After `\ud`, 0 to 7 keeps the code unit below the surrogates.
-            Lex::UnicodeD { key } => {
-                matches!(b, b'0'..=b'7').then_some(Lex::Unicode { key, left: 2 })
-            }
-            _ => unreachable!("not in a string"),
-        };
-        next.is_some_and(|lex| self.to(true, lex))
     }
 }
 
@@ -370,7 +286,7 @@ impl Trie {
 /// control byte). Such a token is allowed inside every string, key or value, whatever the nesting
 /// around it.
 fn fits_any_string(bytes: &[u8]) -> bool {
-    let between = Lex::Str { key: false, utf8: 0 };
+    let between = Lex::Str { key: false, pos: StrPos::Chars };
     let mut state = JsonState { lex: between, compact: false, depth: 1, kinds: 1 };
     state.feed_all(bytes) && state.lex == between
 }
@@ -472,7 +388,7 @@ impl JsonVocabulary {
                 self.eos.iter().for_each(|&t| mask.allow(t));
                 mask
             }
-            Lex::Str { utf8: 0, .. } => {
+            Lex::Str { pos: StrPos::Chars, .. } => {
                 let mut mask = self.in_any_string.clone();
                 self.not_in_any_string.walk(0, state, &mut mask);
                 mask

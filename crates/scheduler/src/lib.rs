@@ -14,6 +14,7 @@
 //! [`Scheduler::release`] then frees their blocks, so rows are never read from freed blocks.
 
 mod exchange;
+mod json_lex;
 pub mod json_mode;
 mod policy;
 mod seq;
