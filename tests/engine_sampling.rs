@@ -8,9 +8,12 @@ mod common;
 use common::{Outcome, collect, engine, greedy, request, run, test_device};
 use futures_util::{StreamExt, future::join_all};
 use routed::runtime::{FinalOutput, TokenEvent};
-use routed::types::{FinishReason, ResponseFormat, SamplingParams, TokenId};
+use routed::types::{
+    FinishReason, JsonSchema, ResponseFormat, SamplingParams, SchemaNode, SchemaNodeId, TokenId,
+};
 use routed::{EngineHandle, GenerateRequest, RequestEvent};
 use routed_test_support::{Golden, json_object_prefix};
+use std::sync::Arc;
 
 /// Each feature on its own, sampled (temperature 1) so its effect on the draw shows.
 fn features() -> Vec<(&'static str, SamplingParams)> {
@@ -25,8 +28,21 @@ fn features() -> Vec<(&'static str, SamplingParams)> {
             SamplingParams { logit_bias: vec![(3, 4.0), (40, -50.0)], ..sampled.clone() },
         ),
         ("prompt_logprobs", SamplingParams { prompt_logprobs: Some(3), ..sampled.clone() }),
-        ("json_object", SamplingParams { response_format: ResponseFormat::JsonObject, ..sampled }),
+        (
+            "json_object",
+            SamplingParams { response_format: ResponseFormat::JsonObject, ..sampled.clone() },
+        ),
+        ("json_schema", SamplingParams { response_format: list_of_flags(), ..sampled }),
     ]
+}
+
+/// `[bool, ...]` of one to three items, compact: a schema's output.
+fn list_of_flags() -> ResponseFormat {
+    let nodes = vec![
+        SchemaNode::Array { items: SchemaNodeId(1), min_items: 1, max_items: Some(3) },
+        SchemaNode::Literals(vec!["true".into(), "false".into()]),
+    ];
+    ResponseFormat::JsonSchema { schema: Arc::new(JsonSchema { nodes }), compact: true }
 }
 
 /// Per continuation: its token events (token, logprob, top alternatives).
@@ -82,7 +98,7 @@ async fn json_object_outputs_are_json_objects_or_their_prefixes() {
             for seed in 0..4 {
                 let temperature = if seed == 0 { 0.0 } else { 1.0 };
                 let free = SamplingParams { temperature, seed, ..greedy(40 + 10 * i as u32) };
-                let constrained = SamplingParams { response_format: json, ..free.clone() };
+                let constrained = SamplingParams { response_format: json.clone(), ..free.clone() };
                 let prompt = g.prompt(name);
                 let out = run(&handle, GenerateRequest::new(prompt.clone(), constrained)).await;
                 let f = &out.finals[0];
@@ -248,4 +264,44 @@ async fn expert_load_counts_every_routed_token_by_phase() {
     assert_eq!(after.since_reset.imbalance(0, prefill), None, "reset");
     assert_eq!(after.since_start, load.since_start, "the since-start counts keep going");
     handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schema_outputs_are_values_of_the_schema() {
+    // The tiny checkpoints write no such list of their own: each answer ended by EOS being one
+    // (and every answer a prefix of one) is the constraint's work, on every family.
+    for arch in ["qwen3_moe", "mixtral", "nemotron_h", "granitemoehybrid"] {
+        let g = Golden::open(arch);
+        let handle = engine(arch, |_| {});
+        let mut num_whole = 0;
+        for seed in 0..6 {
+            let params = SamplingParams {
+                temperature: 1.0,
+                seed,
+                response_format: list_of_flags(),
+                ignore_eos: false,
+                ..greedy(12)
+            };
+            let out = run(&handle, GenerateRequest::new(g.prompt("main"), params)).await;
+            let f = &out.finals[0];
+            let text = f.text.as_str();
+            assert!(text.starts_with('['), "{arch} {seed}: {text:?}");
+            let words = ["true", "false"];
+            let items: Vec<&str> = text[1..].trim_end_matches(']').split(',').collect();
+            assert!(items.len() <= 3, "{arch} {seed}: {text:?}");
+            for item in &items[..items.len() - 1] {
+                assert!(words.contains(item), "{arch} {seed}: {text:?}");
+            }
+            let last = items[items.len() - 1];
+            assert!(words.iter().any(|w| w.starts_with(last)), "{arch} {seed}: {text:?}");
+            if f.finish_reason == (FinishReason::Stop { matched: None }) {
+                let value: Vec<bool> = serde_json::from_str(text)
+                    .unwrap_or_else(|e| panic!("{arch} {seed}: {e}: {text:?}"));
+                assert!((1..=3).contains(&value.len()), "{arch} {seed}: {text:?}");
+                num_whole += 1;
+            }
+        }
+        assert!(num_whole > 0, "{arch}: no answer closed its list");
+        handle.shutdown().await;
+    }
 }

@@ -10,10 +10,12 @@ import base64
 import io
 import json
 import sys
+from typing import Literal, Optional
 
 try:
     import numpy as np
     import openai
+    import pydantic
 except ImportError as err:  # pragma: no cover - depends on the environment
     print(f"missing python package: {err}")
     sys.exit(3)
@@ -138,6 +140,28 @@ def main():
             assert isinstance(json.loads(content), dict), content
         else:
             assert not content.strip() or content.strip().startswith("{"), content
+
+    # Structured outputs as the client parses them: a pydantic model turned into a strict JSON
+    # schema (an enum, a nullable integer), the answer read back into the model. An answer cut
+    # at max_tokens is the client's LengthFinishReasonError.
+    class Verdict(pydantic.BaseModel):
+        ok: bool
+        label: Literal["yes", "no"]
+        score: Optional[int]
+
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    num_parsed = 0
+    for seed in range(8):
+        try:
+            answer = parse(
+                model=model, messages=messages, max_tokens=96, temperature=1.0, seed=seed,
+                response_format=Verdict,
+            ).choices[0]
+        except openai.LengthFinishReasonError:
+            continue
+        assert isinstance(answer.message.parsed, Verdict), answer
+        num_parsed += 1
+    assert num_parsed > 0, "no answer closed its object"
 
     # The sampling fields the client sends natively: a logit bias forces a token, penalties are
     # accepted, and the same seed gives the same draw.

@@ -1,7 +1,9 @@
-//! Times the `json_object` constraint's work on a vocabulary of Qwen3's size (151,643 entries,
+//! Times the JSON constraints' work on a vocabulary of Qwen3's size (151,643 entries,
 //! synthetic: every byte, then words of 2 to 10 letters with and without a leading space, CJK
-//! runs of 1 to 3 characters, pieces of such runs cut anywhere, and JSON punctuation pairs): building the vocabulary's trie once,
-//! one mask walk from states of each kind, a memoised mask, and advancing a state by a token.
+//! runs of 1 to 3 characters, pieces of such runs cut anywhere, and JSON punctuation pairs):
+//! building the vocabulary's trie once, one `json_object` mask walk from states of each kind, a
+//! memoised mask, advancing a state by a token; then a `json_schema` output read a token at a
+//! time, first with its DFA and masks built as it goes, then again with both kept.
 //!
 //! Run: `cargo bench -p routed-scheduler --bench json_mask`
 
@@ -9,7 +11,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use routed_scheduler::json_mode::{JsonMasks, JsonState, JsonVocabulary};
+use routed_scheduler::json_mode::{JsonConstraint, JsonMasks, JsonState, JsonVocabulary};
+use routed_types::{JsonSchema, Property, ResponseFormat, SchemaNode, SchemaNodeId, TokenId};
 
 const VOCAB_SIZE: usize = 151_643;
 
@@ -127,4 +130,75 @@ fn main() {
         std::hint::black_box(vocab.advance(state, token));
     });
     println!("memoised mask: {hit:.2} us; advancing a state by a token: {advance:.3} us");
+    schema_output(&tokens, &vocab);
+}
+
+/// `{city: string, units: "celsius" | "fahrenheit", alerts?: [{level: integer, note: string |
+/// null}]}`, as the gateway reduces it.
+fn forecast() -> JsonSchema {
+    let prop = |key: &str, value: u32, required| Property {
+        key: format!("\"{key}\""),
+        value: SchemaNodeId(value),
+        required,
+    };
+    let literals =
+        |texts: &[&str]| SchemaNode::Literals(texts.iter().map(|t| t.to_string()).collect());
+    let nodes = vec![
+        SchemaNode::Object {
+            properties: vec![
+                prop("city", 1, true),
+                prop("units", 2, true),
+                prop("alerts", 3, false),
+            ],
+        },
+        SchemaNode::String,
+        literals(&["\"celsius\"", "\"fahrenheit\""]),
+        SchemaNode::Array { items: SchemaNodeId(4), min_items: 0, max_items: None },
+        SchemaNode::Object { properties: vec![prop("level", 5, true), prop("note", 6, true)] },
+        SchemaNode::Number { integer: true },
+        SchemaNode::AnyOf(vec![SchemaNodeId(1), SchemaNodeId(7)]),
+        literals(&["null"]),
+    ];
+    JsonSchema { nodes }
+}
+
+/// Reads a schema's output a token at a time (the greedy longest-token spelling of a text), as
+/// the scheduler does after each sampled token: once with nothing kept, then again.
+fn schema_output(tokens: &[Option<Vec<u8>>], vocab: &Arc<JsonVocabulary>) {
+    let text = br#"{"city": "some text here", "units": "celsius", "alerts": [{"level": 3, "note": null}, {"level": 12, "note": "wind"}]}"#;
+    let ids: std::collections::HashMap<&[u8], TokenId> = tokens
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| Some((t.as_deref()?, i as TokenId)))
+        .collect();
+    let mut spelled = Vec::new();
+    let mut at = 0;
+    while at < text.len() {
+        let len =
+            (1..=(text.len() - at).min(12)).rev().find(|&l| ids.contains_key(&text[at..at + l]));
+        let len = len.expect("every byte is a token");
+        spelled.push(ids[&text[at..at + len]]);
+        at += len;
+    }
+    let format = ResponseFormat::JsonSchema { schema: Arc::new(forecast()), compact: false };
+    let mut masks = JsonMasks::new(Arc::clone(vocab));
+    let read = |masks: &mut JsonMasks| {
+        let start = Instant::now();
+        let mut constraint = JsonConstraint::start(masks, &format, &[], None).expect("a schema");
+        for &t in &spelled {
+            assert!(constraint.allowed().expect("constrained").allows(t));
+            constraint.advance(t, masks);
+        }
+        start.elapsed().as_secs_f64() * 1e6
+    };
+    let per_token = |us: f64| us / spelled.len() as f64;
+    let first = per_token(read(&mut masks));
+    let again = per_token(median_us(21, || {
+        std::hint::black_box(read(&mut masks));
+    }));
+    println!(
+        "json_schema output of {} tokens: {first:.0} us a token the first time (DFA and masks \
+         built), {again:.2} us a token with both kept",
+        spelled.len()
+    );
 }

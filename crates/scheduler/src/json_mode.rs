@@ -15,8 +15,11 @@
 //! characters, where almost every token fits, the tokens that fit in any string are a mask made
 //! once and only the rest of the vocabulary is walked (`docs/performance.md`, "JSON output").
 
-use crate::json_lex::{Num, StrPos, StrStep};
-use routed_types::{ThinkingTags, TokenId, TokenMask};
+use crate::{
+    json_lex::{Num, StrPos, StrStep},
+    json_schema::{SchemaDfa, SchemaPos},
+};
+use routed_types::{JsonSchema, ResponseFormat, ThinkingTags, TokenId, TokenMask};
 use std::{
     collections::{HashMap, VecDeque},
     sync::Arc,
@@ -265,17 +268,23 @@ impl Trie {
         trie
     }
 
-    /// Allows in `mask` every token below `node` whose bytes `state` reads, pruning a subtree at
-    /// the first byte it refuses.
-    fn walk(&self, node: usize, state: JsonState, mask: &mut TokenMask) {
+    /// Allows in `mask` every token below `node` whose bytes a reader in `state` reads (`step`
+    /// gives the state after a byte, or `None` when it cannot follow), pruning a subtree at the
+    /// first byte refused.
+    fn walk<S: Copy>(
+        &self,
+        node: usize,
+        state: S,
+        step: &mut impl FnMut(S, u8) -> Option<S>,
+        mask: &mut TokenMask,
+    ) {
         let edges = &self.edges[self.first_edge[node] as usize..self.first_edge[node + 1] as usize];
         for &(b, child) in edges {
-            let mut next = state;
-            if next.feed(b) {
+            if let Some(next) = step(state, b) {
                 let child = child as usize;
                 let ends = self.first_token[child] as usize..self.first_token[child + 1] as usize;
                 self.node_tokens[ends].iter().for_each(|&t| mask.allow(t));
-                self.walk(child, next, mask);
+                self.walk(child, next, step, mask);
             }
         }
     }
@@ -382,23 +391,40 @@ impl JsonVocabulary {
     /// once the object is complete. Never empty: with nothing allowed (a vocabulary that cannot
     /// write what the state needs) EOS is, or, without an EOS, every token.
     pub fn mask(&self, state: JsonState) -> TokenMask {
-        let mut mask = match state.lex {
-            Lex::Done => {
-                let mut mask = TokenMask::none(self.num_tokens);
-                self.eos.iter().for_each(|&t| mask.allow(t));
-                mask
-            }
-            Lex::Str { pos: StrPos::Chars, .. } => {
+        let in_string = matches!(state.lex, Lex::Str { pos: StrPos::Chars, .. });
+        let mut step = |s: JsonState, b| {
+            let mut next = s;
+            next.feed(b).then_some(next)
+        };
+        self.mask_with(state, in_string, state.is_complete(), &mut step)
+    }
+
+    /// The tokens a reader in `state` reads whole (`step` gives the state after a byte), and EOS
+    /// when `complete`. `in_string`: the reader is between a string's characters in every way it
+    /// may be, so the tokens that fit any string are allowed without a walk. Never empty: with
+    /// nothing allowed, EOS is, or, without an EOS, every token.
+    pub(crate) fn mask_with<S: Copy>(
+        &self,
+        state: S,
+        in_string: bool,
+        complete: bool,
+        step: &mut impl FnMut(S, u8) -> Option<S>,
+    ) -> TokenMask {
+        let mut mask = match in_string {
+            true => {
                 let mut mask = self.in_any_string.clone();
-                self.not_in_any_string.walk(0, state, &mut mask);
+                self.not_in_any_string.walk(0, state, step, &mut mask);
                 mask
             }
-            _ => {
+            false => {
                 let mut mask = TokenMask::none(self.num_tokens);
-                self.all.walk(0, state, &mut mask);
+                self.all.walk(0, state, step, &mut mask);
                 mask
             }
         };
+        if complete {
+            self.eos.iter().for_each(|&t| mask.allow(t));
+        }
         if mask.num_allowed() == 0 {
             self.eos.iter().for_each(|&t| mask.allow(t));
         }
@@ -409,19 +435,28 @@ impl JsonVocabulary {
     }
 }
 
-/// [`JsonVocabulary::mask`] memoised by state, for the scheduler's thread.
+/// Schemas whose DFAs are kept at once.
+const MAX_SCHEMAS: usize = 8;
+
+/// [`JsonVocabulary::mask`] memoised by state, and the DFAs of the schemas in use with their own
+/// memoised masks, for the scheduler's thread.
 #[derive(Debug)]
 pub struct JsonMasks {
     vocabulary: Arc<JsonVocabulary>,
     cache: HashMap<JsonState, Arc<TokenMask>>,
     /// Oldest state first, for eviction.
     order: VecDeque<JsonState>,
+    /// Least recently used first. A reader whose DFA was dropped gets a new one.
+    schemas: Vec<SchemaDfa>,
+    /// The next new DFA's generation.
+    num_dfas_made: u64,
 }
 
 impl JsonMasks {
     /// An empty cache over `vocabulary`.
     pub fn new(vocabulary: Arc<JsonVocabulary>) -> Self {
-        Self { vocabulary, cache: HashMap::new(), order: VecDeque::new() }
+        let (cache, order) = (HashMap::new(), VecDeque::new());
+        Self { vocabulary, cache, order, schemas: Vec::new(), num_dfas_made: 0 }
     }
 
     /// The vocabulary.
@@ -444,6 +479,50 @@ impl JsonMasks {
         self.cache.insert(state, Arc::clone(&mask));
         mask
     }
+
+    /// The DFA of `schema` (compact or not), made if none is kept. A schema equal to a kept
+    /// one's shares its DFA: `schema` is then pointed at the kept one's, so that the next lookup
+    /// is a pointer comparison.
+    fn dfa(&mut self, schema: &mut Arc<JsonSchema>, compact: bool) -> &mut SchemaDfa {
+        let same = |dfa: &SchemaDfa| {
+            let (kept, kept_compact) = dfa.key();
+            kept_compact == compact && (Arc::ptr_eq(kept, schema) || **kept == **schema)
+        };
+        let at = match self.schemas.iter().position(same) {
+            Some(at) => at,
+            None => {
+                if self.schemas.len() == MAX_SCHEMAS {
+                    self.schemas.remove(0);
+                }
+                let generation = self.num_dfas_made;
+                self.num_dfas_made += 1;
+                self.schemas.push(SchemaDfa::new(Arc::clone(schema), compact, generation));
+                self.schemas.len() - 1
+            }
+        };
+        // Most recently used last.
+        let dfa = self.schemas.remove(at);
+        *schema = Arc::clone(dfa.key().0);
+        self.schemas.push(dfa);
+        self.schemas.last_mut().expect("just pushed")
+    }
+
+    /// The tokens that may follow `state` of `dfa`.
+    fn schema_mask(vocabulary: &JsonVocabulary, dfa: &mut SchemaDfa, state: u32) -> Arc<TokenMask> {
+        dfa.mask_of(state, |dfa| {
+            let (in_string, complete) = (dfa.is_in_string(state), dfa.is_complete(state));
+            vocabulary.mask_with(state, in_string, complete, &mut |s, b| dfa.step(s, b))
+        })
+    }
+}
+
+/// What a constrained sequence's output is read as.
+#[derive(Clone, Debug)]
+enum Reader {
+    /// One JSON object.
+    Object(JsonState),
+    /// One value of `schema`.
+    Schema { schema: Arc<JsonSchema>, compact: bool, pos: SchemaPos },
 }
 
 /// A constrained sequence's reader and the tokens it allows next.
@@ -453,27 +532,38 @@ pub struct JsonConstraint {
     waits_for: Option<TokenId>,
     /// The output read so far; `None` once a token that could not follow was sampled (then
     /// nothing is constrained any more).
-    pub state: Option<JsonState>,
+    reader: Option<Reader>,
     /// What may be sampled next; `None` while the model thinks.
     allowed: Option<Arc<TokenMask>>,
 }
 
 impl JsonConstraint {
-    /// Nothing generated yet after `prompt` (`compact`: no whitespace outside strings). With
-    /// `thinking` tags the constraint waits for the
-    /// end tag, unless the prompt already closed the thinking (vLLM's rule for its reasoning
-    /// parsers: the last tag of the prompt decides).
+    /// Nothing generated yet after `prompt`, for the output `format` asks for (`None` for
+    /// [`ResponseFormat::Text`], which constrains nothing). With `thinking` tags the constraint
+    /// waits for the end tag, unless the prompt already closed the thinking (vLLM's rule for its
+    /// reasoning parsers: the last tag of the prompt decides).
     pub fn start(
         masks: &mut JsonMasks,
-        compact: bool,
+        format: &ResponseFormat,
         prompt: &[TokenId],
         thinking: Option<ThinkingTags>,
-    ) -> Self {
-        let state = if compact { JsonState::start_compact() } else { JsonState::start() };
-        match thinking.filter(|tags| !tags.ended_in(prompt)) {
-            Some(tags) => Self { waits_for: Some(tags.end), state: Some(state), allowed: None },
-            None => Self { waits_for: None, state: Some(state), allowed: Some(masks.mask(state)) },
-        }
+    ) -> Option<Self> {
+        let mut reader = match format {
+            ResponseFormat::Text => return None,
+            ResponseFormat::JsonObject => Reader::Object(JsonState::start()),
+            ResponseFormat::CompactJsonObject => Reader::Object(JsonState::start_compact()),
+            ResponseFormat::JsonSchema { schema, compact } => {
+                let mut schema = Arc::clone(schema);
+                let pos = masks.dfa(&mut schema, *compact).start();
+                Reader::Schema { schema, compact: *compact, pos }
+            }
+        };
+        let waits_for = thinking.filter(|tags| !tags.ended_in(prompt)).map(|tags| tags.end);
+        let allowed = match waits_for {
+            Some(_) => None,
+            None => Some(Self::mask(&mut reader, masks)),
+        };
+        Some(Self { waits_for, reader: Some(reader), allowed })
     }
 
     /// The tokens that may be sampled next, `None` while the model thinks.
@@ -481,23 +571,72 @@ impl JsonConstraint {
         self.allowed.as_ref()
     }
 
+    /// Whether every token sampled so far was one the constraint allowed (a mask allows a token
+    /// that cannot follow only when nothing else could).
+    pub fn is_followed(&self) -> bool {
+        self.reader.is_some()
+    }
+
     /// After `token` was sampled.
     pub fn advance(&mut self, token: TokenId, masks: &mut JsonMasks) {
         if let Some(end) = self.waits_for {
             if token == end {
                 self.waits_for = None;
-                self.allowed = self.state.map(|state| masks.mask(state));
+                self.allowed = self.reader.as_mut().map(|reader| Self::mask(reader, masks));
             }
             return;
         }
-        let Some(state) = self.state else { return };
-        self.state = masks.vocabulary().advance(state, token);
-        self.allowed = Some(match self.state {
-            Some(state) => masks.mask(state),
+        let Some(reader) = self.reader.take() else { return };
+        self.reader = Self::read(reader, token, masks);
+        self.allowed = Some(match &mut self.reader {
+            Some(reader) => Self::mask(reader, masks),
             None => Arc::new(TokenMask::all(masks.vocabulary().num_tokens())),
         });
+    }
+
+    /// `reader` after `token`, or `None` when the token cannot follow.
+    fn read(reader: Reader, token: TokenId, masks: &mut JsonMasks) -> Option<Reader> {
+        match reader {
+            Reader::Object(state) => masks.vocabulary().advance(state, token).map(Reader::Object),
+            Reader::Schema { mut schema, compact, pos } => {
+                let vocabulary = Arc::clone(&masks.vocabulary);
+                let dfa = masks.dfa(&mut schema, compact);
+                let mut state = dfa.state(&pos);
+                if vocabulary.eos.contains(&token) {
+                    return dfa.is_complete(state).then_some(Reader::Schema {
+                        schema,
+                        compact,
+                        pos,
+                    });
+                }
+                let bytes = vocabulary.token_bytes(token);
+                if bytes.is_empty() {
+                    return None;
+                }
+                for &b in bytes {
+                    state = dfa.step(state, b)?;
+                }
+                let pos = dfa.pos(state);
+                Some(Reader::Schema { schema, compact, pos })
+            }
+        }
+    }
+
+    /// The tokens `reader` allows next (a schema reader's position is renewed if its DFA
+    /// started again).
+    fn mask(reader: &mut Reader, masks: &mut JsonMasks) -> Arc<TokenMask> {
+        match reader {
+            Reader::Object(state) => masks.mask(*state),
+            Reader::Schema { schema, compact, pos } => {
+                let vocabulary = Arc::clone(&masks.vocabulary);
+                let dfa = masks.dfa(schema, *compact);
+                let state = dfa.state(pos);
+                *pos = dfa.pos(state);
+                JsonMasks::schema_mask(&vocabulary, dfa, state)
+            }
+        }
     }
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -16,6 +16,7 @@
 mod exchange;
 mod json_lex;
 pub mod json_mode;
+mod json_schema;
 mod policy;
 mod seq;
 mod stop;

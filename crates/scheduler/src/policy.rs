@@ -7,8 +7,8 @@ use crate::{
 };
 use routed_cache::{CacheRequest, CommitEntry, SlotRequest};
 use routed_types::{
-    BlockRef, FinishReason, ResponseFormat, SampledToken, ScheduledSeq, SeqContext, SeqId, StepId,
-    StepOutput, StepPlan, TokenCounts, TokenId,
+    BlockRef, FinishReason, SampledToken, ScheduledSeq, SeqContext, SeqId, StepId, StepOutput,
+    StepPlan, TokenCounts, TokenId,
 };
 use std::{
     collections::{HashMap, VecDeque},
@@ -176,10 +176,9 @@ impl Scheduler {
                 }
             });
             let mut seq = Seq::waiting(s, history);
-            if let Some(masks) = self.json.as_mut().filter(|_| seq.params.is_constrained()) {
-                let compact = seq.params.response_format == ResponseFormat::CompactJsonObject;
-                let thinking = seq.params.thinking_tags;
-                seq.json = Some(JsonConstraint::start(masks, compact, &seq.prompt, thinking));
+            if let Some(masks) = self.json.as_mut() {
+                let (format, thinking) = (&seq.params.response_format, seq.params.thinking_tags);
+                seq.json = JsonConstraint::start(masks, format, &seq.prompt, thinking);
             }
             self.seqs.insert(seq.id, seq);
         }

@@ -114,25 +114,21 @@ fn constraints_that_are_not_served_are_refused_by_name() {
     let s = TestServer::start(test_config(MODEL));
     let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
     let completion = json!({"prompt": "hi", "max_tokens": 4});
-    let schema =
-        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}});
     for base in [&chat, &completion] {
         let route =
             if base.get("messages").is_some() { "/v1/chat/completions" } else { "/v1/completions" };
         for (field, value, param, code) in [
-            ("response_format", schema.clone(), "response_format.type", "unsupported_parameter"),
             ("response_format", json!({"type": "xml"}), "response_format.type", "invalid_value"),
+            (
+                "response_format",
+                json!({"type": "structural_tag"}),
+                "response_format.type",
+                "unsupported_parameter",
+            ),
             ("response_format", json!({}), "response_format.type", "missing_required_parameter"),
             ("response_format", json!("json_object"), "response_format", "invalid_type"),
             ("response_format", json!({"type": 1}), "response_format.type", "invalid_value"),
-            ("guided_json", json!({"type": "object"}), "guided_json", "unsupported_parameter"),
             ("guided_regex", json!("a+"), "guided_regex", "unsupported_parameter"),
-            (
-                "structured_outputs",
-                json!({"json": {}}),
-                "structured_outputs.json",
-                "unsupported_parameter",
-            ),
             (
                 "structured_outputs",
                 json!({"regex": "a+"}),
@@ -157,7 +153,7 @@ fn constraints_that_are_not_served_are_refused_by_name() {
             );
         }
     }
-    for field in ["json_schema", "regex", "ebnf"] {
+    for field in ["regex", "ebnf", "structural_tag"] {
         let body =
             json!({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, field: "{}"}});
         let error = s.post("/generate", &body).error(400, "invalid_request_error");

@@ -6,6 +6,7 @@
 
 mod history;
 mod ids;
+mod json_schema;
 mod mask;
 mod routing;
 mod sampling;
@@ -15,6 +16,7 @@ pub use history::{TokenCount, TokenCounts};
 pub use ids::{
     BlockGeneration, BlockHash, BlockId, BlockRef, RequestId, SeqId, SnapshotSlotId, TokenId,
 };
+pub use json_schema::{JsonSchema, Property, SchemaNode, SchemaNodeId};
 pub use mask::TokenMask;
 pub use routing::{ExpertId, RoutingMeta, RoutingRows};
 pub use sampling::{

@@ -1,8 +1,8 @@
 //! Per-request sampling parameters, their ranges, and the reasons a request ends.
 
-use std::cmp::Ordering;
+use std::{cmp::Ordering, sync::Arc};
 
-use crate::TokenId;
+use crate::{JsonSchema, TokenId};
 
 /// Most top alternatives per token a request may ask for, for sampled tokens (`logprobs`) and
 /// prompt tokens (`prompt_logprobs`) alike: OpenAI's and vLLM's limit.
@@ -93,7 +93,7 @@ impl ThinkingTags {
 }
 
 /// What a request's output must be (OpenAI's `response_format`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ResponseFormat {
     /// Any text.
     #[default]
@@ -104,6 +104,15 @@ pub enum ResponseFormat {
     /// [`Self::JsonObject`] without whitespace outside strings (vLLM's
     /// `disable_any_whitespace`).
     CompactJsonObject,
+    /// One JSON value of `schema` (`{"type": "json_schema"}`), each token chosen among those
+    /// that keep the output a prefix of such a value, EOS only once it is whole; `compact`: no
+    /// whitespace outside strings.
+    JsonSchema {
+        /// The schema, reduced to the shape it gives the value.
+        schema: Arc<JsonSchema>,
+        /// No whitespace outside strings.
+        compact: bool,
+    },
 }
 
 impl Default for SamplingParams {
@@ -221,6 +230,13 @@ impl SamplingParams {
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad("min_p", format!("min_p must be in [0, 1], got {}", self.min_p));
         }
+        if let ResponseFormat::JsonSchema { schema, .. } = &self.response_format
+            && !schema.is_well_formed()
+        {
+            let message =
+                "response_format's JSON schema is empty or names nodes it does not have".into();
+            return bad("response_format", message);
+        }
         self.check_logit_bias(vocab_size)
     }
 
@@ -288,7 +304,7 @@ pub struct SamplingError {
 impl SamplingError {
     /// Every name [`SamplingParams::check`] gives a field, so a gateway can tell a sampling
     /// field from the engine's other checks (`/generate` nests these under `sampling_params`).
-    pub const PARAMS: [&'static str; 12] = [
+    pub const PARAMS: [&'static str; 13] = [
         "temperature",
         "top_p",
         "top_k",
@@ -301,6 +317,7 @@ impl SamplingError {
         "prompt_logprobs",
         "min_tokens",
         "stop",
+        "response_format",
     ];
 }
 
@@ -413,6 +430,15 @@ mod tests {
             ("logit_bias", |p| p.logit_bias = vec![(5, 100.5)]),
             ("logit_bias", |p| p.logit_bias = vec![(5, -101.0)]),
             ("logit_bias", |p| p.logit_bias = vec![(5, f32::NAN)]),
+            ("response_format", |p| {
+                let schema = Arc::new(JsonSchema { nodes: Vec::new() });
+                p.response_format = ResponseFormat::JsonSchema { schema, compact: false }
+            }),
+            ("response_format", |p| {
+                let nodes = vec![crate::SchemaNode::AnyOf(vec![crate::SchemaNodeId(1)])];
+                let schema = Arc::new(JsonSchema { nodes });
+                p.response_format = ResponseFormat::JsonSchema { schema, compact: true }
+            }),
             ("logit_bias", |p| p.logit_bias = vec![(5, 1.0), (5, 2.0)]),
             ("logit_bias", |p| p.logit_bias = vec![(7, 1.0), (5, 2.0)]),
         ];

@@ -301,7 +301,7 @@ mod tests {
         }
         let context = SeqContext { allowed: Some(Arc::new(allowed)), ..history(&[1], &[]) };
         let json = ResponseFormat::JsonObject;
-        let greedy = SamplingParams { response_format: json, ..SamplingParams::greedy(1) };
+        let greedy = SamplingParams { response_format: json.clone(), ..SamplingParams::greedy(1) };
         let top_p = SamplingParams { top_p: 0.9, top_k: Some(40), ..Default::default() };
         let seeded = SamplingParams { seed: 11, response_format: json, ..top_p };
         let penalised = SamplingParams { repetition_penalty: 1.5, ..seeded.clone() };

@@ -81,6 +81,13 @@ fn nesting_stops_at_the_depth_limit() {
 /// A small vocabulary of JSON fragments (and some that fit nowhere), with EOS and a special
 /// token.
 fn vocabulary() -> (Vec<Option<Vec<u8>>>, Arc<JsonVocabulary>, JsonMasks) {
+    vocabulary_with(&[])
+}
+
+/// [`vocabulary`]'s tokens and `extra` ones, then the special token and EOS (the last).
+pub(crate) fn vocabulary_with(
+    extra: &[&str],
+) -> (Vec<Option<Vec<u8>>>, Arc<JsonVocabulary>, JsonMasks) {
     let mut tokens: Vec<Option<Vec<u8>>> = [
         "{",
         "}",
@@ -146,6 +153,7 @@ fn vocabulary() -> (Vec<Option<Vec<u8>>>, Arc<JsonVocabulary>, JsonMasks) {
         "a\\\"b",
     ]
     .iter()
+    .chain(extra)
     .map(|s| Some(s.as_bytes().to_vec()))
     .collect();
     tokens.push(Some(vec![0xE4])); // a character's first byte alone
@@ -177,7 +185,8 @@ fn generate(
     max: usize,
 ) -> (Vec<TokenId>, bool) {
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut constraint = JsonConstraint::start(masks, false, &[], None);
+    let mut constraint =
+        JsonConstraint::start(masks, &ResponseFormat::JsonObject, &[], None).unwrap();
     let mut out = Vec::new();
     while out.len() < max {
         let mask = constraint.allowed().expect("no thinking to wait for");
@@ -192,7 +201,7 @@ fn generate(
         }
         out.push(token);
         constraint.advance(token, masks);
-        assert!(constraint.state.is_some(), "a token the mask allowed did not read");
+        assert!(constraint.is_followed(), "a token the mask allowed did not read");
     }
     (out, false)
 }
@@ -242,11 +251,11 @@ fn every_finished_walk_is_a_json_object() {
 #[test]
 fn a_token_that_cannot_follow_frees_the_sequence_and_masks_are_shared_by_state() {
     let (tokens, _, mut masks) = vocabulary();
-    let mut a = JsonConstraint::start(&mut masks, false, &[], None);
-    let b = JsonConstraint::start(&mut masks, false, &[], None);
+    let mut a = JsonConstraint::start(&mut masks, &ResponseFormat::JsonObject, &[], None).unwrap();
+    let b = JsonConstraint::start(&mut masks, &ResponseFormat::JsonObject, &[], None).unwrap();
     assert!(Arc::ptr_eq(a.allowed().unwrap(), b.allowed().unwrap()));
     a.advance(17, &mut masks); // `a` cannot start the output
-    assert_eq!(a.state, None);
+    assert!(!a.is_followed());
     assert_eq!(a.allowed().unwrap().num_allowed(), tokens.len());
 }
 

@@ -1,10 +1,12 @@
 //! `/generate` bodies (SGLang names) to engine requests.
 
-use routed_types::{SamplingParams, check_num_logprobs};
+use std::sync::Arc;
+
+use routed_types::{ResponseFormat, SamplingParams, check_num_logprobs};
 use serde_json::Value;
 
 use super::prompt::PromptInput;
-use super::sampling::{SamplingFields, sampling};
+use super::sampling::{SamplingFields, sampling, schema_of};
 use super::{BatchNames, Job, WireNames, cache_namespace, check_batch, check_request, request};
 use crate::AppState;
 use crate::error::ApiError;
@@ -201,22 +203,23 @@ fn entry_sampling(
     logprobs: Option<u32>,
     prompt_logprobs: Option<u32>,
 ) -> Result<SamplingParams, ApiError> {
-    let constraints = [
-        ("json_schema", &sp.json_schema),
-        ("regex", &sp.regex),
-        ("ebnf", &sp.ebnf),
-        ("structural_tag", &sp.structural_tag),
-    ];
+    let constraints =
+        [("regex", &sp.regex), ("ebnf", &sp.ebnf), ("structural_tag", &sp.structural_tag)];
     if let Some((name, _)) =
         constraints.iter().find(|(_, v)| v.as_ref().is_some_and(|v| !v.is_null()))
     {
         return Err(ApiError::unsupported(
             &format!("sampling_params.{name}"),
-            format!(
-                "sampling_params.{name} is not supported: constrained output is served on the OpenAI routes' response_format json_object"
-            ),
+            format!("sampling_params.{name} is not supported; sampling_params.json_schema is"),
         ));
     }
+    let response_format = match sp.json_schema.as_ref().filter(|v| !v.is_null()) {
+        Some(schema) => {
+            let schema = Arc::new(schema_of(schema, "sampling_params.json_schema")?);
+            ResponseFormat::JsonSchema { schema, compact: false }
+        }
+        None => ResponseFormat::Text,
+    };
     let fields = SamplingFields {
         temperature: sp.temperature,
         top_p: sp.top_p,
@@ -237,7 +240,9 @@ fn entry_sampling(
         prefix: "sampling_params.",
     };
     let max_tokens = sp.max_new_tokens.unwrap_or(128);
-    sampling(fields, max_tokens, logprobs, state.default_seed())
+    let params = sampling(fields, max_tokens, logprobs, state.default_seed())?;
+    let thinking_tags = super::thinking_tags(state, &response_format);
+    Ok(SamplingParams { response_format, thinking_tags, ..params })
 }
 
 /// Validates a `/generate` body. Routing, when returned, is always raw int32. Each prompt of a

@@ -11,6 +11,7 @@
 
 mod chat;
 mod generate;
+mod json_schema;
 mod prompt;
 mod sampling;
 
@@ -176,6 +177,10 @@ impl WireNames {
             "prompt_logprobs" => self.prompt_logprobs.into(),
             "routed_experts_start_len" => self.routing_start.into(),
             "n" => format!("{}n", self.sampling_prefix).into(),
+            // SGLang's field for the one output format `/generate` takes.
+            "response_format" if !self.sampling_prefix.is_empty() => {
+                format!("{}json_schema", self.sampling_prefix).into()
+            }
             p if !self.sampling_prefix.is_empty() && SamplingError::PARAMS.contains(&p) => {
                 format!("{}{p}", self.sampling_prefix).into()
             }
@@ -323,11 +328,17 @@ fn output_format(
     body: &Value,
 ) -> Result<(ResponseFormat, Option<ThinkingTags>), ApiError> {
     let format = sampling::response_format(body)?;
-    let tags = match (format, state.reasoning_parser()) {
+    let tags = thinking_tags(state, &format);
+    Ok((format, tags))
+}
+
+/// The thinking tags a constraint of `format` waits for: with a reasoning parser, as vLLM's
+/// reasoning parsers have it, a constraint applies to the answer after the thinking.
+fn thinking_tags(state: &AppState, format: &ResponseFormat) -> Option<ThinkingTags> {
+    match (format, state.reasoning_parser()) {
         (ResponseFormat::Text, _) | (_, None) => None,
         (_, Some(parser)) => parser.thinking_tags(state.tokenizer()),
-    };
-    Ok((format, tags))
+    }
 }
 
 /// The engine request for one prompt, sampling `n` continuations.

@@ -2,9 +2,12 @@
 //! Their ranges are the engine's rules ([`SamplingParams::check`]), which `check_request` runs
 //! and names as the route does.
 
-use routed_types::{ResponseFormat, SamplingParams, TokenId};
+use std::sync::Arc;
+
+use routed_types::{JsonSchema, ResponseFormat, SamplingParams, TokenId};
 use serde_json::{Map, Value};
 
+use super::json_schema::reduce;
 use crate::error::ApiError;
 use crate::wire::StopField;
 
@@ -80,41 +83,85 @@ pub(crate) fn sampling(
     })
 }
 
-/// vLLM's older structured-output fields, none of which is served: refused rather than ignored,
-/// so that a client never takes an unconstrained answer for a constrained one.
-/// (`guided_decoding_backend` only names an implementation, and is accepted.)
-const GUIDED_FIELDS: [&str; 5] =
-    ["guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern"];
+/// vLLM's older structured-output fields other than `guided_json`, none of which is served:
+/// refused rather than ignored, so that a client never takes an unconstrained answer for a
+/// constrained one. (`guided_decoding_backend` only names an implementation, and is accepted.)
+const GUIDED_REFUSED: [&str; 4] =
+    ["guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern"];
 
-/// Constraints of vLLM's `structured_outputs` other than `json_object`, refused by name.
-const STRUCTURED_OUTPUTS_REFUSED: [&str; 6] =
-    ["json", "regex", "choice", "grammar", "structural_tag", "whitespace_pattern"];
+/// Constraints of vLLM's `structured_outputs` other than `json` and `json_object`, refused by
+/// name.
+const STRUCTURED_OUTPUTS_REFUSED: [&str; 5] =
+    ["regex", "choice", "grammar", "structural_tag", "whitespace_pattern"];
 
-/// The output format a request asks for: OpenAI's `response_format` (on both OpenAI routes, as
-/// vLLM takes it), `{"type": "text"}` or `{"type": "json_object"}`, or vLLM's
-/// `structured_outputs: {"json_object": true}`, compact with its `disable_any_whitespace`. A JSON
-/// schema, and vLLM's other ways to constrain the output, are a 400 naming the field.
+/// What one of a request's fields asks the output to be.
+enum Constraint {
+    /// One JSON object.
+    Object,
+    /// One value of a schema.
+    Schema(JsonSchema),
+}
+
+/// The output format a request asks for, by one of: OpenAI's `response_format` (on both OpenAI
+/// routes, as vLLM takes it: `text`, `json_object`, or `json_schema` with its `schema`), vLLM's
+/// `structured_outputs` (`json_object: true`, or `json` with a schema; compact with its
+/// `disable_any_whitespace`) or its older `guided_json`. A schema is reduced to what the reader
+/// follows ([`super::json_schema`]); vLLM's other ways to constrain the output are a 400 naming
+/// the field, and so are two constraints at once.
 pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> {
-    if let Some(field) = GUIDED_FIELDS.iter().find(|f| body.get(**f).is_some_and(|v| !v.is_null()))
-    {
+    let given = |f: &str| body.get(f).is_some_and(|v| !v.is_null());
+    if let Some(field) = GUIDED_REFUSED.iter().find(|f| given(f)) {
         return Err(ApiError::unsupported(
             field,
-            format!("{field} is not supported; response_format {{\"type\": \"json_object\"}} is"),
+            format!("{field} is not supported; response_format json_object and json_schema are"),
         ));
     }
     let (structured, compact) = structured_outputs(body)?;
-    let json = structured || openai_response_format(body)?;
-    Ok(match (json, compact) {
-        (false, _) => ResponseFormat::Text,
-        (true, false) => ResponseFormat::JsonObject,
-        (true, true) => ResponseFormat::CompactJsonObject,
+    let guided = match body.get("guided_json").filter(|v| !v.is_null()) {
+        Some(schema) => Some(Constraint::Schema(schema_of(schema, "guided_json")?)),
+        None => None,
+    };
+    let openai = openai_response_format(body)?;
+    let mut asked = [("structured_outputs", structured), ("guided_json", guided)]
+        .into_iter()
+        .chain([("response_format", openai)])
+        .filter_map(|(field, c)| c.map(|c| (field, c)));
+    let Some((first, constraint)) = asked.next() else { return Ok(ResponseFormat::Text) };
+    if let Some((second, _)) = asked.next() {
+        return Err(ApiError::invalid(
+            second,
+            format!("{first} and {second} both constrain the output: give one of them"),
+        ));
+    }
+    Ok(match (constraint, compact) {
+        (Constraint::Object, false) => ResponseFormat::JsonObject,
+        (Constraint::Object, true) => ResponseFormat::CompactJsonObject,
+        (Constraint::Schema(schema), compact) => {
+            ResponseFormat::JsonSchema { schema: Arc::new(schema), compact }
+        }
     })
 }
 
-/// Whether OpenAI's `response_format` asks for a JSON object.
-fn openai_response_format(body: &Value) -> Result<bool, ApiError> {
+/// A schema given as a JSON object (or boolean), or as the JSON text of one, reduced.
+pub(crate) fn schema_of(value: &Value, param: &str) -> Result<JsonSchema, ApiError> {
+    match value {
+        Value::String(text) => match serde_json::from_str::<Value>(text) {
+            Ok(schema) => reduce(&schema, param),
+            Err(e) => Err(ApiError::invalid(param, format!("{param} is not JSON: {e}"))),
+        },
+        schema @ (Value::Object(_) | Value::Bool(_)) => reduce(schema, param),
+        other => Err(ApiError::InvalidRequest {
+            message: format!("{param} must be a JSON schema (an object), got {other}"),
+            param: Some(param.to_owned()),
+            code: "invalid_type",
+        }),
+    }
+}
+
+/// What OpenAI's `response_format` asks for, if anything.
+fn openai_response_format(body: &Value) -> Result<Option<Constraint>, ApiError> {
     let Some(format) = body.get("response_format").filter(|v| !v.is_null()) else {
-        return Ok(false);
+        return Ok(None);
     };
     if !format.is_object() {
         return Err(ApiError::InvalidRequest {
@@ -129,26 +176,42 @@ fn openai_response_format(body: &Value) -> Result<bool, ApiError> {
         return Err(ApiError::missing("response_format.type", "response_format needs a type"));
     };
     match kind.as_str() {
-        Some("text") => Ok(false),
-        Some("json_object") => Ok(true),
-        Some(other @ ("json_schema" | "structural_tag")) => Err(ApiError::unsupported(
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Constraint::Object)),
+        Some("json_schema") => {
+            let Some(spec) = format.get("json_schema").filter(|v| v.is_object()) else {
+                return Err(ApiError::missing(
+                    "response_format.json_schema",
+                    "response_format json_schema needs a json_schema object with its schema",
+                ));
+            };
+            // OpenAI's `schema` is optional: without one, any JSON value.
+            let any = Value::Bool(true);
+            let schema = spec.get("schema").filter(|v| !v.is_null()).unwrap_or(&any);
+            Ok(Some(Constraint::Schema(schema_of(schema, "response_format.json_schema.schema")?)))
+        }
+        Some(other @ "structural_tag") => Err(ApiError::unsupported(
             "response_format.type",
-            format!("response_format {other:?} is not supported; \"text\" and \"json_object\" are"),
+            format!(
+                "response_format {other:?} is not supported; \"text\", \"json_object\" and \"json_schema\" are"
+            ),
         )),
         _ => Err(ApiError::invalid(
             "response_format.type",
-            format!("response_format.type must be \"text\" or \"json_object\", got {kind}"),
+            format!(
+                "response_format.type must be \"text\", \"json_object\" or \"json_schema\", got {kind}"
+            ),
         )),
     }
 }
 
-/// vLLM's `structured_outputs`: whether it asks for a JSON object (`json_object: true`) and for
-/// no whitespace outside strings (`disable_any_whitespace: true`, which, as in vLLM, only shapes
-/// a structured output). Its other constraints are a 400 naming the key; its other switches
-/// concern schemas and backends, and change nothing here.
-fn structured_outputs(body: &Value) -> Result<(bool, bool), ApiError> {
+/// vLLM's `structured_outputs`: what it asks for (`json_object: true`, or `json` with a schema)
+/// and whether without whitespace outside strings (`disable_any_whitespace: true`, which, as in
+/// vLLM, only shapes a structured output). Its other constraints are a 400 naming the key; its
+/// other switches concern backends, and change nothing here.
+fn structured_outputs(body: &Value) -> Result<(Option<Constraint>, bool), ApiError> {
     let Some(value) = body.get("structured_outputs").filter(|v| !v.is_null()) else {
-        return Ok((false, false));
+        return Ok((None, false));
     };
     let Some(fields) = value.as_object() else {
         return Err(ApiError::InvalidRequest {
@@ -162,10 +225,24 @@ fn structured_outputs(body: &Value) -> Result<(bool, bool), ApiError> {
         let param = format!("structured_outputs.{key}");
         return Err(ApiError::unsupported(
             &param,
-            format!("{param} is not supported; structured_outputs.json_object is"),
+            format!("{param} is not supported; structured_outputs.json and json_object are"),
         ));
     }
-    Ok((set("json_object"), set("disable_any_whitespace")))
+    let constraint = match (fields.get("json").filter(|v| !v.is_null()), set("json_object")) {
+        (Some(_), true) => {
+            return Err(ApiError::invalid(
+                "structured_outputs",
+                "structured_outputs.json and structured_outputs.json_object both constrain the \
+                 output: give one of them",
+            ));
+        }
+        (Some(schema), false) => {
+            Some(Constraint::Schema(schema_of(schema, "structured_outputs.json")?))
+        }
+        (None, true) => Some(Constraint::Object),
+        (None, false) => None,
+    };
+    Ok((constraint, set("disable_any_whitespace")))
 }
 
 /// OpenAI's `logit_bias`: token ids as the JSON keys they must be, each with a number; sorted by

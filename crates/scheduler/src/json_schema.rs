@@ -1,0 +1,550 @@
+//! `response_format: {"type": "json_schema"}`: the output is kept a prefix of one JSON value of a
+//! schema ([`JsonSchema`], reduced by the gateway to the shape it gives the value).
+//!
+//! The reader is a pushdown automaton run as a set of configurations (an NFA): a configuration
+//! is a stack of [`Frame`]s, and where the schema leaves a choice open (`anyOf`, an `enum`'s
+//! literals sharing a first byte, the optional properties a key may name) each alternative is a
+//! configuration of its own until the bytes rule it out. Sets are interned as the states of a
+//! lazily built DFA ([`SchemaDfa`]): a state's successor on each byte is computed once and kept
+//! in a 256-entry row, so the vocabulary walk that makes a state's mask costs one table read per
+//! trie edge, and the masks themselves are memoised by state.
+//!
+//! Properties come in the schema's order; an optional one may be left out; keys the schema does
+//! not list are not written (an object without listed properties is a map of any keys).
+//! Whitespace may stand between JSON's tokens as in `json_object` (none with `compact`).
+
+use crate::json_lex::{Num, StrPos, StrStep};
+use routed_types::{JsonSchema, SchemaNode, SchemaNodeId as Node, TokenMask};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+};
+
+/// Deepest nesting of a configuration's stack; deeper values are not read.
+const MAX_DEPTH: usize = 64;
+
+/// `anyOf` alternatives followed before a byte is read (a schema whose `anyOf` refers to itself
+/// without reading a byte stops here).
+const MAX_ALTERNATIVE_DEPTH: usize = 16;
+
+/// DFA states kept before the DFA starts again from nothing: a row is 1 KiB, so a DFA holds at
+/// most 4 MiB of rows (a schema's values typically visit a few hundred states).
+const MAX_STATES: usize = 1 << 12;
+
+/// Masks kept per DFA.
+const MASK_CACHE_CAPACITY: usize = 256;
+
+/// A transition not computed yet.
+const UNKNOWN: u32 = u32::MAX;
+
+/// A transition to no configuration: the byte cannot follow.
+const DEAD: u32 = u32::MAX - 1;
+
+/// The literals a value of any type may be.
+const ANY_LITERALS: [&str; 3] = ["true", "false", "null"];
+
+/// Where a container is between its tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Phase {
+    /// After the opening bracket.
+    Open,
+    /// After a comma.
+    Comma,
+    /// After a key (of property `prop` in an object): a colon.
+    Colon { prop: u16 },
+    /// After a value: a comma or the closing bracket.
+    After,
+}
+
+/// One level of a configuration's stack: what is being read there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Frame {
+    /// A value of `node` comes next.
+    Value(Node),
+    /// Inside a string: a value, or a map's key (the map then waits for its colon).
+    Str(StrPos),
+    /// Inside a number.
+    Num { integer: bool, pos: Num },
+    /// `at` bytes into literal `index` of `node`.
+    Lit { node: Node, index: u16, at: u16 },
+    /// Inside an object of `node`; properties before `next` are behind.
+    Obj { node: Node, next: u16, phase: Phase },
+    /// `at` bytes into property `prop`'s key of the object of `node` (quotes included).
+    Key { node: Node, prop: u16, at: u16 },
+    /// Inside a map of `node`.
+    Map { node: Node, phase: Phase },
+    /// Inside an array of `node`, `count` items read (counted up to the node's bound).
+    Arr { node: Node, count: u16, phase: Phase },
+}
+
+/// A configuration: the stack, outermost first. Empty once the whole value is read.
+type Config = Vec<Frame>;
+
+/// A set of configurations, sorted and without repeats: a DFA state.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Configs(Vec<Config>);
+
+fn is_whitespace(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// The NFA over one schema: what a byte does to a configuration.
+#[derive(Debug)]
+struct Reader {
+    schema: Arc<JsonSchema>,
+    compact: bool,
+}
+
+impl Reader {
+    /// Nothing read yet.
+    fn start(&self) -> Configs {
+        Configs(vec![vec![Frame::Value(JsonSchema::ROOT)]])
+    }
+
+    /// The configurations after `b`, from each of `from`'s.
+    fn step(&self, from: &Configs, b: u8) -> Configs {
+        let mut out = Vec::new();
+        for config in &from.0 {
+            self.feed(config.clone(), b, 0, &mut out);
+        }
+        out.sort_unstable();
+        out.dedup();
+        Configs(out)
+    }
+
+    /// Whether `config` has read a whole value: nothing left, or a number at the top level
+    /// that may end here.
+    fn is_complete(config: &[Frame]) -> bool {
+        match config {
+            [] => true,
+            [Frame::Num { pos, .. }] => pos.may_end(),
+            _ => false,
+        }
+    }
+
+    /// Reads `b` in `config`, pushing the configurations it leads to onto `out`.
+    fn feed(&self, mut config: Config, b: u8, depth: usize, out: &mut Vec<Config>) {
+        let Some(&top) = config.last() else { return };
+        let whitespace = is_whitespace(b);
+        match top {
+            Frame::Value(node) => {
+                if whitespace {
+                    return self.keep_if(!self.compact, config, out);
+                }
+                config.pop();
+                self.begin_value(config, node, b, depth, out);
+            }
+            Frame::Str(pos) => match pos.next(b) {
+                Some(StrStep::In(pos)) => self.replace(config, Frame::Str(pos), out),
+                Some(StrStep::Closed) => self.pop(config, out),
+                None => {}
+            },
+            Frame::Num { integer, pos } => {
+                let next =
+                    pos.next(b).filter(|next| !integer || matches!(next, Num::Int | Num::Zero));
+                match next {
+                    Some(pos) => self.replace(config, Frame::Num { integer, pos }, out),
+                    // The byte after a number is read as what follows the value.
+                    None if pos.may_end() && config.len() > 1 => {
+                        config.pop();
+                        self.feed(config, b, depth, out);
+                    }
+                    None => {}
+                }
+            }
+            Frame::Lit { node, index, at } => {
+                let text = self.literal(node, index);
+                if text[at as usize] != b {
+                    return;
+                }
+                match at as usize + 1 == text.len() {
+                    true => self.pop(config, out),
+                    false => self.replace(config, Frame::Lit { node, index, at: at + 1 }, out),
+                }
+            }
+            Frame::Key { node, prop, at } => {
+                let key = self.properties(node)[prop as usize].key.as_bytes();
+                if key[at as usize] != b {
+                    return;
+                }
+                match at as usize + 1 == key.len() {
+                    true => self.pop(config, out),
+                    false => self.replace(config, Frame::Key { node, prop, at: at + 1 }, out),
+                }
+            }
+            _ if whitespace => self.keep_if(!self.compact, config, out),
+            Frame::Obj { .. } => self.object_byte(config, b, out),
+            Frame::Map { .. } => self.map_byte(config, b, out),
+            Frame::Arr { .. } => self.array_byte(config, b, depth, out),
+        }
+    }
+
+    /// The first byte of a value of `node`, read with `config` below it.
+    fn begin_value(&self, config: Config, node: Node, b: u8, depth: usize, out: &mut Vec<Config>) {
+        match self.schema.node(node) {
+            SchemaNode::AnyOf(alternatives) => {
+                if depth == MAX_ALTERNATIVE_DEPTH {
+                    return;
+                }
+                for &alternative in alternatives {
+                    self.begin_value(config.clone(), alternative, b, depth + 1, out);
+                }
+            }
+            SchemaNode::Any => match b {
+                b'{' => self.push(config, Frame::Map { node, phase: Phase::Open }, out),
+                b'[' => self.push(config, Frame::Arr { node, count: 0, phase: Phase::Open }, out),
+                b'"' => self.push(config, Frame::Str(StrPos::Chars), out),
+                b't' | b'f' | b'n' => self.begin_literals(config, node, b, out),
+                _ => self.begin_number(config, false, b, out),
+            },
+            SchemaNode::Literals(_) => self.begin_literals(config, node, b, out),
+            SchemaNode::String if b == b'"' => self.push(config, Frame::Str(StrPos::Chars), out),
+            SchemaNode::Number { integer } => self.begin_number(config, *integer, b, out),
+            SchemaNode::Array { .. } if b == b'[' => {
+                self.push(config, Frame::Arr { node, count: 0, phase: Phase::Open }, out)
+            }
+            SchemaNode::Object { .. } if b == b'{' => {
+                self.push(config, Frame::Obj { node, next: 0, phase: Phase::Open }, out)
+            }
+            SchemaNode::Map { .. } if b == b'{' => {
+                self.push(config, Frame::Map { node, phase: Phase::Open }, out)
+            }
+            _ => {}
+        }
+    }
+
+    fn begin_number(&self, config: Config, integer: bool, b: u8, out: &mut Vec<Config>) {
+        let pos = match b {
+            b'-' => Num::Minus,
+            b'0' => Num::Zero,
+            b'1'..=b'9' => Num::Int,
+            _ => return,
+        };
+        self.push(config, Frame::Num { integer, pos }, out);
+    }
+
+    /// Every literal of `node` that starts with `b`, one configuration each.
+    fn begin_literals(&self, config: Config, node: Node, b: u8, out: &mut Vec<Config>) {
+        for index in 0..self.num_literals(node) {
+            let text = self.literal(node, index as u16);
+            if text[0] != b {
+                continue;
+            }
+            let mut config = config.clone();
+            if text.len() > 1 {
+                config.push(Frame::Lit { node, index: index as u16, at: 1 });
+            }
+            self.keep_if(config.len() <= MAX_DEPTH, config, out);
+        }
+    }
+
+    /// A byte between an object's tokens (`config`'s top is the object).
+    fn object_byte(&self, mut config: Config, b: u8, out: &mut Vec<Config>) {
+        let Some(&Frame::Obj { node, next, phase }) = config.last() else { return };
+        let properties = self.properties(node);
+        // The properties a key may name now: each optional one up to the first required.
+        let next_keys = || {
+            let from = next as usize;
+            let last = properties[from..].iter().position(|p| p.required).map(|i| from + i);
+            from..last.map_or(properties.len(), |i| i + 1)
+        };
+        let may_close = || properties[next as usize..].iter().all(|p| !p.required);
+        match (phase, b) {
+            (Phase::Open | Phase::Comma, b'"') => {
+                for prop in next_keys() {
+                    let mut config = config.clone();
+                    let phase = Phase::Colon { prop: prop as u16 };
+                    *config.last_mut().expect("the object") = Frame::Obj { node, next, phase };
+                    self.push(config, Frame::Key { node, prop: prop as u16, at: 1 }, out);
+                }
+            }
+            (Phase::Open, b'}') | (Phase::After, b'}') if may_close() => self.pop(config, out),
+            (Phase::After, b',') if !next_keys().is_empty() => {
+                self.replace(config, Frame::Obj { node, next, phase: Phase::Comma }, out)
+            }
+            (Phase::Colon { prop }, b':') => {
+                let value = properties[prop as usize].value;
+                let next = prop + 1;
+                *config.last_mut().expect("the object") =
+                    Frame::Obj { node, next, phase: Phase::After };
+                self.push(config, Frame::Value(value), out);
+            }
+            _ => {}
+        }
+    }
+
+    /// A byte between a map's tokens (`config`'s top is the map).
+    fn map_byte(&self, mut config: Config, b: u8, out: &mut Vec<Config>) {
+        let Some(&Frame::Map { node, phase }) = config.last() else { return };
+        let values = match self.schema.node(node) {
+            SchemaNode::Map { values } => *values,
+            _ => node,
+        };
+        let set = |config: &mut Config, phase| {
+            *config.last_mut().expect("the map") = Frame::Map { node, phase };
+        };
+        match (phase, b) {
+            (Phase::Open | Phase::Comma, b'"') => {
+                set(&mut config, Phase::Colon { prop: 0 });
+                self.push(config, Frame::Str(StrPos::Chars), out);
+            }
+            (Phase::Open | Phase::After, b'}') => self.pop(config, out),
+            (Phase::After, b',') => {
+                set(&mut config, Phase::Comma);
+                out.push(config);
+            }
+            (Phase::Colon { .. }, b':') => {
+                set(&mut config, Phase::After);
+                self.push(config, Frame::Value(values), out);
+            }
+            _ => {}
+        }
+    }
+
+    /// A byte between an array's tokens (`config`'s top is the array): an item's first byte
+    /// too.
+    fn array_byte(&self, mut config: Config, b: u8, depth: usize, out: &mut Vec<Config>) {
+        let Some(&Frame::Arr { node, count, phase }) = config.last() else { return };
+        let (items, min, max) = match self.schema.node(node) {
+            SchemaNode::Array { items, min_items, max_items } => (*items, *min_items, *max_items),
+            _ => (node, 0, None),
+        };
+        // Counted up to the larger bound: past it, more items change nothing.
+        let bound = max.unwrap_or(min).min(u32::from(u16::MAX)) as u16;
+        match (phase, b) {
+            (Phase::Open | Phase::After, b']') if u32::from(count) >= min => self.pop(config, out),
+            (Phase::After, b',') if max.is_none_or(|max| u32::from(count) < max) => {
+                *config.last_mut().expect("the array") =
+                    Frame::Arr { node, count, phase: Phase::Comma };
+                out.push(config);
+            }
+            (Phase::Open | Phase::Comma, _) if max.is_none_or(|max| u32::from(count) < max) => {
+                let count = count.saturating_add(1).min(bound.max(1));
+                *config.last_mut().expect("the array") =
+                    Frame::Arr { node, count, phase: Phase::After };
+                if config.len() < MAX_DEPTH {
+                    self.begin_value(config, items, b, depth, out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// `config` with `frame` on top, if the stack has room.
+    fn push(&self, mut config: Config, frame: Frame, out: &mut Vec<Config>) {
+        if config.len() < MAX_DEPTH {
+            config.push(frame);
+            out.push(config);
+        }
+    }
+
+    /// `config` with its top replaced by `frame`.
+    fn replace(&self, mut config: Config, frame: Frame, out: &mut Vec<Config>) {
+        *config.last_mut().expect("a frame to replace") = frame;
+        out.push(config);
+    }
+
+    /// `config` with its top value read: the container below is already where it goes next.
+    fn pop(&self, mut config: Config, out: &mut Vec<Config>) {
+        config.pop();
+        out.push(config);
+    }
+
+    fn keep_if(&self, keep: bool, config: Config, out: &mut Vec<Config>) {
+        if keep {
+            out.push(config);
+        }
+    }
+
+    fn properties(&self, node: Node) -> &[routed_types::Property] {
+        match self.schema.node(node) {
+            SchemaNode::Object { properties } => properties,
+            _ => &[],
+        }
+    }
+
+    fn num_literals(&self, node: Node) -> usize {
+        match self.schema.node(node) {
+            SchemaNode::Literals(texts) => texts.len(),
+            _ => ANY_LITERALS.len(),
+        }
+    }
+
+    fn literal(&self, node: Node, index: u16) -> &[u8] {
+        match self.schema.node(node) {
+            SchemaNode::Literals(texts) => texts[index as usize].as_bytes(),
+            _ => ANY_LITERALS[index as usize].as_bytes(),
+        }
+    }
+}
+
+/// The DFA over one schema's reader, built as it is walked, with its states' masks.
+#[derive(Debug)]
+pub(crate) struct SchemaDfa {
+    reader: Reader,
+    /// The configurations of each state.
+    states: Vec<Arc<Configs>>,
+    ids: HashMap<Arc<Configs>, u32>,
+    /// Each state's successor per byte ([`UNKNOWN`] until computed, [`DEAD`] for none).
+    next: Vec<[u32; 256]>,
+    /// Whether a state has read a whole value (EOS may follow).
+    complete: Vec<bool>,
+    /// Whether every configuration of a state is between a string's characters.
+    in_string: Vec<bool>,
+    masks: HashMap<u32, Arc<TokenMask>>,
+    /// Oldest first, for eviction.
+    mask_order: VecDeque<u32>,
+    /// Bumped each time the DFA starts again: state ids of older generations mean nothing.
+    generation: u64,
+    /// States kept before it starts again.
+    max_states: usize,
+}
+
+/// Where a reader is: its configurations, with their state in the DFA of `generation`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SchemaPos {
+    configs: Arc<Configs>,
+    state: u32,
+    generation: u64,
+}
+
+impl SchemaDfa {
+    /// A DFA over `schema`'s reader (`compact`: no whitespace outside strings); `generation`
+    /// tells its state ids from another DFA's.
+    pub(crate) fn new(schema: Arc<JsonSchema>, compact: bool, generation: u64) -> Self {
+        Self {
+            reader: Reader { schema, compact },
+            states: Vec::new(),
+            ids: HashMap::new(),
+            next: Vec::new(),
+            complete: Vec::new(),
+            in_string: Vec::new(),
+            masks: HashMap::new(),
+            mask_order: VecDeque::new(),
+            generation,
+            max_states: MAX_STATES,
+        }
+    }
+
+    /// A DFA that starts again after `max_states` states (to test a restart).
+    #[cfg(test)]
+    fn with_max_states(mut self, max_states: usize) -> Self {
+        self.max_states = max_states;
+        self
+    }
+
+    /// The schema and whether it is compact.
+    pub(crate) fn key(&self) -> (&Arc<JsonSchema>, bool) {
+        (&self.reader.schema, self.reader.compact)
+    }
+
+    /// Nothing read yet.
+    pub(crate) fn start(&mut self) -> SchemaPos {
+        self.make_room();
+        let state = self.intern(self.reader.start());
+        self.pos(state)
+    }
+
+    /// The state of `pos` in this DFA (interned again if it was made in another generation).
+    /// Call before walking: between this and the next call, the DFA does not start again.
+    pub(crate) fn state(&mut self, pos: &SchemaPos) -> u32 {
+        self.make_room();
+        if pos.generation == self.generation {
+            return pos.state;
+        }
+        self.intern((*pos.configs).clone())
+    }
+
+    /// The position of `state`.
+    pub(crate) fn pos(&self, state: u32) -> SchemaPos {
+        let configs = Arc::clone(&self.states[state as usize]);
+        SchemaPos { configs, state, generation: self.generation }
+    }
+
+    /// The state after `b`, or `None` when `b` cannot follow.
+    pub(crate) fn step(&mut self, state: u32, b: u8) -> Option<u32> {
+        let known = self.next[state as usize][b as usize];
+        let next = match known {
+            UNKNOWN => {
+                let configs = self.reader.step(&self.states[state as usize], b);
+                let next = if configs.0.is_empty() { DEAD } else { self.intern(configs) };
+                self.next[state as usize][b as usize] = next;
+                next
+            }
+            known => known,
+        };
+        (next != DEAD).then_some(next)
+    }
+
+    /// Whether `state` has read a whole value.
+    pub(crate) fn is_complete(&self, state: u32) -> bool {
+        self.complete[state as usize]
+    }
+
+    /// Whether every configuration of `state` is between a string's characters, where every
+    /// token that fits any string may come.
+    pub(crate) fn is_in_string(&self, state: u32) -> bool {
+        self.in_string[state as usize]
+    }
+
+    /// The memoised mask of `state`, or the one `make` builds (and that is kept).
+    pub(crate) fn mask_of(
+        &mut self,
+        state: u32,
+        make: impl FnOnce(&mut Self) -> TokenMask,
+    ) -> Arc<TokenMask> {
+        if let Some(mask) = self.masks.get(&state) {
+            return Arc::clone(mask);
+        }
+        let mask = Arc::new(make(self));
+        if self.mask_order.len() == MASK_CACHE_CAPACITY
+            && let Some(oldest) = self.mask_order.pop_front()
+        {
+            self.masks.remove(&oldest);
+        }
+        self.mask_order.push_back(state);
+        self.masks.insert(state, Arc::clone(&mask));
+        mask
+    }
+
+    /// States so far.
+    #[cfg(test)]
+    fn num_states(&self) -> usize {
+        self.states.len()
+    }
+
+    fn intern(&mut self, configs: Configs) -> u32 {
+        if let Some(&id) = self.ids.get(&configs) {
+            return id;
+        }
+        let id = self.states.len() as u32;
+        let complete = configs.0.iter().any(|c| Reader::is_complete(c));
+        let in_string = configs.0.iter().all(|c| c.last() == Some(&Frame::Str(StrPos::Chars)));
+        let configs = Arc::new(configs);
+        self.states.push(Arc::clone(&configs));
+        self.ids.insert(configs, id);
+        self.next.push([UNKNOWN; 256]);
+        self.complete.push(complete);
+        self.in_string.push(in_string);
+        id
+    }
+
+    /// Starts again from nothing once the states fill their budget (a schema whose values
+    /// nest or count without bound): positions re-intern their configurations.
+    fn make_room(&mut self) {
+        if self.states.len() < self.max_states {
+            return;
+        }
+        self.states.clear();
+        self.ids.clear();
+        self.next.clear();
+        self.complete.clear();
+        self.in_string.clear();
+        self.masks.clear();
+        self.mask_order.clear();
+        self.generation += 1 << 32;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,363 @@
+//! A client's JSON schema reduced to the shape it gives a value ([`JsonSchema`]), which the
+//! engine's reader follows byte by byte.
+//!
+//! Kept: `type` (one or a list), `enum`, `const`, `properties` with `required` (written in the
+//! schema's order, optional ones may be left out, no other keys), `additionalProperties` (an
+//! object without `properties` is a map of its values), `items`, `minItems`, `maxItems`, `anyOf`
+//! and `oneOf` (read as `anyOf`), `allOf` of one schema, and `$ref` within the document (`#`,
+//! `#/$defs/...`, `#/definitions/...`, any JSON pointer), recursive ones included. Annotations
+//! (`title`, `description`, `default`, `examples`, `format`, which JSON Schema makes an annotation
+//! by default, ...) change nothing. A keyword whose constraint the reader cannot keep (`pattern`,
+//! `minLength`, `minimum`, `uniqueItems`, ...) is a 400 naming it and where it stands: an output
+//! that ignored it could break the schema.
+
+use std::collections::HashMap;
+
+use routed_types::{JsonSchema, Property, SchemaNode, SchemaNodeId};
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// Keywords whose constraint the reader cannot keep.
+const REFUSED: [&str; 22] = [
+    "pattern",
+    "minLength",
+    "maxLength",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "patternProperties",
+    "propertyNames",
+    "minProperties",
+    "maxProperties",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+    "if",
+    "not",
+    "contains",
+    "prefixItems",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "additionalItems",
+];
+
+/// Keywords that shape a value: a schema using one beside `$ref`, `anyOf` or `oneOf` is refused
+/// rather than read as one of them alone.
+const SHAPING: [&str; 12] = [
+    "type",
+    "enum",
+    "const",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "minItems",
+    "maxItems",
+    "anyOf",
+    "oneOf",
+    "allOf",
+];
+
+/// Most nodes a reduced schema may have.
+const MAX_NODES: usize = 4096;
+
+/// Reduces `schema` (the value of the field `param`).
+pub(crate) fn reduce(schema: &Value, param: &str) -> Result<JsonSchema, ApiError> {
+    let mut reducer = Reducer { root: schema, param, nodes: Vec::new(), refs: HashMap::new() };
+    reducer.node(schema, "#")?;
+    let reduced = JsonSchema { nodes: reducer.nodes };
+    debug_assert!(reduced.is_well_formed());
+    Ok(reduced)
+}
+
+struct Reducer<'a> {
+    root: &'a Value,
+    param: &'a str,
+    nodes: Vec<SchemaNode>,
+    /// Nodes of the `$ref` targets reduced so far (or being reduced), by pointer.
+    refs: HashMap<String, SchemaNodeId>,
+}
+
+impl Reducer<'_> {
+    fn refuse(&self, at: &str, message: impl std::fmt::Display) -> ApiError {
+        ApiError::unsupported(self.param, format!("{}: {message} (at {at})", self.param))
+    }
+
+    fn invalid(&self, at: &str, message: impl std::fmt::Display) -> ApiError {
+        ApiError::invalid(self.param, format!("{}: {message} (at {at})", self.param))
+    }
+
+    /// A new node (a placeholder, where its contents need its id first).
+    fn add(&mut self, node: SchemaNode, at: &str) -> Result<SchemaNodeId, ApiError> {
+        if self.nodes.len() == MAX_NODES {
+            return Err(self.refuse(at, format!("a schema of more than {MAX_NODES} nodes")));
+        }
+        self.nodes.push(node);
+        Ok(SchemaNodeId(self.nodes.len() as u32 - 1))
+    }
+
+    fn node(&mut self, schema: &Value, at: &str) -> Result<SchemaNodeId, ApiError> {
+        let fields = match schema {
+            Value::Bool(true) => return self.add(SchemaNode::Any, at),
+            Value::Bool(false) => {
+                return Err(self.invalid(at, "the schema `false` allows no value"));
+            }
+            Value::Object(fields) => fields,
+            other => {
+                return Err(
+                    self.invalid(at, format!("a schema is an object or a boolean, got {other}"))
+                );
+            }
+        };
+        if let Some(keyword) = REFUSED.iter().find(|k| fields.contains_key(**k)) {
+            return Err(self.refuse(at, format!("\"{keyword}\" is not supported")));
+        }
+        if fields.get("uniqueItems") == Some(&Value::Bool(true)) {
+            return Err(self.refuse(at, "\"uniqueItems\": true is not supported"));
+        }
+        let shaping =
+            |except: &str| SHAPING.iter().find(|k| **k != except && fields.contains_key(**k));
+        if let Some(target) = fields.get("$ref") {
+            if let Some(keyword) = shaping("") {
+                return Err(self.refuse(at, format!("\"{keyword}\" beside \"$ref\"")));
+            }
+            return self.reference(target, at);
+        }
+        for combinator in ["anyOf", "oneOf", "allOf"] {
+            let Some(list) = fields.get(combinator) else { continue };
+            if let Some(keyword) = shaping(combinator) {
+                return Err(self.refuse(at, format!("\"{keyword}\" beside \"{combinator}\"")));
+            }
+            return self.combination(combinator, list, &format!("{at}/{combinator}"));
+        }
+        if let Some(value) = fields.get("const") {
+            return self.literals(std::slice::from_ref(value), fields, at);
+        }
+        if let Some(values) = fields.get("enum") {
+            let Some(values) = values.as_array().filter(|v| !v.is_empty()) else {
+                return Err(self.invalid(at, "\"enum\" is a non-empty list of values"));
+            };
+            return self.literals(values, fields, at);
+        }
+        match fields.get("type") {
+            Some(Value::String(name)) => self.typed(name, fields, at),
+            Some(Value::Array(names)) if !names.is_empty() => {
+                let id = self.add(SchemaNode::Any, at)?;
+                let mut alternatives = Vec::with_capacity(names.len());
+                for name in names {
+                    let Some(name) = name.as_str() else {
+                        return Err(self.invalid(at, format!("\"type\" lists names, got {name}")));
+                    };
+                    alternatives.push(self.typed(name, fields, at)?);
+                }
+                self.nodes[id.index()] = SchemaNode::AnyOf(alternatives);
+                Ok(id)
+            }
+            Some(other) => {
+                Err(self.invalid(at, format!("\"type\" is a name or a list, got {other}")))
+            }
+            None if ["properties", "required", "additionalProperties"]
+                .iter()
+                .any(|k| fields.contains_key(*k)) =>
+            {
+                self.object(fields, at)
+            }
+            None if ["items", "minItems", "maxItems"].iter().any(|k| fields.contains_key(*k)) => {
+                self.array(fields, at)
+            }
+            None => self.add(SchemaNode::Any, at),
+        }
+    }
+
+    fn typed(
+        &mut self,
+        name: &str,
+        fields: &Map<String, Value>,
+        at: &str,
+    ) -> Result<SchemaNodeId, ApiError> {
+        let node = match name {
+            "string" => SchemaNode::String,
+            "integer" => SchemaNode::Number { integer: true },
+            "number" => SchemaNode::Number { integer: false },
+            "boolean" => SchemaNode::Literals(vec!["true".into(), "false".into()]),
+            "null" => SchemaNode::Literals(vec!["null".into()]),
+            "object" => return self.object(fields, at),
+            "array" => return self.array(fields, at),
+            other => return Err(self.invalid(at, format!("unknown type {other:?}"))),
+        };
+        self.add(node, at)
+    }
+
+    /// `enum` or `const`: the values, written compactly, that also have the schema's `type`.
+    fn literals(
+        &mut self,
+        values: &[Value],
+        fields: &Map<String, Value>,
+        at: &str,
+    ) -> Result<SchemaNodeId, ApiError> {
+        let types: Option<Vec<&str>> = match fields.get("type") {
+            Some(Value::String(name)) => Some(vec![name.as_str()]),
+            Some(Value::Array(names)) => Some(names.iter().filter_map(Value::as_str).collect()),
+            _ => None,
+        };
+        let texts: Vec<String> = values
+            .iter()
+            .filter(|v| types.as_ref().is_none_or(|types| types.iter().any(|t| has_type(v, t))))
+            .map(Value::to_string)
+            .collect();
+        if texts.is_empty() {
+            return Err(
+                self.invalid(at, "no value of \"enum\" or \"const\" has the schema's \"type\"")
+            );
+        }
+        self.add(SchemaNode::Literals(texts), at)
+    }
+
+    fn combination(
+        &mut self,
+        combinator: &str,
+        list: &Value,
+        at: &str,
+    ) -> Result<SchemaNodeId, ApiError> {
+        let Some(schemas) = list.as_array().filter(|l| !l.is_empty()) else {
+            return Err(
+                self.invalid(at, format!("\"{combinator}\" is a non-empty list of schemas"))
+            );
+        };
+        if combinator == "allOf" {
+            return match schemas.as_slice() {
+                [one] => self.node(one, &format!("{at}/0")),
+                _ => Err(self.refuse(at, "\"allOf\" of more than one schema is not supported")),
+            };
+        }
+        let id = self.add(SchemaNode::Any, at)?;
+        let mut alternatives = Vec::with_capacity(schemas.len());
+        for (i, schema) in schemas.iter().enumerate() {
+            alternatives.push(self.node(schema, &format!("{at}/{i}"))?);
+        }
+        self.nodes[id.index()] = SchemaNode::AnyOf(alternatives);
+        Ok(id)
+    }
+
+    /// The node of a `$ref` within the document, reduced once however often it is named.
+    fn reference(&mut self, target: &Value, at: &str) -> Result<SchemaNodeId, ApiError> {
+        let Some(pointer) = target.as_str().and_then(|t| t.strip_prefix('#')) else {
+            return Err(self.refuse(at, format!("\"$ref\" {target} outside the schema")));
+        };
+        if let Some(&id) = self.refs.get(pointer) {
+            return Ok(id);
+        }
+        let Some(schema) = self.root.pointer(pointer) else {
+            return Err(self.invalid(at, format!("\"$ref\" {target} names nothing in the schema")));
+        };
+        // Known before it is reduced, so that a schema naming itself finds it.
+        let id = self.add(SchemaNode::Any, at)?;
+        self.refs.insert(pointer.to_owned(), id);
+        let reduced = self.node(schema, &format!("#{pointer}"))?;
+        if reduced == id {
+            return Err(self.invalid(at, format!("\"$ref\" {target} names only itself")));
+        }
+        self.nodes[id.index()] = self.nodes[reduced.index()].clone();
+        Ok(id)
+    }
+
+    fn object(&mut self, fields: &Map<String, Value>, at: &str) -> Result<SchemaNodeId, ApiError> {
+        let required: Vec<&str> = match fields.get("required") {
+            None => Vec::new(),
+            Some(Value::Array(names)) => match names.iter().map(Value::as_str).collect() {
+                Some(names) => names,
+                None => return Err(self.invalid(at, "\"required\" is a list of property names")),
+            },
+            Some(other) => {
+                return Err(self.invalid(at, format!("\"required\" is a list, got {other}")));
+            }
+        };
+        let properties = match fields.get("properties") {
+            None => Map::new(),
+            Some(Value::Object(properties)) => properties.clone(),
+            Some(other) => {
+                return Err(self.invalid(at, format!("\"properties\" is an object, got {other}")));
+            }
+        };
+        if let Some(name) = required.iter().find(|name| !properties.contains_key(**name)) {
+            return Err(
+                self.refuse(at, format!("required property {name:?} is not in \"properties\""))
+            );
+        }
+        let id = self.add(SchemaNode::Any, at)?;
+        let additional = fields.get("additionalProperties");
+        let node = if properties.is_empty() {
+            match additional {
+                None | Some(Value::Bool(true)) => {
+                    SchemaNode::Map { values: self.add(SchemaNode::Any, at)? }
+                }
+                Some(Value::Bool(false)) => SchemaNode::Object { properties: Vec::new() },
+                Some(schema) => SchemaNode::Map {
+                    values: self.node(schema, &format!("{at}/additionalProperties"))?,
+                },
+            }
+        } else {
+            let mut listed = Vec::with_capacity(properties.len());
+            for (name, schema) in &properties {
+                let value =
+                    self.node(schema, &format!("{at}/properties/{}", escape_pointer(name)))?;
+                let key = Value::String(name.clone()).to_string();
+                listed.push(Property { key, value, required: required.contains(&name.as_str()) });
+            }
+            SchemaNode::Object { properties: listed }
+        };
+        self.nodes[id.index()] = node;
+        Ok(id)
+    }
+
+    fn array(&mut self, fields: &Map<String, Value>, at: &str) -> Result<SchemaNodeId, ApiError> {
+        let bound = |name: &'static str| match fields.get(name) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(|n| Some(n.min(u64::from(u32::MAX)) as u32)).ok_or(name),
+        };
+        let (min_items, max_items) = match (bound("minItems"), bound("maxItems")) {
+            (Ok(min), Ok(max)) => (min.unwrap_or(0), max),
+            (Err(name), _) | (_, Err(name)) => {
+                return Err(self.invalid(at, format!("\"{name}\" is a count (an integer >= 0)")));
+            }
+        };
+        if max_items.is_some_and(|max| max < min_items) {
+            return Err(self.invalid(at, "\"maxItems\" is below \"minItems\": no array fits"));
+        }
+        let id = self.add(SchemaNode::Any, at)?;
+        let items = match fields.get("items") {
+            None => self.add(SchemaNode::Any, at)?,
+            Some(Value::Array(_)) => {
+                return Err(self.refuse(at, "\"items\" as a list (a tuple) is not supported"));
+            }
+            Some(schema) => self.node(schema, &format!("{at}/items"))?,
+        };
+        self.nodes[id.index()] = SchemaNode::Array { items, min_items, max_items };
+        Ok(id)
+    }
+}
+
+/// Whether `value` has the JSON Schema type `name`.
+fn has_type(value: &Value, name: &str) -> bool {
+    match (name, value) {
+        ("integer", Value::Number(n)) => n.is_i64() || n.is_u64(),
+        ("number", Value::Number(_))
+        | ("string", Value::String(_))
+        | ("boolean", Value::Bool(_))
+        | ("null", Value::Null)
+        | ("object", Value::Object(_))
+        | ("array", Value::Array(_)) => true,
+        _ => false,
+    }
+}
+
+/// A property name as a JSON pointer's segment (for messages).
+fn escape_pointer(name: &str) -> String {
+    name.replace('~', "~0").replace('/', "~1")
+}
+
+#[cfg(test)]
+mod tests;

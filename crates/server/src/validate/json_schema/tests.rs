@@ -1,0 +1,163 @@
+use super::*;
+use serde_json::json;
+
+const PARAM: &str = "response_format.json_schema.schema";
+
+fn reduced(schema: Value) -> JsonSchema {
+    reduce(&schema, PARAM).unwrap_or_else(|e| panic!("{schema}: {e:?}"))
+}
+
+/// The 400 a schema gets: its code and message.
+fn refusal(schema: Value) -> (&'static str, String) {
+    match reduce(&schema, PARAM) {
+        Err(ApiError::InvalidRequest { message, param, code }) => {
+            assert_eq!(param.as_deref(), Some(PARAM), "{schema}");
+            (code, message)
+        }
+        other => panic!("{schema}: {other:?}"),
+    }
+}
+
+fn node(schema: &JsonSchema, id: SchemaNodeId) -> &SchemaNode {
+    schema.node(id)
+}
+
+#[test]
+fn an_object_keeps_its_properties_in_order_with_what_is_required() {
+    let schema = reduced(json!({
+        "title": "Weather", "type": "object", "additionalProperties": false,
+        "properties": {
+            "city": {"type": "string", "description": "where", "format": "hostname"},
+            "days": {"type": "integer", "default": 1},
+            "units": {"enum": ["c", "f", 3], "type": "string"},
+            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
+            "extra": {"type": ["string", "null"]},
+            "ok": {"type": "boolean"}
+        },
+        "required": ["city", "days"]
+    }));
+    let SchemaNode::Object { properties } = node(&schema, JsonSchema::ROOT) else { panic!() };
+    let keys: Vec<_> = properties.iter().map(|p| (p.key.as_str(), p.required)).collect();
+    assert_eq!(
+        keys,
+        [
+            ("\"city\"", true),
+            ("\"days\"", true),
+            ("\"units\"", false),
+            ("\"tags\"", false),
+            ("\"extra\"", false),
+            ("\"ok\"", false)
+        ]
+    );
+    let value = |i: usize| node(&schema, properties[i].value);
+    assert_eq!(value(0), &SchemaNode::String);
+    assert_eq!(value(1), &SchemaNode::Number { integer: true });
+    // The enum's values of the schema's type only.
+    assert_eq!(value(2), &SchemaNode::Literals(vec!["\"c\"".into(), "\"f\"".into()]));
+    let SchemaNode::Array { items, min_items: 1, max_items: Some(3) } = value(3) else {
+        panic!("{:?}", value(3))
+    };
+    assert_eq!(node(&schema, *items), &SchemaNode::String);
+    let SchemaNode::AnyOf(types) = value(4) else { panic!("{:?}", value(4)) };
+    let types: Vec<_> = types.iter().map(|&t| node(&schema, t).clone()).collect();
+    assert_eq!(types, [SchemaNode::String, SchemaNode::Literals(vec!["null".into()])]);
+    assert_eq!(value(5), &SchemaNode::Literals(vec!["true".into(), "false".into()]));
+    assert!(schema.is_well_formed());
+}
+
+#[test]
+fn maps_free_values_and_keys_are_read_as_json_writes_them() {
+    let any = reduced(json!({}));
+    assert_eq!(any.nodes, [SchemaNode::Any]);
+    assert_eq!(reduced(json!(true)).nodes, [SchemaNode::Any]);
+    let map = reduced(json!({"type": "object", "additionalProperties": {"type": "number"}}));
+    let SchemaNode::Map { values } = node(&map, JsonSchema::ROOT) else { panic!() };
+    assert_eq!(node(&map, *values), &SchemaNode::Number { integer: false });
+    let free = reduced(json!({"type": "object"}));
+    let SchemaNode::Map { values } = node(&free, JsonSchema::ROOT) else { panic!() };
+    assert_eq!(node(&free, *values), &SchemaNode::Any);
+    let empty = reduced(json!({"type": "object", "additionalProperties": false}));
+    assert_eq!(node(&empty, JsonSchema::ROOT), &SchemaNode::Object { properties: vec![] });
+    // A key with a quote and a non-ASCII character, as serde_json writes it.
+    let keyed = reduced(json!({"properties": {"a\"b é": {"const": {"x": [1, "y"]}}}}));
+    let SchemaNode::Object { properties } = node(&keyed, JsonSchema::ROOT) else { panic!() };
+    assert_eq!(properties[0].key, "\"a\\\"b é\"");
+    assert_eq!(
+        node(&keyed, properties[0].value),
+        &SchemaNode::Literals(vec![r#"{"x":[1,"y"]}"#.into()])
+    );
+}
+
+#[test]
+fn references_within_the_document_resolve_recursive_ones_included() {
+    // As pydantic writes a model that holds a list of itself and one of another model.
+    let schema = reduced(json!({
+        "$defs": {
+            "Leaf": {"properties": {"v": {"type": "integer"}}, "required": ["v"], "type": "object"},
+            "Node": {
+                "properties": {
+                    "children": {"items": {"$ref": "#/$defs/Node"}, "type": "array"},
+                    "leaf": {"anyOf": [{"$ref": "#/$defs/Leaf"}, {"type": "null"}], "default": null}
+                },
+                "required": ["children"], "type": "object"
+            }
+        },
+        "$ref": "#/$defs/Node"
+    }));
+    assert!(schema.is_well_formed());
+    let SchemaNode::Object { properties } = node(&schema, JsonSchema::ROOT) else {
+        panic!("{:?}", schema.nodes)
+    };
+    let SchemaNode::Array { items, .. } = node(&schema, properties[0].value) else { panic!() };
+    assert_eq!(node(&schema, *items), node(&schema, JsonSchema::ROOT), "the list holds nodes");
+    let SchemaNode::AnyOf(leaf) = node(&schema, properties[1].value) else { panic!() };
+    assert!(matches!(node(&schema, leaf[0]), SchemaNode::Object { .. }));
+    // `definitions` and the root itself.
+    let list =
+        reduced(json!({"type": "array", "items": {"anyOf": [{"$ref": "#"}, {"type": "integer"}]}}));
+    assert!(list.is_well_formed());
+    let old = reduced(json!({"definitions": {"A": {"type": "string"}}, "$ref": "#/definitions/A"}));
+    assert_eq!(node(&old, JsonSchema::ROOT), &SchemaNode::String);
+}
+
+#[test]
+fn constraints_the_reader_cannot_keep_are_refused_naming_the_keyword_and_where() {
+    for (schema, keyword, at) in [
+        (
+            json!({"properties": {"d": {"type": "string", "pattern": "^a"}}}),
+            "pattern",
+            "#/properties/d",
+        ),
+        (json!({"type": "string", "maxLength": 3}), "maxLength", "#"),
+        (json!({"type": "integer", "minimum": 0}), "minimum", "#"),
+        (json!({"items": {"multipleOf": 2}}), "multipleOf", "#/items"),
+        (json!({"type": "array", "uniqueItems": true}), "uniqueItems", "#"),
+        (json!({"anyOf": [{"type": "string"}, {"not": {}}]}), "not", "#/anyOf/1"),
+        (json!({"allOf": [{"type": "string"}, {"type": "integer"}]}), "allOf", "#/allOf"),
+        (json!({"type": "object", "anyOf": [{}]}), "type", "#"),
+        (json!({"$ref": "#/$defs/A", "type": "string", "$defs": {"A": {}}}), "type", "#"),
+        (json!({"$ref": "https://example.com/s.json"}), "$ref", "#"),
+        (json!({"type": "array", "items": [{}, {}]}), "items", "#"),
+        (json!({"required": ["a"], "properties": {}}), "\"a\"", "#"),
+    ] {
+        let (code, message) = refusal(schema.clone());
+        assert_eq!(code, "unsupported_parameter", "{schema}: {message}");
+        assert!(message.contains(keyword) && message.contains(&format!("(at {at})")), "{message}");
+    }
+    for (schema, what) in [
+        (json!(false), "false"),
+        (json!(3), "an object or a boolean"),
+        (json!({"type": "date"}), "unknown type"),
+        (json!({"enum": []}), "non-empty"),
+        (json!({"enum": [1, 2], "type": "string"}), "no value"),
+        (json!({"type": "array", "minItems": 3, "maxItems": 2}), "maxItems"),
+        (json!({"type": "array", "minItems": -1}), "minItems"),
+        (json!({"$ref": "#/$defs/missing"}), "names nothing"),
+        (json!({"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}), "only itself"),
+        (json!({"anyOf": []}), "non-empty"),
+    ] {
+        let (code, message) = refusal(schema.clone());
+        assert_eq!(code, "invalid_value", "{schema}: {message}");
+        assert!(message.contains(what), "{schema}: {message}");
+    }
+}

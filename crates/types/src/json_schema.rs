@@ -1,0 +1,104 @@
+//! A JSON schema reduced to the shape it gives a value: what an output constraint reads
+//! (`response_format: {"type": "json_schema"}`). The HTTP gateway reduces a client's schema to
+//! this (refusing the keywords whose constraint it cannot keep), and the scheduler's reader
+//! follows it byte by byte.
+
+/// A node of a [`JsonSchema`], by index.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct SchemaNodeId(pub u32);
+
+impl SchemaNodeId {
+    /// The node's index in [`JsonSchema::nodes`].
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A reduced JSON schema: a graph of nodes, so that a schema may refer to itself (`$ref`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct JsonSchema {
+    /// Every node; the value's own is [`JsonSchema::ROOT`].
+    pub nodes: Vec<SchemaNode>,
+}
+
+impl JsonSchema {
+    /// The node of the whole value.
+    pub const ROOT: SchemaNodeId = SchemaNodeId(0);
+
+    /// The node `id` names.
+    pub fn node(&self, id: SchemaNodeId) -> &SchemaNode {
+        &self.nodes[id.index()]
+    }
+
+    /// Whether every reference names a node, every literal is non-empty and every array's
+    /// bounds are in order: what a reader of the schema may rely on.
+    pub fn is_well_formed(&self) -> bool {
+        let known = |id: &SchemaNodeId| id.index() < self.nodes.len();
+        !self.nodes.is_empty()
+            && self.nodes.iter().all(|node| match node {
+                SchemaNode::Any | SchemaNode::String | SchemaNode::Number { .. } => true,
+                SchemaNode::Literals(texts) => {
+                    !texts.is_empty() && texts.iter().all(|t| !t.is_empty())
+                }
+                SchemaNode::Array { items, min_items, max_items } => {
+                    known(items) && max_items.is_none_or(|max| *min_items <= max)
+                }
+                SchemaNode::Object { properties } => properties.iter().all(|p| known(&p.value)),
+                SchemaNode::Map { values } => known(values),
+                SchemaNode::AnyOf(alternatives) => {
+                    !alternatives.is_empty() && alternatives.iter().all(known)
+                }
+            })
+    }
+}
+
+/// What a value of a schema node may be.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum SchemaNode {
+    /// Any JSON value.
+    Any,
+    /// Exactly one of these JSON texts, written compactly (`enum`, `const`, `boolean`, `null`).
+    Literals(Vec<String>),
+    /// Any string.
+    String,
+    /// A number; with `integer`, without a fraction or an exponent.
+    Number {
+        /// Digits only, after an optional minus sign.
+        integer: bool,
+    },
+    /// An array of `items`, with `min_items` to `max_items` of them.
+    Array {
+        /// Each item's node.
+        items: SchemaNodeId,
+        /// Fewest items.
+        min_items: u32,
+        /// Most items, if bounded.
+        max_items: Option<u32>,
+    },
+    /// An object with these properties and no others, in this order; an optional one may be
+    /// left out.
+    Object {
+        /// The properties, in the order they are written.
+        properties: Vec<Property>,
+    },
+    /// An object whose keys are any strings, each with a value of `values`.
+    Map {
+        /// Every value's node.
+        values: SchemaNodeId,
+    },
+    /// A value of any of these nodes.
+    AnyOf(Vec<SchemaNodeId>),
+}
+
+/// One property of a [`SchemaNode::Object`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Property {
+    /// The key, as the JSON string it is written as (quotes and escapes included).
+    pub key: String,
+    /// The value's node.
+    pub value: SchemaNodeId,
+    /// Whether it must be there.
+    pub required: bool,
+}
