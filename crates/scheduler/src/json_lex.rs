@@ -30,6 +30,7 @@ impl StrPos {
     /// The step `b` makes: printable ASCII, an escape (`\u` with four hex digits, not a
     /// surrogate), the closing quote, or well-formed UTF-8 (a lead byte of a 2 to 4 byte
     /// sequence, then its continuation bytes); `None` for anything else.
+    #[inline]
     pub(crate) fn next(self, b: u8) -> Option<StrStep> {
         use StrPos::*;
         let pos = match self {

@@ -107,6 +107,13 @@ impl JsonState {
     /// Reads one byte; `false`, with the state unspecified, when it cannot follow.
     pub fn feed(&mut self, b: u8) -> bool {
         match self.lex {
+            // Printable ASCII between a string's characters leaves the state as it is: the bulk
+            // of a mask walk inside a string.
+            Lex::Str { pos: StrPos::Chars, .. }
+                if (0x20..0x80).contains(&b) && b != b'"' && b != b'\\' =>
+            {
+                true
+            }
             Lex::Str { key, pos } => match pos.next(b) {
                 Some(StrStep::In(pos)) => self.to(true, Lex::Str { key, pos }),
                 Some(StrStep::Closed) => {
@@ -268,23 +275,24 @@ impl Trie {
         trie
     }
 
-    /// Allows in `mask` every token below `node` whose bytes a reader in `state` reads (`step`
-    /// gives the state after a byte, or `None` when it cannot follow), pruning a subtree at the
-    /// first byte refused.
+    /// Allows in `mask` every token below `node` whose bytes a reader in `state` reads (`feed`
+    /// moves a state by a byte, `false` when it cannot follow), pruning a subtree at the first
+    /// byte refused.
     fn walk<S: Copy>(
         &self,
         node: usize,
         state: S,
-        step: &mut impl FnMut(S, u8) -> Option<S>,
+        feed: &mut impl FnMut(&mut S, u8) -> bool,
         mask: &mut TokenMask,
     ) {
         let edges = &self.edges[self.first_edge[node] as usize..self.first_edge[node + 1] as usize];
         for &(b, child) in edges {
-            if let Some(next) = step(state, b) {
+            let mut next = state;
+            if feed(&mut next, b) {
                 let child = child as usize;
                 let ends = self.first_token[child] as usize..self.first_token[child + 1] as usize;
                 self.node_tokens[ends].iter().for_each(|&t| mask.allow(t));
-                self.walk(child, next, step, mask);
+                self.walk(child, next, feed, mask);
             }
         }
     }
@@ -392,15 +400,11 @@ impl JsonVocabulary {
     /// write what the state needs) EOS is, or, without an EOS, every token.
     pub fn mask(&self, state: JsonState) -> TokenMask {
         let in_string = matches!(state.lex, Lex::Str { pos: StrPos::Chars, .. });
-        let mut step = |s: JsonState, b| {
-            let mut next = s;
-            next.feed(b).then_some(next)
-        };
-        self.mask_with(state, in_string, state.is_complete(), &mut step)
+        self.mask_with(state, in_string, state.is_complete(), &mut JsonState::feed)
     }
 
-    /// The tokens a reader in `state` reads whole (`step` gives the state after a byte), and EOS
-    /// when `complete`. `in_string`: the reader is between a string's characters in every way it
+    /// The tokens a reader in `state` reads whole (`feed` moves a state by a byte, `false` when
+    /// it cannot follow), and EOS when `complete`. `in_string`: the reader is between a string's characters in every way it
     /// may be, so the tokens that fit any string are allowed without a walk. Never empty: with
     /// nothing allowed, EOS is, or, without an EOS, every token.
     pub(crate) fn mask_with<S: Copy>(
@@ -408,17 +412,17 @@ impl JsonVocabulary {
         state: S,
         in_string: bool,
         complete: bool,
-        step: &mut impl FnMut(S, u8) -> Option<S>,
+        feed: &mut impl FnMut(&mut S, u8) -> bool,
     ) -> TokenMask {
         let mut mask = match in_string {
             true => {
                 let mut mask = self.in_any_string.clone();
-                self.not_in_any_string.walk(0, state, step, &mut mask);
+                self.not_in_any_string.walk(0, state, feed, &mut mask);
                 mask
             }
             false => {
                 let mut mask = TokenMask::none(self.num_tokens);
-                self.all.walk(0, state, step, &mut mask);
+                self.all.walk(0, state, feed, &mut mask);
                 mask
             }
         };
@@ -511,7 +515,8 @@ impl JsonMasks {
     fn schema_mask(vocabulary: &JsonVocabulary, dfa: &mut SchemaDfa, state: u32) -> Arc<TokenMask> {
         dfa.mask_of(state, |dfa| {
             let (in_string, complete) = (dfa.is_in_string(state), dfa.is_complete(state));
-            vocabulary.mask_with(state, in_string, complete, &mut |s, b| dfa.step(s, b))
+            let mut feed = |s: &mut u32, b| dfa.step(*s, b).map(|next| *s = next).is_some();
+            vocabulary.mask_with(state, in_string, complete, &mut feed)
         })
     }
 }
