@@ -128,6 +128,23 @@ def main():
     assert with_tools.content == c["message"]["content"], with_tools
     assert not with_tools.tool_calls, with_tools
 
+    # A forced tool choice (no parser needed): the answer is the calls, as the client reads them.
+    num_called = 0
+    for seed in range(6):
+        for choice in [{"type": "function", "function": {"name": "get_weather"}}, "required"]:
+            forced = client.chat.completions.create(
+                model=model, messages=messages, max_tokens=160, temperature=1.0, seed=seed,
+                tools=tools, tool_choice=choice,
+            ).choices[0]
+            if forced.finish_reason == "length":
+                continue
+            assert forced.finish_reason == ("stop" if isinstance(choice, dict) else "tool_calls")
+            for call in forced.message.tool_calls:
+                assert call.function.name == "get_weather", forced
+                assert isinstance(json.loads(call.function.arguments), dict), forced
+            num_called += 1
+    assert num_called > 0, "no forced answer ended"
+
     # JSON mode as the client asks for it: a whole object when EOS ended the answer, else the
     # start of one.
     for seed in range(4):

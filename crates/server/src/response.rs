@@ -13,7 +13,7 @@ use crate::error::ApiError;
 use crate::reasoning::ReasoningParser;
 use crate::routing_wire::{self, RoutingRequest};
 use crate::run::ChoiceResult;
-use crate::tools::{self, ToolCall};
+use crate::tools::{self, ToolCall, ToolUse};
 use crate::validate::Job;
 
 /// `usage`.
@@ -312,7 +312,9 @@ pub(crate) fn whole(
             Route::Completions => completion_choice(i, job, c, output, prompt, tokenizer),
             Route::Chat => {
                 let message;
-                (message, called_tools) = chat_message(job.tool_calls, job.reasoning, &output.text);
+                let stopped = matches!(output.finish_reason, FinishReason::Stop { .. });
+                (message, called_tools) =
+                    chat_message(&job.tool_calls, job.reasoning, &output.text, stopped);
                 let names = job.names(tokenizer);
                 let logprobs = job.logprobs.map(|_| chat_logprobs(names, &c.tokens));
                 json!({"index": i, "message": message, "logprobs": logprobs})
@@ -362,14 +364,18 @@ pub(crate) fn whole(
     Ok(body)
 }
 
-/// A whole chat answer's message, and whether it calls tools. With a `reasoning` parser the
-/// thinking is split off into `reasoning_content` (`crate::reasoning`); when tool calls are read
-/// (`reads_tools`) from what remains, the text before the calls is the content and the calls are
-/// its `tool_calls` (as vLLM's `hermes` parser reads them, `crate::tools`).
+/// A whole chat answer's message, and whether its `finish_reason` is `tool_calls`. With a
+/// `reasoning` parser the thinking is split off into `reasoning_content` (`crate::reasoning`).
+/// What remains is read as `tools` says: calls parsed out of it (as vLLM's `hermes` parser reads
+/// them, `crate::tools`), the text before them the content; or, for a forced choice, the calls
+/// it is, with empty content (a required list cut short stays content). As vLLM answers, the
+/// finish reason is `tool_calls` when parsed calls were found, or a required list was whole and
+/// the answer `stopped`; a named call keeps the answer's own.
 fn chat_message(
-    reads_tools: bool,
+    tools: &ToolUse,
     reasoning: Option<ReasoningParser>,
     text: &str,
+    stopped: bool,
 ) -> (Value, bool) {
     let (thinking, answer) = match reasoning {
         Some(parser) => {
@@ -378,14 +384,25 @@ fn chat_message(
         }
         None => (None, Some(text.to_owned())),
     };
-    let (mut message, called) = match reads_tools {
-        false => (json!({"role": "assistant", "content": answer}), false),
-        true => {
-            let found = tools::extract(answer.as_deref().unwrap_or_default());
-            let calls: Vec<Value> = found.calls.iter().map(ToolCall::to_message_json).collect();
+    let answer_text = answer.as_deref().unwrap_or_default();
+    let to_json = |calls: &[ToolCall]| -> Vec<Value> {
+        calls.iter().map(ToolCall::to_message_json).collect()
+    };
+    let (mut message, called) = match tools {
+        ToolUse::None => (json!({"role": "assistant", "content": answer}), false),
+        ToolUse::Parsed => {
+            let found = tools::extract(answer_text);
+            let calls = to_json(&found.calls);
             let called = !calls.is_empty();
             (json!({"role": "assistant", "content": found.content, "tool_calls": calls}), called)
         }
+        forced => match forced.forced_calls(answer_text) {
+            Some(calls) => {
+                let called = stopped && *forced == ToolUse::Required;
+                (json!({"role": "assistant", "content": "", "tool_calls": to_json(&calls)}), called)
+            }
+            None => (json!({"role": "assistant", "content": answer, "tool_calls": []}), false),
+        },
     };
     if let Some(thinking) = thinking {
         message["reasoning_content"] = json!(thinking);
@@ -433,7 +450,7 @@ mod tests {
     #[test]
     fn a_chat_message_carries_the_calls_read_from_its_text() {
         let text = "Checking.<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}</tool_call>";
-        let (message, called) = chat_message(true, None, text);
+        let (message, called) = chat_message(&ToolUse::Parsed, None, text, true);
         assert!(called);
         assert_eq!(message["role"], "assistant");
         assert_eq!(message["content"], "Checking.");
@@ -441,11 +458,11 @@ mod tests {
         assert_eq!(calls.len(), 1);
         assert_eq!(calls[0]["function"], json!({"name": "f", "arguments": "{\"x\": 1}"}));
         // Not read: the text as it is.
-        let (plain, called) = chat_message(false, None, text);
+        let (plain, called) = chat_message(&ToolUse::None, None, text, true);
         assert!(!called);
         assert_eq!(plain, json!({"role": "assistant", "content": text}));
         // Read, without calls.
-        let (none, called) = chat_message(true, None, "just text");
+        let (none, called) = chat_message(&ToolUse::Parsed, None, "just text", true);
         assert!(!called);
         assert_eq!(none, json!({"role": "assistant", "content": "just text", "tool_calls": []}));
     }
@@ -455,16 +472,47 @@ mod tests {
         let qwen3 = Some(ReasoningParser::Qwen3);
         let text =
             "<think>use f</think>\n\n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
-        let (message, called) = chat_message(true, qwen3, text);
+        let (message, called) = chat_message(&ToolUse::Parsed, qwen3, text, true);
         assert!(called);
         assert_eq!(message["reasoning_content"], "use f");
         assert_eq!(message["content"], "\n\n");
         assert_eq!(message["tool_calls"][0]["function"]["name"], "f");
-        let (plain, _) = chat_message(false, qwen3, "<think>a</think>");
+        let (plain, _) = chat_message(&ToolUse::None, qwen3, "<think>a</think>", true);
         assert_eq!(plain, json!({"role": "assistant", "content": null, "reasoning_content": "a"}));
-        let (none, _) = chat_message(false, qwen3, "no thinking");
+        let (none, _) = chat_message(&ToolUse::None, qwen3, "no thinking", true);
         let want =
             json!({"role": "assistant", "content": "no thinking", "reasoning_content": null});
         assert_eq!(none, want);
+    }
+
+    #[test]
+    fn a_forced_choice_is_its_calls_with_vllms_finish_reason() {
+        let named = ToolUse::Named("get".into());
+        let (message, called) = chat_message(&named, None, "{\"city\":  \"Paris\"}", true);
+        assert!(!called, "a named call keeps the answer's finish reason");
+        assert_eq!(message["content"], "");
+        let function = &message["tool_calls"][0]["function"];
+        assert_eq!(*function, json!({"name": "get", "arguments": "{\"city\":  \"Paris\"}"}));
+        let text =
+            r#"[{"name":"a","parameters":{"x":1,"y":[1,2]}}, {"name": "b", "parameters": {}}]"#;
+        let (message, called) = chat_message(&ToolUse::Required, None, text, true);
+        assert!(called);
+        assert_eq!(message["content"], "");
+        let calls = message["tool_calls"].as_array().unwrap();
+        let functions: Vec<&Value> = calls.iter().map(|c| &c["function"]).collect();
+        assert_eq!(
+            functions,
+            [
+                &json!({"name": "a", "arguments": "{\"x\": 1, \"y\": [1, 2]}"}),
+                &json!({"name": "b", "arguments": "{}"})
+            ]
+        );
+        assert!(calls[0]["id"].as_str().unwrap().starts_with("chatcmpl-tool-"));
+        let (_, called) = chat_message(&ToolUse::Required, None, text, false);
+        assert!(!called, "cut after the list: the answer's own finish reason");
+        let cut = "[{\"name\":\"a\",\"par";
+        let (message, called) = chat_message(&ToolUse::Required, None, cut, false);
+        assert!(!called);
+        assert_eq!(message, json!({"role": "assistant", "content": cut, "tool_calls": []}));
     }
 }

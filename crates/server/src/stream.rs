@@ -17,7 +17,7 @@ use actix_web::web::Bytes;
 use futures_util::stream::{self, Stream, StreamExt};
 use routed_model::Tokenizer;
 use routed_runtime::{FinalOutput, RequestEvent, TokenEvent};
-use routed_types::RoutingMeta;
+use routed_types::{FinishReason, RoutingMeta};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -29,7 +29,7 @@ use crate::response::{
     finish_reason, legacy_logprobs, routing_meta, sglext, stop_reason,
 };
 use crate::run::{Merged, choice_index};
-use crate::tools::{ToolCall, ToolStream};
+use crate::tools::{ToolCall, ToolStream, ToolUse};
 use crate::validate::Job;
 
 /// One SSE event.
@@ -59,6 +59,8 @@ struct ChoiceState {
     reasoning: Option<ReasoningStream>,
     /// The text split into content and tool calls, when the chat reads tool calls.
     tools: Option<ToolStream>,
+    /// The answer so far, when a forced `tool_choice` makes it calls: sent as calls at its end.
+    forced: Option<(ToolUse, String)>,
 }
 
 /// What one choice sends for some of its text.
@@ -83,6 +85,20 @@ impl ChoiceState {
             }
             None => (String::new(), text),
         };
+        if let Some((tools, answer)) = &mut self.forced {
+            answer.push_str(&content);
+            if !end {
+                return ChatDelta { reasoning, ..ChatDelta::default() };
+            }
+            return match tools.forced_calls(answer) {
+                Some(calls) => {
+                    let calls = calls.into_iter().enumerate().collect();
+                    ChatDelta { reasoning, content: String::new(), calls }
+                }
+                // A required list cut short: the text after all.
+                None => ChatDelta { reasoning, content: std::mem::take(answer), calls: Vec::new() },
+            };
+        }
         match &mut self.tools {
             Some(t) => {
                 let d = if end { t.finish(&content) } else { t.push(&content) };
@@ -117,7 +133,9 @@ impl SseState {
         merged: Merged,
     ) -> Self {
         let num_choices = job.requests.len() * job.n;
-        let reads_tools = route == Route::Chat && job.tool_calls;
+        let chat = route == Route::Chat;
+        let reads_tools = chat && job.tool_calls == ToolUse::Parsed;
+        let forced = Some(job.tool_calls.clone()).filter(|t| chat && t.is_forced());
         let reasoning = job.reasoning.filter(|_| route == Route::Chat);
         let mut state = Self {
             route,
@@ -130,6 +148,7 @@ impl SseState {
                 .map(|_| ChoiceState {
                     reasoning: reasoning.map(ReasoningStream::new),
                     tools: reads_tools.then(ToolStream::default),
+                    forced: forced.clone().map(|t| (t, String::new())),
                     ..ChoiceState::default()
                 })
                 .collect(),
@@ -355,7 +374,10 @@ impl SseState {
         let state = &mut self.choices[i];
         let rest = state.detok.finish(&out.text);
         let delta = state.split(rest, true);
-        let called_tools = state.tools.as_ref().is_some_and(|t| t.num_calls() > 0);
+        // As the whole answer's: parsed calls, or a required list whole and stopped.
+        let stopped = matches!(out.finish_reason, FinishReason::Stop { .. });
+        let called_tools = state.tools.as_ref().is_some_and(|t| t.num_calls() > 0)
+            || (stopped && self.job.tool_calls == ToolUse::Required && !delta.calls.is_empty());
         let mut choice = self.choice_body(i, delta, &[]);
         choice["logprobs"] = Value::Null;
         choice["finish_reason"] = match called_tools {

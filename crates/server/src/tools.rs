@@ -55,6 +55,56 @@ impl FromStr for ToolCallParser {
     }
 }
 
+/// How a chat's tool calls come out of its answer (`tool_choice`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) enum ToolUse {
+    /// None are read: no tools, or `tool_choice: "none"`.
+    #[default]
+    None,
+    /// Read from the text by the server's parser (`tool_choice: "auto"`).
+    Parsed,
+    /// The answer, constrained to the function's parameters, is one call to it (`tool_choice`
+    /// naming a function); its `arguments` are the answer as written, as vLLM's are.
+    Named(String),
+    /// The answer, constrained to a list of `{"name": ..., "parameters": ...}` naming the tools
+    /// (`tool_choice: "required"`), is the calls.
+    Required,
+}
+
+/// One entry of a required choice's list, borrowing its parameters' text.
+#[derive(Deserialize)]
+struct Listed<'a> {
+    name: String,
+    #[serde(borrow)]
+    parameters: &'a RawValue,
+}
+
+impl ToolUse {
+    /// Whether the answer is constrained to calls.
+    pub(crate) fn is_forced(&self) -> bool {
+        matches!(self, Self::Named(_) | Self::Required)
+    }
+
+    /// The calls a forced choice's whole answer makes; `None` for the other kinds, and for a
+    /// required list that does not parse (the answer was cut short).
+    pub(crate) fn forced_calls(&self, answer: &str) -> Option<Vec<ToolCall>> {
+        match self {
+            Self::Named(name) => {
+                Some(vec![ToolCall { name: name.clone(), arguments: answer.to_owned() }])
+            }
+            Self::Required => {
+                let listed: Vec<Listed<'_>> = serde_json::from_str(answer).ok()?;
+                let call = |l: Listed<'_>| ToolCall {
+                    name: l.name,
+                    arguments: python_separators(l.parameters.get()),
+                };
+                Some(listed.into_iter().map(call).collect())
+            }
+            Self::None | Self::Parsed => None,
+        }
+    }
+}
+
 /// One call the model made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ToolCall {

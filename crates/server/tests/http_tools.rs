@@ -1,9 +1,11 @@
 //! Chats with tools as vLLM's OpenAI server takes them: the tools, the calls of earlier turns
 //! and the tool answers reach the chat template, `chat_template_kwargs` too; `tool_choice` is
 //! checked against the tools and the server's parser; with `--tool-call-parser hermes` an answer
-//! without calls comes back with `tool_calls: []`, whole and streamed. (The tiny checkpoints
-//! cannot be made to write a call, so reading calls out of an answer is tested on texts, in the
-//! crate's unit tests.)
+//! without calls comes back with `tool_calls: []`, whole and streamed. `tool_choice: "required"`
+//! and a named function constrain the answer to calls (as vLLM does, no parser needed), which
+//! come back as the message's `tool_calls`, whole and streamed. (The tiny checkpoints do not
+//! write `hermes` calls by themselves, so reading those out of an answer is tested on texts, in
+//! the crate's unit tests.)
 
 mod common;
 
@@ -153,16 +155,29 @@ fn tool_choice_and_tools_are_checked_as_vllm_checks_them() {
         chat(&without, json!({"tools": [weather_tool()], "tool_choice": "none"})).status,
         200
     );
+    let patterned = json!({"type": "function", "function": {"name": "f", "parameters":
+        {"type": "object", "properties": {"d": {"type": "string", "pattern": "^a"}}}}});
     for (extra, param, code) in [
         (
-            json!({"tools": [weather_tool()], "tool_choice": "required"}),
+            json!({"tools": [weather_tool()],
+                   "tool_choice": {"type": "function", "function": {"name": "get_time"}}}),
             "tool_choice",
-            "unsupported_parameter",
+            "invalid_value",
         ),
         (
-            json!({"tools": [weather_tool()],
-                   "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+            json!({"tools": [weather_tool()], "tool_choice": {"function": {"name": "get_weather"}}}),
             "tool_choice",
+            "invalid_value",
+        ),
+        (
+            json!({"tools": [weather_tool()], "tool_choice": "required",
+                   "response_format": {"type": "json_object"}}),
+            "tool_choice",
+            "invalid_value",
+        ),
+        (
+            json!({"tools": [weather_tool(), patterned], "tool_choice": "required"}),
+            "tools",
             "unsupported_parameter",
         ),
         (json!({"tool_choice": "auto"}), "tool_choice", "invalid_value"),
@@ -198,4 +213,121 @@ fn tool_choice_and_tools_are_checked_as_vllm_checks_them() {
     let body = json!({"messages": bad, "tools": [weather_tool()], "max_tokens": 1});
     let err = with.post("/v1/chat/completions", &body).error(400, "invalid_request_error");
     assert_eq!(err["param"], "messages[1].tool_calls[0].function.arguments");
+}
+
+/// A second tool, with a nested object from `$defs` and an enum.
+fn forecast_tool() -> Value {
+    json!({"type": "function", "function": {
+        "name": "get_forecast",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "place": {"$ref": "#/$defs/Place"},
+                "unit": {"enum": ["celsius", "fahrenheit"]}
+            },
+            "required": ["place", "unit"],
+            "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}},
+                                "required": ["city"]}}
+        }
+    }})
+}
+
+/// Whether `arguments` are whole arguments of `name`, one of the two tools.
+fn fits(name: &str, arguments: &str) -> bool {
+    let Ok(Value::Object(args)) = serde_json::from_str::<Value>(arguments) else { return false };
+    match name {
+        "get_weather" => args.keys().all(|k| k == "city") && args.values().all(Value::is_string),
+        "get_forecast" => {
+            args.len() == 2
+                && args["place"]["city"].is_string()
+                && ["celsius", "fahrenheit"].contains(&args["unit"].as_str().unwrap_or_default())
+        }
+        _ => false,
+    }
+}
+
+/// Each call's name and arguments, from a message or from a stream's accumulated deltas.
+fn calls(tool_calls: &Value) -> Vec<(String, String)> {
+    let list = tool_calls.as_array().expect("tool_calls");
+    list.iter()
+        .map(|c| {
+            assert_eq!(c["type"], "function", "{c}");
+            assert!(c["id"].as_str().unwrap().starts_with("chatcmpl-tool-"), "{c}");
+            let f = &c["function"];
+            (f["name"].as_str().unwrap().to_owned(), f["arguments"].as_str().unwrap().to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn a_forced_tool_choice_makes_calls_of_the_tools_whole_and_streamed() {
+    // No parser: as in vLLM, a forced choice needs none.
+    let s = tools_server(None);
+    let tools = json!([weather_tool(), forecast_tool()]);
+    let named = json!({"type": "function", "function": {"name": "get_forecast"}});
+    let (mut num_named, mut num_required) = (0, 0);
+    for seed in 0..8 {
+        for choice in [named.clone(), json!("required")] {
+            let body = json!({"messages": [{"role": "user", "content": "Weather?"}],
+                              "tools": tools, "tool_choice": choice, "max_tokens": 256,
+                              "temperature": 1.0, "seed": seed});
+            let out = s.ok("/v1/chat/completions", &body);
+            let answer = &out["choices"][0];
+            let (message, finish) = (&answer["message"], answer["finish_reason"].as_str().unwrap());
+            let whole = match choice.is_string() {
+                // Named: one call to it, arguments as written; the answer's own finish reason.
+                false => {
+                    assert_eq!(message["content"], "", "{answer}");
+                    let made = calls(&message["tool_calls"]);
+                    assert_eq!((made.len(), made[0].0.as_str()), (1, "get_forecast"), "{answer}");
+                    assert!(finish == "stop" || finish == "length", "{answer}");
+                    let whole = finish == "stop";
+                    assert!(!whole || fits("get_forecast", &made[0].1), "{answer}");
+                    num_named += usize::from(whole);
+                    whole
+                }
+                // Required: the calls listed, finish_reason tool_calls; cut short, the text.
+                true if finish == "tool_calls" => {
+                    assert_eq!(message["content"], "", "{answer}");
+                    let made = calls(&message["tool_calls"]);
+                    assert!(!made.is_empty(), "{answer}");
+                    assert!(made.iter().all(|(name, args)| fits(name, args)), "{answer}");
+                    num_required += 1;
+                    true
+                }
+                true => {
+                    assert_eq!(finish, "length", "{answer}");
+                    assert_eq!(message["tool_calls"], json!([]), "{answer}");
+                    let text = message["content"].as_str().unwrap().trim_start();
+                    assert!(text.is_empty() || text.starts_with('['), "{answer}");
+                    false
+                }
+            };
+            // Streamed: the same calls (ids aside) in the deltas, the same finish reason.
+            let mut stream = body.clone();
+            stream["stream"] = json!(true);
+            let chunks = s.post("/v1/chat/completions", &stream).sse_json();
+            let deltas: Vec<Value> = chunks
+                .iter()
+                .flat_map(|c| {
+                    c["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default()
+                })
+                .collect();
+            let last = chunks.iter().rev().find(|c| !c["choices"][0]["finish_reason"].is_null());
+            assert_eq!(last.unwrap()["choices"][0]["finish_reason"], finish, "seed {seed}");
+            if whole {
+                assert_eq!(calls(&json!(deltas)), calls(&message["tool_calls"]), "seed {seed}");
+                let indices: Vec<&Value> = deltas.iter().map(|d| &d["index"]).collect();
+                assert_eq!(
+                    indices,
+                    (0..deltas.len())
+                        .map(|i| json!(i))
+                        .collect::<Vec<_>>()
+                        .iter()
+                        .collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+    assert!(num_named > 0 && num_required > 0, "{num_named} named, {num_required} required");
 }

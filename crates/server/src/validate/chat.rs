@@ -6,6 +6,7 @@ use serde_json::{Map, Value, json};
 
 use crate::AppState;
 use crate::error::ApiError;
+use crate::tools::ToolUse;
 
 /// What a chat renders besides its messages: its tools and its template variables, checked.
 #[derive(Clone, Copy, Debug, Default)]
@@ -51,16 +52,16 @@ impl<'a> ChatExtras<'a> {
 }
 
 /// What `tool_choice` asks of the model, once checked against the tools.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum ToolChoice {
     /// No calls are read (the tools are still rendered).
     None,
     /// The model may call the tools; its calls are read from its output.
     Auto,
-    /// The model must call one: needs output constrained to a call.
+    /// The model must call one or more of the tools.
     Required,
-    /// The model must call this function: the same.
-    Named,
+    /// The model must call this function.
+    Named(String),
 }
 
 impl ToolChoice {
@@ -80,7 +81,7 @@ impl ToolChoice {
             (Some(Value::String(s)), Some([])) if s == "required" => Self::None,
             (Some(Value::String(s)), _) if s == "required" => Self::Required,
             (Some(Value::String(s)), _) if s == "auto" => Self::Auto,
-            (Some(Value::Object(_)), _) => Self::Named,
+            (Some(named @ Value::Object(_)), Some(tools)) => Self::Named(named_tool(named, tools)?),
             (Some(other), _) => {
                 return Err(ApiError::invalid(
                     "tool_choice",
@@ -94,33 +95,103 @@ impl ToolChoice {
     }
 }
 
-/// Whether the model's tool calls are read from its output: `tool_choice` checked against the
-/// tools and the server's parser. `"required"` and a named function would need output
-/// constrained to a call, which this server does not offer.
-pub(crate) fn parses_tool_calls(
+/// The function a named `tool_choice` (`{"type": "function", "function": {"name": ...}}`)
+/// names, which must be among `tools`.
+fn named_tool(choice: &Value, tools: &[Value]) -> Result<String, ApiError> {
+    let name = choice
+        .get("function")
+        .and_then(|f| f.get("name"))
+        .and_then(Value::as_str)
+        .filter(|_| choice.get("type").and_then(Value::as_str) == Some("function"));
+    let Some(name) = name else {
+        return Err(ApiError::invalid(
+            "tool_choice",
+            "a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+        ));
+    };
+    if !tools.iter().any(|t| function(t)["name"] == name) {
+        return Err(ApiError::invalid(
+            "tool_choice",
+            format!("Tool '{name}' has not been passed in `tools`."),
+        ));
+    }
+    Ok(name.to_owned())
+}
+
+/// A tool's `function` object (checked present by [`ChatExtras::new`]).
+fn function(tool: &Value) -> &Value {
+    &tool["function"]
+}
+
+/// A function's `parameters` as a schema: an object of any keys when it has none, as vLLM
+/// takes it.
+fn parameters(function: &Value) -> Value {
+    match function.get("parameters") {
+        Some(Value::Object(p)) if !p.is_empty() => Value::Object(p.clone()),
+        _ => json!({"type": "object", "properties": {}}),
+    }
+}
+
+/// The schema of a required choice's answer, as vLLM builds it: a non-empty list of
+/// `{"name": <a tool's name>, "parameters": <its parameters>}`, the tools' `$defs` gathered at
+/// the top so that their references resolve.
+fn required_schema(tools: &[Value]) -> Result<Value, ApiError> {
+    let mut defs = Map::new();
+    let mut alternatives = Vec::with_capacity(tools.len());
+    for tool in tools {
+        let function = function(tool);
+        let parameters = parameters(function);
+        for (name, schema) in
+            parameters.get("$defs").and_then(Value::as_object).into_iter().flatten()
+        {
+            if defs.get(name).is_some_and(|kept| kept != schema) {
+                return Err(ApiError::invalid(
+                    "tools",
+                    format!(
+                        "Tool definition '{name}' has multiple schemas, which is not supported."
+                    ),
+                ));
+            }
+            defs.insert(name.clone(), schema.clone());
+        }
+        alternatives.push(json!({
+            "properties": {
+                "name": {"type": "string", "enum": [function["name"]]},
+                "parameters": parameters
+            },
+            "required": ["name", "parameters"]
+        }));
+    }
+    let mut schema = json!({"type": "array", "minItems": 1, "items": {"anyOf": alternatives}});
+    if !defs.is_empty() {
+        schema["$defs"] = Value::Object(defs);
+    }
+    Ok(schema)
+}
+
+/// How the model's tool calls come out of its answer, with the schema that constrains the answer
+/// when `tool_choice` forces calls (`"required"` or a named function, as vLLM constrains them;
+/// no tool parser needed). `"auto"` needs the server's parser.
+pub(crate) fn tool_use(
     state: &AppState,
     tool_choice: Option<&Value>,
     tools: Option<&[Value]>,
-) -> Result<bool, ApiError> {
-    let constrained = |what: &str| {
-        ApiError::unsupported(
-            "tool_choice",
-            format!(
-                "tool_choice {what} needs output constrained to a tool call, which this server \
-                 does not offer; use \"auto\" or \"none\""
-            ),
-        )
-    };
+) -> Result<(ToolUse, Option<Value>), ApiError> {
+    let tools_listed = tools.unwrap_or_default();
     match (ToolChoice::of(tool_choice, tools)?, state.tool_call_parser()) {
-        (ToolChoice::None, _) => Ok(false),
-        (ToolChoice::Auto, Some(_)) => Ok(true),
+        (ToolChoice::None, _) => Ok((ToolUse::None, None)),
+        (ToolChoice::Auto, Some(_)) => Ok((ToolUse::Parsed, None)),
         (ToolChoice::Auto, None) => Err(ApiError::invalid(
             "tool_choice",
             "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to \
              be set",
         )),
-        (ToolChoice::Required, _) => Err(constrained("\"required\"")),
-        (ToolChoice::Named, _) => Err(constrained("naming a function")),
+        (ToolChoice::Required, _) => Ok((ToolUse::Required, Some(required_schema(tools_listed)?))),
+        (ToolChoice::Named(name), _) => {
+            let tool = tools_listed.iter().find(|t| function(t)["name"] == name.as_str());
+            let schema = parameters(tool.map(function).unwrap_or(&Value::Null));
+            Ok((ToolUse::Named(name), Some(schema)))
+        }
     }
 }
 

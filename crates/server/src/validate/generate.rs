@@ -11,6 +11,7 @@ use super::{BatchNames, Job, WireNames, cache_namespace, check_batch, check_requ
 use crate::AppState;
 use crate::error::ApiError;
 use crate::routing_wire::{self, RoutingFields};
+use crate::tools::ToolUse;
 use crate::wire::{GenerateBody, SamplingParamsField, SglSamplingParams, parse};
 
 /// A validated `/generate` request: the job, and how its logprobs are shaped.
@@ -315,7 +316,7 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         logprobs,
         echo: None,
         prompt_logprobs: None,
-        tool_calls: false,
+        tool_calls: ToolUse::None,
         reasoning: None,
     };
     Ok(GenerateJob {

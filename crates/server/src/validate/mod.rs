@@ -16,6 +16,7 @@ mod prompt;
 mod sampling;
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use routed_model::Tokenizer;
 use routed_runtime::{EngineError, GenerateRequest, MAX_N, ModelInfo};
@@ -29,6 +30,7 @@ use crate::error::ApiError;
 use crate::reasoning::ReasoningParser;
 use crate::response::TokenNames;
 use crate::routing_wire::{self, RoutingFields, RoutingRequest};
+use crate::tools::ToolUse;
 use crate::wire::{ChatFields, CommonFields, CompletionFields, parse};
 
 pub(crate) use chat::ChatExtras;
@@ -60,9 +62,8 @@ pub(crate) struct Job {
     /// Alternatives per prompt token in vLLM's `prompt_logprobs` response field, when it is
     /// returned.
     pub prompt_logprobs: Option<u32>,
-    /// A chat's tool calls are read from its output (`tool_choice: "auto"`, the server's
-    /// parser).
-    pub tool_calls: bool,
+    /// How a chat's tool calls come out of its answer (`tool_choice`).
+    pub tool_calls: ToolUse,
     /// How a chat's reasoning is split off its content (the server's parser).
     pub reasoning: Option<ReasoningParser>,
 }
@@ -410,7 +411,7 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         logprobs: f.logprobs,
         echo: echo.then_some(texts),
         prompt_logprobs: shown,
-        tool_calls: false,
+        tool_calls: ToolUse::None,
         reasoning: None,
     })
 }
@@ -421,8 +422,20 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     let f: ChatFields = parse(body)?;
     check_model(state.info(), c.model.as_deref())?;
     let extras = ChatExtras::new(f.tools.as_deref(), f.chat_template_kwargs.as_ref())?;
-    let tool_calls = chat::parses_tool_calls(state, f.tool_choice.as_ref(), f.tools.as_deref())?;
-    let (response_format, thinking_tags) = output_format(state, body)?;
+    let (tool_calls, forced) = chat::tool_use(state, f.tool_choice.as_ref(), f.tools.as_deref())?;
+    let (mut response_format, mut tags) = output_format(state, body)?;
+    if let Some(schema) = forced {
+        if response_format != ResponseFormat::Text {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice \"required\" or naming a function constrains the output to tool \
+                 calls, and so does a response format: give one of them",
+            ));
+        }
+        let schema = Arc::new(json_schema::reduce(&schema, "tools")?);
+        response_format = ResponseFormat::JsonSchema { schema, compact: false };
+        tags = thinking_tags(state, &response_format);
+    }
     if c.echo == Some(true) {
         return Err(ApiError::unsupported(
             "echo",
@@ -449,7 +462,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     let fields = sampling_fields(&c, asked);
     let sampling = SamplingParams {
         response_format,
-        thinking_tags,
+        thinking_tags: tags,
         ..sampling(fields, max_tokens, logprobs, state.default_seed())?
     };
     let r = request(prompt, &sampling, n, routing, cache_salt.as_ref());
