@@ -442,14 +442,51 @@ impl JsonVocabulary {
 /// Schemas whose DFAs are kept at once.
 const MAX_SCHEMAS: usize = 8;
 
+/// Masks memoised by state, the oldest dropped past [`MASK_CACHE_CAPACITY`].
+#[derive(Debug)]
+pub(crate) struct MaskMemo<K> {
+    masks: HashMap<K, Arc<TokenMask>>,
+    /// Oldest first, for eviction.
+    order: VecDeque<K>,
+}
+
+impl<K: Copy + Eq + std::hash::Hash> MaskMemo<K> {
+    /// Nothing kept.
+    pub(crate) fn new() -> Self {
+        Self { masks: HashMap::new(), order: VecDeque::new() }
+    }
+
+    /// The mask kept for `key`.
+    pub(crate) fn get(&self, key: &K) -> Option<Arc<TokenMask>> {
+        self.masks.get(key).cloned()
+    }
+
+    /// Keeps `mask` for `key`, dropping the oldest if full, and returns it shared.
+    pub(crate) fn insert(&mut self, key: K, mask: TokenMask) -> Arc<TokenMask> {
+        if self.order.len() == MASK_CACHE_CAPACITY
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.masks.remove(&oldest);
+        }
+        let mask = Arc::new(mask);
+        self.order.push_back(key);
+        self.masks.insert(key, Arc::clone(&mask));
+        mask
+    }
+
+    /// Drops every mask.
+    pub(crate) fn clear(&mut self) {
+        self.masks.clear();
+        self.order.clear();
+    }
+}
+
 /// [`JsonVocabulary::mask`] memoised by state, and the DFAs of the schemas in use with their own
 /// memoised masks, for the scheduler's thread.
 #[derive(Debug)]
 pub struct JsonMasks {
     vocabulary: Arc<JsonVocabulary>,
-    cache: HashMap<JsonState, Arc<TokenMask>>,
-    /// Oldest state first, for eviction.
-    order: VecDeque<JsonState>,
+    masks: MaskMemo<JsonState>,
     /// Least recently used first. A reader whose DFA was dropped gets a new one.
     schemas: Vec<SchemaDfa>,
     /// The next new DFA's generation.
@@ -459,8 +496,7 @@ pub struct JsonMasks {
 impl JsonMasks {
     /// An empty cache over `vocabulary`.
     pub fn new(vocabulary: Arc<JsonVocabulary>) -> Self {
-        let (cache, order) = (HashMap::new(), VecDeque::new());
-        Self { vocabulary, cache, order, schemas: Vec::new(), num_dfas_made: 0 }
+        Self { vocabulary, masks: MaskMemo::new(), schemas: Vec::new(), num_dfas_made: 0 }
     }
 
     /// The vocabulary.
@@ -470,18 +506,10 @@ impl JsonMasks {
 
     /// The tokens that may follow `state`, shared with every request in the same state.
     pub fn mask(&mut self, state: JsonState) -> Arc<TokenMask> {
-        if let Some(mask) = self.cache.get(&state) {
-            return Arc::clone(mask);
+        match self.masks.get(&state) {
+            Some(mask) => mask,
+            None => self.masks.insert(state, self.vocabulary.mask(state)),
         }
-        let mask = Arc::new(self.vocabulary.mask(state));
-        if self.order.len() == MASK_CACHE_CAPACITY
-            && let Some(oldest) = self.order.pop_front()
-        {
-            self.cache.remove(&oldest);
-        }
-        self.order.push_back(state);
-        self.cache.insert(state, Arc::clone(&mask));
-        mask
     }
 
     /// The DFA of `schema` (compact or not), made if none is kept. A schema equal to a kept

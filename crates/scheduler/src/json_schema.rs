@@ -13,12 +13,12 @@
 //! not list are not written (an object without listed properties is a map of any keys).
 //! Whitespace may stand between JSON's tokens as in `json_object` (none with `compact`).
 
-use crate::json_lex::{Num, StrPos, StrStep};
-use routed_types::{JsonSchema, SchemaNode, SchemaNodeId as Node, TokenMask};
-use std::{
-    collections::{HashMap, VecDeque},
-    sync::Arc,
+use crate::{
+    json_lex::{Num, StrPos, StrStep},
+    json_mode::MaskMemo,
 };
+use routed_types::{JsonSchema, SchemaNode, SchemaNodeId as Node, TokenMask};
+use std::{collections::HashMap, sync::Arc};
 
 /// Deepest nesting of a configuration's stack; deeper values are not read.
 const MAX_DEPTH: usize = 64;
@@ -30,9 +30,6 @@ const MAX_ALTERNATIVE_DEPTH: usize = 16;
 /// DFA states kept before the DFA starts again from nothing: a row is 1 KiB, so a DFA holds at
 /// most 4 MiB of rows (a schema's values typically visit a few hundred states).
 const MAX_STATES: usize = 1 << 12;
-
-/// Masks kept per DFA.
-const MASK_CACHE_CAPACITY: usize = 256;
 
 /// A transition not computed yet.
 const UNKNOWN: u32 = u32::MAX;
@@ -391,9 +388,7 @@ pub(crate) struct SchemaDfa {
     complete: Vec<bool>,
     /// Whether every configuration of a state is between a string's characters.
     in_string: Vec<bool>,
-    masks: HashMap<u32, Arc<TokenMask>>,
-    /// Oldest first, for eviction.
-    mask_order: VecDeque<u32>,
+    masks: MaskMemo<u32>,
     /// Bumped each time the DFA starts again: state ids of older generations mean nothing.
     generation: u64,
     /// States kept before it starts again.
@@ -419,8 +414,7 @@ impl SchemaDfa {
             next: Vec::new(),
             complete: Vec::new(),
             in_string: Vec::new(),
-            masks: HashMap::new(),
-            mask_order: VecDeque::new(),
+            masks: MaskMemo::new(),
             generation,
             max_states: MAX_STATES,
         }
@@ -494,17 +488,10 @@ impl SchemaDfa {
         make: impl FnOnce(&mut Self) -> TokenMask,
     ) -> Arc<TokenMask> {
         if let Some(mask) = self.masks.get(&state) {
-            return Arc::clone(mask);
+            return mask;
         }
-        let mask = Arc::new(make(self));
-        if self.mask_order.len() == MASK_CACHE_CAPACITY
-            && let Some(oldest) = self.mask_order.pop_front()
-        {
-            self.masks.remove(&oldest);
-        }
-        self.mask_order.push_back(state);
-        self.masks.insert(state, Arc::clone(&mask));
-        mask
+        let mask = make(self);
+        self.masks.insert(state, mask)
     }
 
     /// States so far.
@@ -541,7 +528,6 @@ impl SchemaDfa {
         self.complete.clear();
         self.in_string.clear();
         self.masks.clear();
-        self.mask_order.clear();
         self.generation += 1 << 32;
     }
 }

@@ -6,24 +6,13 @@
 
 mod common;
 
-use common::{TestServer, test_config};
+use common::{TestServer, answers, test_config};
 use routed_runtime::ModelSource;
 use routed_server::{ReasoningParser, ServerConfig};
 use routed_test_support::json_object_prefix;
 use serde_json::{Value, json};
 
 const MODEL: &str = "tiny_hybrid_default";
-
-/// Each choice's text (or message content) and finish reason.
-fn answers(out: &Value) -> Vec<(String, String)> {
-    let choices = out["choices"].as_array().expect("choices");
-    let text =
-        |c: &Value| c["text"].as_str().or(c["message"]["content"].as_str()).map(str::to_owned);
-    choices
-        .iter()
-        .map(|c| (text(c).unwrap_or_default(), c["finish_reason"].as_str().unwrap().to_owned()))
-        .collect()
-}
 
 /// Whether `text` has whitespace outside its JSON strings.
 fn whitespace_outside_strings(text: &str) -> bool {

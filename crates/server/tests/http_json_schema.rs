@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{TestServer, test_config};
+use common::{TestServer, answers, test_config};
 use routed_test_support::json_object_prefix;
 use serde_json::{Value, json};
 
@@ -76,17 +76,6 @@ fn check(text: &str, finish: &str, what: &str) -> bool {
     let value: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(conforms(&value), "{what}: {text}");
     true
-}
-
-/// Each choice's text (or message content) and finish reason.
-fn answers(out: &Value) -> Vec<(String, String)> {
-    let choices = out["choices"].as_array().expect("choices");
-    let text =
-        |c: &Value| c["text"].as_str().or(c["message"]["content"].as_str()).map(str::to_owned);
-    choices
-        .iter()
-        .map(|c| (text(c).unwrap_or_default(), c["finish_reason"].as_str().unwrap().to_owned()))
-        .collect()
 }
 
 #[test]

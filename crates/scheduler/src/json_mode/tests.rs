@@ -1,4 +1,5 @@
 use super::*;
+use routed_test_support::SplitMix64;
 
 fn reads(text: &[u8]) -> Option<JsonState> {
     let mut state = JsonState::start();
@@ -177,6 +178,12 @@ fn brute_force(tokens: &[Option<Vec<u8>>], vocab: &JsonVocabulary, state: JsonSt
     mask
 }
 
+/// A token drawn among those `mask` allows.
+pub(crate) fn draw(rng: &mut SplitMix64, mask: &TokenMask, num_tokens: usize) -> TokenId {
+    let allowed: Vec<TokenId> = (0..num_tokens as TokenId).filter(|&t| mask.allows(t)).collect();
+    allowed[(rng.next_u64() % allowed.len() as u64) as usize]
+}
+
 /// A seeded walk through the vocabulary: tokens drawn among those each mask allows, until EOS.
 fn generate(
     vocab: &JsonVocabulary,
@@ -184,18 +191,13 @@ fn generate(
     seed: u64,
     max: usize,
 ) -> (Vec<TokenId>, bool) {
-    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = SplitMix64(seed);
     let mut constraint =
         JsonConstraint::start(masks, &ResponseFormat::JsonObject, &[], None).unwrap();
     let mut out = Vec::new();
     while out.len() < max {
         let mask = constraint.allowed().expect("no thinking to wait for");
-        let allowed: Vec<TokenId> =
-            (0..vocab.num_tokens() as TokenId).filter(|&t| mask.allows(t)).collect();
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let token = allowed[(rng % allowed.len() as u64) as usize];
+        let token = draw(&mut rng, mask, vocab.num_tokens());
         if vocab.eos.contains(&token) {
             return (out, true);
         }

@@ -1,5 +1,9 @@
 use super::*;
-use crate::json_mode::{JsonConstraint, JsonMasks, JsonVocabulary, tests::vocabulary_with};
+use crate::json_mode::{
+    JsonConstraint, JsonMasks, JsonVocabulary,
+    tests::{draw, vocabulary_with},
+};
+use routed_test_support::SplitMix64;
 use routed_types::{Property, ResponseFormat, TokenId};
 use serde_json::Value;
 
@@ -221,18 +225,13 @@ fn generate(
     let mut check = SchemaDfa::new(Arc::new(schema.clone()), false, 0);
     let pos = check.start();
     let mut state = check.state(&pos);
-    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = SplitMix64(seed);
     let mut text = Vec::new();
     while text.len() < max {
         let mask = constraint.allowed().expect("no thinking to wait for");
         let want = brute_force(vocab, &mut check, state);
         assert_eq!(**mask, want, "seed {seed} after {:?}", String::from_utf8_lossy(&text));
-        let allowed: Vec<TokenId> =
-            (0..vocab.num_tokens() as TokenId).filter(|&t| mask.allows(t)).collect();
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let token = allowed[(rng % allowed.len() as u64) as usize];
+        let token = draw(&mut rng, mask, vocab.num_tokens());
         if vocab.token_bytes(token).is_empty() {
             return (String::from_utf8(text).expect("UTF-8"), true);
         }

@@ -361,3 +361,14 @@ pub fn routing_of(choice: &Value) -> Rows {
 pub fn prompt_ids(len: usize, salt: u32) -> Vec<u32> {
     (0..len as u32).map(|i| 10 + (i * 37 + salt * 101) % 400).collect()
 }
+
+/// Each choice's text (or chat message content) and finish reason, of an OpenAI answer.
+pub fn answers(out: &Value) -> Vec<(String, String)> {
+    let choices = out["choices"].as_array().expect("choices");
+    let text =
+        |c: &Value| c["text"].as_str().or(c["message"]["content"].as_str()).map(str::to_owned);
+    choices
+        .iter()
+        .map(|c| (text(c).unwrap_or_default(), c["finish_reason"].as_str().unwrap().to_owned()))
+        .collect()
+}
