@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{TestServer, answers, test_config};
+use common::{TestServer, answers, on_both_routes, test_config};
 use routed_runtime::ModelSource;
 use routed_server::{ReasoningParser, ServerConfig};
 use routed_test_support::json_object_prefix;
@@ -38,11 +38,7 @@ fn answers_are_json_objects_or_their_prefixes_on_both_routes() {
         let temperature = if seed == 0 { 0.0 } else { 1.0 };
         let sampling = json!({"max_tokens": 48, "temperature": temperature, "seed": seed, "n": 3,
                               "response_format": json_object});
-        let mut completion = sampling.clone();
-        completion["prompt"] = json!("Answer in JSON:");
-        let mut chat = sampling;
-        chat["messages"] = json!([{"role": "user", "content": "Answer in JSON."}]);
-        for (route, body) in [("/v1/completions", completion), ("/v1/chat/completions", chat)] {
+        for (route, body) in on_both_routes(&sampling, "Answer in JSON:", "Answer in JSON.") {
             for (text, finish) in answers(&s.ok(route, &body)) {
                 let whole = json_object_prefix(&text)
                     .unwrap_or_else(|| panic!("{route} seed {seed}: not JSON: {text:?}"));

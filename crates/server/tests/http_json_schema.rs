@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{TestServer, answers, test_config};
+use common::{TestServer, answers, on_both_routes, test_config};
 use routed_test_support::json_object_prefix;
 use serde_json::{Value, json};
 
@@ -87,11 +87,7 @@ fn answers_are_values_of_the_schema_however_it_is_asked_for() {
     for seed in 0..4 {
         let sampling = json!({"max_tokens": 96, "temperature": 1.0, "seed": seed, "n": 3,
                               "response_format": format});
-        let mut completion = sampling.clone();
-        completion["prompt"] = json!("Forecast in JSON:");
-        let mut chat = sampling;
-        chat["messages"] = json!([{"role": "user", "content": "Forecast in JSON."}]);
-        for (route, body) in [("/v1/completions", completion), ("/v1/chat/completions", chat)] {
+        for (route, body) in on_both_routes(&sampling, "Forecast in JSON:", "Forecast in JSON.") {
             for (text, finish) in answers(&s.ok(route, &body)) {
                 num_whole += usize::from(check(&text, &finish, &format!("{route} seed {seed}")));
             }

@@ -372,3 +372,13 @@ pub fn answers(out: &Value) -> Vec<(String, String)> {
         .map(|c| (text(c).unwrap_or_default(), c["finish_reason"].as_str().unwrap().to_owned()))
         .collect()
 }
+
+/// `sampling` on both OpenAI routes: completing `prompt`, and a chat whose one user turn says
+/// `message`.
+pub fn on_both_routes(sampling: &Value, prompt: &str, message: &str) -> [(&'static str, Value); 2] {
+    let mut completion = sampling.clone();
+    completion["prompt"] = serde_json::json!(prompt);
+    let mut chat = sampling.clone();
+    chat["messages"] = serde_json::json!([{"role": "user", "content": message}]);
+    [("/v1/completions", completion), ("/v1/chat/completions", chat)]
+}
