@@ -60,6 +60,8 @@ enum Frame {
     Value(Node),
     /// Inside a string: a value, or a map's key (the map then waits for its colon).
     Str(StrPos),
+    /// Inside a string of the bounded `node`, `len` characters read (counted up to its bound).
+    BoundedStr { node: Node, pos: StrPos, len: u16 },
     /// Inside a number.
     Num { integer: bool, pos: Num },
     /// `at` bytes into literal `index` of `node`.
@@ -136,6 +138,9 @@ impl Reader {
                 Some(StrStep::Closed) => self.pop(config, out),
                 None => {}
             },
+            Frame::BoundedStr { node, pos, len } => {
+                self.bounded_string_byte(config, node, pos, len, b, out)
+            }
             Frame::Num { integer, pos } => {
                 let next =
                     pos.next(b).filter(|next| !integer || matches!(next, Num::Int | Num::Zero));
@@ -196,6 +201,10 @@ impl Reader {
             },
             SchemaNode::Literals(_) => self.begin_literals(config, node, b, out),
             SchemaNode::String if b == b'"' => self.push(config, Frame::Str(StrPos::Chars), out),
+            SchemaNode::BoundedString { .. } if b == b'"' => {
+                let frame = Frame::BoundedStr { node, pos: StrPos::Chars, len: 0 };
+                self.push(config, frame, out)
+            }
             SchemaNode::Number { integer } => self.begin_number(config, *integer, b, out),
             SchemaNode::Array { .. } if b == b'[' => {
                 self.push(config, Frame::Arr { node, count: 0, phase: Phase::Open }, out)
@@ -205,6 +214,36 @@ impl Reader {
             }
             SchemaNode::Map { .. } if b == b'{' => {
                 self.push(config, Frame::Map { node, phase: Phase::Open }, out)
+            }
+            _ => {}
+        }
+    }
+
+    /// A byte inside a bounded string: the closing quote once there are enough characters, a
+    /// new character only while there are fewer than the most.
+    fn bounded_string_byte(
+        &self,
+        config: Config,
+        node: Node,
+        pos: StrPos,
+        len: u16,
+        b: u8,
+        out: &mut Vec<Config>,
+    ) {
+        let SchemaNode::BoundedString { min_length, max_length } = *self.schema.node(node) else {
+            return;
+        };
+        match pos.next(b) {
+            Some(StrStep::Closed) if u32::from(len) >= min_length => self.pop(config, out),
+            Some(StrStep::In(_))
+                if pos == StrPos::Chars && max_length.is_some_and(|max| u32::from(len) >= max) => {}
+            Some(StrStep::In(next)) => {
+                // A character is whole when the string is between characters again; counted up
+                // to the larger bound, past which more change nothing.
+                let bound = max_length.unwrap_or(min_length).min(u32::from(u16::MAX)) as u16;
+                let len =
+                    if next == StrPos::Chars { len.saturating_add(1).min(bound) } else { len };
+                self.replace(config, Frame::BoundedStr { node, pos: next, len }, out)
             }
             _ => {}
         }

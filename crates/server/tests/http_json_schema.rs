@@ -14,12 +14,13 @@ use serde_json::{Value, json};
 const MODEL: &str = "tiny_hybrid_default";
 
 /// A forecast request, as a tool's parameters are written: required and optional properties,
-/// an enum, an integer, a bounded list of objects from `$defs` and a nullable field.
+/// a bounded string, an enum, an integer, a bounded list of objects from `$defs` and a nullable
+/// field.
 fn schema() -> Value {
     json!({
         "type": "object",
         "properties": {
-            "city": {"type": "string", "description": "where"},
+            "city": {"type": "string", "description": "where", "maxLength": 12},
             "days": {"type": "integer"},
             "units": {"enum": ["celsius", "fahrenheit"]},
             "alerts": {"type": "array", "items": {"$ref": "#/$defs/Alert"}, "maxItems": 2}
@@ -56,7 +57,8 @@ fn conforms(value: &Value) -> bool {
                 && a.get("note").is_some_and(|n| n.is_string() || n.is_null())
         })
     };
-    object.get("city").is_some_and(Value::is_string)
+    let city = object.get("city").and_then(Value::as_str);
+    city.is_some_and(|c| c.chars().count() <= 12)
         && object.get("days").is_none_or(|d| d.is_i64() || d.is_u64())
         && object.get("units").is_some_and(|u| u == "celsius" || u == "fahrenheit")
         && object

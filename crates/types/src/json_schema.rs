@@ -45,6 +45,9 @@ impl JsonSchema {
                 SchemaNode::Array { items, min_items, max_items } => {
                     known(items) && max_items.is_none_or(|max| *min_items <= max)
                 }
+                SchemaNode::BoundedString { min_length, max_length } => {
+                    max_length.is_none_or(|max| *min_length <= max)
+                }
                 SchemaNode::Object { properties } => properties.iter().all(|p| known(&p.value)),
                 SchemaNode::Map { values } => known(values),
                 SchemaNode::AnyOf(alternatives) => {
@@ -63,6 +66,14 @@ pub enum SchemaNode {
     Literals(Vec<String>),
     /// Any string.
     String,
+    /// A string of `min_length` to `max_length` characters (Unicode code points, as JSON Schema
+    /// counts them; an escape is the one character it writes).
+    BoundedString {
+        /// Fewest characters.
+        min_length: u32,
+        /// Most characters, if bounded.
+        max_length: Option<u32>,
+    },
     /// A number; with `integer`, without a fraction or an exponent.
     Number {
         /// Digits only, after an optional minus sign.

@@ -64,6 +64,16 @@ fn tagged() -> JsonSchema {
     JsonSchema { nodes }
 }
 
+/// `{code: 2 to 3 characters, note?: at most 1}`.
+fn bounded() -> JsonSchema {
+    let nodes = vec![
+        SchemaNode::Object { properties: vec![prop("code", 1, true), prop("note", 2, false)] },
+        SchemaNode::BoundedString { min_length: 2, max_length: Some(3) },
+        SchemaNode::BoundedString { min_length: 0, max_length: Some(1) },
+    ];
+    JsonSchema { nodes }
+}
+
 fn any() -> JsonSchema {
     JsonSchema { nodes: vec![SchemaNode::Any] }
 }
@@ -81,7 +91,7 @@ fn read(schema: &JsonSchema, compact: bool, text: &[u8]) -> Option<bool> {
 
 #[test]
 fn values_of_the_schema_are_read_whole_and_their_prefixes_are_not() {
-    let cases: [(JsonSchema, &[&str]); 4] = [
+    let cases: [(JsonSchema, &[&str]); 5] = [
         (
             person(),
             &[
@@ -100,6 +110,15 @@ fn values_of_the_schema_are_read_whole_and_their_prefixes_are_not() {
         ),
         (tagged(), &[r#"{"kind": "p", "x": 1}"#, r#"{"kind":"q","y":20}"#]),
         (any(), &[r#"[1, {"a": [true, null, {}]}, "s", -0.5]"#, r#"{"k": false}"#, "null"]),
+        (
+            bounded(),
+            &[
+                r#"{"code": "ab"}"#,
+                r#"{"code": "abc", "note": ""}"#,
+                "{\"code\": \"\u{e9}\\n\", \"note\": \"\u{1F980}\"}",
+                r#"{"code": "\u0041b\"", "note": "\\"}"#,
+            ],
+        ),
     ];
     for (schema, texts) in cases {
         for text in texts {
@@ -118,7 +137,7 @@ fn values_of_the_schema_are_read_whole_and_their_prefixes_are_not() {
 
 #[test]
 fn what_the_schema_does_not_allow_is_refused() {
-    let refused: [(JsonSchema, &[&str]); 4] = [
+    let refused: [(JsonSchema, &[&str]); 5] = [
         (
             person(),
             &[
@@ -142,6 +161,16 @@ fn what_the_schema_does_not_allow_is_refused() {
         (tree(), &[r#"{"value": 1, "children": [{"children": []}]}"#, r#"{"value": "1"}"#]),
         (tagged(), &[r#"{"kind": "p", "y": 1}"#, r#"{"kind": "r", "x": 1}"#]),
         (any(), &["tru ", "{\"a\" 1}", "[1,]", "01", "\"\\x\""]),
+        (
+            bounded(),
+            &[
+                r#"{"code": "a"}"#,
+                r#"{"code": "abcd"}"#,
+                r#"{"code": "ab\n\t"}"#,
+                r#"{"code": "ab", "note": "xy"}"#,
+                "{\"code\": \"\u{e9}\u{e9}\u{e9}\u{e9}\"}",
+            ],
+        ),
     ];
     for (schema, texts) in refused {
         for text in texts {
@@ -253,6 +282,10 @@ fn conforms(schema: &JsonSchema, node: Node, value: &Value) -> bool {
             texts.iter().any(|t| serde_json::from_str::<Value>(t).unwrap() == *v)
         }
         (SchemaNode::String, Value::String(_)) => true,
+        (SchemaNode::BoundedString { min_length, max_length }, Value::String(s)) => {
+            let len = s.chars().count();
+            len >= *min_length as usize && max_length.is_none_or(|max| len <= max as usize)
+        }
         (SchemaNode::Number { integer }, Value::Number(x)) => {
             !integer || x.is_i64() || x.is_u64() || x.as_f64().is_some_and(|f| f.fract() == 0.0)
         }
@@ -282,7 +315,9 @@ fn conforms(schema: &JsonSchema, node: Node, value: &Value) -> bool {
 #[test]
 fn the_masks_allow_exactly_the_tokens_that_read_and_every_finished_walk_conforms() {
     let (_, vocab, mut masks) = vocabulary_with(&SCHEMA_TOKENS);
-    for (name, schema) in [("person", person()), ("tree", tree()), ("tagged", tagged())] {
+    let schemas =
+        [("person", person()), ("tree", tree()), ("tagged", tagged()), ("bounded", bounded())];
+    for (name, schema) in schemas {
         let mut finished = 0;
         for seed in 0..150 {
             let (text, ended) = generate(&schema, &vocab, &mut masks, seed, 300);

@@ -4,11 +4,12 @@
 //! Kept: `type` (one or a list), `enum`, `const`, `properties` with `required` (written in the
 //! schema's order, optional ones may be left out, no other keys), `additionalProperties` (an
 //! object without `properties` is a map of its values), `items`, `minItems`, `maxItems`, `anyOf`
-//! and `oneOf` (read as `anyOf`), `allOf` of one schema, and `$ref` within the document (`#`,
+//! and `oneOf` (read as `anyOf`), `allOf` of one schema, `minLength` and `maxLength`, and `$ref`
+//! within the document (`#`,
 //! `#/$defs/...`, `#/definitions/...`, any JSON pointer), recursive ones included. Annotations
 //! (`title`, `description`, `default`, `examples`, `format`, which JSON Schema makes an annotation
 //! by default, ...) change nothing. A keyword whose constraint the reader cannot keep (`pattern`,
-//! `minLength`, `minimum`, `uniqueItems`, ...) is a 400 naming it and where it stands: an output
+//! `minimum`, `uniqueItems`, ...) is a 400 naming it and where it stands: an output
 //! that ignored it could break the schema.
 
 use std::collections::HashMap;
@@ -19,10 +20,8 @@ use serde_json::{Map, Value};
 use crate::error::ApiError;
 
 /// Keywords whose constraint the reader cannot keep.
-const REFUSED: [&str; 22] = [
+const REFUSED: [&str; 20] = [
     "pattern",
-    "minLength",
-    "maxLength",
     "minimum",
     "maximum",
     "exclusiveMinimum",
@@ -179,7 +178,7 @@ impl Reducer<'_> {
         at: &str,
     ) -> Result<SchemaNodeId, ApiError> {
         let node = match name {
-            "string" => SchemaNode::String,
+            "string" => self.string(fields, at)?,
             "integer" => SchemaNode::Number { integer: true },
             "number" => SchemaNode::Number { integer: false },
             "boolean" => SchemaNode::Literals(vec!["true".into(), "false".into()]),
@@ -313,20 +312,47 @@ impl Reducer<'_> {
         Ok(id)
     }
 
-    fn array(&mut self, fields: &Map<String, Value>, at: &str) -> Result<SchemaNodeId, ApiError> {
+    /// A string, bounded by `minLength` and `maxLength` when either is given.
+    fn string(&self, fields: &Map<String, Value>, at: &str) -> Result<SchemaNode, ApiError> {
+        if !fields.contains_key("minLength") && !fields.contains_key("maxLength") {
+            return Ok(SchemaNode::String);
+        }
+        let (min_length, max_length) = self.bounds(fields, ["minLength", "maxLength"], at)?;
+        // The reader counts characters up to 65,535: past that a string is long enough.
+        let most = u32::from(u16::MAX);
+        if min_length > most {
+            return Err(self.refuse(at, format!("\"minLength\" above {most} is not supported")));
+        }
+        let max_length = max_length.filter(|&max| max <= most);
+        Ok(SchemaNode::BoundedString { min_length, max_length })
+    }
+
+    /// A pair of count bounds (`minItems` and `maxItems`, say): the least (0 when absent) and
+    /// the most, checked in order.
+    fn bounds(
+        &self,
+        fields: &Map<String, Value>,
+        [min, max]: [&'static str; 2],
+        at: &str,
+    ) -> Result<(u32, Option<u32>), ApiError> {
         let bound = |name: &'static str| match fields.get(name) {
             None => Ok(None),
             Some(v) => v.as_u64().map(|n| Some(n.min(u64::from(u32::MAX)) as u32)).ok_or(name),
         };
-        let (min_items, max_items) = match (bound("minItems"), bound("maxItems")) {
-            (Ok(min), Ok(max)) => (min.unwrap_or(0), max),
+        let (least, most) = match (bound(min), bound(max)) {
+            (Ok(least), Ok(most)) => (least.unwrap_or(0), most),
             (Err(name), _) | (_, Err(name)) => {
                 return Err(self.invalid(at, format!("\"{name}\" is a count (an integer >= 0)")));
             }
         };
-        if max_items.is_some_and(|max| max < min_items) {
-            return Err(self.invalid(at, "\"maxItems\" is below \"minItems\": no array fits"));
+        if most.is_some_and(|most| most < least) {
+            return Err(self.invalid(at, format!("\"{max}\" is below \"{min}\": no value fits")));
         }
+        Ok((least, most))
+    }
+
+    fn array(&mut self, fields: &Map<String, Value>, at: &str) -> Result<SchemaNodeId, ApiError> {
+        let (min_items, max_items) = self.bounds(fields, ["minItems", "maxItems"], at)?;
         let id = self.add(SchemaNode::Any, at)?;
         let items = match fields.get("items") {
             None => self.add(SchemaNode::Any, at)?,

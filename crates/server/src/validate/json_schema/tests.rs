@@ -62,6 +62,12 @@ fn an_object_keeps_its_properties_in_order_with_what_is_required() {
     let types: Vec<_> = types.iter().map(|&t| node(&schema, t).clone()).collect();
     assert_eq!(types, [SchemaNode::String, SchemaNode::Literals(vec!["null".into()])]);
     assert_eq!(value(5), &SchemaNode::Literals(vec!["true".into(), "false".into()]));
+    let bounded = reduced(json!({"type": "string", "minLength": 1, "maxLength": 8}));
+    let want = SchemaNode::BoundedString { min_length: 1, max_length: Some(8) };
+    assert_eq!(node(&bounded, JsonSchema::ROOT), &want);
+    let at_least = reduced(json!({"type": "string", "minLength": 2, "maxLength": 1 << 20}));
+    let want = SchemaNode::BoundedString { min_length: 2, max_length: None };
+    assert_eq!(node(&at_least, JsonSchema::ROOT), &want);
     assert!(schema.is_well_formed());
 }
 
@@ -128,7 +134,8 @@ fn constraints_the_reader_cannot_keep_are_refused_naming_the_keyword_and_where()
             "pattern",
             "#/properties/d",
         ),
-        (json!({"type": "string", "maxLength": 3}), "maxLength", "#"),
+        (json!({"type": "integer", "maximum": 3}), "maximum", "#"),
+        (json!({"type": "string", "minLength": 70000}), "minLength", "#"),
         (json!({"type": "integer", "minimum": 0}), "minimum", "#"),
         (json!({"items": {"multipleOf": 2}}), "multipleOf", "#/items"),
         (json!({"type": "array", "uniqueItems": true}), "uniqueItems", "#"),
@@ -152,6 +159,7 @@ fn constraints_the_reader_cannot_keep_are_refused_naming_the_keyword_and_where()
         (json!({"enum": [1, 2], "type": "string"}), "no value"),
         (json!({"type": "array", "minItems": 3, "maxItems": 2}), "maxItems"),
         (json!({"type": "array", "minItems": -1}), "minItems"),
+        (json!({"type": "string", "minLength": 2, "maxLength": 1}), "maxLength"),
         (json!({"$ref": "#/$defs/missing"}), "names nothing"),
         (json!({"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}), "only itself"),
         (json!({"anyOf": []}), "non-empty"),
