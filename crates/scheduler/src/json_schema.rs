@@ -17,6 +17,7 @@ use crate::{
     json_lex::{Num, StrPos, StrStep},
     json_mode::MaskMemo,
 };
+use range::{IntPos, Range};
 use routed_types::{JsonSchema, SchemaNode, SchemaNodeId as Node, TokenMask};
 use std::{collections::HashMap, sync::Arc};
 
@@ -64,6 +65,8 @@ enum Frame {
     BoundedStr { node: Node, pos: StrPos, len: u16 },
     /// Inside a number.
     Num { integer: bool, pos: Num },
+    /// Inside an integer of the bounded `node`.
+    BoundedInt { node: Node, pos: IntPos },
     /// `at` bytes into literal `index` of `node`.
     Lit { node: Node, index: u16, at: u16 },
     /// Inside an object of `node`; properties before `next` are behind.
@@ -113,11 +116,20 @@ impl Reader {
 
     /// Whether `config` has read a whole value: nothing left, or a number at the top level
     /// that may end here.
-    fn is_complete(config: &[Frame]) -> bool {
+    fn is_complete(&self, config: &[Frame]) -> bool {
         match config {
             [] => true,
             [Frame::Num { pos, .. }] => pos.may_end(),
+            [Frame::BoundedInt { node, pos }] => pos.may_end(self.range(*node)),
             _ => false,
+        }
+    }
+
+    /// A bounded integer node's range.
+    fn range(&self, node: Node) -> Range {
+        match self.schema.node(node) {
+            SchemaNode::BoundedInteger { minimum, maximum } => (*minimum, *maximum),
+            _ => (None, None),
         }
     }
 
@@ -154,6 +166,15 @@ impl Reader {
                     None => {}
                 }
             }
+            Frame::BoundedInt { node, pos } => match pos.next(b, self.range(node)) {
+                Some(pos) => self.replace(config, Frame::BoundedInt { node, pos }, out),
+                // As after any number: the byte is read as what follows the value.
+                None if pos.may_end(self.range(node)) && config.len() > 1 => {
+                    config.pop();
+                    self.feed(config, b, depth, out);
+                }
+                None => {}
+            },
             Frame::Lit { node, index, at } => {
                 let text = self.literal(node, index);
                 if text[at as usize] != b {
@@ -206,6 +227,11 @@ impl Reader {
                 self.push(config, frame, out)
             }
             SchemaNode::Number { integer } => self.begin_number(config, *integer, b, out),
+            SchemaNode::BoundedInteger { .. } => {
+                if let Some(pos) = IntPos::start(b, self.range(node)) {
+                    self.push(config, Frame::BoundedInt { node, pos }, out)
+                }
+            }
             SchemaNode::Array { .. } if b == b'[' => {
                 self.push(config, Frame::Arr { node, count: 0, phase: Phase::Open }, out)
             }
@@ -544,7 +570,7 @@ impl SchemaDfa {
             return id;
         }
         let id = self.states.len() as u32;
-        let complete = configs.0.iter().any(|c| Reader::is_complete(c));
+        let complete = configs.0.iter().any(|c| self.reader.is_complete(c));
         let in_string = configs.0.iter().all(|c| c.last() == Some(&Frame::Str(StrPos::Chars)));
         let configs = Arc::new(configs);
         self.states.push(Arc::clone(&configs));
@@ -571,5 +597,6 @@ impl SchemaDfa {
     }
 }
 
+mod range;
 #[cfg(test)]
 mod tests;

@@ -14,14 +14,14 @@ use serde_json::{Value, json};
 const MODEL: &str = "tiny_hybrid_default";
 
 /// A forecast request, as a tool's parameters are written: required and optional properties,
-/// a bounded string, an enum, an integer, a bounded list of objects from `$defs` and a nullable
+/// a bounded string, an enum, an integer in a range, a bounded list of objects from `$defs` and a nullable
 /// field.
 fn schema() -> Value {
     json!({
         "type": "object",
         "properties": {
             "city": {"type": "string", "description": "where", "maxLength": 12},
-            "days": {"type": "integer"},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
             "units": {"enum": ["celsius", "fahrenheit"]},
             "alerts": {"type": "array", "items": {"$ref": "#/$defs/Alert"}, "maxItems": 2}
         },
@@ -59,7 +59,7 @@ fn conforms(value: &Value) -> bool {
     };
     let city = object.get("city").and_then(Value::as_str);
     city.is_some_and(|c| c.chars().count() <= 12)
-        && object.get("days").is_none_or(|d| d.is_i64() || d.is_u64())
+        && object.get("days").is_none_or(|d| d.as_i64().is_some_and(|d| (1..=7).contains(&d)))
         && object.get("units").is_some_and(|u| u == "celsius" || u == "fahrenheit")
         && object
             .get("alerts")

@@ -48,6 +48,8 @@ impl JsonSchema {
                 SchemaNode::BoundedString { min_length, max_length } => {
                     max_length.is_none_or(|max| *min_length <= max)
                 }
+                SchemaNode::BoundedInteger { minimum: Some(lo), maximum: Some(hi) } => lo <= hi,
+                SchemaNode::BoundedInteger { .. } => true,
                 SchemaNode::Object { properties } => properties.iter().all(|p| known(&p.value)),
                 SchemaNode::Map { values } => known(values),
                 SchemaNode::AnyOf(alternatives) => {
@@ -78,6 +80,13 @@ pub enum SchemaNode {
     Number {
         /// Digits only, after an optional minus sign.
         integer: bool,
+    },
+    /// An integer from `minimum` to `maximum` (inclusive, either end open).
+    BoundedInteger {
+        /// The least, if bounded below.
+        minimum: Option<i64>,
+        /// The most, if bounded above.
+        maximum: Option<i64>,
     },
     /// An array of `items`, with `min_items` to `max_items` of them.
     Array {

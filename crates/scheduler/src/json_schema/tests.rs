@@ -64,12 +64,15 @@ fn tagged() -> JsonSchema {
     JsonSchema { nodes }
 }
 
-/// `{code: 2 to 3 characters, note?: at most 1}`.
+/// `{code: 2 to 3 characters, note?: at most 1, n?: an integer from -2 to 12}`.
 fn bounded() -> JsonSchema {
     let nodes = vec![
-        SchemaNode::Object { properties: vec![prop("code", 1, true), prop("note", 2, false)] },
+        SchemaNode::Object {
+            properties: vec![prop("code", 1, true), prop("note", 2, false), prop("n", 3, false)],
+        },
         SchemaNode::BoundedString { min_length: 2, max_length: Some(3) },
         SchemaNode::BoundedString { min_length: 0, max_length: Some(1) },
+        SchemaNode::BoundedInteger { minimum: Some(-2), maximum: Some(12) },
     ];
     JsonSchema { nodes }
 }
@@ -117,6 +120,9 @@ fn values_of_the_schema_are_read_whole_and_their_prefixes_are_not() {
                 r#"{"code": "abc", "note": ""}"#,
                 "{\"code\": \"\u{e9}\\n\", \"note\": \"\u{1F980}\"}",
                 r#"{"code": "\u0041b\"", "note": "\\"}"#,
+                r#"{"code": "ab", "n": -2}"#,
+                r#"{"code": "ab", "note": "", "n": 12}"#,
+                r#"{"code":"ab","n":0}"#,
             ],
         ),
     ];
@@ -169,6 +175,10 @@ fn what_the_schema_does_not_allow_is_refused() {
                 r#"{"code": "ab\n\t"}"#,
                 r#"{"code": "ab", "note": "xy"}"#,
                 "{\"code\": \"\u{e9}\u{e9}\u{e9}\u{e9}\"}",
+                r#"{"code": "ab", "n": 13}"#,
+                r#"{"code": "ab", "n": -3}"#,
+                r#"{"code": "ab", "n": 05}"#,
+                r#"{"code": "ab", "n": 1.5}"#,
             ],
         ),
     ];
@@ -282,6 +292,14 @@ fn conforms(schema: &JsonSchema, node: Node, value: &Value) -> bool {
             texts.iter().any(|t| serde_json::from_str::<Value>(t).unwrap() == *v)
         }
         (SchemaNode::String, Value::String(_)) => true,
+        // serde_json reads `-0` as a float.
+        (SchemaNode::BoundedInteger { minimum, maximum }, Value::Number(x)) => {
+            x.as_f64().is_some_and(|x| {
+                x.fract() == 0.0
+                    && minimum.is_none_or(|lo| x >= lo as f64)
+                    && maximum.is_none_or(|hi| x <= hi as f64)
+            })
+        }
         (SchemaNode::BoundedString { min_length, max_length }, Value::String(s)) => {
             let len = s.chars().count();
             len >= *min_length as usize && max_length.is_none_or(|max| len <= max as usize)

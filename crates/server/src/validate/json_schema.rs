@@ -4,13 +4,13 @@
 //! Kept: `type` (one or a list), `enum`, `const`, `properties` with `required` (written in the
 //! schema's order, optional ones may be left out, no other keys), `additionalProperties` (an
 //! object without `properties` is a map of its values), `items`, `minItems`, `maxItems`, `anyOf`
-//! and `oneOf` (read as `anyOf`), `allOf` of one schema, `minLength` and `maxLength`, and `$ref`
-//! within the document (`#`,
+//! and `oneOf` (read as `anyOf`), `allOf` of one schema, `minLength` and `maxLength`, an
+//! integer's `minimum` and `maximum` (exclusive too), and `$ref` within the document (`#`,
 //! `#/$defs/...`, `#/definitions/...`, any JSON pointer), recursive ones included. Annotations
 //! (`title`, `description`, `default`, `examples`, `format`, which JSON Schema makes an annotation
 //! by default, ...) change nothing. A keyword whose constraint the reader cannot keep (`pattern`,
-//! `minimum`, `uniqueItems`, ...) is a 400 naming it and where it stands: an output
-//! that ignored it could break the schema.
+//! `multipleOf`, `uniqueItems`, a non-integer's `minimum`, ...) is a 400 naming it and where it
+//! stands: an output that ignored it could break the schema.
 
 use std::collections::HashMap;
 
@@ -20,12 +20,8 @@ use serde_json::{Map, Value};
 use crate::error::ApiError;
 
 /// Keywords whose constraint the reader cannot keep.
-const REFUSED: [&str; 20] = [
+const REFUSED: [&str; 16] = [
     "pattern",
-    "minimum",
-    "maximum",
-    "exclusiveMinimum",
-    "exclusiveMaximum",
     "multipleOf",
     "patternProperties",
     "propertyNames",
@@ -42,6 +38,9 @@ const REFUSED: [&str; 20] = [
     "unevaluatedItems",
     "additionalItems",
 ];
+
+/// Bounds of a number, kept on integers only.
+const NUMERIC: [&str; 4] = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
 
 /// Keywords that shape a value: a schema using one beside `$ref`, `anyOf` or `oneOf` is refused
 /// rather than read as one of them alone.
@@ -167,6 +166,10 @@ impl Reducer<'_> {
             None if ["items", "minItems", "maxItems"].iter().any(|k| fields.contains_key(*k)) => {
                 self.array(fields, at)
             }
+            None if let Some(k) = NUMERIC.iter().find(|k| fields.contains_key(**k)) => {
+                Err(self
+                    .refuse(at, format!("\"{k}\" without \"type\": \"integer\" is not supported")))
+            }
             None => self.add(SchemaNode::Any, at),
         }
     }
@@ -179,8 +182,16 @@ impl Reducer<'_> {
     ) -> Result<SchemaNodeId, ApiError> {
         let node = match name {
             "string" => self.string(fields, at)?,
-            "integer" => SchemaNode::Number { integer: true },
-            "number" => SchemaNode::Number { integer: false },
+            "integer" => self.integer(fields, at)?,
+            "number" => match NUMERIC.iter().find(|k| fields.contains_key(**k)) {
+                Some(k) => {
+                    return Err(self.refuse(
+                        at,
+                        format!("\"{k}\" on a number that is not an integer is not supported"),
+                    ));
+                }
+                None => SchemaNode::Number { integer: false },
+            },
             "boolean" => SchemaNode::Literals(vec!["true".into(), "false".into()]),
             "null" => SchemaNode::Literals(vec!["null".into()]),
             "object" => return self.object(fields, at),
@@ -310,6 +321,41 @@ impl Reducer<'_> {
         };
         self.nodes[id.index()] = node;
         Ok(id)
+    }
+
+    /// An integer, bounded by `minimum`, `maximum` and their exclusive forms when given (a
+    /// fractional bound rounded inward; an end beyond an i64's range is open).
+    fn integer(&self, fields: &Map<String, Value>, at: &str) -> Result<SchemaNode, ApiError> {
+        let bound =
+            |name: &str, round: fn(f64) -> f64, shift: f64| -> Result<Option<f64>, ApiError> {
+                match fields.get(name) {
+                    None => Ok(None),
+                    Some(Value::Number(n)) => Ok(n.as_f64().map(|x| round(x) + shift)),
+                    Some(other) => Err(self
+                        .refuse(at, format!("\"{name}\" {other} is not supported (a number is)"))),
+                }
+            };
+        let lows = [bound("minimum", f64::ceil, 0.0)?, bound("exclusiveMinimum", f64::floor, 1.0)?];
+        let highs =
+            [bound("maximum", f64::floor, 0.0)?, bound("exclusiveMaximum", f64::ceil, -1.0)?];
+        let lo = lows.into_iter().flatten().reduce(f64::max);
+        let hi = highs.into_iter().flatten().reduce(f64::min);
+        if let (Some(lo), Some(hi)) = (lo, hi)
+            && lo > hi
+        {
+            return Err(self.invalid(at, "no integer is within \"minimum\" and \"maximum\""));
+        }
+        // Past an i64's range an end is open; a range wholly past it is not supported.
+        let (min, max) = (i64::MIN as f64, i64::MAX as f64);
+        if lo.is_some_and(|lo| lo > max) || hi.is_some_and(|hi| hi < min) {
+            return Err(self.refuse(at, "integer bounds beyond 64 bits are not supported"));
+        }
+        let minimum = lo.filter(|&lo| lo > min).map(|lo| lo as i64);
+        let maximum = hi.filter(|&hi| hi < max).map(|hi| hi as i64);
+        Ok(match (minimum, maximum) {
+            (None, None) => SchemaNode::Number { integer: true },
+            _ => SchemaNode::BoundedInteger { minimum, maximum },
+        })
     }
 
     /// A string, bounded by `minLength` and `maxLength` when either is given.

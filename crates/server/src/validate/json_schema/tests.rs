@@ -65,6 +65,29 @@ fn an_object_keeps_its_properties_in_order_with_what_is_required() {
     let bounded = reduced(json!({"type": "string", "minLength": 1, "maxLength": 8}));
     let want = SchemaNode::BoundedString { min_length: 1, max_length: Some(8) };
     assert_eq!(node(&bounded, JsonSchema::ROOT), &want);
+    let int = |schema: Value| node(&reduced(schema), JsonSchema::ROOT).clone();
+    let bounded = |minimum, maximum| SchemaNode::BoundedInteger { minimum, maximum };
+    assert_eq!(
+        int(json!({"type": "integer", "minimum": 1, "maximum": 7})),
+        bounded(Some(1), Some(7))
+    );
+    assert_eq!(
+        int(
+            json!({"type": "integer", "exclusiveMinimum": 0.5, "maximum": 9.9, "exclusiveMaximum": 10})
+        ),
+        bounded(Some(1), Some(9))
+    );
+    assert_eq!(
+        int(json!({"type": "integer", "minimum": -1e30})),
+        SchemaNode::Number { integer: true }
+    );
+    assert_eq!(
+        int(json!({"type": "integer", "minimum": -1e30, "maximum": -2})),
+        bounded(None, Some(-2))
+    );
+    let nullable = reduced(json!({"type": ["integer", "null"], "minimum": 0}));
+    let SchemaNode::AnyOf(types) = node(&nullable, JsonSchema::ROOT) else { panic!() };
+    assert_eq!(node(&nullable, types[0]), &bounded(Some(0), None));
     let at_least = reduced(json!({"type": "string", "minLength": 2, "maxLength": 1 << 20}));
     let want = SchemaNode::BoundedString { min_length: 2, max_length: None };
     assert_eq!(node(&at_least, JsonSchema::ROOT), &want);
@@ -134,9 +157,11 @@ fn constraints_the_reader_cannot_keep_are_refused_naming_the_keyword_and_where()
             "pattern",
             "#/properties/d",
         ),
-        (json!({"type": "integer", "maximum": 3}), "maximum", "#"),
+        (json!({"type": "number", "maximum": 3}), "maximum", "#"),
+        (json!({"properties": {"n": {"minimum": 0}}}), "minimum", "#/properties/n"),
+        (json!({"type": "integer", "exclusiveMinimum": true}), "exclusiveMinimum", "#"),
         (json!({"type": "string", "minLength": 70000}), "minLength", "#"),
-        (json!({"type": "integer", "minimum": 0}), "minimum", "#"),
+        (json!({"type": "number", "exclusiveMinimum": 0}), "exclusiveMinimum", "#"),
         (json!({"items": {"multipleOf": 2}}), "multipleOf", "#/items"),
         (json!({"type": "array", "uniqueItems": true}), "uniqueItems", "#"),
         (json!({"anyOf": [{"type": "string"}, {"not": {}}]}), "not", "#/anyOf/1"),
@@ -160,6 +185,7 @@ fn constraints_the_reader_cannot_keep_are_refused_naming_the_keyword_and_where()
         (json!({"type": "array", "minItems": 3, "maxItems": 2}), "maxItems"),
         (json!({"type": "array", "minItems": -1}), "minItems"),
         (json!({"type": "string", "minLength": 2, "maxLength": 1}), "maxLength"),
+        (json!({"type": "integer", "minimum": 5, "maximum": 4.5}), "no integer"),
         (json!({"$ref": "#/$defs/missing"}), "names nothing"),
         (json!({"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}), "only itself"),
         (json!({"anyOf": []}), "non-empty"),
