@@ -4,7 +4,7 @@ use crate::json_mode::{
     tests::{draw, vocabulary_with},
 };
 use routed_test_support::SplitMix64;
-use routed_types::{Property, ResponseFormat, TokenId};
+use routed_types::{Property, ResponseFormat, TokenId, TokenMask};
 use serde_json::Value;
 
 fn n(i: u32) -> Node {
@@ -379,7 +379,7 @@ fn a_dfa_that_starts_again_keeps_every_position_where_it_was() {
         let state = small.state(&pos);
         let next = small.step(state, b).unwrap_or_else(|| panic!("refused {}", b as char));
         pos = small.pos(next);
-        generations.insert(pos.generation);
+        generations.insert(pos.generation());
     }
     assert!(generations.len() > 3, "it started again: {generations:?}");
     assert!(small.num_states() <= 8 + 1, "{} states", small.num_states());
