@@ -1,5 +1,7 @@
 use super::*;
 use routed_test_support::SplitMix64;
+use routed_types::ResponseFormat;
+use std::sync::Arc;
 
 fn reads(text: &[u8]) -> Option<JsonState> {
     let mut state = JsonState::start();

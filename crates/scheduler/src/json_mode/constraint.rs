@@ -1,0 +1,243 @@
+//! A constrained sequence's reader ([`JsonConstraint`]) and the masks it takes, memoised by
+//! state for the scheduler's thread ([`JsonMasks`]): a `json_object` reader's from the vocabulary
+//! walk, a schema reader's from its schema's DFA.
+
+use super::{JsonState, JsonVocabulary, MASK_CACHE_CAPACITY};
+use crate::json_schema::{SchemaDfa, SchemaPos};
+use routed_types::{JsonSchema, ResponseFormat, ThinkingTags, TokenId, TokenMask};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+};
+
+/// Schemas whose DFAs are kept at once.
+const MAX_SCHEMAS: usize = 8;
+
+/// Masks memoised by state, the oldest dropped past [`MASK_CACHE_CAPACITY`].
+#[derive(Debug)]
+pub(crate) struct MaskMemo<K> {
+    masks: HashMap<K, Arc<TokenMask>>,
+    /// Oldest first, for eviction.
+    order: VecDeque<K>,
+}
+
+impl<K: Copy + Eq + std::hash::Hash> MaskMemo<K> {
+    /// Nothing kept.
+    pub(crate) fn new() -> Self {
+        Self { masks: HashMap::new(), order: VecDeque::new() }
+    }
+
+    /// The mask kept for `key`.
+    pub(crate) fn get(&self, key: &K) -> Option<Arc<TokenMask>> {
+        self.masks.get(key).cloned()
+    }
+
+    /// Keeps `mask` for `key`, dropping the oldest if full, and returns it shared.
+    pub(crate) fn insert(&mut self, key: K, mask: TokenMask) -> Arc<TokenMask> {
+        if self.order.len() == MASK_CACHE_CAPACITY
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.masks.remove(&oldest);
+        }
+        let mask = Arc::new(mask);
+        self.order.push_back(key);
+        self.masks.insert(key, Arc::clone(&mask));
+        mask
+    }
+
+    /// Drops every mask.
+    pub(crate) fn clear(&mut self) {
+        self.masks.clear();
+        self.order.clear();
+    }
+}
+
+/// [`JsonVocabulary::mask`] memoised by state, and the DFAs of the schemas in use with their own
+/// memoised masks, for the scheduler's thread.
+#[derive(Debug)]
+pub struct JsonMasks {
+    vocabulary: Arc<JsonVocabulary>,
+    masks: MaskMemo<JsonState>,
+    /// Least recently used first. A reader whose DFA was dropped gets a new one.
+    schemas: Vec<SchemaDfa>,
+    /// The next new DFA's generation.
+    num_dfas_made: u64,
+}
+
+impl JsonMasks {
+    /// An empty cache over `vocabulary`.
+    pub fn new(vocabulary: Arc<JsonVocabulary>) -> Self {
+        Self { vocabulary, masks: MaskMemo::new(), schemas: Vec::new(), num_dfas_made: 0 }
+    }
+
+    /// The vocabulary.
+    pub fn vocabulary(&self) -> &JsonVocabulary {
+        &self.vocabulary
+    }
+
+    /// The tokens that may follow `state`, shared with every request in the same state.
+    pub fn mask(&mut self, state: JsonState) -> Arc<TokenMask> {
+        match self.masks.get(&state) {
+            Some(mask) => mask,
+            None => self.masks.insert(state, self.vocabulary.mask(state)),
+        }
+    }
+
+    /// The DFA of `schema` (compact or not), made if none is kept. A schema equal to a kept
+    /// one's shares its DFA: `schema` is then pointed at the kept one's, so that the next lookup
+    /// is a pointer comparison.
+    fn dfa(&mut self, schema: &mut Arc<JsonSchema>, compact: bool) -> &mut SchemaDfa {
+        let same = |dfa: &SchemaDfa| {
+            let (kept, kept_compact) = dfa.key();
+            kept_compact == compact && (Arc::ptr_eq(kept, schema) || **kept == **schema)
+        };
+        let at = match self.schemas.iter().position(same) {
+            Some(at) => at,
+            None => {
+                if self.schemas.len() == MAX_SCHEMAS {
+                    self.schemas.remove(0);
+                }
+                let generation = self.num_dfas_made;
+                self.num_dfas_made += 1;
+                self.schemas.push(SchemaDfa::new(Arc::clone(schema), compact, generation));
+                self.schemas.len() - 1
+            }
+        };
+        // Most recently used last.
+        let dfa = self.schemas.remove(at);
+        *schema = Arc::clone(dfa.key().0);
+        self.schemas.push(dfa);
+        self.schemas.last_mut().expect("just pushed")
+    }
+
+    /// The tokens that may follow `state` of `dfa`.
+    fn schema_mask(vocabulary: &JsonVocabulary, dfa: &mut SchemaDfa, state: u32) -> Arc<TokenMask> {
+        dfa.mask_of(state, |dfa| {
+            let (in_string, complete) = (dfa.is_in_string(state), dfa.is_complete(state));
+            let mut feed = |s: &mut u32, b| dfa.step(*s, b).map(|next| *s = next).is_some();
+            vocabulary.mask_with(state, in_string, complete, &mut feed)
+        })
+    }
+}
+
+/// What a constrained sequence's output is read as.
+#[derive(Clone, Debug)]
+enum Reader {
+    /// One JSON object.
+    Object(JsonState),
+    /// One value of `schema`.
+    Schema { schema: Arc<JsonSchema>, compact: bool, pos: SchemaPos },
+}
+
+/// A constrained sequence's reader and the tokens it allows next.
+#[derive(Clone, Debug)]
+pub struct JsonConstraint {
+    /// The end-of-thinking token the constraint waits for while a reasoning model thinks.
+    waits_for: Option<TokenId>,
+    /// The output read so far; `None` once a token that could not follow was sampled (then
+    /// nothing is constrained any more).
+    reader: Option<Reader>,
+    /// What may be sampled next; `None` while the model thinks.
+    allowed: Option<Arc<TokenMask>>,
+}
+
+impl JsonConstraint {
+    /// Nothing generated yet after `prompt`, for the output `format` asks for (`None` for
+    /// [`ResponseFormat::Text`], which constrains nothing). With `thinking` tags the constraint
+    /// waits for the end tag, unless the prompt already closed the thinking (vLLM's rule for its
+    /// reasoning parsers: the last tag of the prompt decides).
+    pub fn start(
+        masks: &mut JsonMasks,
+        format: &ResponseFormat,
+        prompt: &[TokenId],
+        thinking: Option<ThinkingTags>,
+    ) -> Option<Self> {
+        let mut reader = match format {
+            ResponseFormat::Text => return None,
+            ResponseFormat::JsonObject => Reader::Object(JsonState::start()),
+            ResponseFormat::CompactJsonObject => Reader::Object(JsonState::start_compact()),
+            ResponseFormat::JsonSchema { schema, compact } => {
+                let mut schema = Arc::clone(schema);
+                let pos = masks.dfa(&mut schema, *compact).start();
+                Reader::Schema { schema, compact: *compact, pos }
+            }
+        };
+        let waits_for = thinking.filter(|tags| !tags.ended_in(prompt)).map(|tags| tags.end);
+        let allowed = match waits_for {
+            Some(_) => None,
+            None => Some(Self::mask(&mut reader, masks)),
+        };
+        Some(Self { waits_for, reader: Some(reader), allowed })
+    }
+
+    /// The tokens that may be sampled next, `None` while the model thinks.
+    pub fn allowed(&self) -> Option<&Arc<TokenMask>> {
+        self.allowed.as_ref()
+    }
+
+    /// Whether every token sampled so far was one the constraint allowed (a mask allows a token
+    /// that cannot follow only when nothing else could).
+    pub fn is_followed(&self) -> bool {
+        self.reader.is_some()
+    }
+
+    /// After `token` was sampled.
+    pub fn advance(&mut self, token: TokenId, masks: &mut JsonMasks) {
+        if let Some(end) = self.waits_for {
+            if token == end {
+                self.waits_for = None;
+                self.allowed = self.reader.as_mut().map(|reader| Self::mask(reader, masks));
+            }
+            return;
+        }
+        let Some(reader) = self.reader.take() else { return };
+        self.reader = Self::read(reader, token, masks);
+        self.allowed = Some(match &mut self.reader {
+            Some(reader) => Self::mask(reader, masks),
+            None => Arc::new(TokenMask::all(masks.vocabulary().num_tokens())),
+        });
+    }
+
+    /// `reader` after `token`, or `None` when the token cannot follow.
+    fn read(reader: Reader, token: TokenId, masks: &mut JsonMasks) -> Option<Reader> {
+        match reader {
+            Reader::Object(state) => masks.vocabulary().advance(state, token).map(Reader::Object),
+            Reader::Schema { mut schema, compact, pos } => {
+                let vocabulary = Arc::clone(&masks.vocabulary);
+                let dfa = masks.dfa(&mut schema, compact);
+                let mut state = dfa.state(&pos);
+                if vocabulary.eos.contains(&token) {
+                    return dfa.is_complete(state).then_some(Reader::Schema {
+                        schema,
+                        compact,
+                        pos,
+                    });
+                }
+                let bytes = vocabulary.token_bytes(token);
+                if bytes.is_empty() {
+                    return None;
+                }
+                for &b in bytes {
+                    state = dfa.step(state, b)?;
+                }
+                let pos = dfa.pos(state);
+                Some(Reader::Schema { schema, compact, pos })
+            }
+        }
+    }
+
+    /// The tokens `reader` allows next (a schema reader's position is renewed if its DFA
+    /// started again).
+    fn mask(reader: &mut Reader, masks: &mut JsonMasks) -> Arc<TokenMask> {
+        match reader {
+            Reader::Object(state) => masks.mask(*state),
+            Reader::Schema { schema, compact, pos } => {
+                let vocabulary = Arc::clone(&masks.vocabulary);
+                let dfa = masks.dfa(schema, *compact);
+                let state = dfa.state(pos);
+                *pos = dfa.pos(state);
+                JsonMasks::schema_mask(&vocabulary, dfa, state)
+            }
+        }
+    }
+}
