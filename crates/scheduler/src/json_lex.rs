@@ -1,6 +1,11 @@
 //! The byte-level pieces of JSON both output readers share: where a reader is inside a string
 //! and inside a number (RFC 8259), each a small `Copy` value stepped one byte at a time.
 
+/// Whether `b` is whitespace between JSON's tokens.
+pub(crate) fn is_whitespace(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
 /// Where a reader is inside a string, after its opening quote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum StrPos {

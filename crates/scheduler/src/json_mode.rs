@@ -15,7 +15,7 @@
 //! characters, where almost every token fits, the tokens that fit in any string are a mask made
 //! once and only the rest of the vocabulary is walked (`docs/performance.md`, "JSON output").
 
-use crate::json_lex::{Num, StrPos, StrStep};
+use crate::json_lex::{Num, StrPos, StrStep, is_whitespace};
 use routed_types::{TokenId, TokenMask};
 
 /// Deepest nesting of objects and arrays (one bit each in [`JsonState`]'s stack).
@@ -70,10 +70,6 @@ impl Default for JsonState {
     fn default() -> Self {
         Self::start()
     }
-}
-
-fn is_whitespace(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
 impl JsonState {

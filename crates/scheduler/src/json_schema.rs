@@ -13,7 +13,7 @@
 //! not list are not written (an object without listed properties is a map of any keys).
 //! Whitespace may stand between JSON's tokens as in `json_object` (none with `compact`).
 
-use crate::json_lex::{Num, StrPos, StrStep};
+use crate::json_lex::{Num, StrPos, StrStep, is_whitespace};
 use range::{IntPos, Range};
 use routed_types::{JsonSchema, SchemaNode, SchemaNodeId as Node};
 use std::sync::Arc;
@@ -72,10 +72,6 @@ type Config = Vec<Frame>;
 /// A set of configurations, sorted and without repeats: a DFA state.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Configs(Vec<Config>);
-
-fn is_whitespace(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
-}
 
 /// The NFA over one schema: what a byte does to a configuration.
 #[derive(Debug)]

@@ -32,15 +32,20 @@ impl JsonSchema {
         &self.nodes[id.index()]
     }
 
-    /// Whether every reference names a node, every literal is non-empty and every array's
-    /// bounds are in order: what a reader of the schema may rely on.
+    /// Most literals of a node, properties of an object, and bytes of a literal or a key.
+    pub const MAX_ITEMS: usize = u16::MAX as usize;
+
+    /// Whether every reference names a node, every literal is non-empty, every bound is in
+    /// order and nothing exceeds [`JsonSchema::MAX_ITEMS`]: what a reader of the schema may rely
+    /// on.
     pub fn is_well_formed(&self) -> bool {
         let known = |id: &SchemaNodeId| id.index() < self.nodes.len();
+        let fits = |text: &String| !text.is_empty() && text.len() <= Self::MAX_ITEMS;
         !self.nodes.is_empty()
             && self.nodes.iter().all(|node| match node {
                 SchemaNode::Any | SchemaNode::String | SchemaNode::Number { .. } => true,
                 SchemaNode::Literals(texts) => {
-                    !texts.is_empty() && texts.iter().all(|t| !t.is_empty())
+                    !texts.is_empty() && texts.len() <= Self::MAX_ITEMS && texts.iter().all(fits)
                 }
                 SchemaNode::Array { items, min_items, max_items } => {
                     known(items) && max_items.is_none_or(|max| *min_items <= max)
@@ -50,7 +55,10 @@ impl JsonSchema {
                 }
                 SchemaNode::BoundedInteger { minimum: Some(lo), maximum: Some(hi) } => lo <= hi,
                 SchemaNode::BoundedInteger { .. } => true,
-                SchemaNode::Object { properties } => properties.iter().all(|p| known(&p.value)),
+                SchemaNode::Object { properties } => {
+                    properties.len() <= Self::MAX_ITEMS
+                        && properties.iter().all(|p| known(&p.value) && fits(&p.key))
+                }
                 SchemaNode::Map { values } => known(values),
                 SchemaNode::AnyOf(alternatives) => {
                     !alternatives.is_empty() && alternatives.iter().all(known)

@@ -67,7 +67,16 @@ pub(crate) fn reduce(schema: &Value, param: &str) -> Result<JsonSchema, ApiError
     let mut reducer = Reducer { root: schema, param, nodes: Vec::new(), refs: HashMap::new() };
     reducer.node(schema, "#")?;
     let reduced = JsonSchema { nodes: reducer.nodes };
-    debug_assert!(reduced.is_well_formed());
+    // What is left: more than 65,535 values of an enum, properties of an object, or bytes in one
+    // of them.
+    if !reduced.is_well_formed() {
+        let most = JsonSchema::MAX_ITEMS;
+        let message = format!(
+            "{param}: an enum, an object or a key of more than {most} values, properties or \
+             bytes is not supported"
+        );
+        return Err(ApiError::unsupported(param, message));
+    }
     Ok(reduced)
 }
 

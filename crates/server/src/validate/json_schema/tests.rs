@@ -195,3 +195,14 @@ fn constraints_the_reader_cannot_keep_are_refused_naming_the_keyword_and_where()
         assert!(message.contains(what), "{schema}: {message}");
     }
 }
+
+#[test]
+fn an_enum_past_the_readers_counts_is_refused() {
+    let values: Vec<u32> = (0..70_000).collect();
+    let (code, message) = refusal(json!({"enum": values}));
+    assert_eq!(code, "unsupported_parameter");
+    assert!(message.contains("65535"), "{message}");
+    let long_key = "k".repeat(70_000);
+    let (code, _) = refusal(json!({"properties": {long_key: {}}}));
+    assert_eq!(code, "unsupported_parameter");
+}
