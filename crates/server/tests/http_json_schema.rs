@@ -202,3 +202,39 @@ fn schemas_the_reader_cannot_keep_are_refused_by_name() {
     assert_eq!(error["param"], "sampling_params.json_schema", "{error}");
     assert_eq!(s.registry.len(), 0, "nothing ran");
 }
+
+#[test]
+fn a_choice_answers_exactly_one_of_its_texts() {
+    let s = TestServer::start(test_config(MODEL));
+    let options = ["yes", "no", "not sure"];
+    let mut num_whole = 0;
+    for seed in 0..4 {
+        for field in ["structured_outputs", "guided_choice"] {
+            let mut body = json!({"prompt": "Is it?", "max_tokens": 8, "temperature": 1.0,
+                                  "seed": seed, "n": 2});
+            body[field] = match field {
+                "guided_choice" => json!(options),
+                _ => json!({"choice": options}),
+            };
+            for (text, finish) in answers(&s.ok("/v1/completions", &body)) {
+                assert!(options.iter().any(|o| o.starts_with(&text)), "{field} {seed}: {text:?}");
+                if finish == "stop" {
+                    assert!(options.contains(&text.as_str()), "{field} {seed}: {text:?}");
+                    num_whole += 1;
+                }
+            }
+        }
+    }
+    assert!(num_whole > 0, "no answer ended");
+    for (field, value, param) in [
+        ("structured_outputs", json!({"choice": []}), "structured_outputs.choice"),
+        ("structured_outputs", json!({"choice": ["a", 1]}), "structured_outputs.choice"),
+        ("structured_outputs", json!({"choice": ["a"], "json_object": true}), "structured_outputs"),
+        ("guided_choice", json!(["a", ""]), "guided_choice"),
+    ] {
+        let mut body = json!({"prompt": "hi", "max_tokens": 2});
+        body[field] = value;
+        let error = s.post("/v1/completions", &body).error(400, "invalid_request_error");
+        assert_eq!(error["param"], param, "{error}");
+    }
+}

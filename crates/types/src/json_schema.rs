@@ -27,6 +27,11 @@ impl JsonSchema {
     /// The node of the whole value.
     pub const ROOT: SchemaNodeId = SchemaNodeId(0);
 
+    /// The schema whose one value is one of `choices`, as written (no quotes added).
+    pub fn of_choices(choices: &[String]) -> Self {
+        Self { nodes: vec![SchemaNode::Literals(choices.to_vec())] }
+    }
+
     /// The node `id` names.
     pub fn node(&self, id: SchemaNodeId) -> &SchemaNode {
         &self.nodes[id.index()]
@@ -72,7 +77,8 @@ impl JsonSchema {
 pub enum SchemaNode {
     /// Any JSON value.
     Any,
-    /// Exactly one of these JSON texts, written compactly (`enum`, `const`, `boolean`, `null`).
+    /// Exactly one of these texts: JSON written compactly (`enum`, `const`, `boolean`, `null`),
+    /// or, at the root of [`JsonSchema::of_choices`], any text.
     Literals(Vec<String>),
     /// Any string.
     String,

@@ -113,6 +113,9 @@ pub enum ResponseFormat {
         /// No whitespace outside strings.
         compact: bool,
     },
+    /// Exactly one of these texts (vLLM's `choice`), each token chosen among those that keep
+    /// the output a prefix of one, EOS only once it is one.
+    Choice(Arc<[String]>),
 }
 
 impl Default for SamplingParams {
@@ -230,12 +233,24 @@ impl SamplingParams {
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad("min_p", format!("min_p must be in [0, 1], got {}", self.min_p));
         }
-        if let ResponseFormat::JsonSchema { schema, .. } = &self.response_format
-            && !schema.is_well_formed()
-        {
-            let message =
-                "response_format's JSON schema is empty or names nodes it does not have".into();
-            return bad("response_format", message);
+        match &self.response_format {
+            ResponseFormat::JsonSchema { schema, .. } if !schema.is_well_formed() => {
+                let message = "response_format's JSON schema is empty, names nodes it does not \
+                               have or exceeds its counts"
+                    .into();
+                return bad("response_format", message);
+            }
+            ResponseFormat::Choice(choices)
+                if !JsonSchema::of_choices(choices).is_well_formed() =>
+            {
+                let message = format!(
+                    "response_format's choices must be 1 to {} non-empty texts of at most as \
+                     many bytes",
+                    JsonSchema::MAX_ITEMS
+                );
+                return bad("response_format", message);
+            }
+            _ => {}
         }
         self.check_logit_bias(vocab_size)
     }
@@ -430,6 +445,9 @@ mod tests {
             ("logit_bias", |p| p.logit_bias = vec![(5, 100.5)]),
             ("logit_bias", |p| p.logit_bias = vec![(5, -101.0)]),
             ("logit_bias", |p| p.logit_bias = vec![(5, f32::NAN)]),
+            ("response_format", |p| {
+                p.response_format = ResponseFormat::Choice(vec!["a".into(), String::new()].into())
+            }),
             ("response_format", |p| {
                 let schema = Arc::new(JsonSchema { nodes: Vec::new() });
                 p.response_format = ResponseFormat::JsonSchema { schema, compact: false }

@@ -161,6 +161,12 @@ impl JsonConstraint {
                 let pos = masks.dfa(&mut schema, *compact).start();
                 Reader::Schema { schema, compact: *compact, pos }
             }
+            // A root of literal texts, nothing before them.
+            ResponseFormat::Choice(choices) => {
+                let mut schema = Arc::new(JsonSchema::of_choices(choices));
+                let pos = masks.dfa(&mut schema, true).start();
+                Reader::Schema { schema, compact: true, pos }
+            }
         };
         let waits_for = thinking.filter(|tags| !tags.ended_in(prompt)).map(|tags| tags.end);
         let allowed = match waits_for {

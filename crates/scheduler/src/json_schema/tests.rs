@@ -386,3 +386,15 @@ fn a_dfa_that_starts_again_keeps_every_position_where_it_was() {
     let state = small.state(&pos);
     assert!(small.is_complete(state));
 }
+
+#[test]
+fn a_choice_is_exactly_one_of_its_texts() {
+    let choices = ["yes", "no", "yes, sure"].map(String::from);
+    let schema = JsonSchema::of_choices(&choices);
+    for (text, want) in [("yes", Some(true)), ("yes, sure", Some(true)), ("yes,", Some(false))] {
+        assert_eq!(read(&schema, true, text.as_bytes()), want, "{text}");
+    }
+    for text in [" yes", "\"yes\"", "nope", "yes ", "no."] {
+        assert_eq!(read(&schema, true, text.as_bytes()), None, "{text}");
+    }
+}

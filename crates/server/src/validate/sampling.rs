@@ -86,13 +86,12 @@ pub(crate) fn sampling(
 /// vLLM's older structured-output fields other than `guided_json`, none of which is served:
 /// refused rather than ignored, so that a client never takes an unconstrained answer for a
 /// constrained one. (`guided_decoding_backend` only names an implementation, and is accepted.)
-const GUIDED_REFUSED: [&str; 4] =
-    ["guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern"];
+const GUIDED_REFUSED: [&str; 3] = ["guided_regex", "guided_grammar", "guided_whitespace_pattern"];
 
-/// Constraints of vLLM's `structured_outputs` other than `json` and `json_object`, refused by
-/// name.
-const STRUCTURED_OUTPUTS_REFUSED: [&str; 5] =
-    ["regex", "choice", "grammar", "structural_tag", "whitespace_pattern"];
+/// Constraints of vLLM's `structured_outputs` other than `json`, `json_object` and `choice`,
+/// refused by name.
+const STRUCTURED_OUTPUTS_REFUSED: [&str; 4] =
+    ["regex", "grammar", "structural_tag", "whitespace_pattern"];
 
 /// What one of a request's fields asks the output to be.
 enum Constraint {
@@ -100,12 +99,15 @@ enum Constraint {
     Object,
     /// One value of a schema.
     Schema(JsonSchema),
+    /// One of these texts.
+    Choice(Vec<String>),
 }
 
 /// The output format a request asks for, by one of: OpenAI's `response_format` (on both OpenAI
 /// routes, as vLLM takes it: `text`, `json_object`, or `json_schema` with its `schema`), vLLM's
-/// `structured_outputs` (`json_object: true`, or `json` with a schema; compact with its
-/// `disable_any_whitespace`) or its older `guided_json`. A schema is reduced to what the reader
+/// `structured_outputs` (`json_object: true`, `json` with a schema, or `choice` with a list of
+/// texts; compact with its `disable_any_whitespace`) or its older `guided_json` and
+/// `guided_choice`. A schema is reduced to what the reader
 /// follows ([`super::json_schema`]); vLLM's other ways to constrain the output are a 400 naming
 /// the field, and so are two constraints at once.
 pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> {
@@ -113,7 +115,9 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
     if let Some(field) = GUIDED_REFUSED.iter().find(|f| given(f)) {
         return Err(ApiError::unsupported(
             field,
-            format!("{field} is not supported; response_format json_object and json_schema are"),
+            format!(
+                "{field} is not supported; response_format json_object and json_schema, and choice, are"
+            ),
         ));
     }
     let (structured, compact) = structured_outputs(body)?;
@@ -121,11 +125,19 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         Some(schema) => Some(Constraint::Schema(schema_of(schema, "guided_json")?)),
         None => None,
     };
+    let guided_choice = match body.get("guided_choice").filter(|v| !v.is_null()) {
+        Some(list) => Some(Constraint::Choice(choices(list, "guided_choice")?)),
+        None => None,
+    };
     let openai = openai_response_format(body)?;
-    let mut asked = [("structured_outputs", structured), ("guided_json", guided)]
-        .into_iter()
-        .chain([("response_format", openai)])
-        .filter_map(|(field, c)| c.map(|c| (field, c)));
+    let mut asked = [
+        ("structured_outputs", structured),
+        ("guided_json", guided),
+        ("guided_choice", guided_choice),
+        ("response_format", openai),
+    ]
+    .into_iter()
+    .filter_map(|(field, c)| c.map(|c| (field, c)));
     let Some((first, constraint)) = asked.next() else { return Ok(ResponseFormat::Text) };
     if let Some((second, _)) = asked.next() {
         return Err(ApiError::invalid(
@@ -139,7 +151,28 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         (Constraint::Schema(schema), compact) => {
             ResponseFormat::JsonSchema { schema: Arc::new(schema), compact }
         }
+        (Constraint::Choice(choices), _) => ResponseFormat::Choice(choices.into()),
     })
+}
+
+/// vLLM's `choice`: a non-empty list of non-empty texts, the output exactly one of them.
+fn choices(value: &Value, param: &str) -> Result<Vec<String>, ApiError> {
+    let texts: Option<Vec<String>> = value
+        .as_array()
+        .filter(|l| !l.is_empty() && l.len() <= JsonSchema::MAX_ITEMS)
+        .and_then(|l| l.iter().map(|v| v.as_str().map(str::to_owned)).collect());
+    match texts {
+        Some(texts) if texts.iter().all(|t| !t.is_empty() && t.len() <= JsonSchema::MAX_ITEMS) => {
+            Ok(texts)
+        }
+        _ => Err(ApiError::invalid(
+            param,
+            format!(
+                "{param} must be a list of 1 to {} non-empty strings (of at most as many bytes)",
+                JsonSchema::MAX_ITEMS
+            ),
+        )),
+    }
 }
 
 /// A schema given as a JSON object (or boolean), or as the JSON text of one, reduced.
@@ -225,22 +258,29 @@ fn structured_outputs(body: &Value) -> Result<(Option<Constraint>, bool), ApiErr
         let param = format!("structured_outputs.{key}");
         return Err(ApiError::unsupported(
             &param,
-            format!("{param} is not supported; structured_outputs.json and json_object are"),
+            format!(
+                "{param} is not supported; structured_outputs.json, json_object and choice are"
+            ),
         ));
     }
-    let constraint = match (fields.get("json").filter(|v| !v.is_null()), set("json_object")) {
-        (Some(_), true) => {
-            return Err(ApiError::invalid(
-                "structured_outputs",
-                "structured_outputs.json and structured_outputs.json_object both constrain the \
-                 output: give one of them",
-            ));
-        }
-        (Some(schema), false) => {
+    let json = fields.get("json").filter(|v| !v.is_null());
+    let choice = fields.get("choice").filter(|v| !v.is_null());
+    let constraint = match (json, set("json_object"), choice) {
+        (None, false, None) => None,
+        (Some(schema), false, None) => {
             Some(Constraint::Schema(schema_of(schema, "structured_outputs.json")?))
         }
-        (None, true) => Some(Constraint::Object),
-        (None, false) => None,
+        (None, true, None) => Some(Constraint::Object),
+        (None, false, Some(list)) => {
+            Some(Constraint::Choice(choices(list, "structured_outputs.choice")?))
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "structured_outputs",
+                "structured_outputs.json, json_object and choice each constrain the output: \
+                 give one of them",
+            ));
+        }
     };
     Ok((constraint, set("disable_any_whitespace")))
 }
