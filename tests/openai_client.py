@@ -145,6 +145,19 @@ def main():
             num_called += 1
     assert num_called > 0, "no forced answer ended"
 
+    # Streamed, the client's accumulated deltas hold the same named call.
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    ask = dict(model=model, messages=messages, max_tokens=40, temperature=1.0, seed=1,
+               tools=tools, tool_choice=named)
+    whole = client.chat.completions.create(**ask).choices[0].message.tool_calls[0].function
+    pieces = [
+        d.function
+        for chunk in client.chat.completions.create(stream=True, **ask)
+        for d in (chunk.choices[0].delta.tool_calls or [])
+    ]
+    assert pieces[0].name == "get_weather", pieces
+    assert "".join(p.arguments or "" for p in pieces) == whole.arguments, (pieces, whole)
+
     # JSON mode as the client asks for it: a whole object when EOS ended the answer, else the
     # start of one.
     for seed in range(4):

@@ -29,7 +29,7 @@ use crate::response::{
     finish_reason, legacy_logprobs, routing_meta, sglext, stop_reason,
 };
 use crate::run::{Merged, choice_index};
-use crate::tools::{ToolCall, ToolStream, ToolUse};
+use crate::tools::{ForcedStream, ToolStream, ToolUse};
 use crate::validate::Job;
 
 /// One SSE event.
@@ -59,8 +59,8 @@ struct ChoiceState {
     reasoning: Option<ReasoningStream>,
     /// The text split into content and tool calls, when the chat reads tool calls.
     tools: Option<ToolStream>,
-    /// The answer so far, when a forced `tool_choice` makes it calls: sent as calls at its end.
-    forced: Option<(ToolUse, String)>,
+    /// The answer read as calls, when a forced `tool_choice` makes it calls.
+    forced: Option<ForcedStream>,
 }
 
 /// What one choice sends for some of its text.
@@ -70,8 +70,8 @@ struct ChatDelta {
     reasoning: String,
     /// The text (a completion's all of it).
     content: String,
-    /// A chat's tool calls completed, with their indices.
-    calls: Vec<(usize, ToolCall)>,
+    /// A chat's tool calls, as the delta's `tool_calls` entries.
+    calls: Vec<Value>,
 }
 
 impl ChoiceState {
@@ -85,24 +85,15 @@ impl ChoiceState {
             }
             None => (String::new(), text),
         };
-        if let Some((tools, answer)) = &mut self.forced {
-            answer.push_str(&content);
-            if !end {
-                return ChatDelta { reasoning, ..ChatDelta::default() };
-            }
-            return match tools.forced_calls(answer) {
-                Some(calls) => {
-                    let calls = calls.into_iter().enumerate().collect();
-                    ChatDelta { reasoning, content: String::new(), calls }
-                }
-                // A required list cut short: the text after all.
-                None => ChatDelta { reasoning, content: std::mem::take(answer), calls: Vec::new() },
-            };
+        if let Some(forced) = &mut self.forced {
+            let (content, calls) = forced.push(&content, end);
+            return ChatDelta { reasoning, content, calls };
         }
         match &mut self.tools {
             Some(t) => {
                 let d = if end { t.finish(&content) } else { t.push(&content) };
-                ChatDelta { reasoning, content: d.content, calls: d.calls }
+                let calls = d.calls.iter().map(|(index, call)| call.to_delta_json(*index));
+                ChatDelta { reasoning, content: d.content, calls: calls.collect() }
             }
             None => ChatDelta { reasoning, content, calls: Vec::new() },
         }
@@ -148,7 +139,7 @@ impl SseState {
                 .map(|_| ChoiceState {
                     reasoning: reasoning.map(ReasoningStream::new),
                     tools: reads_tools.then(ToolStream::default),
-                    forced: forced.clone().map(|t| (t, String::new())),
+                    forced: forced.clone().map(ForcedStream::new),
                     ..ChoiceState::default()
                 })
                 .collect(),
@@ -330,8 +321,7 @@ impl SseState {
                     delta.insert("content".into(), json!(text));
                 }
                 if !calls.is_empty() {
-                    let calls = calls.iter().map(|(index, call)| call.to_delta_json(*index));
-                    delta.insert("tool_calls".into(), calls.collect());
+                    delta.insert("tool_calls".into(), calls.into());
                 }
                 json!({"index": i, "delta": delta, "logprobs": logprobs})
             }

@@ -105,6 +105,55 @@ impl ToolUse {
     }
 }
 
+/// A forced choice's streamed answer: a named call's arguments go out as they come, the first
+/// delta naming the call (as vLLM streams it); a required list's calls go out whole at its end
+/// (cut short, its text as content).
+#[derive(Debug)]
+pub(crate) struct ForcedStream {
+    tools: ToolUse,
+    /// A required list's text so far.
+    answer: String,
+    /// A named call's first delta was sent.
+    started: bool,
+}
+
+impl ForcedStream {
+    /// Nothing streamed yet of a `tools` answer (a forced kind).
+    pub(crate) fn new(tools: ToolUse) -> Self {
+        Self { tools, answer: String::new(), started: false }
+    }
+
+    /// The answer's next `text` (`end`: its last): the content to send, and the calls' deltas.
+    pub(crate) fn push(&mut self, text: &str, end: bool) -> (String, Vec<Value>) {
+        match &self.tools {
+            ToolUse::Named(name) => {
+                if text.is_empty() && (self.started || !end) {
+                    return (String::new(), Vec::new());
+                }
+                let delta = match std::mem::replace(&mut self.started, true) {
+                    true => json!({"index": 0, "function": {"arguments": text}}),
+                    false => json!({"index": 0, "id": call_id(), "type": "function",
+                                    "function": {"name": name, "arguments": text}}),
+                };
+                (String::new(), vec![delta])
+            }
+            tools => {
+                self.answer.push_str(text);
+                if !end {
+                    return (String::new(), Vec::new());
+                }
+                match tools.forced_calls(&self.answer) {
+                    Some(calls) => {
+                        let deltas = calls.iter().enumerate().map(|(i, c)| c.to_delta_json(i));
+                        (String::new(), deltas.collect())
+                    }
+                    None => (std::mem::take(&mut self.answer), Vec::new()),
+                }
+            }
+        }
+    }
+}
+
 /// One call the model made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ToolCall {
@@ -457,5 +506,30 @@ mod tests {
         assert_eq!(one["type"], "function");
         assert_eq!(one["function"], json!({"name": "f", "arguments": "{}"}));
         assert_eq!(two["index"], 3);
+    }
+
+    #[test]
+    fn a_forced_stream_sends_a_named_calls_arguments_as_they_come_and_a_list_whole() {
+        let mut named = ForcedStream::new(ToolUse::Named("f".into()));
+        let (content, first) = named.push("{\"a\"", false);
+        assert_eq!(content, "");
+        assert_eq!(first[0]["function"], json!({"name": "f", "arguments": "{\"a\""}));
+        assert!(first[0]["id"].as_str().unwrap().starts_with("chatcmpl-tool-"));
+        let (_, next) = named.push(": 1}", false);
+        assert_eq!(next, [json!({"index": 0, "function": {"arguments": ": 1}"}})]);
+        assert_eq!(named.push("", true), (String::new(), Vec::new()));
+        // A named answer with no text still names its call.
+        let (_, only) = ForcedStream::new(ToolUse::Named("f".into())).push("", true);
+        assert_eq!(only[0]["function"], json!({"name": "f", "arguments": ""}));
+
+        let mut required = ForcedStream::new(ToolUse::Required);
+        assert_eq!(required.push("[{\"name\": \"f\", ", false), (String::new(), Vec::new()));
+        let (content, calls) = required.push("\"parameters\": {\"x\":1}}]", true);
+        assert_eq!(content, "");
+        assert_eq!(calls[0]["index"], 0);
+        assert_eq!(calls[0]["function"], json!({"name": "f", "arguments": "{\"x\": 1}"}));
+        let mut cut = ForcedStream::new(ToolUse::Required);
+        cut.push("[{\"na", false);
+        assert_eq!(cut.push("me", true), ("[{\"name".to_owned(), Vec::new()));
     }
 }
