@@ -314,7 +314,7 @@ pub(crate) fn whole(
                 let message;
                 let stopped = matches!(output.finish_reason, FinishReason::Stop { .. });
                 (message, called_tools) =
-                    chat_message(&job.tool_calls, job.reasoning, &output.text, stopped);
+                    chat_message(&job.tool_use, job.reasoning, &output.text, stopped);
                 let names = job.names(tokenizer);
                 let logprobs = job.logprobs.map(|_| chat_logprobs(names, &c.tokens));
                 json!({"index": i, "message": message, "logprobs": logprobs})

@@ -125,8 +125,8 @@ impl SseState {
     ) -> Self {
         let num_choices = job.requests.len() * job.n;
         let chat = route == Route::Chat;
-        let reads_tools = chat && job.tool_calls == ToolUse::Parsed;
-        let forced = Some(job.tool_calls.clone()).filter(|t| chat && t.is_forced());
+        let reads_tools = chat && job.tool_use == ToolUse::Parsed;
+        let forced = Some(job.tool_use.clone()).filter(|t| chat && t.is_forced());
         let reasoning = job.reasoning.filter(|_| route == Route::Chat);
         let mut state = Self {
             route,
@@ -367,7 +367,7 @@ impl SseState {
         // As the whole answer's: parsed calls, or a required list whole and stopped.
         let stopped = matches!(out.finish_reason, FinishReason::Stop { .. });
         let called_tools = state.tools.as_ref().is_some_and(|t| t.num_calls() > 0)
-            || (stopped && self.job.tool_calls == ToolUse::Required && !delta.calls.is_empty());
+            || (stopped && self.job.tool_use == ToolUse::Required && !delta.calls.is_empty());
         let mut choice = self.choice_body(i, delta, &[]);
         choice["logprobs"] = Value::Null;
         choice["finish_reason"] = match called_tools {

@@ -316,7 +316,7 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         logprobs,
         echo: None,
         prompt_logprobs: None,
-        tool_calls: ToolUse::None,
+        tool_use: ToolUse::None,
         reasoning: None,
     };
     Ok(GenerateJob {

@@ -63,7 +63,7 @@ pub(crate) struct Job {
     /// returned.
     pub prompt_logprobs: Option<u32>,
     /// How a chat's tool calls come out of its answer (`tool_choice`).
-    pub tool_calls: ToolUse,
+    pub tool_use: ToolUse,
     /// How a chat's reasoning is split off its content (the server's parser).
     pub reasoning: Option<ReasoningParser>,
 }
@@ -411,7 +411,7 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         logprobs: f.logprobs,
         echo: echo.then_some(texts),
         prompt_logprobs: shown,
-        tool_calls: ToolUse::None,
+        tool_use: ToolUse::None,
         reasoning: None,
     })
 }
@@ -422,7 +422,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     let f: ChatFields = parse(body)?;
     check_model(state.info(), c.model.as_deref())?;
     let extras = ChatExtras::new(f.tools.as_deref(), f.chat_template_kwargs.as_ref())?;
-    let (tool_calls, forced) = chat::tool_use(state, f.tool_choice.as_ref(), f.tools.as_deref())?;
+    let (tool_use, forced) = chat::tool_use(state, f.tool_choice.as_ref(), f.tools.as_deref())?;
     let (mut response_format, mut tags) = output_format(state, body)?;
     if let Some(schema) = forced {
         if response_format != ResponseFormat::Text {
@@ -483,7 +483,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         logprobs,
         echo: None,
         prompt_logprobs: asked,
-        tool_calls,
+        tool_use,
         reasoning: state.reasoning_parser(),
     })
 }
