@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{TestServer, answers, on_both_routes, test_config};
+use common::{TestServer, answers, on_both_routes, streamed_content, test_config};
 use routed_runtime::ModelSource;
 use routed_server::{ReasoningParser, ServerConfig};
 use routed_test_support::json_object_prefix;
@@ -84,11 +84,7 @@ fn a_streamed_answer_is_the_whole_ones() {
         let body = json!({"messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 40,
                           "temperature": 1.0, "seed": seed, "response_format": {"type": "json_object"}});
         let whole = answers(&s.ok("/v1/chat/completions", &body)).remove(0).0;
-        let mut stream = body.clone();
-        stream["stream"] = json!(true);
-        let chunks = s.post("/v1/chat/completions", &stream).sse_json();
-        let streamed: String =
-            chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+        let streamed = streamed_content(&s, &body);
         assert_eq!(streamed, whole, "seed {seed}");
         assert!(json_object_prefix(&streamed).is_some(), "seed {seed}: {streamed:?}");
     }

@@ -382,3 +382,11 @@ pub fn on_both_routes(sampling: &Value, prompt: &str, message: &str) -> [(&'stat
     chat["messages"] = serde_json::json!([{"role": "user", "content": message}]);
     [("/v1/completions", completion), ("/v1/chat/completions", chat)]
 }
+
+/// A chat's first choice streamed: its content deltas joined.
+pub fn streamed_content(s: &TestServer, body: &Value) -> String {
+    let mut stream = body.clone();
+    stream["stream"] = serde_json::json!(true);
+    let chunks = s.post("/v1/chat/completions", &stream).sse_json();
+    chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect()
+}
