@@ -83,15 +83,19 @@ impl JsonMasks {
         }
     }
 
-    /// The DFA of `schema` (compact or not), made if none is kept. A schema equal to a kept
-    /// one's shares its DFA: `schema` is then pointed at the kept one's, so that the next lookup
-    /// is a pointer comparison.
-    fn dfa(&mut self, schema: &mut Arc<JsonSchema>, compact: bool) -> &mut SchemaDfa {
-        let same = |dfa: &SchemaDfa| {
-            let (kept, kept_compact) = dfa.key();
-            kept_compact == compact && (Arc::ptr_eq(kept, schema) || **kept == **schema)
-        };
-        let at = match self.schemas.iter().position(same) {
+    /// The vocabulary and the DFA of `schema` (compact or not), made if none is kept. A schema
+    /// equal to a kept one's shares its DFA: `schema` is then pointed at the kept one's, so that
+    /// every later lookup (one a token) is a pointer comparison.
+    fn dfa(
+        &mut self,
+        schema: &mut Arc<JsonSchema>,
+        compact: bool,
+    ) -> (&JsonVocabulary, &mut SchemaDfa) {
+        type Same = fn(&Arc<JsonSchema>, &Arc<JsonSchema>) -> bool;
+        let kept = |d: &SchemaDfa, same: Same| d.key().1 == compact && same(d.key().0, schema);
+        let found = (self.schemas.iter().position(|d| kept(d, Arc::ptr_eq)))
+            .or_else(|| self.schemas.iter().position(|d| kept(d, |a, b| a == b)));
+        let at = match found {
             Some(at) => at,
             None => {
                 if self.schemas.len() == MAX_SCHEMAS {
@@ -104,10 +108,12 @@ impl JsonMasks {
             }
         };
         // Most recently used last.
-        let dfa = self.schemas.remove(at);
-        *schema = Arc::clone(dfa.key().0);
-        self.schemas.push(dfa);
-        self.schemas.last_mut().expect("just pushed")
+        self.schemas[at..].rotate_left(1);
+        let dfa = self.schemas.last_mut().expect("at least the one found");
+        if !Arc::ptr_eq(dfa.key().0, schema) {
+            *schema = Arc::clone(dfa.key().0);
+        }
+        (&self.vocabulary, dfa)
     }
 
     /// The tokens that may follow `state` of `dfa`.
@@ -158,13 +164,13 @@ impl JsonConstraint {
             ResponseFormat::CompactJsonObject => Reader::Object(JsonState::start_compact()),
             ResponseFormat::JsonSchema { schema, compact } => {
                 let mut schema = Arc::clone(schema);
-                let pos = masks.dfa(&mut schema, *compact).start();
+                let pos = masks.dfa(&mut schema, *compact).1.start();
                 Reader::Schema { schema, compact: *compact, pos }
             }
             // A root of literal texts, nothing before them.
             ResponseFormat::Choice(choices) => {
                 let mut schema = Arc::new(JsonSchema::of_choices(choices));
-                let pos = masks.dfa(&mut schema, true).start();
+                let pos = masks.dfa(&mut schema, true).1.start();
                 Reader::Schema { schema, compact: true, pos }
             }
         };
@@ -197,37 +203,42 @@ impl JsonConstraint {
             return;
         }
         let Some(reader) = self.reader.take() else { return };
-        self.reader = Self::read(reader, token, masks);
-        self.allowed = Some(match &mut self.reader {
-            Some(reader) => Self::mask(reader, masks),
-            None => Arc::new(TokenMask::all(masks.vocabulary().num_tokens())),
-        });
+        let (reader, allowed) = Self::read(reader, token, masks);
+        self.reader = reader;
+        self.allowed = Some(allowed);
     }
 
-    /// `reader` after `token`, or `None` when the token cannot follow.
-    fn read(reader: Reader, token: TokenId, masks: &mut JsonMasks) -> Option<Reader> {
+    /// `reader` after `token` (`None` when the token cannot follow, and then every token may
+    /// come), with what it allows next: for a schema, one DFA lookup for both.
+    fn read(
+        reader: Reader,
+        token: TokenId,
+        masks: &mut JsonMasks,
+    ) -> (Option<Reader>, Arc<TokenMask>) {
+        let anything = |masks: &JsonMasks| Arc::new(TokenMask::all(masks.vocabulary.num_tokens()));
         match reader {
-            Reader::Object(state) => masks.vocabulary().advance(state, token).map(Reader::Object),
+            Reader::Object(state) => match masks.vocabulary.advance(state, token) {
+                Some(next) => (Some(Reader::Object(next)), masks.mask(next)),
+                None => (None, anything(masks)),
+            },
             Reader::Schema { mut schema, compact, pos } => {
-                let vocabulary = Arc::clone(&masks.vocabulary);
-                let dfa = masks.dfa(&mut schema, compact);
-                let mut state = dfa.state(&pos);
-                if vocabulary.eos.contains(&token) {
-                    return dfa.is_complete(state).then_some(Reader::Schema {
-                        schema,
-                        compact,
-                        pos,
-                    });
+                let (vocabulary, dfa) = masks.dfa(&mut schema, compact);
+                let mut state = Some(dfa.state(&pos));
+                match vocabulary.eos.contains(&token) {
+                    // Only a whole value ends; nothing follows EOS.
+                    true => state = state.filter(|&s| dfa.is_complete(s)),
+                    false => {
+                        let bytes = vocabulary.token_bytes(token);
+                        state = state.filter(|_| !bytes.is_empty());
+                        for &b in bytes {
+                            state = state.and_then(|s| dfa.step(s, b));
+                        }
+                    }
                 }
-                let bytes = vocabulary.token_bytes(token);
-                if bytes.is_empty() {
-                    return None;
-                }
-                for &b in bytes {
-                    state = dfa.step(state, b)?;
-                }
+                let Some(state) = state else { return (None, anything(masks)) };
                 let pos = dfa.pos(state);
-                Some(Reader::Schema { schema, compact, pos })
+                let allowed = JsonMasks::schema_mask(vocabulary, dfa, state);
+                (Some(Reader::Schema { schema, compact, pos }), allowed)
             }
         }
     }
@@ -238,11 +249,10 @@ impl JsonConstraint {
         match reader {
             Reader::Object(state) => masks.mask(*state),
             Reader::Schema { schema, compact, pos } => {
-                let vocabulary = Arc::clone(&masks.vocabulary);
-                let dfa = masks.dfa(schema, *compact);
+                let (vocabulary, dfa) = masks.dfa(schema, *compact);
                 let state = dfa.state(pos);
                 *pos = dfa.pos(state);
-                JsonMasks::schema_mask(&vocabulary, dfa, state)
+                JsonMasks::schema_mask(vocabulary, dfa, state)
             }
         }
     }
