@@ -141,42 +141,21 @@ impl Reader {
                     pos.next(b).filter(|next| !integer || matches!(next, Num::Int | Num::Zero));
                 match next {
                     Some(pos) => self.replace(config, Frame::Num { integer, pos }, out),
-                    // The byte after a number is read as what follows the value.
-                    None if pos.may_end() && config.len() > 1 => {
-                        config.pop();
-                        self.feed(config, b, depth, out);
-                    }
-                    None => {}
+                    None => self.end_number(config, pos.may_end(), b, depth, out),
                 }
             }
             Frame::BoundedInt { node, pos } => match pos.next(b, self.range(node)) {
                 Some(pos) => self.replace(config, Frame::BoundedInt { node, pos }, out),
-                // As after any number: the byte is read as what follows the value.
-                None if pos.may_end(self.range(node)) && config.len() > 1 => {
-                    config.pop();
-                    self.feed(config, b, depth, out);
-                }
-                None => {}
+                None => self.end_number(config, pos.may_end(self.range(node)), b, depth, out),
             },
             Frame::Lit { node, index, at } => {
                 let text = self.literal(node, index);
-                if text[at as usize] != b {
-                    return;
-                }
-                match at as usize + 1 == text.len() {
-                    true => self.pop(config, out),
-                    false => self.replace(config, Frame::Lit { node, index, at: at + 1 }, out),
-                }
+                let frame = |at| Frame::Lit { node, index, at };
+                self.text_byte(config, text, at, b, frame, out)
             }
             Frame::Key { node, prop, at } => {
                 let key = self.properties(node)[prop as usize].key.as_bytes();
-                if key[at as usize] != b {
-                    return;
-                }
-                match at as usize + 1 == key.len() {
-                    true => self.pop(config, out),
-                    false => self.replace(config, Frame::Key { node, prop, at: at + 1 }, out),
-                }
+                self.text_byte(config, key, at, b, |at| Frame::Key { node, prop, at }, out)
             }
             _ if whitespace => self.keep_if(!self.compact, config, out),
             Frame::Obj { .. } => self.object_byte(config, b, out),
@@ -372,6 +351,42 @@ impl Reader {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// A byte after a number (`config`'s top) that does not continue it: read as what follows
+    /// the value, if the number may end there and is not the whole output.
+    fn end_number(
+        &self,
+        mut config: Config,
+        may_end: bool,
+        b: u8,
+        depth: usize,
+        out: &mut Vec<Config>,
+    ) {
+        if may_end && config.len() > 1 {
+            config.pop();
+            self.feed(config, b, depth, out);
+        }
+    }
+
+    /// A byte of a fixed `text` (a literal or a key) `at` bytes in: the next of its bytes, the
+    /// frame moving on (`frame` makes it from the new offset), or its last, the text read.
+    fn text_byte(
+        &self,
+        config: Config,
+        text: &[u8],
+        at: u16,
+        b: u8,
+        frame: impl FnOnce(u16) -> Frame,
+        out: &mut Vec<Config>,
+    ) {
+        if text[at as usize] != b {
+            return;
+        }
+        match at as usize + 1 == text.len() {
+            true => self.pop(config, out),
+            false => self.replace(config, frame(at + 1), out),
         }
     }
 
