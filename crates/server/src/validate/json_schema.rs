@@ -42,10 +42,20 @@ const REFUSED: [&str; 16] = [
 /// Bounds of a number, kept on integers only.
 const NUMERIC: [&str; 4] = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
 
+/// Bounds kept only where `type` says what they bound (a number's, a string's).
+const TYPED_BOUNDS: [&str; 6] =
+    ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength"];
+
 /// Keywords that shape a value: a schema using one beside `$ref`, `anyOf` or `oneOf` is refused
 /// rather than read as one of them alone.
-const SHAPING: [&str; 12] = [
+const SHAPING: [&str; 18] = [
     "type",
+    "minLength",
+    "maxLength",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
     "enum",
     "const",
     "properties",
@@ -175,9 +185,8 @@ impl Reducer<'_> {
             None if ["items", "minItems", "maxItems"].iter().any(|k| fields.contains_key(*k)) => {
                 self.array(fields, at)
             }
-            None if let Some(k) = NUMERIC.iter().find(|k| fields.contains_key(**k)) => {
-                Err(self
-                    .refuse(at, format!("\"{k}\" without \"type\": \"integer\" is not supported")))
+            None if let Some(k) = TYPED_BOUNDS.iter().find(|k| fields.contains_key(**k)) => {
+                Err(self.refuse(at, format!("\"{k}\" without a \"type\" is not supported")))
             }
             None => self.add(SchemaNode::Any, at),
         }
@@ -225,12 +234,14 @@ impl Reducer<'_> {
         let texts: Vec<String> = values
             .iter()
             .filter(|v| types.as_ref().is_none_or(|types| types.iter().any(|t| has_type(v, t))))
+            .filter(|v| within_bounds(v, fields))
             .map(Value::to_string)
             .collect();
         if texts.is_empty() {
-            return Err(
-                self.invalid(at, "no value of \"enum\" or \"const\" has the schema's \"type\"")
-            );
+            return Err(self.invalid(
+                at,
+                "no value of \"enum\" or \"const\" has the schema's \"type\" and bounds",
+            ));
         }
         self.add(SchemaNode::Literals(texts), at)
     }
@@ -432,6 +443,27 @@ fn has_type(value: &Value, name: &str) -> bool {
         | ("object", Value::Object(_))
         | ("array", Value::Array(_)) => true,
         _ => false,
+    }
+}
+
+/// Whether `value` is within the schema's bounds for its kind: a number's `minimum`, `maximum`
+/// and exclusive ones, a string's `minLength` and `maxLength` in characters.
+fn within_bounds(value: &Value, fields: &Map<String, Value>) -> bool {
+    let bound = |name: &str| fields.get(name).and_then(Value::as_f64);
+    match value {
+        Value::Number(n) => {
+            let x = n.as_f64().unwrap_or(f64::NAN);
+            bound("minimum").is_none_or(|b| x >= b)
+                && bound("maximum").is_none_or(|b| x <= b)
+                && bound("exclusiveMinimum").is_none_or(|b| x > b)
+                && bound("exclusiveMaximum").is_none_or(|b| x < b)
+        }
+        Value::String(text) => {
+            let len = text.chars().count() as f64;
+            bound("minLength").is_none_or(|b| len >= b)
+                && bound("maxLength").is_none_or(|b| len <= b)
+        }
+        _ => true,
     }
 }
 

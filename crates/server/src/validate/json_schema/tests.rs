@@ -54,6 +54,11 @@ fn an_object_keeps_its_properties_in_order_with_what_is_required() {
     assert_eq!(value(1), &SchemaNode::Number { integer: true });
     // The enum's values of the schema's type only.
     assert_eq!(value(2), &SchemaNode::Literals(vec!["\"c\"".into(), "\"f\"".into()]));
+    // ... and within its bounds.
+    let bounded = reduced(json!({"type": "integer", "enum": [1, 50, 10], "maximum": 10}));
+    assert_eq!(bounded.nodes, [SchemaNode::Literals(vec!["1".into(), "10".into()])]);
+    let short = reduced(json!({"enum": ["é", "ab", 7], "maxLength": 1, "exclusiveMaximum": 7}));
+    assert_eq!(short.nodes, [SchemaNode::Literals(vec!["\"é\"".into()])]);
     let SchemaNode::Array { items, min_items: 1, max_items: Some(3) } = value(3) else {
         panic!("{:?}", value(3))
     };
@@ -159,6 +164,9 @@ fn constraints_the_reader_cannot_keep_are_refused_naming_the_keyword_and_where()
         ),
         (json!({"type": "number", "maximum": 3}), "maximum", "#"),
         (json!({"properties": {"n": {"minimum": 0}}}), "minimum", "#/properties/n"),
+        (json!({"maxLength": 3}), "maxLength", "#"),
+        (json!({"anyOf": [{"type": "integer"}], "maximum": 3}), "maximum", "#"),
+        (json!({"$ref": "#", "minLength": 1}), "minLength", "#"),
         (json!({"type": "integer", "exclusiveMinimum": true}), "exclusiveMinimum", "#"),
         (json!({"type": "string", "minLength": 70000}), "minLength", "#"),
         (json!({"type": "number", "exclusiveMinimum": 0}), "exclusiveMinimum", "#"),
