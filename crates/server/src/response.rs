@@ -393,12 +393,12 @@ fn chat_message(
         ToolUse::Parsed => {
             let found = tools::extract(answer_text);
             let calls = to_json(&found.calls);
-            let called = !calls.is_empty();
+            let called = tools.finishes_with_calls(!calls.is_empty(), stopped);
             (json!({"role": "assistant", "content": found.content, "tool_calls": calls}), called)
         }
         forced => match forced.forced_calls(answer_text) {
             Some(calls) => {
-                let called = stopped && *forced == ToolUse::Required;
+                let called = forced.finishes_with_calls(true, stopped);
                 (json!({"role": "assistant", "content": "", "tool_calls": to_json(&calls)}), called)
             }
             None => (json!({"role": "assistant", "content": answer, "tool_calls": []}), false),

@@ -364,10 +364,11 @@ impl SseState {
         let state = &mut self.choices[i];
         let rest = state.detok.finish(&out.text);
         let delta = state.split(rest, true);
-        // As the whole answer's: parsed calls, or a required list whole and stopped.
+        // As the whole answer's.
         let stopped = matches!(out.finish_reason, FinishReason::Stop { .. });
-        let called_tools = state.tools.as_ref().is_some_and(|t| t.num_calls() > 0)
-            || (stopped && self.job.tool_use == ToolUse::Required && !delta.calls.is_empty());
+        let made_calls = state.tools.as_ref().is_some_and(|t| t.num_calls() > 0)
+            || (self.job.tool_use.is_forced() && !delta.calls.is_empty());
+        let called_tools = self.job.tool_use.finishes_with_calls(made_calls, stopped);
         let mut choice = self.choice_body(i, delta, &[]);
         choice["logprobs"] = Value::Null;
         choice["finish_reason"] = match called_tools {

@@ -85,6 +85,17 @@ impl ToolUse {
         matches!(self, Self::Named(_) | Self::Required)
     }
 
+    /// Whether an answer that `made_calls` (parsed, or a required list whole) and `stopped`
+    /// finishes with `tool_calls`, as vLLM answers: parsed calls always, a required list when
+    /// the answer stopped, a named call never (it keeps the answer's own reason).
+    pub(crate) fn finishes_with_calls(&self, made_calls: bool, stopped: bool) -> bool {
+        match self {
+            Self::Parsed => made_calls,
+            Self::Required => made_calls && stopped,
+            Self::None | Self::Named(_) => false,
+        }
+    }
+
     /// The calls a forced choice's whole answer makes; `None` for the other kinds, and for a
     /// required list that does not parse (the answer was cut short).
     pub(crate) fn forced_calls(&self, answer: &str) -> Option<Vec<ToolCall>> {
