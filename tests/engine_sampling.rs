@@ -1,5 +1,5 @@
 //! The sampling and scoring features RL and evaluation clients use (penalties, `min_p`, logit
-//! bias, prompt logprobs), aborted requests' routing, and the expert-load counts, through the
+//! bias, prompt logprobs, constrained outputs), aborted requests' routing, and the expert-load counts, through the
 //! engine: each feature does what it says, deterministically under its seed, and a request's
 //! results are bitwise the same alone as batched with others in chunked steps.
 
@@ -9,7 +9,8 @@ use common::{Outcome, collect, engine, greedy, request, run, test_device};
 use futures_util::{StreamExt, future::join_all};
 use routed::runtime::{FinalOutput, TokenEvent};
 use routed::types::{
-    FinishReason, JsonSchema, ResponseFormat, SamplingParams, SchemaNode, SchemaNodeId, TokenId,
+    FinishReason, JsonSchema, Regex, ResponseFormat, SamplingParams, SchemaNode, SchemaNodeId,
+    TokenId,
 };
 use routed::{EngineHandle, GenerateRequest, RequestEvent};
 use routed_test_support::{Golden, json_object_prefix};
@@ -32,7 +33,8 @@ fn features() -> Vec<(&'static str, SamplingParams)> {
             "json_object",
             SamplingParams { response_format: ResponseFormat::JsonObject, ..sampled.clone() },
         ),
-        ("json_schema", SamplingParams { response_format: list_of_flags(), ..sampled }),
+        ("json_schema", SamplingParams { response_format: list_of_flags(), ..sampled.clone() }),
+        ("regex", SamplingParams { response_format: counted_words(), ..sampled }),
     ]
 }
 
@@ -43,6 +45,11 @@ fn list_of_flags() -> ResponseFormat {
         SchemaNode::Literals(vec!["true".into(), "false".into()]),
     ];
     ResponseFormat::JsonSchema { schema: Arc::new(JsonSchema { nodes }), compact: true }
+}
+
+/// Words and a count, as a regex says: a text's output.
+fn counted_words() -> ResponseFormat {
+    ResponseFormat::Regex(Arc::new(Regex::new("(the|a) [a-z]+ [0-9]{1,2}").unwrap()))
 }
 
 /// Per continuation: its token events (token, logprob, top alternatives).

@@ -9,6 +9,7 @@ Run by crates/server/tests/http_openai_python.rs, which starts the server. Exits
 import base64
 import io
 import json
+import re
 import sys
 from typing import Literal, Optional
 
@@ -190,6 +191,37 @@ def main():
         except openai.LengthFinishReasonError:
             continue
         assert isinstance(answer.message.parsed, Verdict), answer
+        num_parsed += 1
+    assert num_parsed > 0, "no answer closed its object"
+
+    # A regex as vLLM's clients send it (extra_body), and a pydantic field's pattern: Python's
+    # own `re` checks every answer EOS ended.
+    pattern = r"(yes|no), [0-9]{1,3} (apples|pears)\."
+    num_matched = 0
+    for seed in range(6):
+        for extra_regex in [{"structured_outputs": {"regex": pattern}}, {"guided_regex": pattern}]:
+            answer = client.completions.create(
+                model=model, prompt="Apples?", max_tokens=24, temperature=1.0, seed=seed,
+                extra_body=extra_regex,
+            ).choices[0]
+            if answer.finish_reason == "stop":
+                assert re.fullmatch(pattern, answer.text), answer.text
+                num_matched += 1
+    assert num_matched > 0, "no answer ended on a match"
+
+    class Order(pydantic.BaseModel):
+        answer: str = pydantic.Field(pattern=r"^(yes|no), [0-9]{1,3} (apples|pears)\.$")
+
+    num_parsed = 0
+    for seed in range(8):
+        try:
+            answer = parse(
+                model=model, messages=messages, max_tokens=96, temperature=1.0, seed=seed,
+                response_format=Order,
+            ).choices[0]
+        except openai.LengthFinishReasonError:
+            continue
+        assert re.fullmatch(pattern, answer.message.parsed.answer), answer
         num_parsed += 1
     assert num_parsed > 0, "no answer closed its object"
 

@@ -2,8 +2,9 @@
 //! synthetic: every byte, then words of 2 to 10 letters with and without a leading space, CJK
 //! runs of 1 to 3 characters, pieces of such runs cut anywhere, and JSON punctuation pairs):
 //! building the vocabulary's trie once, one `json_object` mask walk from states of each kind, a
-//! memoised mask, advancing a state by a token; then a `json_schema` output read a token at a
-//! time, first with its DFA and masks built as it goes, then again with both kept.
+//! memoised mask, advancing a state by a token; then a `json_schema` output and a `regex` one
+//! read a token at a time, first with the DFA's states and masks built as it goes, then again
+//! with both kept; last, compiling three patterns.
 //!
 //! Run: `cargo bench -p routed-scheduler --bench json_mask`
 
@@ -12,7 +13,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use routed_scheduler::json_mode::{JsonConstraint, JsonMasks, JsonState, JsonVocabulary};
-use routed_types::{JsonSchema, Property, ResponseFormat, SchemaNode, SchemaNodeId, TokenId};
+use routed_types::{
+    JsonSchema, Property, Regex, ResponseFormat, SchemaNode, SchemaNodeId, TokenId,
+};
 
 const VOCAB_SIZE: usize = 151_643;
 
@@ -130,7 +133,14 @@ fn main() {
         std::hint::black_box(vocab.advance(state, token));
     });
     println!("memoised mask: {hit:.2} us; advancing a state by a token: {advance:.3} us");
-    schema_output(&tokens, &vocab);
+    constrained_outputs(&tokens, &vocab);
+    for pattern in [r"\d{4}-\d{2}-\d{2}", r"[a-z]{1,1000}", r"\w{50}"] {
+        let start = Instant::now();
+        let regex = Regex::new(pattern).expect("compiles");
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        let mb = regex.heap_bytes() as f64 / 1e6;
+        println!("compiling {pattern}: {ms:.1} ms, {mb:.2} MB");
+    }
 }
 
 /// `{city: string, units: "celsius" | "fahrenheit", alerts?: [{level: integer, note: string |
@@ -162,10 +172,48 @@ fn forecast() -> JsonSchema {
     JsonSchema { nodes }
 }
 
-/// Reads a schema's output a token at a time (the greedy longest-token spelling of a text), as
+/// Reads constrained outputs a token at a time (the greedy longest-token spelling of a text), as
 /// the scheduler does after each sampled token: once with nothing kept, then again.
-fn schema_output(tokens: &[Option<Vec<u8>>], vocab: &Arc<JsonVocabulary>) {
-    let text = br#"{"city": "some text here", "units": "celsius", "alerts": [{"level": 3, "note": null}, {"level": 12, "note": "wind"}]}"#;
+fn constrained_outputs(tokens: &[Option<Vec<u8>>], vocab: &Arc<JsonVocabulary>) {
+    let schema = ResponseFormat::JsonSchema { schema: Arc::new(forecast()), compact: false };
+    let forecast = br#"{"city": "some text here", "units": "celsius", "alerts": [{"level": 3, "note": null}, {"level": 12, "note": "wind"}]}"#;
+    let regex = Regex::new(r"[A-Z][a-z]+ ([a-z]+ ){2,8}(on|at) [0-9]{1,2}:[0-9]{2}\.").unwrap();
+    let regex = ResponseFormat::Regex(Arc::new(regex));
+    let sentence = b"Some text here and there at 10:45.";
+    let phone =
+        ResponseFormat::Regex(Arc::new(Regex::new(r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}").unwrap()));
+    let number = b"(555) 123-4567";
+    for (name, format, text) in [
+        ("json_schema", schema, &forecast[..]),
+        ("regex (a sentence: words of [a-z]+)", regex, &sentence[..]),
+        ("regex (a phone number)", phone, &number[..]),
+    ] {
+        let spelled = spell(tokens, text);
+        let mut masks = JsonMasks::new(Arc::clone(vocab));
+        let read = |masks: &mut JsonMasks| {
+            let start = Instant::now();
+            let mut constraint = JsonConstraint::start(masks, &format, &[], None).expect("one");
+            for &t in &spelled {
+                assert!(constraint.allowed().expect("constrained").allows(t));
+                constraint.advance(t, masks);
+            }
+            start.elapsed().as_secs_f64() * 1e6
+        };
+        let per_token = |us: f64| us / spelled.len() as f64;
+        let first = per_token(read(&mut masks));
+        let again = per_token(median_us(21, || {
+            std::hint::black_box(read(&mut masks));
+        }));
+        println!(
+            "{name} output of {} tokens: {first:.0} us a token the first time (DFA and masks \
+             built), {again:.2} us a token with both kept",
+            spelled.len()
+        );
+    }
+}
+
+/// `text` as the greedy longest-token spelling in `tokens`.
+fn spell(tokens: &[Option<Vec<u8>>], text: &[u8]) -> Vec<TokenId> {
     let ids: std::collections::HashMap<&[u8], TokenId> = tokens
         .iter()
         .enumerate()
@@ -180,25 +228,5 @@ fn schema_output(tokens: &[Option<Vec<u8>>], vocab: &Arc<JsonVocabulary>) {
         spelled.push(ids[&text[at..at + len]]);
         at += len;
     }
-    let format = ResponseFormat::JsonSchema { schema: Arc::new(forecast()), compact: false };
-    let mut masks = JsonMasks::new(Arc::clone(vocab));
-    let read = |masks: &mut JsonMasks| {
-        let start = Instant::now();
-        let mut constraint = JsonConstraint::start(masks, &format, &[], None).expect("a schema");
-        for &t in &spelled {
-            assert!(constraint.allowed().expect("constrained").allows(t));
-            constraint.advance(t, masks);
-        }
-        start.elapsed().as_secs_f64() * 1e6
-    };
-    let per_token = |us: f64| us / spelled.len() as f64;
-    let first = per_token(read(&mut masks));
-    let again = per_token(median_us(21, || {
-        std::hint::black_box(read(&mut masks));
-    }));
-    println!(
-        "json_schema output of {} tokens: {first:.0} us a token the first time (DFA and masks \
-         built), {again:.2} us a token with both kept",
-        spelled.len()
-    );
+    spelled
 }

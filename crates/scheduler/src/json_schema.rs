@@ -15,7 +15,7 @@
 
 use crate::json_lex::{Num, StrPos, StrStep, is_whitespace};
 use range::{IntPos, Range};
-use routed_types::{JsonSchema, SchemaNode, SchemaNodeId as Node};
+use routed_types::{JsonSchema, RegexState, SchemaNode, SchemaNodeId as Node};
 use std::sync::Arc;
 
 /// Deepest nesting of a configuration's stack; deeper values are not read.
@@ -50,6 +50,9 @@ enum Frame {
     Str(StrPos),
     /// Inside a string of the bounded `node`, `len` characters read (counted up to its bound).
     BoundedStr { node: Node, pos: StrPos, len: u16 },
+    /// Inside a string of the patterned `node`, its characters read up to `state` of the
+    /// pattern, `len` of them (counted up to its bound); `escape`: after a backslash.
+    PatternStr { node: Node, state: RegexState, escape: bool, len: u16 },
     /// Inside a number.
     Num { integer: bool, pos: Num },
     /// Inside an integer of the bounded `node`.
@@ -136,6 +139,9 @@ impl Reader {
             Frame::BoundedStr { node, pos, len } => {
                 self.bounded_string_byte(config, node, pos, len, b, out)
             }
+            Frame::PatternStr { node, state, escape, len } => {
+                self.pattern_string_byte(config, (node, state, escape, len), b, out)
+            }
             Frame::Num { integer, pos } => {
                 let next =
                     pos.next(b).filter(|next| !integer || matches!(next, Num::Int | Num::Zero));
@@ -188,6 +194,11 @@ impl Reader {
                 let frame = Frame::BoundedStr { node, pos: StrPos::Chars, len: 0 };
                 self.push(config, frame, out)
             }
+            SchemaNode::PatternString { pattern, .. } if b == b'"' => {
+                let frame =
+                    Frame::PatternStr { node, state: pattern.start(), escape: false, len: 0 };
+                self.push(config, frame, out)
+            }
             SchemaNode::Number { integer } => self.begin_number(config, *integer, b, out),
             SchemaNode::BoundedInteger { .. } => {
                 if let Some(pos) = IntPos::start(b, self.range(node)) {
@@ -226,12 +237,59 @@ impl Reader {
             Some(StrStep::In(_))
                 if pos == StrPos::Chars && max_length.is_some_and(|max| u32::from(len) >= max) => {}
             Some(StrStep::In(next)) => {
-                // A character is whole when the string is between characters again; counted up
-                // to the larger bound, past which more change nothing.
-                let bound = max_length.unwrap_or(min_length).min(u32::from(u16::MAX)) as u16;
-                let len =
-                    if next == StrPos::Chars { len.saturating_add(1).min(bound) } else { len };
+                // A character is whole when the string is between characters again.
+                let whole = next == StrPos::Chars;
+                let len = if whole { count_char(len, min_length, max_length) } else { len };
                 self.replace(config, Frame::BoundedStr { node, pos: next, len }, out)
+            }
+            _ => {}
+        }
+    }
+
+    /// A byte inside a patterned string: the closing quote once the pattern matches and there
+    /// are enough characters; a character (raw, or the one an escape writes) only while the
+    /// pattern can go on with it and there are fewer than the most. A `\u` escape is not
+    /// written (the pattern reads raw characters), nor a backslash no escape could follow.
+    fn pattern_string_byte(
+        &self,
+        config: Config,
+        (node, state, escape, len): (Node, RegexState, bool, u16),
+        b: u8,
+        out: &mut Vec<Config>,
+    ) {
+        let SchemaNode::PatternString { pattern, min_length, max_length } = self.schema.node(node)
+        else {
+            return;
+        };
+        let room = max_length.is_none_or(|max| u32::from(len) < max);
+        let frame = |state, escape, len| Frame::PatternStr { node, state, escape, len };
+        if escape {
+            if let Some(next) = unescape(b).and_then(|c| pattern.next(state, c)) {
+                let len = count_char(len, *min_length, *max_length);
+                self.replace(config, frame(next, false, len), out);
+            }
+            return;
+        }
+        match b {
+            b'"' if pattern.is_match(state) && u32::from(len) >= *min_length => {
+                self.pop(config, out)
+            }
+            b'\\' if room && ESCAPED.iter().any(|&e| pattern.next(state, e).is_some()) => {
+                self.replace(config, frame(state, true, len), out)
+            }
+            b'"' | b'\\' | 0x00..=0x1F => {}
+            // A continuation byte goes on with the character its lead byte began (the pattern
+            // reads UTF-8 only, so it never follows anything else).
+            0x80..=0xBF => {
+                if let Some(next) = pattern.next(state, b) {
+                    self.replace(config, frame(next, false, len), out)
+                }
+            }
+            _ if room => {
+                if let Some(next) = pattern.next(state, b) {
+                    let len = count_char(len, *min_length, *max_length);
+                    self.replace(config, frame(next, false, len), out)
+                }
             }
             _ => {}
         }
@@ -436,6 +494,29 @@ impl Reader {
             _ => ANY_LITERALS[index as usize].as_bytes(),
         }
     }
+}
+
+/// The characters JSON's one-letter escapes write (`\u` aside), as the pattern reads them.
+const ESCAPED: [u8; 8] = [b'"', b'\\', b'/', 0x08, 0x0C, b'\n', b'\r', b'\t'];
+
+/// The character a backslash and then `b` write, if they are one of JSON's one-letter escapes.
+fn unescape(b: u8) -> Option<u8> {
+    Some(match b {
+        b'"' | b'\\' | b'/' => b,
+        b'b' => 0x08,
+        b'f' => 0x0C,
+        b'n' => b'\n',
+        b'r' => b'\r',
+        b't' => b'\t',
+        _ => return None,
+    })
+}
+
+/// `len` characters and one more, counted up to the larger of the bounds, past which more
+/// change nothing.
+fn count_char(len: u16, min_length: u32, max_length: Option<u32>) -> u16 {
+    let bound = max_length.unwrap_or(min_length).min(u32::from(u16::MAX)) as u16;
+    len.saturating_add(1).min(bound)
 }
 
 mod dfa;

@@ -3,6 +3,9 @@
 //! this (refusing the keywords whose constraint it cannot keep), and the scheduler's reader
 //! follows it byte by byte.
 
+use crate::Regex;
+use std::sync::Arc;
+
 /// A node of a [`JsonSchema`], by index.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
@@ -55,7 +58,8 @@ impl JsonSchema {
                 SchemaNode::Array { items, min_items, max_items } => {
                     known(items) && max_items.is_none_or(|max| *min_items <= max)
                 }
-                SchemaNode::BoundedString { min_length, max_length } => {
+                SchemaNode::BoundedString { min_length, max_length }
+                | SchemaNode::PatternString { min_length, max_length, .. } => {
                     max_length.is_none_or(|max| *min_length <= max)
                 }
                 SchemaNode::BoundedInteger { minimum: Some(lo), maximum: Some(hi) } => lo <= hi,
@@ -85,6 +89,16 @@ pub enum SchemaNode {
     /// A string of `min_length` to `max_length` characters (Unicode code points, as JSON Schema
     /// counts them; an escape is the one character it writes).
     BoundedString {
+        /// Fewest characters.
+        min_length: u32,
+        /// Most characters, if bounded.
+        max_length: Option<u32>,
+    },
+    /// A string whose characters (as the escapes write them) `pattern` matches whole, of
+    /// `min_length` to `max_length` characters.
+    PatternString {
+        /// What the characters must match.
+        pattern: Arc<Regex>,
         /// Fewest characters.
         min_length: u32,
         /// Most characters, if bounded.

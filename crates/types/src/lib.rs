@@ -1,13 +1,15 @@
 //! Vocabulary shared by every `routed` crate.
 //!
 //! This crate holds only plain data: newtype ids, sampling parameters (and the ranges they must
-//! lie in) and the routing-row layout. It does no I/O and knows nothing of tensors, threads or
+//! lie in, with the output constraints: JSON schemas, and regular expressions compiled where
+//! they are given) and the routing-row layout. It does no I/O and knows nothing of tensors, threads or
 //! HTTP, so every other crate can depend on it without pulling anything else in.
 
 mod history;
 mod ids;
 mod json_schema;
 mod mask;
+mod regex;
 mod routing;
 mod sampling;
 mod step;
@@ -18,6 +20,7 @@ pub use ids::{
 };
 pub use json_schema::{JsonSchema, Property, SchemaNode, SchemaNodeId};
 pub use mask::TokenMask;
+pub use regex::{Regex, RegexError, RegexState};
 pub use routing::{ExpertId, RoutingMeta, RoutingRows};
 pub use sampling::{
     FinishReason, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY, ResponseFormat, SamplingError,

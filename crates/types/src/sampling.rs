@@ -2,7 +2,7 @@
 
 use std::{cmp::Ordering, sync::Arc};
 
-use crate::{JsonSchema, TokenId};
+use crate::{JsonSchema, Regex, TokenId};
 
 /// Most top alternatives per token a request may ask for, for sampled tokens (`logprobs`) and
 /// prompt tokens (`prompt_logprobs`) alike: OpenAI's and vLLM's limit.
@@ -116,6 +116,9 @@ pub enum ResponseFormat {
     /// Exactly one of these texts (vLLM's `choice`), each token chosen among those that keep
     /// the output a prefix of one, EOS only once it is one.
     Choice(Arc<[String]>),
+    /// Text that `regex` matches whole (vLLM's and SGLang's `regex`), each token chosen among
+    /// those that keep the output a prefix of such a text, EOS only once it is one.
+    Regex(Arc<Regex>),
 }
 
 impl Default for SamplingParams {

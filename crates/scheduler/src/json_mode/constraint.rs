@@ -1,17 +1,55 @@
 //! A constrained sequence's reader ([`JsonConstraint`]) and the masks it takes, memoised by
 //! state for the scheduler's thread ([`JsonMasks`]): a `json_object` reader's from the vocabulary
-//! walk, a schema reader's from its schema's DFA.
+//! walk, a schema reader's from its schema's DFA, a regex reader's from the regex's DFA.
 
 use super::{JsonState, JsonVocabulary, MASK_CACHE_CAPACITY};
 use crate::json_schema::{SchemaDfa, SchemaPos};
-use routed_types::{JsonSchema, ResponseFormat, ThinkingTags, TokenId, TokenMask};
+use routed_types::{
+    JsonSchema, Regex, RegexState, ResponseFormat, ThinkingTags, TokenId, TokenMask,
+};
 use std::{
     collections::{HashMap, VecDeque},
     sync::Arc,
 };
 
-/// Schemas whose DFAs are kept at once.
-const MAX_SCHEMAS: usize = 8;
+/// Schemas whose DFAs are kept at once, and regexes whose masks are.
+const MAX_KEPT: usize = 8;
+
+/// Up to [`MAX_KEPT`] values, least recently used first.
+#[derive(Debug)]
+struct Recent<T>(Vec<T>);
+
+impl<T> Recent<T> {
+    /// The kept value `kept` picks, tried first by `quick` (a pointer comparison, say), made by
+    /// `make` (the least recently used dropped) if none is; now the most recently used.
+    fn get_or_make(
+        &mut self,
+        quick: impl Fn(&T) -> bool,
+        kept: impl Fn(&T) -> bool,
+        make: impl FnOnce() -> T,
+    ) -> &mut T {
+        let found = self.0.iter().position(quick).or_else(|| self.0.iter().position(kept));
+        let at = match found {
+            Some(at) => at,
+            None => {
+                if self.0.len() == MAX_KEPT {
+                    self.0.remove(0);
+                }
+                self.0.push(make());
+                self.0.len() - 1
+            }
+        };
+        self.0[at..].rotate_left(1);
+        self.0.last_mut().expect("at least the one found")
+    }
+}
+
+/// A regex kept with the masks of its states.
+#[derive(Debug)]
+struct RegexMasks {
+    regex: Arc<Regex>,
+    masks: MaskMemo<RegexState>,
+}
 
 /// Masks memoised by state, the oldest dropped past [`MASK_CACHE_CAPACITY`].
 #[derive(Debug)]
@@ -58,8 +96,9 @@ impl<K: Copy + Eq + std::hash::Hash> MaskMemo<K> {
 pub struct JsonMasks {
     vocabulary: Arc<JsonVocabulary>,
     masks: MaskMemo<JsonState>,
-    /// Least recently used first. A reader whose DFA was dropped gets a new one.
-    schemas: Vec<SchemaDfa>,
+    /// A reader whose DFA was dropped gets a new one.
+    schemas: Recent<SchemaDfa>,
+    regexes: Recent<RegexMasks>,
     /// The next new DFA's generation.
     num_dfas_made: u64,
 }
@@ -67,7 +106,13 @@ pub struct JsonMasks {
 impl JsonMasks {
     /// An empty cache over `vocabulary`.
     pub fn new(vocabulary: Arc<JsonVocabulary>) -> Self {
-        Self { vocabulary, masks: MaskMemo::new(), schemas: Vec::new(), num_dfas_made: 0 }
+        Self {
+            vocabulary,
+            masks: MaskMemo::new(),
+            schemas: Recent(Vec::new()),
+            regexes: Recent(Vec::new()),
+            num_dfas_made: 0,
+        }
     }
 
     /// The vocabulary.
@@ -92,28 +137,49 @@ impl JsonMasks {
         compact: bool,
     ) -> (&JsonVocabulary, &mut SchemaDfa) {
         type Same = fn(&Arc<JsonSchema>, &Arc<JsonSchema>) -> bool;
-        let kept = |d: &SchemaDfa, same: Same| d.key().1 == compact && same(d.key().0, schema);
-        let found = (self.schemas.iter().position(|d| kept(d, Arc::ptr_eq)))
-            .or_else(|| self.schemas.iter().position(|d| kept(d, |a, b| a == b)));
-        let at = match found {
-            Some(at) => at,
-            None => {
-                if self.schemas.len() == MAX_SCHEMAS {
-                    self.schemas.remove(0);
-                }
-                let generation = self.num_dfas_made;
-                self.num_dfas_made += 1;
-                self.schemas.push(SchemaDfa::new(Arc::clone(schema), compact, generation));
-                self.schemas.len() - 1
-            }
-        };
-        // Most recently used last.
-        self.schemas[at..].rotate_left(1);
-        let dfa = self.schemas.last_mut().expect("at least the one found");
+        let wanted: &Arc<JsonSchema> = schema;
+        let kept =
+            |same: Same| move |d: &SchemaDfa| d.key().1 == compact && same(d.key().0, wanted);
+        let (generation, mut made) = (self.num_dfas_made, false);
+        let dfa = self.schemas.get_or_make(kept(Arc::ptr_eq), kept(|a, b| a == b), || {
+            made = true;
+            SchemaDfa::new(Arc::clone(wanted), compact, generation)
+        });
+        self.num_dfas_made += u64::from(made);
         if !Arc::ptr_eq(dfa.key().0, schema) {
             *schema = Arc::clone(dfa.key().0);
         }
         (&self.vocabulary, dfa)
+    }
+
+    /// The vocabulary and the masks of `regex`, kept from now on if they were not. An equal
+    /// regex's are shared, `regex` then pointed at the kept one (as [`Self::dfa`] does).
+    fn regex(&mut self, regex: &mut Arc<Regex>) -> (&JsonVocabulary, &mut RegexMasks) {
+        let kept = self.regexes.get_or_make(
+            |r| Arc::ptr_eq(&r.regex, regex),
+            |r| r.regex == *regex,
+            || RegexMasks { regex: Arc::clone(regex), masks: MaskMemo::new() },
+        );
+        if !Arc::ptr_eq(&kept.regex, regex) {
+            *regex = Arc::clone(&kept.regex);
+        }
+        (&self.vocabulary, kept)
+    }
+
+    /// The tokens that may follow `state` of `regex`: those it can go on with, EOS where the
+    /// text matches.
+    fn patternmask(
+        vocabulary: &JsonVocabulary,
+        kept: &mut RegexMasks,
+        state: RegexState,
+    ) -> Arc<TokenMask> {
+        if let Some(mask) = kept.masks.get(&state) {
+            return mask;
+        }
+        let regex = &kept.regex;
+        let mut feed = |s: &mut RegexState, b| regex.next(*s, b).map(|next| *s = next).is_some();
+        let mask = vocabulary.mask_with(state, false, regex.is_match(state), &mut feed);
+        kept.masks.insert(state, mask)
     }
 
     /// The tokens that may follow `state` of `dfa`.
@@ -133,6 +199,8 @@ enum Reader {
     Object(JsonState),
     /// One value of `schema`.
     Schema { schema: Arc<JsonSchema>, compact: bool, pos: SchemaPos },
+    /// Text `regex` matches whole.
+    Regex { regex: Arc<Regex>, state: RegexState },
 }
 
 /// A constrained sequence's reader and the tokens it allows next.
@@ -172,6 +240,9 @@ impl JsonConstraint {
                 let mut schema = Arc::new(JsonSchema::of_choices(choices));
                 let pos = masks.dfa(&mut schema, true).1.start();
                 Reader::Schema { schema, compact: true, pos }
+            }
+            ResponseFormat::Regex(regex) => {
+                Reader::Regex { regex: Arc::clone(regex), state: regex.start() }
             }
         };
         let waits_for = thinking.filter(|tags| !tags.ended_in(prompt)).map(|tags| tags.end);
@@ -240,6 +311,25 @@ impl JsonConstraint {
                 let allowed = JsonMasks::schema_mask(vocabulary, dfa, state);
                 (Some(Reader::Schema { schema, compact, pos }), allowed)
             }
+            Reader::Regex { mut regex, state } => {
+                let (vocabulary, kept) = masks.regex(&mut regex);
+                let pattern = &kept.regex;
+                let mut next = Some(state);
+                match vocabulary.eos.contains(&token) {
+                    // Only a match ends; nothing follows EOS.
+                    true => next = next.filter(|&s| pattern.is_match(s)),
+                    false => {
+                        let bytes = vocabulary.token_bytes(token);
+                        next = next.filter(|_| !bytes.is_empty());
+                        for &b in bytes {
+                            next = next.and_then(|s| pattern.next(s, b));
+                        }
+                    }
+                }
+                let Some(state) = next else { return (None, anything(masks)) };
+                let allowed = JsonMasks::patternmask(vocabulary, kept, state);
+                (Some(Reader::Regex { regex, state }), allowed)
+            }
         }
     }
 
@@ -253,6 +343,10 @@ impl JsonConstraint {
                 let state = dfa.state(pos);
                 *pos = dfa.pos(state);
                 JsonMasks::schema_mask(vocabulary, dfa, state)
+            }
+            Reader::Regex { regex, state } => {
+                let (vocabulary, kept) = masks.regex(regex);
+                JsonMasks::patternmask(vocabulary, kept, *state)
             }
         }
     }

@@ -1,6 +1,6 @@
 use super::*;
 use routed_test_support::SplitMix64;
-use routed_types::ResponseFormat;
+use routed_types::{Regex, ResponseFormat};
 use std::sync::Arc;
 
 fn reads(text: &[u8]) -> Option<JsonState> {
@@ -331,4 +331,91 @@ fn a_vocabularys_heap_covers_its_tables() {
     more.extend((0..1000).map(|i| Some(format!("\"k{i}\"").into_bytes())));
     let bigger = JsonVocabulary::new(&more, &[0]);
     assert!(bigger.heap_bytes() > vocab.heap_bytes() + 5 * 1000);
+}
+
+/// A seeded walk constrained to `regex`, each mask checked against a token-by-token reading:
+/// the text when EOS came.
+fn generate_regex(
+    regex: &Arc<Regex>,
+    vocab: &JsonVocabulary,
+    masks: &mut JsonMasks,
+    seed: u64,
+) -> Option<String> {
+    let format = ResponseFormat::Regex(Arc::clone(regex));
+    let mut constraint = JsonConstraint::start(masks, &format, &[], None).unwrap();
+    let (mut rng, mut text, mut state) = (SplitMix64(seed), Vec::new(), regex.start());
+    while text.len() < 64 {
+        let mask = constraint.allowed().expect("no thinking to wait for");
+        let mut want = TokenMask::none(vocab.num_tokens());
+        for t in 0..vocab.num_tokens() as TokenId {
+            let bytes = vocab.token_bytes(t);
+            let reads = match vocab.eos.contains(&t) {
+                true => regex.is_match(state),
+                false => {
+                    !bytes.is_empty()
+                        && bytes.iter().try_fold(state, |s, &b| regex.next(s, b)).is_some()
+                }
+            };
+            if reads {
+                want.allow(t);
+            }
+        }
+        assert_eq!(
+            **mask,
+            want,
+            "{regex:?} seed {seed} after {:?}",
+            String::from_utf8_lossy(&text)
+        );
+        let token = draw(&mut rng, mask, vocab.num_tokens());
+        if vocab.eos.contains(&token) {
+            return Some(String::from_utf8(text).expect("the regex reads UTF-8 only"));
+        }
+        for &b in vocab.token_bytes(token) {
+            state = regex.next(state, b).expect("an allowed token reads");
+        }
+        text.extend_from_slice(vocab.token_bytes(token));
+        constraint.advance(token, masks);
+        assert!(constraint.is_followed(), "a token the mask allowed did not read");
+    }
+    None
+}
+
+#[test]
+fn a_regex_walk_allows_exactly_the_tokens_that_read_and_ends_on_a_match() {
+    let (_, vocab, mut masks) = vocabulary();
+    for pattern in
+        [r"(true|false)", r"[0-5]{2}(\.[0-5]+)?", r"\{(\x22[a-z]+\x22: [01],? ?)*\}", "(é|中)+!?"]
+    {
+        let regex = Arc::new(Regex::new(pattern).unwrap());
+        let mut finished = 0;
+        for seed in 0..100 {
+            let Some(text) = generate_regex(&regex, &vocab, &mut masks, seed) else { continue };
+            assert!(regex.matches(text.as_bytes()), "{pattern} seed {seed}: {text:?}");
+            finished += 1;
+        }
+        assert!(finished > 20, "{pattern}: {finished} of 100 walks finished");
+    }
+}
+
+#[test]
+fn requests_with_equal_regexes_share_their_masks_and_eos_ends_only_a_match() {
+    let (tokens, _, mut masks) = vocabulary();
+    let id = |text: &str| {
+        tokens.iter().position(|t| t.as_deref() == Some(text.as_bytes())).unwrap() as TokenId
+    };
+    let eos = tokens.len() as TokenId - 1;
+    let format = || ResponseFormat::Regex(Arc::new(Regex::new("1+0").unwrap()));
+    let mut a = JsonConstraint::start(&mut masks, &format(), &[], None).unwrap();
+    let b = JsonConstraint::start(&mut masks, &format(), &[], None).unwrap();
+    assert!(Arc::ptr_eq(a.allowed().unwrap(), b.allowed().unwrap()));
+    let first = a.allowed().unwrap();
+    assert!(first.allows(id("1")) && !first.allows(id("0")) && !first.allows(eos));
+    a.advance(id("1"), &mut masks);
+    assert!(a.allowed().unwrap().allows(id("0")) && !a.allowed().unwrap().allows(eos));
+    a.advance(id("0"), &mut masks);
+    // The match cannot go on: EOS alone.
+    assert_eq!(a.allowed().unwrap().num_allowed(), 1);
+    assert!(a.allowed().unwrap().allows(eos));
+    a.advance(eos, &mut masks);
+    assert!(a.is_followed());
 }

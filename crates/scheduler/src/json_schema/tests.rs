@@ -4,7 +4,7 @@ use crate::json_mode::{
     tests::{draw, vocabulary_with},
 };
 use routed_test_support::SplitMix64;
-use routed_types::{Property, ResponseFormat, TokenId, TokenMask};
+use routed_types::{Property, Regex, ResponseFormat, TokenId, TokenMask};
 use serde_json::Value;
 
 fn n(i: u32) -> Node {
@@ -77,6 +77,25 @@ fn bounded() -> JsonSchema {
     JsonSchema { nodes }
 }
 
+/// `{date: "[0-5]{2}-[a-c]+", tag?: 1 to 2 characters of "a?\"?\n?"}`.
+fn patterned() -> JsonSchema {
+    let pattern = |p: &str| Arc::new(Regex::new(p).unwrap());
+    let nodes = vec![
+        SchemaNode::Object { properties: vec![prop("date", 1, true), prop("tag", 2, false)] },
+        SchemaNode::PatternString {
+            pattern: pattern("[0-5]{2}-[a-c]+"),
+            min_length: 0,
+            max_length: None,
+        },
+        SchemaNode::PatternString {
+            pattern: pattern("a?\"?\n?"),
+            min_length: 1,
+            max_length: Some(2),
+        },
+    ];
+    JsonSchema { nodes }
+}
+
 fn any() -> JsonSchema {
     JsonSchema { nodes: vec![SchemaNode::Any] }
 }
@@ -94,7 +113,7 @@ fn read(schema: &JsonSchema, compact: bool, text: &[u8]) -> Option<bool> {
 
 #[test]
 fn values_of_the_schema_are_read_whole_and_their_prefixes_are_not() {
-    let cases: [(JsonSchema, &[&str]); 5] = [
+    let cases: [(JsonSchema, &[&str]); 6] = [
         (
             person(),
             &[
@@ -125,6 +144,15 @@ fn values_of_the_schema_are_read_whole_and_their_prefixes_are_not() {
                 r#"{"code":"ab","n":0}"#,
             ],
         ),
+        (
+            patterned(),
+            &[
+                r#"{"date": "12-ab"}"#,
+                r#"{"date": "05-c", "tag": "a\""}"#,
+                r#"{"date":"50-a","tag":"\n"}"#,
+                r#"{"date":"50-a","tag":"\""}"#,
+            ],
+        ),
     ];
     for (schema, texts) in cases {
         for text in texts {
@@ -143,7 +171,7 @@ fn values_of_the_schema_are_read_whole_and_their_prefixes_are_not() {
 
 #[test]
 fn what_the_schema_does_not_allow_is_refused() {
-    let refused: [(JsonSchema, &[&str]); 5] = [
+    let refused: [(JsonSchema, &[&str]); 6] = [
         (
             person(),
             &[
@@ -179,6 +207,19 @@ fn what_the_schema_does_not_allow_is_refused() {
                 r#"{"code": "ab", "n": -3}"#,
                 r#"{"code": "ab", "n": 05}"#,
                 r#"{"code": "ab", "n": 1.5}"#,
+            ],
+        ),
+        (
+            patterned(),
+            &[
+                r#"{"date": "123-a"}"#,
+                r#"{"date": "12-"}"#,
+                r#"{"date": "62-a"}"#,
+                r#"{"date": "12-a", "tag": "a\"\n"}"#,
+                r#"{"date": "12-a", "tag": ""}"#,
+                r#"{"date": "12-a", "tag": "\u000a"}"#,
+                r#"{"date": "12-a", "tag": "\t"}"#,
+                "{\"date\": \"12-a\", \"tag\": \"\n\"}",
             ],
         ),
     ];
@@ -304,6 +345,12 @@ fn conforms(schema: &JsonSchema, node: Node, value: &Value) -> bool {
             let len = s.chars().count();
             len >= *min_length as usize && max_length.is_none_or(|max| len <= max as usize)
         }
+        (SchemaNode::PatternString { pattern, min_length, max_length }, Value::String(s)) => {
+            let len = s.chars().count();
+            pattern.matches(s.as_bytes())
+                && len >= *min_length as usize
+                && max_length.is_none_or(|max| len <= max as usize)
+        }
         (SchemaNode::Number { integer }, Value::Number(x)) => {
             !integer || x.is_i64() || x.is_u64() || x.as_f64().is_some_and(|f| f.fract() == 0.0)
         }
@@ -333,8 +380,13 @@ fn conforms(schema: &JsonSchema, node: Node, value: &Value) -> bool {
 #[test]
 fn the_masks_allow_exactly_the_tokens_that_read_and_every_finished_walk_conforms() {
     let (_, vocab, mut masks) = vocabulary_with(&SCHEMA_TOKENS);
-    let schemas =
-        [("person", person()), ("tree", tree()), ("tagged", tagged()), ("bounded", bounded())];
+    let schemas = [
+        ("person", person()),
+        ("tree", tree()),
+        ("tagged", tagged()),
+        ("bounded", bounded()),
+        ("patterned", patterned()),
+    ];
     for (name, schema) in schemas {
         let mut finished = 0;
         for seed in 0..150 {

@@ -6,6 +6,7 @@ use routed_types::{ResponseFormat, SamplingParams, check_num_logprobs};
 use serde_json::Value;
 
 use super::prompt::PromptInput;
+use super::regex::regex_of;
 use super::sampling::{SamplingFields, sampling, schema_of};
 use super::{BatchNames, Job, WireNames, cache_namespace, check_batch, check_request, request};
 use crate::AppState;
@@ -204,22 +205,34 @@ fn entry_sampling(
     logprobs: Option<u32>,
     prompt_logprobs: Option<u32>,
 ) -> Result<SamplingParams, ApiError> {
-    let constraints =
-        [("regex", &sp.regex), ("ebnf", &sp.ebnf), ("structural_tag", &sp.structural_tag)];
+    let constraints = [("ebnf", &sp.ebnf), ("structural_tag", &sp.structural_tag)];
     if let Some((name, _)) =
         constraints.iter().find(|(_, v)| v.as_ref().is_some_and(|v| !v.is_null()))
     {
         return Err(ApiError::unsupported(
             &format!("sampling_params.{name}"),
-            format!("sampling_params.{name} is not supported; sampling_params.json_schema is"),
+            format!(
+                "sampling_params.{name} is not supported; sampling_params.json_schema and \
+                 regex are"
+            ),
         ));
     }
-    let response_format = match sp.json_schema.as_ref().filter(|v| !v.is_null()) {
-        Some(schema) => {
+    let schema = sp.json_schema.as_ref().filter(|v| !v.is_null());
+    let regex = sp.regex.as_ref().filter(|v| !v.is_null());
+    let response_format = match (schema, regex) {
+        (Some(schema), None) => {
             let schema = Arc::new(schema_of(schema, "sampling_params.json_schema")?);
             ResponseFormat::JsonSchema { schema, compact: false }
         }
-        None => ResponseFormat::Text,
+        (None, Some(pattern)) => ResponseFormat::Regex(regex_of(pattern, "sampling_params.regex")?),
+        (None, None) => ResponseFormat::Text,
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "sampling_params.regex",
+                "sampling_params.json_schema and sampling_params.regex both constrain the \
+                 output: give one of them",
+            ));
+        }
     };
     let fields = SamplingFields {
         temperature: sp.temperature,

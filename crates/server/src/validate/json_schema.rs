@@ -4,24 +4,26 @@
 //! Kept: `type` (one or a list), `enum`, `const`, `properties` with `required` (written in the
 //! schema's order, optional ones may be left out, no other keys), `additionalProperties` (an
 //! object without `properties` is a map of its values), `items`, `minItems`, `maxItems`, `anyOf`
-//! and `oneOf` (read as `anyOf`), `allOf` of one schema, `minLength` and `maxLength`, an
-//! integer's `minimum` and `maximum` (exclusive too), and `$ref` within the document (`#`,
-//! `#/$defs/...`, `#/definitions/...`, any JSON pointer), recursive ones included. Annotations
-//! (`title`, `description`, `default`, `examples`, `format`, which JSON Schema makes an annotation
-//! by default, ...) change nothing. A keyword whose constraint the reader cannot keep (`pattern`,
-//! `multipleOf`, `uniqueItems`, a non-integer's `minimum`, ...) is a 400 naming it and where it
-//! stands: an output that ignored it could break the schema.
+//! and `oneOf` (read as `anyOf`), `allOf` of one schema, a string's `minLength`, `maxLength`
+//! and `pattern` (matched whole: a stricter reading than JSON Schema's search, so a string that
+//! matches is always valid), an integer's `minimum` and `maximum` (exclusive too), and `$ref`
+//! within the document (`#`, `#/$defs/...`, `#/definitions/...`, any JSON pointer), recursive
+//! ones included. Annotations (`title`, `description`, `default`, `examples`, `format`, which
+//! JSON Schema makes an annotation by default, ...) change nothing. A keyword whose constraint
+//! the reader cannot keep (`multipleOf`, `uniqueItems`, a non-integer's `minimum`, ...) is a 400
+//! naming it and where it stands: an output that ignored it could break the schema.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use routed_types::{JsonSchema, Property, SchemaNode, SchemaNodeId};
+use routed_types::{JsonSchema, Property, Regex, SchemaNode, SchemaNodeId};
 use serde_json::{Map, Value};
 
+use super::regex::compiled;
 use crate::error::ApiError;
 
 /// Keywords whose constraint the reader cannot keep.
-const REFUSED: [&str; 16] = [
-    "pattern",
+const REFUSED: [&str; 15] = [
     "multipleOf",
     "patternProperties",
     "propertyNames",
@@ -43,15 +45,23 @@ const REFUSED: [&str; 16] = [
 const NUMERIC: [&str; 4] = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
 
 /// Bounds kept only where `type` says what they bound (a number's, a string's).
-const TYPED_BOUNDS: [&str; 6] =
-    ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength"];
+const TYPED_BOUNDS: [&str; 7] = [
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+];
 
 /// Keywords that shape a value: a schema using one beside `$ref`, `anyOf` or `oneOf` is refused
 /// rather than read as one of them alone.
-const SHAPING: [&str; 18] = [
+const SHAPING: [&str; 19] = [
     "type",
     "minLength",
     "maxLength",
+    "pattern",
     "minimum",
     "maximum",
     "exclusiveMinimum",
@@ -231,10 +241,11 @@ impl Reducer<'_> {
             Some(Value::Array(names)) => Some(names.iter().filter_map(Value::as_str).collect()),
             _ => None,
         };
+        let pattern = self.pattern(fields, at)?;
         let texts: Vec<String> = values
             .iter()
             .filter(|v| types.as_ref().is_none_or(|types| types.iter().any(|t| has_type(v, t))))
-            .filter(|v| within_bounds(v, fields))
+            .filter(|v| within_bounds(v, fields, pattern.as_deref()))
             .map(Value::to_string)
             .collect();
         if texts.is_empty() {
@@ -378,9 +389,14 @@ impl Reducer<'_> {
         })
     }
 
-    /// A string, bounded by `minLength` and `maxLength` when either is given.
+    /// A string, bounded by `minLength` and `maxLength` when either is given, matching
+    /// `pattern` whole when it is.
     fn string(&self, fields: &Map<String, Value>, at: &str) -> Result<SchemaNode, ApiError> {
-        if !fields.contains_key("minLength") && !fields.contains_key("maxLength") {
+        let pattern = self.pattern(fields, at)?;
+        if pattern.is_none()
+            && !fields.contains_key("minLength")
+            && !fields.contains_key("maxLength")
+        {
             return Ok(SchemaNode::String);
         }
         let (min_length, max_length) = self.bounds(fields, ["minLength", "maxLength"], at)?;
@@ -390,7 +406,26 @@ impl Reducer<'_> {
             return Err(self.refuse(at, format!("\"minLength\" above {most} is not supported")));
         }
         let max_length = max_length.filter(|&max| max <= most);
-        Ok(SchemaNode::BoundedString { min_length, max_length })
+        Ok(match pattern {
+            Some(pattern) => SchemaNode::PatternString { pattern, min_length, max_length },
+            None => SchemaNode::BoundedString { min_length, max_length },
+        })
+    }
+
+    /// A string's `pattern`, compiled, if it has one.
+    fn pattern(
+        &self,
+        fields: &Map<String, Value>,
+        at: &str,
+    ) -> Result<Option<Arc<Regex>>, ApiError> {
+        match fields.get("pattern") {
+            None => Ok(None),
+            Some(Value::String(pattern)) => match compiled(pattern) {
+                Ok(regex) => Ok(Some(regex)),
+                Err(e) => Err(self.invalid(at, format!("\"pattern\" {pattern:?}: {e}"))),
+            },
+            Some(other) => Err(self.invalid(at, format!("\"pattern\" is a string, got {other}"))),
+        }
     }
 
     /// A pair of count bounds (`minItems` and `maxItems`, say): the least (0 when absent) and
@@ -447,8 +482,8 @@ fn has_type(value: &Value, name: &str) -> bool {
 }
 
 /// Whether `value` is within the schema's bounds for its kind: a number's `minimum`, `maximum`
-/// and exclusive ones, a string's `minLength` and `maxLength` in characters.
-fn within_bounds(value: &Value, fields: &Map<String, Value>) -> bool {
+/// and exclusive ones, a string's `minLength` and `maxLength` in characters and its `pattern`.
+fn within_bounds(value: &Value, fields: &Map<String, Value>, pattern: Option<&Regex>) -> bool {
     let bound = |name: &str| fields.get(name).and_then(Value::as_f64);
     match value {
         Value::Number(n) => {
@@ -462,6 +497,7 @@ fn within_bounds(value: &Value, fields: &Map<String, Value>) -> bool {
             let len = text.chars().count() as f64;
             bound("minLength").is_none_or(|b| len >= b)
                 && bound("maxLength").is_none_or(|b| len <= b)
+                && pattern.is_none_or(|p| p.matches(text.as_bytes()))
         }
         _ => true,
     }

@@ -13,6 +13,7 @@ mod chat;
 mod generate;
 mod json_schema;
 mod prompt;
+mod regex;
 mod sampling;
 
 use std::borrow::Cow;

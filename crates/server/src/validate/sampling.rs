@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
-use routed_types::{JsonSchema, ResponseFormat, SamplingParams, TokenId};
+use routed_types::{JsonSchema, Regex, ResponseFormat, SamplingParams, TokenId};
 use serde_json::{Map, Value};
 
 use super::json_schema::reduce;
+use super::regex::regex_of;
 use crate::error::ApiError;
 use crate::wire::StopField;
 
@@ -83,15 +84,13 @@ pub(crate) fn sampling(
     })
 }
 
-/// vLLM's older structured-output fields other than `guided_json`, none of which is served:
-/// refused rather than ignored, so that a client never takes an unconstrained answer for a
-/// constrained one. (`guided_decoding_backend` only names an implementation, and is accepted.)
-const GUIDED_REFUSED: [&str; 3] = ["guided_regex", "guided_grammar", "guided_whitespace_pattern"];
+/// vLLM's older structured-output fields that are not served: refused rather than ignored, so
+/// that a client never takes an unconstrained answer for a constrained one.
+/// (`guided_decoding_backend` only names an implementation, and is accepted.)
+const GUIDED_REFUSED: [&str; 2] = ["guided_grammar", "guided_whitespace_pattern"];
 
-/// Constraints of vLLM's `structured_outputs` other than `json`, `json_object` and `choice`,
-/// refused by name.
-const STRUCTURED_OUTPUTS_REFUSED: [&str; 4] =
-    ["regex", "grammar", "structural_tag", "whitespace_pattern"];
+/// Constraints of vLLM's `structured_outputs` that are not served, refused by name.
+const STRUCTURED_OUTPUTS_REFUSED: [&str; 3] = ["grammar", "structural_tag", "whitespace_pattern"];
 
 /// What one of a request's fields asks the output to be.
 enum Constraint {
@@ -101,13 +100,15 @@ enum Constraint {
     Schema(JsonSchema),
     /// One of these texts.
     Choice(Vec<String>),
+    /// A text the regex matches whole.
+    Regex(Arc<Regex>),
 }
 
 /// The output format a request asks for, by one of: OpenAI's `response_format` (on both OpenAI
 /// routes, as vLLM takes it: `text`, `json_object`, or `json_schema` with its `schema`), vLLM's
-/// `structured_outputs` (`json_object: true`, `json` with a schema, or `choice` with a list of
-/// texts; compact with its `disable_any_whitespace`) or its older `guided_json` and
-/// `guided_choice`. A schema is reduced to what the reader
+/// `structured_outputs` (`json_object: true`, `json` with a schema, `choice` with a list of
+/// texts, or `regex`; compact with its `disable_any_whitespace`) or its older `guided_json`,
+/// `guided_choice` and `guided_regex`. A schema is reduced to what the reader
 /// follows ([`super::json_schema`]); vLLM's other ways to constrain the output are a 400 naming
 /// the field, and so are two constraints at once.
 pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> {
@@ -116,7 +117,7 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         return Err(ApiError::unsupported(
             field,
             format!(
-                "{field} is not supported; response_format json_object and json_schema, and choice, are"
+                "{field} is not supported; response_format json_object and json_schema, choice and regex are"
             ),
         ));
     }
@@ -129,11 +130,16 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         Some(list) => Some(Constraint::Choice(choices(list, "guided_choice")?)),
         None => None,
     };
+    let guided_regex = match body.get("guided_regex").filter(|v| !v.is_null()) {
+        Some(pattern) => Some(Constraint::Regex(regex_of(pattern, "guided_regex")?)),
+        None => None,
+    };
     let openai = openai_response_format(body)?;
     let mut asked = [
         ("structured_outputs", structured),
         ("guided_json", guided),
         ("guided_choice", guided_choice),
+        ("guided_regex", guided_regex),
         ("response_format", openai),
     ]
     .into_iter()
@@ -152,6 +158,7 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
             ResponseFormat::JsonSchema { schema: Arc::new(schema), compact }
         }
         (Constraint::Choice(choices), _) => ResponseFormat::Choice(choices.into()),
+        (Constraint::Regex(regex), _) => ResponseFormat::Regex(regex),
     })
 }
 
@@ -259,26 +266,30 @@ fn structured_outputs(body: &Value) -> Result<(Option<Constraint>, bool), ApiErr
         return Err(ApiError::unsupported(
             &param,
             format!(
-                "{param} is not supported; structured_outputs.json, json_object and choice are"
+                "{param} is not supported; structured_outputs.json, json_object, choice and regex are"
             ),
         ));
     }
     let json = fields.get("json").filter(|v| !v.is_null());
     let choice = fields.get("choice").filter(|v| !v.is_null());
-    let constraint = match (json, set("json_object"), choice) {
-        (None, false, None) => None,
-        (Some(schema), false, None) => {
+    let regex = fields.get("regex").filter(|v| !v.is_null());
+    let constraint = match (json, set("json_object"), choice, regex) {
+        (None, false, None, None) => None,
+        (Some(schema), false, None, None) => {
             Some(Constraint::Schema(schema_of(schema, "structured_outputs.json")?))
         }
-        (None, true, None) => Some(Constraint::Object),
-        (None, false, Some(list)) => {
+        (None, true, None, None) => Some(Constraint::Object),
+        (None, false, Some(list), None) => {
             Some(Constraint::Choice(choices(list, "structured_outputs.choice")?))
+        }
+        (None, false, None, Some(pattern)) => {
+            Some(Constraint::Regex(regex_of(pattern, "structured_outputs.regex")?))
         }
         _ => {
             return Err(ApiError::invalid(
                 "structured_outputs",
-                "structured_outputs.json, json_object and choice each constrain the output: \
-                 give one of them",
+                "structured_outputs.json, json_object, choice and regex each constrain the \
+                 output: give one of them",
             ));
         }
     };

@@ -93,6 +93,19 @@ fn an_object_keeps_its_properties_in_order_with_what_is_required() {
     let nullable = reduced(json!({"type": ["integer", "null"], "minimum": 0}));
     let SchemaNode::AnyOf(types) = node(&nullable, JsonSchema::ROOT) else { panic!() };
     assert_eq!(node(&nullable, types[0]), &bounded(Some(0), None));
+    // A pattern, with the length bounds beside it; an enum's strings are those it matches
+    // whole; on another type it says nothing.
+    let date = reduced(json!({"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}$", "maxLength": 7}));
+    let SchemaNode::PatternString { pattern, min_length: 0, max_length: Some(7) } =
+        node(&date, JsonSchema::ROOT)
+    else {
+        panic!("{date:?}")
+    };
+    assert!(pattern.matches(b"2026-11") && !pattern.matches(b"2026-1"));
+    let matching = reduced(json!({"type": "string", "enum": ["ab", "xab", "b"], "pattern": "a?b"}));
+    assert_eq!(matching.nodes, [SchemaNode::Literals(vec!["\"ab\"".into(), "\"b\"".into()])]);
+    let int = reduced(json!({"type": "integer", "pattern": "x"}));
+    assert_eq!(int.nodes, [SchemaNode::Number { integer: true }]);
     let at_least = reduced(json!({"type": "string", "minLength": 2, "maxLength": 1 << 20}));
     let want = SchemaNode::BoundedString { min_length: 2, max_length: None };
     assert_eq!(node(&at_least, JsonSchema::ROOT), &want);
@@ -157,11 +170,8 @@ fn references_within_the_document_resolve_recursive_ones_included() {
 #[test]
 fn constraints_the_reader_cannot_keep_are_refused_naming_the_keyword_and_where() {
     for (schema, keyword, at) in [
-        (
-            json!({"properties": {"d": {"type": "string", "pattern": "^a"}}}),
-            "pattern",
-            "#/properties/d",
-        ),
+        (json!({"properties": {"d": {"pattern": "^a"}}}), "pattern", "#/properties/d"),
+        (json!({"$ref": "#", "pattern": "a"}), "pattern", "#"),
         (json!({"type": "number", "maximum": 3}), "maximum", "#"),
         (json!({"properties": {"n": {"minimum": 0}}}), "minimum", "#/properties/n"),
         (json!({"maxLength": 3}), "maxLength", "#"),
@@ -197,6 +207,10 @@ fn constraints_the_reader_cannot_keep_are_refused_naming_the_keyword_and_where()
         (json!({"$ref": "#/$defs/missing"}), "names nothing"),
         (json!({"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}), "only itself"),
         (json!({"anyOf": []}), "non-empty"),
+        (json!({"type": "string", "pattern": "(a"}), "unclosed group"),
+        (json!({"type": "string", "pattern": "a(?=b)"}), "look-around"),
+        (json!({"type": "string", "pattern": 5}), "\"pattern\" is a string"),
+        (json!({"enum": ["ab", "b"], "pattern": "a+"}), "no value"),
     ] {
         let (code, message) = refusal(schema.clone());
         assert_eq!(code, "invalid_value", "{schema}: {message}");
