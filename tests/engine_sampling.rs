@@ -34,7 +34,15 @@ fn features() -> Vec<(&'static str, SamplingParams)> {
             SamplingParams { response_format: ResponseFormat::JsonObject, ..sampled.clone() },
         ),
         ("json_schema", SamplingParams { response_format: list_of_flags(), ..sampled.clone() }),
-        ("regex", SamplingParams { response_format: counted_words(), ..sampled }),
+        ("regex", SamplingParams { response_format: counted_words(), ..sampled.clone() }),
+        (
+            "logprob_token_ids",
+            SamplingParams {
+                logprob_token_ids: vec![3, 40, 7, 3].into(),
+                prompt_logprobs: Some(1),
+                ..sampled
+            },
+        ),
     ]
 }
 
@@ -164,7 +172,7 @@ async fn bias_forces_a_token_and_penalties_see_the_history() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prompt_logprobs_match_transformers_and_skip_the_prefix_cache() {
+async fn prompt_and_named_token_logprobs_match_transformers_and_skip_the_prefix_cache() {
     // The CPU keeps f32 everywhere; the CUDA worker keeps K and V in bf16 (each rounded by up to
     // 2^-9 of itself), which moves these logprobs by up to 3e-3 (measured on the CUDA simulator).
     let tol = match test_device() {
@@ -179,17 +187,36 @@ async fn prompt_logprobs_match_transformers_and_skip_the_prefix_cache() {
         let handle = engine(arch, |c| c.max_num_batched_tokens = 7);
         // Warm the prefix cache with the same prompt: the scoring request must not use it.
         run(&handle, request(&prompt, 2)).await;
-        let params = SamplingParams { prompt_logprobs: Some(2), ..greedy(2) };
+        // Named tokens too: two of the prompt's and one it may not hold.
+        let named: Vec<TokenId> = vec![prompt[1], 5, prompt[3]];
+        let params = SamplingParams {
+            prompt_logprobs: Some(2),
+            logprobs: Some(0),
+            logprob_token_ids: named.clone().into(),
+            ..greedy(2)
+        };
         let out = run(&handle, GenerateRequest::new(prompt.clone(), params)).await;
         let f = &out.finals[0];
+        // transformers' logprob of token `t` at row `i`.
+        let raw = |i: usize, t: TokenId| {
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            let max = row.iter().copied().fold(f32::MIN, f32::max);
+            row[t as usize] - (max + row.iter().map(|x| (x - max).exp()).sum::<f32>().ln())
+        };
+        let near = |got: &[f32], i: usize, what: &str| {
+            assert_eq!(got.len(), named.len(), "{arch} {what}");
+            for (&lp, &t) in got.iter().zip(&named) {
+                assert!((lp - raw(i, t)).abs() < tol, "{arch} {what} token {t}: {lp}");
+            }
+        };
+        // The last prompt row is the first generated token's distribution.
+        near(&out.tokens[0].token_id_logprobs, prompt.len() - 1, "the first output token");
         assert_eq!(f.num_cached_tokens, 0, "{arch}: prompt logprobs compute the whole prompt");
         let got = f.prompt_logprobs.as_ref().expect("asked for");
         assert_eq!(got.len(), prompt.len() - 1, "{arch}: one per prompt token but the first");
         for (i, entry) in got.iter().enumerate() {
-            let row = &logits[i * vocab..(i + 1) * vocab];
-            let max = row.iter().copied().fold(f32::MIN, f32::max);
-            let log_z = max + row.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
-            let want = row[prompt[i + 1] as usize] - log_z;
+            let want = raw(i, prompt[i + 1]);
+            near(&entry.token_id_logprobs, i, &format!("position {}", i + 1));
             assert_eq!(entry.token, prompt[i + 1]);
             assert!(
                 (entry.logprob - want).abs() < tol,

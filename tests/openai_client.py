@@ -181,18 +181,22 @@ def main():
         score: Optional[int]
 
     parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
-    num_parsed = 0
-    for seed in range(8):
-        try:
-            answer = parse(
-                model=model, messages=messages, max_tokens=96, temperature=1.0, seed=seed,
-                response_format=Verdict,
-            ).choices[0]
-        except openai.LengthFinishReasonError:
-            continue
-        assert isinstance(answer.message.parsed, Verdict), answer
-        num_parsed += 1
-    assert num_parsed > 0, "no answer closed its object"
+
+    def parsed(model_class):
+        """The answers of eight seeds read back into `model_class`, those cut short left out."""
+        answers = []
+        for seed in range(8):
+            try:
+                answers.append(parse(
+                    model=model, messages=messages, max_tokens=96, temperature=1.0, seed=seed,
+                    response_format=model_class,
+                ).choices[0].message.parsed)
+            except openai.LengthFinishReasonError:
+                continue
+        assert answers, f"no {model_class.__name__} answer closed its object"
+        return answers
+
+    assert all(isinstance(v, Verdict) for v in parsed(Verdict))
 
     # A regex as vLLM's clients send it (extra_body), and a pydantic field's pattern: Python's
     # own `re` checks every answer EOS ended.
@@ -212,18 +216,8 @@ def main():
     class Order(pydantic.BaseModel):
         answer: str = pydantic.Field(pattern=r"^(yes|no), [0-9]{1,3} (apples|pears)\.$")
 
-    num_parsed = 0
-    for seed in range(8):
-        try:
-            answer = parse(
-                model=model, messages=messages, max_tokens=96, temperature=1.0, seed=seed,
-                response_format=Order,
-            ).choices[0]
-        except openai.LengthFinishReasonError:
-            continue
-        assert re.fullmatch(pattern, answer.message.parsed.answer), answer
-        num_parsed += 1
-    assert num_parsed > 0, "no answer closed its object"
+    for order in parsed(Order):
+        assert re.fullmatch(pattern, order.answer), order
 
     # The sampling fields the client sends natively: a logit bias forces a token, penalties are
     # accepted, and the same seed gives the same draw.

@@ -466,7 +466,7 @@ impl StepPacker {
             self.pack_seq(i, s, &mut p, words);
             self.pack_table(i, s, stride, words);
             let rows = p.num_tokens..p.num_tokens + s.token_ids.len();
-            if wants_logits && !self.host_only {
+            if wants_logits && !logits::scores_on_host(self.host_only, s) {
                 self.score(i, s, rows.start);
             }
             let want = if wants_logits { self.logit_kind(s) } else { None };

@@ -29,7 +29,7 @@ impl StepPacker {
     /// there (prompt logprobs on the host). A device row's logit edits join its group's list; a
     /// row whose edits do not fit the step's list (or cannot be edits) is finished on the host.
     pub(super) fn logit_kind(&mut self, s: &ScheduledSeq) -> Option<(usize, bool)> {
-        if self.host_only && s.prompt_logprobs.is_some() {
+        if scores_on_host(self.host_only, s) {
             return Some((HOST, true));
         }
         let (params, _) = s.sample.as_ref()?;
@@ -106,9 +106,19 @@ impl StepPacker {
 /// Whether the device kernels may pick the token and report its logprobs (the rank and up to
 /// [`MAX_LOGPROBS`] alternatives included); the bias and penalties go as logit edits when they
 /// fit the step's list. A constrained output's row is chosen on the host, where its mask (most of
-/// the vocabulary ruled out, in most states) applies as it does on the CPU.
+/// the vocabulary ruled out, in most states) applies as it does on the CPU, and so is the row of
+/// a request that names tokens for their logprobs.
 pub fn on_device(params: &SamplingParams) -> bool {
-    params.logprobs.is_none_or(|n| n <= MAX_LOGPROBS) && !params.is_constrained()
+    params.logprobs.is_none_or(|n| n <= MAX_LOGPROBS && params.logprob_token_ids.is_empty())
+        && !params.is_constrained()
+}
+
+/// Whether a chunk's prompt positions are scored on the host: every one of them when the packer
+/// finishes everything there, else those of a request that names tokens for their logprobs
+/// (which the device kernels do not gather).
+pub(super) fn scores_on_host(host_only: bool, s: &ScheduledSeq) -> bool {
+    s.prompt_logprobs.is_some()
+        && (host_only || s.context.as_ref().is_some_and(|c| !c.logprob_token_ids.is_empty()))
 }
 
 /// The kernels' `SampleParams`: seed and index (u64, little-endian words), temperature, top-p,

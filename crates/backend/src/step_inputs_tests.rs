@@ -97,8 +97,12 @@ fn a_mixed_step_is_packed_section_by_section() {
     chunk.restore_from = Some(SnapshotSlotId(2));
     chunk.snapshots = vec![(4, SnapshotSlotId(1)), (8, SnapshotSlotId(4))];
     chunk.prompt_logprobs = Some(0);
-    chunk.context =
-        Some(SeqContext { prompt: Arc::new((10..22).collect()), history: None, allowed: None });
+    chunk.context = Some(SeqContext {
+        prompt: Arc::new((10..22).collect()),
+        history: None,
+        allowed: None,
+        logprob_token_ids: Arc::from([]),
+    });
     let seeded = SamplingParams {
         temperature: 0.7,
         top_p: 0.9,
@@ -205,6 +209,37 @@ fn a_rank_without_logits_and_a_dummy_forward_pack_no_rows() {
 }
 
 #[test]
+fn a_chunk_that_names_tokens_for_their_logprobs_is_scored_and_sampled_on_the_host() {
+    let mut packer = StepPacker::new(CAPACITY, geometry());
+    let mut words = words_of(&packer);
+    let params = SamplingParams {
+        logprobs: Some(1),
+        logprob_token_ids: vec![2, 9].into(),
+        ..SamplingParams::greedy(1)
+    };
+    let mut named = sampled(seq(0, &[1, 2, 3, 4], &[1]), params, 0);
+    named.prompt_logprobs = Some(1);
+    named.context = Some(SeqContext {
+        prompt: Arc::new(vec![1, 2, 3, 4]),
+        history: None,
+        allowed: None,
+        logprob_token_ids: vec![2, 9].into(),
+    });
+    let plan = StepPlan {
+        seqs: vec![sampled(seq(1, &[7], &[2]), SamplingParams::greedy(1), 1), named],
+        ..StepPlan::default()
+    };
+    let p = packer.pack(&plan, true, &mut words).unwrap();
+    // Every row of the chunk goes to the host, none is scored on the device; the other
+    // sequence stays on the device.
+    assert_eq!((p.num_greedy, p.num_scored, p.num_host_rows), (1, 0, 4));
+    assert_eq!(
+        packer.logit_uses(),
+        [LogitUse::Greedy { row: 0 }, LogitUse::Host { first: 1, len: 4 }]
+    );
+}
+
+#[test]
 fn logits_rows_count_within_their_chunk_and_a_repeated_step_uploads_its_fixed_sections() {
     let mut g = geometry();
     g.logits_chunk_rows = 2;
@@ -212,8 +247,12 @@ fn logits_rows_count_within_their_chunk_and_a_repeated_step_uploads_its_fixed_se
     let mut words = words_of(&packer);
     let mut big = sampled(seq(0, &[1, 2, 3, 4, 5], &[1, 2]), SamplingParams::greedy(1), 0);
     big.prompt_logprobs = Some(1);
-    big.context =
-        Some(SeqContext { prompt: Arc::new(vec![1, 2, 3, 4, 5]), history: None, allowed: None });
+    big.context = Some(SeqContext {
+        prompt: Arc::new(vec![1, 2, 3, 4, 5]),
+        history: None,
+        allowed: None,
+        logprob_token_ids: Arc::from([]),
+    });
     let plan = StepPlan { seqs: vec![big], ..StepPlan::default() };
     let first = packer.pack(&plan, true, &mut words).unwrap();
     let l = packer.layout().clone();

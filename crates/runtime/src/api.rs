@@ -166,6 +166,9 @@ pub struct TokenEvent {
     pub logprob: f32,
     /// Top alternatives, when the request asked for logprobs.
     pub top_logprobs: Vec<(TokenId, f32)>,
+    /// The logprobs of the tokens the request names (`logprob_token_ids`), in its order, when
+    /// it asked for logprobs.
+    pub token_id_logprobs: Vec<f32>,
     /// The version of the weights served when it was sampled.
     pub weight_version: Arc<str>,
 }

@@ -63,7 +63,13 @@ fn granted(grants: Vec<(SlotGrant, Vec<BlockRef>)>) -> GrantedStep {
 }
 
 fn output(token: TokenId) -> StepOutput {
-    let one = SampledToken { token, logprob: -1.0, top_logprobs: Vec::new(), rank: None };
+    let one = SampledToken {
+        token,
+        logprob: -1.0,
+        top_logprobs: Vec::new(),
+        rank: None,
+        token_id_logprobs: Vec::new(),
+    };
     StepOutput { sampled: vec![Some(one); NUM_SEQS], ..StepOutput::default() }
 }
 

@@ -384,6 +384,26 @@ impl JsonVocabulary {
         (!bytes.is_empty() && next.feed_all(bytes)).then_some(next)
     }
 
+    /// The state a reader reaches from `state` by `token`, read by `step` a byte at a time
+    /// (`Some(byte)`; `None` for EOS, which leaves the state as it is where the output may end):
+    /// `None` when the token cannot follow. Nothing follows EOS, and a special token that is not
+    /// EOS never follows.
+    pub(crate) fn read_token<S: Copy>(
+        &self,
+        state: S,
+        token: TokenId,
+        mut step: impl FnMut(S, Option<u8>) -> Option<S>,
+    ) -> Option<S> {
+        if self.eos.contains(&token) {
+            return step(state, None);
+        }
+        let bytes = self.token_bytes(token);
+        if bytes.is_empty() {
+            return None;
+        }
+        bytes.iter().try_fold(state, |s, &b| step(s, Some(b)))
+    }
+
     /// The tokens that may follow `state`: those whose every byte the automaton reads, or EOS
     /// once the object is complete. Never empty: with nothing allowed (a vocabulary that cannot
     /// write what the state needs) EOS is, or, without an EOS, every token.

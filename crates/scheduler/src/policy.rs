@@ -307,6 +307,7 @@ impl Scheduler {
                         prompt: seq.prompt.clone(),
                         history: seq.history.clone(),
                         allowed: seq.json.as_ref().and_then(JsonConstraint::allowed).cloned(),
+                        logprob_token_ids: Arc::clone(&seq.params.logprob_token_ids),
                     });
             plan.seqs.push(ScheduledSeq {
                 seq_id: seq.id,

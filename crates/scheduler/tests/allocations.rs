@@ -61,6 +61,7 @@ fn decode_step_allocations(num_seqs: usize, params: SamplingParams, hybrid: bool
             logprob: -1.0,
             top_logprobs: Vec::new(),
             rank: None,
+            token_id_logprobs: Vec::new(),
         };
         // The executor is done with the plan by the time its output is applied.
         drop(plan);

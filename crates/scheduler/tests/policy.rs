@@ -85,8 +85,13 @@ fn granted(grants: Vec<(SlotGrant, Vec<BlockRef>)>, preempted: Vec<SeqId>) -> Gr
 }
 
 fn sampled(tokens: &[Option<TokenId>]) -> StepOutput {
-    let one =
-        |t: TokenId| SampledToken { token: t, logprob: -1.0, top_logprobs: Vec::new(), rank: None };
+    let one = |t: TokenId| SampledToken {
+        token: t,
+        logprob: -1.0,
+        top_logprobs: Vec::new(),
+        rank: None,
+        token_id_logprobs: Vec::new(),
+    };
     StepOutput { sampled: tokens.iter().map(|t| t.map(one)).collect(), ..StepOutput::default() }
 }
 

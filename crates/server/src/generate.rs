@@ -51,6 +51,8 @@ struct Body<'a> {
     request: &'a GenerateJob,
     /// The continuation's prompt.
     prompt: &'a [TokenId],
+    /// The tokens whose logprobs every reported position carries (`token_ids_logprob`).
+    logprob_ids: &'a [TokenId],
     tokenizer: &'a Tokenizer,
     text: &'a str,
     tokens: &'a [TokenEvent],
@@ -65,7 +67,15 @@ fn triple(tokenizer: &Tokenizer, with_text: bool, id: TokenId, logprob: f32) -> 
     json!([logprob, id, text])
 }
 
-/// `output_token_logprobs` and, with `top_logprobs_num`, `output_top_logprobs`.
+/// The triples of the tokens `token_ids_logprob` names, in its order, with their logprobs.
+fn id_triples(b: &Body<'_>, logprobs: &[f32]) -> Value {
+    let with_text = b.request.text_in_logprobs;
+    let pairs = b.logprob_ids.iter().zip(logprobs);
+    Value::Array(pairs.map(|(&id, &lp)| triple(b.tokenizer, with_text, id, lp)).collect())
+}
+
+/// `output_token_logprobs` and, with `top_logprobs_num`, `output_top_logprobs`; with
+/// `token_ids_logprob`, `output_token_ids_logprobs`.
 fn add_logprobs(b: &Body<'_>, meta_info: &mut Value) {
     let with_text = b.request.text_in_logprobs;
     let lps = b.tokens.iter().map(|t| triple(b.tokenizer, with_text, t.token, t.logprob));
@@ -77,13 +87,17 @@ fn add_logprobs(b: &Body<'_>, meta_info: &mut Value) {
         });
         meta_info["output_top_logprobs"] = Value::Array(tops.collect());
     }
+    if !b.logprob_ids.is_empty() {
+        let named = b.tokens.iter().map(|t| id_triples(b, &t.token_id_logprobs));
+        meta_info["output_token_ids_logprobs"] = Value::Array(named.collect());
+    }
     if let (Some(start), Some(output)) = (b.request.logprob_start_len, b.output) {
         add_input_logprobs(b, start, output, meta_info);
     }
 }
 
-/// `input_token_logprobs` (and, with `top_logprobs_num`, `input_top_logprobs`) for the prompt
-/// tokens from `start` on, as SGLang returns them: the first entry's logprob is `null` whatever
+/// `input_token_logprobs` (and, with `top_logprobs_num`, `input_top_logprobs`; with
+/// `token_ids_logprob`, `input_token_ids_logprobs`) for the prompt tokens from `start` on, as SGLang returns them: the first entry's logprob is `null` whatever
 /// `start` is (SGLang pads it so), then each prompt token's logprob given the tokens before it.
 /// A position the engine did not score (an aborted request) has `null` too.
 fn add_input_logprobs(b: &Body<'_>, start: usize, output: &FinalOutput, meta_info: &mut Value) {
@@ -110,6 +124,13 @@ fn add_input_logprobs(b: &Body<'_>, start: usize, output: &FinalOutput, meta_inf
             None => Value::Null,
         });
         meta_info["input_top_logprobs"] = Value::Array(tops.collect());
+    }
+    if !b.logprob_ids.is_empty() {
+        let named = (start..prompt.len()).map(|p| match score(p) {
+            Some(s) => id_triples(b, &s.token_id_logprobs),
+            None => Value::Null,
+        });
+        meta_info["input_token_ids_logprobs"] = Value::Array(named.collect());
     }
 }
 
@@ -210,6 +231,7 @@ pub(crate) async fn generate(
             id: &choice_id(&ids[prompt], index, job.n),
             request: &request,
             prompt: &job.requests[prompt].prompt_token_ids,
+            logprob_ids: &job.requests[prompt].sampling.logprob_token_ids,
             tokenizer: state.tokenizer(),
             text: &output.text,
             tokens: &choice.tokens,
@@ -310,6 +332,7 @@ impl SglStream {
             id: &choice_id(&self.ids[prompt], index, job.n),
             request: &self.request,
             prompt: &job.requests[prompt].prompt_token_ids,
+            logprob_ids: &job.requests[prompt].sampling.logprob_token_ids,
             tokenizer: &self.tokenizer,
             text: &c.text,
             tokens: &c.tokens,

@@ -167,7 +167,8 @@ pub(crate) struct SglSamplingParams {
     pub repetition_penalty: Option<f32>,
     pub min_p: Option<f32>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
-    /// SGLang's output constraints, none of which is served (refused, never ignored).
+    /// SGLang's output constraints: `json_schema` and `regex` are served, `ebnf` and
+    /// `structural_tag` refused (never ignored).
     pub json_schema: Option<Value>,
     pub regex: Option<Value>,
     pub ebnf: Option<Value>,
@@ -219,6 +220,9 @@ pub(crate) struct GenerateBody {
     pub top_logprobs_num: Option<u32>,
     /// Put each token's text in the logprob triples instead of `null`.
     pub return_text_in_logprobs: Option<bool>,
+    /// Tokens whose logprobs each reported position carries (`output_token_ids_logprobs`,
+    /// `input_token_ids_logprobs`): one list for every prompt, or a list per prompt.
+    pub token_ids_logprob: Option<Value>,
     pub return_routed_experts: Option<bool>,
     pub routed_experts_start_len: Option<i64>,
     pub routed_experts_layers: Option<String>,

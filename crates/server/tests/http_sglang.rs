@@ -1,5 +1,5 @@
-//! `/generate` in SGLang's shapes, over real HTTP against the real engine: logprob triples and
-//! top alternatives, the layer axis of `meta_info.routed_experts`, and `cache_salt` / `extra_key`
+//! `/generate` in SGLang's shapes, over real HTTP against the real engine: logprob triples, top
+//! alternatives and the logprobs of named tokens (`token_ids_logprob`), the layer axis of `meta_info.routed_experts`, and `cache_salt` / `extra_key`
 //! as cache namespaces.
 
 mod common;
@@ -140,6 +140,91 @@ fn input_logprobs_start_at_logprob_start_len() {
     }
     let unused = generate(&s, ask(json!({"logprob_start_len": 3, "return_logprob": false})));
     assert!(unused["meta_info"].get("input_token_logprobs").is_none());
+}
+
+#[test]
+fn named_tokens_carry_their_logprobs_at_every_position() {
+    let s = server(MODEL);
+    let ids = prompt_ids(10, 23);
+    // The named tokens: two the prompt holds, one it does not, one twice.
+    let named = [ids[3], 7, ids[6], 7];
+    let body = generate(
+        &s,
+        json!({"input_ids": ids, "return_logprob": true, "logprob_start_len": 0,
+               "top_logprobs_num": 20, "token_ids_logprob": named,
+               "return_text_in_logprobs": true, "return_routed_experts": false,
+               "sampling_params": {"max_new_tokens": 4, "temperature": 0.8,
+                                   "sampling_seed": 3, "ignore_eos": true}}),
+    );
+    let meta = &body["meta_info"];
+    let output = meta["output_token_ids_logprobs"].as_array().expect("output_token_ids_logprobs");
+    let sampled = meta["output_token_logprobs"].as_array().unwrap();
+    let tops = meta["output_top_logprobs"].as_array().unwrap();
+    assert_eq!(output.len(), 4, "{meta}");
+    // Each position: a triple per named token, in the order named; a token's logprob is the one
+    // the position reports for it where it reports it (sampled, or among the alternatives).
+    let check = |entries: &Value, reported: &[Value], what: &str| {
+        let entries = entries.as_array().unwrap();
+        assert_eq!(entries.len(), named.len(), "{what}");
+        for (e, &id) in entries.iter().zip(&named) {
+            assert_eq!(e[1], json!(id), "{what}");
+            assert_eq!(e[2].as_str(), Some(token_text(u64::from(id)).as_str()), "{what}");
+            let lp = e[0].as_f64().unwrap();
+            assert!(lp <= 0.0, "{what}: {e}");
+            for r in reported.iter().filter(|r| r[1] == json!(id)) {
+                assert_eq!(r[0].as_f64(), Some(lp), "{what}: {e} against {r}");
+            }
+        }
+        assert_eq!(entries[1], entries[3], "{what}: a token named twice");
+    };
+    for (i, entries) in output.iter().enumerate() {
+        let mut reported = vec![sampled[i].clone()];
+        reported.extend(tops[i].as_array().unwrap().iter().cloned());
+        check(entries, &reported, &format!("output {i}"));
+    }
+    let input = meta["input_token_ids_logprobs"].as_array().expect("input_token_ids_logprobs");
+    let prompt_lps = meta["input_token_logprobs"].as_array().unwrap();
+    let prompt_tops = meta["input_top_logprobs"].as_array().unwrap();
+    assert_eq!(input.len(), 10);
+    assert_eq!(input[0], Value::Null, "the first prompt token has no logprobs");
+    for p in 1..10 {
+        let mut reported = vec![prompt_lps[p].clone()];
+        reported.extend(prompt_tops[p].as_array().unwrap().iter().cloned());
+        check(&input[p], &reported, &format!("prompt {p}"));
+    }
+    // Named tokens change neither the draw nor the other logprobs.
+    let mut plain = json!({"input_ids": ids, "return_logprob": true, "logprob_start_len": 0,
+                           "top_logprobs_num": 20, "return_text_in_logprobs": true,
+                           "return_routed_experts": false,
+                           "sampling_params": {"max_new_tokens": 4, "temperature": 0.8,
+                                               "sampling_seed": 3, "ignore_eos": true}});
+    let without = generate(&s, plain.clone());
+    assert_eq!(without["output_ids"], body["output_ids"]);
+    assert_eq!(without["meta_info"]["output_token_logprobs"], meta["output_token_logprobs"]);
+    assert_eq!(without["meta_info"]["input_top_logprobs"], meta["input_top_logprobs"]);
+    assert!(without["meta_info"].get("output_token_ids_logprobs").is_none());
+
+    // A batch names tokens per prompt.
+    plain["input_ids"] = json!([ids, prompt_ids(6, 24)]);
+    plain["token_ids_logprob"] = json!([[5], [6, 8]]);
+    let batch = generate(&s, plain.clone());
+    let widths: Vec<usize> = batch
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["meta_info"]["output_token_ids_logprobs"][0].as_array().unwrap().len())
+        .collect();
+    assert_eq!(widths, [1, 2]);
+    for (bad, says) in [
+        (json!([[5]]), "2 such lists"),
+        (json!([5, "a"]), "token ids"),
+        (json!([[5], [1 << 20]]), "token_ids_logprob must be in"),
+    ] {
+        plain["token_ids_logprob"] = bad;
+        let error = s.post("/generate", &plain).error(400, "invalid_request_error");
+        assert_eq!(error["param"], "token_ids_logprob", "{error}");
+        assert!(error["message"].as_str().unwrap().contains(says), "{error}");
+    }
 }
 
 #[test]

@@ -23,8 +23,8 @@ pub use mask::TokenMask;
 pub use regex::{Regex, RegexError, RegexState};
 pub use routing::{ExpertId, RoutingMeta, RoutingRows};
 pub use sampling::{
-    FinishReason, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY, ResponseFormat, SamplingError,
-    SamplingParams, StopMatch, ThinkingTags, check_num_logprobs,
+    FinishReason, MAX_LOGIT_BIAS, MAX_LOGPROB_TOKEN_IDS, MAX_LOGPROBS, MAX_PENALTY, ResponseFormat,
+    SamplingError, SamplingParams, StopMatch, ThinkingTags, check_num_logprobs,
 };
 pub use step::{
     PromptLogprobs, SampledToken, ScheduledSeq, SeqContext, StepId, StepOutput, StepPlan,

@@ -8,6 +8,10 @@ use crate::{JsonSchema, Regex, TokenId};
 /// prompt tokens (`prompt_logprobs`) alike: OpenAI's and vLLM's limit.
 pub const MAX_LOGPROBS: u32 = 20;
 
+/// Most tokens a request may name for their logprobs at every position
+/// ([`SamplingParams::logprob_token_ids`]).
+pub const MAX_LOGPROB_TOKEN_IDS: usize = 1024;
+
 /// Largest magnitude of a `logit_bias` value (OpenAI's range).
 pub const MAX_LOGIT_BIAS: f32 = 100.0;
 
@@ -51,6 +55,11 @@ pub struct SamplingParams {
     /// alternatives; `None`: none. A request asking for them computes its whole prompt (it never
     /// reads the prefix cache).
     pub prompt_logprobs: Option<u32>,
+    /// Tokens whose logprobs are reported at every position that reports logprobs (each
+    /// sampled token's with `logprobs`, each prompt token's with `prompt_logprobs`), in this
+    /// order, under the raw model distribution (SGLang's `token_ids_logprob`). Empty: none.
+    #[serde(default)]
+    pub logprob_token_ids: Arc<[TokenId]>,
     /// Subtracted once from the logit of every token the output already contains (OpenAI's
     /// `presence_penalty`, -2..=2).
     pub presence_penalty: f32,
@@ -137,6 +146,7 @@ impl Default for SamplingParams {
             skip_special_tokens: true,
             logprobs: None,
             prompt_logprobs: None,
+            logprob_token_ids: Arc::from([]),
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
@@ -216,6 +226,18 @@ impl SamplingParams {
         }
         if let Some(k) = self.prompt_logprobs {
             check_num_logprobs("prompt_logprobs", k)?;
+        }
+        let ids = &self.logprob_token_ids;
+        if ids.len() > MAX_LOGPROB_TOKEN_IDS {
+            let message = format!(
+                "logprob_token_ids names at most {MAX_LOGPROB_TOKEN_IDS} tokens, got {}",
+                ids.len()
+            );
+            return bad("logprob_token_ids", message);
+        }
+        if let Some(&t) = ids.iter().find(|&&t| t as usize >= vocab_size) {
+            let message = format!("logprob_token_ids must be in [0, {vocab_size}), got {t}");
+            return bad("logprob_token_ids", message);
         }
         for (param, v) in [
             ("presence_penalty", self.presence_penalty),
@@ -322,7 +344,7 @@ pub struct SamplingError {
 impl SamplingError {
     /// Every name [`SamplingParams::check`] gives a field, so a gateway can tell a sampling
     /// field from the engine's other checks (`/generate` nests these under `sampling_params`).
-    pub const PARAMS: [&'static str; 13] = [
+    pub const PARAMS: [&'static str; 14] = [
         "temperature",
         "top_p",
         "top_k",
@@ -333,6 +355,7 @@ impl SamplingError {
         "logit_bias",
         "logprobs",
         "prompt_logprobs",
+        "logprob_token_ids",
         "min_tokens",
         "stop",
         "response_format",
@@ -410,6 +433,7 @@ mod tests {
             repetition_penalty: 0.01,
             min_p: 1.0,
             logit_bias: vec![(0, -MAX_LOGIT_BIAS), (VOCAB as TokenId - 1, MAX_LOGIT_BIAS)],
+            logprob_token_ids: vec![VOCAB as TokenId - 1; MAX_LOGPROB_TOKEN_IDS].into(),
             ..SamplingParams::default()
         };
         assert_eq!(param(edges), None);
@@ -444,6 +468,10 @@ mod tests {
             ("min_p", |p| p.min_p = 1.5),
             ("min_p", |p| p.min_p = -0.1),
             ("min_p", |p| p.min_p = f32::NAN),
+            ("logprob_token_ids", |p| p.logprob_token_ids = vec![0, VOCAB as TokenId].into()),
+            ("logprob_token_ids", |p| {
+                p.logprob_token_ids = vec![0; MAX_LOGPROB_TOKEN_IDS + 1].into()
+            }),
             ("logit_bias", |p| p.logit_bias = vec![(VOCAB as TokenId, 1.0)]),
             ("logit_bias", |p| p.logit_bias = vec![(5, 100.5)]),
             ("logit_bias", |p| p.logit_bias = vec![(5, -101.0)]),

@@ -124,13 +124,16 @@ pub struct SeqContext {
     /// The tokens the request's output constraint allows next (`response_format`), when it has
     /// one; the samplers choose among them only.
     pub allowed: Option<Arc<TokenMask>>,
+    /// The tokens whose logprobs each scored prompt position reports (the request's
+    /// `logprob_token_ids`).
+    pub logprob_token_ids: Arc<[TokenId]>,
 }
 
 impl SeqContext {
     /// The context of a sequence that generated `output` after `prompt`, with its counts.
     pub fn new(prompt: Vec<TokenId>, output: &[TokenId]) -> Self {
         let history = Some(Arc::new(TokenCounts::new(&prompt, output)));
-        Self { prompt: Arc::new(prompt), history, allowed: None }
+        Self { prompt: Arc::new(prompt), history, allowed: None, logprob_token_ids: Arc::from([]) }
     }
 }
 
@@ -166,6 +169,9 @@ pub struct SampledToken {
     /// there. Computed whenever logprobs are (vLLM reports it with prompt logprobs); `None`
     /// otherwise.
     pub rank: Option<u32>,
+    /// The logprobs of the tokens the request names (`logprob_token_ids`), in its order, when it
+    /// asked for logprobs here; empty otherwise.
+    pub token_id_logprobs: Vec<f32>,
 }
 
 /// What a runner returns for a step.

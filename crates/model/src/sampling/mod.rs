@@ -60,17 +60,30 @@ impl Sampler {
             _ => Vec::new(),
         };
         let rank = params.logprobs.map(|_| rank(logits, token));
-        SampledToken { token, logprob: logits[token as usize] - log_z, top_logprobs, rank }
+        let token_id_logprobs = match params.logprobs {
+            Some(_) => logprobs_of(logits, log_z, &params.logprob_token_ids),
+            None => Vec::new(),
+        };
+        let logprob = logits[token as usize] - log_z;
+        SampledToken { token, logprob, top_logprobs, rank, token_id_logprobs }
     }
 
     /// The logprob and rank of `token` in one row of logits, with the `n` most likely
-    /// alternatives (prompt logprobs).
-    pub fn score(&mut self, logits: &[f32], token: TokenId, n: u32) -> SampledToken {
+    /// alternatives and the logprobs of the tokens `ids` (prompt logprobs).
+    pub fn score(
+        &mut self,
+        logits: &[f32],
+        token: TokenId,
+        n: u32,
+        ids: &[TokenId],
+    ) -> SampledToken {
         let log_z = cpu::log_sum_exp(logits);
         let top_logprobs =
             if n > 0 { self.top_logprobs(logits, log_z, n as usize) } else { Vec::new() };
         let rank = Some(rank(logits, token));
-        SampledToken { token, logprob: logits[token as usize] - log_z, top_logprobs, rank }
+        let token_id_logprobs = logprobs_of(logits, log_z, ids);
+        let logprob = logits[token as usize] - log_z;
+        SampledToken { token, logprob, top_logprobs, rank, token_id_logprobs }
     }
 
     /// Logit bias, then the repetition, frequency and presence penalties (vLLM's order), then
@@ -112,6 +125,11 @@ impl Sampler {
         self.order.sort_by(by_logit);
         self.order.iter().map(|&i| (i, logits[i as usize] - log_z)).collect()
     }
+}
+
+/// The logprobs of the tokens `ids` (in the vocabulary: the request was checked), in order.
+fn logprobs_of(logits: &[f32], log_z: f32, ids: &[TokenId]) -> Vec<f32> {
+    ids.iter().map(|&t| logits[t as usize] - log_z).collect()
 }
 
 /// Sends every logit the mask does not allow to minus infinity, a word of 64 tokens at a time
@@ -179,6 +197,7 @@ fn uniform(seed: u64, index: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn greedy_takes_argmax_and_reports_logprobs() {
@@ -194,15 +213,37 @@ mod tests {
     }
 
     #[test]
+    fn named_tokens_report_their_raw_logprobs_in_the_order_asked() {
+        let logits = [0.5, 2.0, -1.0, 2.0, 1.0];
+        let mut s = Sampler::default();
+        let all = s.score(&logits, 0, 5, &[]).top_logprobs;
+        let raw = |t: TokenId| all.iter().find(|a| a.0 == t).unwrap().1;
+        let ids: Arc<[TokenId]> = vec![4, 2, 4].into();
+        let scored = s.score(&logits, 0, 0, &ids);
+        assert_eq!(scored.token_id_logprobs, [raw(4), raw(2), raw(4)]);
+        // A sample reports them where it reports logprobs, whatever changes the choice.
+        let params = SamplingParams {
+            logprobs: Some(0),
+            logprob_token_ids: Arc::clone(&ids),
+            logit_bias: vec![(2, 50.0)],
+            ..SamplingParams::greedy(1)
+        };
+        let out = s.sample(&logits, &params, 0, None);
+        assert_eq!((out.token, out.token_id_logprobs), (2, scored.token_id_logprobs));
+        let quiet = SamplingParams { logprobs: None, ..params };
+        assert!(s.sample(&logits, &quiet, 0, None).token_id_logprobs.is_empty());
+    }
+
+    #[test]
     fn ranks_follow_the_order_of_the_alternatives() {
         // Token 1 and 3 tie for the lead: the lower id ranks first.
         let logits = [0.5, 2.0, -1.0, 2.0, 1.0];
         let mut s = Sampler::default();
-        let ranks: Vec<_> = (0..5).map(|t| s.score(&logits, t, 0).rank).collect();
+        let ranks: Vec<_> = (0..5).map(|t| s.score(&logits, t, 0, &[]).rank).collect();
         assert_eq!(ranks, [Some(4), Some(1), Some(5), Some(2), Some(3)]);
-        let top = s.score(&logits, 4, 5).top_logprobs;
+        let top = s.score(&logits, 4, 5, &[]).top_logprobs;
         for (position, &(id, _)) in top.iter().enumerate() {
-            assert_eq!(s.score(&logits, id, 0).rank, Some(position as u32 + 1));
+            assert_eq!(s.score(&logits, id, 0, &[]).rank, Some(position as u32 + 1));
         }
     }
 
@@ -229,7 +270,7 @@ mod tests {
         for params in [plain, biased] {
             for index in 0..20 {
                 let out = s.sample(&logits, &params, index, None);
-                let scored = Sampler::default().score(&logits, out.token, 0);
+                let scored = Sampler::default().score(&logits, out.token, 0, &[]);
                 assert_eq!(out.logprob.to_bits(), scored.logprob.to_bits(), "{params:?}");
             }
         }
@@ -275,7 +316,7 @@ mod tests {
         let p = SamplingParams { logit_bias: vec![(2, 100.0)], ..SamplingParams::greedy(1) };
         let out = Sampler::default().sample(&logits, &p, 0, None);
         assert_eq!(out.token, 2);
-        let raw = Sampler::default().score(&logits, 2, 0);
+        let raw = Sampler::default().score(&logits, 2, 0, &[]);
         assert_eq!(out.logprob, raw.logprob, "the logprob is the raw model's");
     }
 
@@ -293,7 +334,6 @@ mod tests {
     #[test]
     fn a_constrained_choice_is_among_the_allowed_tokens_and_its_logprob_stays_raw() {
         use routed_types::{ResponseFormat, TokenMask};
-        use std::sync::Arc;
         let logits: Vec<f32> = (0..3000).map(|i| ((i * 7919) % 4001) as f32 * 0.004).collect();
         let mut allowed = TokenMask::none(logits.len());
         for t in [5, 17, 2999] {
@@ -312,7 +352,7 @@ mod tests {
             for index in 0..40 {
                 let out = s.sample(&logits, &params, index, Some(&context));
                 assert!([5, 17, 2999].contains(&out.token), "{params:?}: {}", out.token);
-                let raw = Sampler::default().score(&logits, out.token, 0);
+                let raw = Sampler::default().score(&logits, out.token, 0, &[]);
                 assert_eq!(out.logprob.to_bits(), raw.logprob.to_bits());
                 seen.insert(out.token);
             }

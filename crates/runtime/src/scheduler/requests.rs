@@ -91,6 +91,7 @@ impl SchedulerActor {
                         token: sampled.token,
                         logprob: sampled.logprob,
                         top_logprobs: sampled.top_logprobs,
+                        token_id_logprobs: sampled.token_id_logprobs,
                         weight_version: Arc::clone(version),
                     };
                     if g.events.is_closed() {

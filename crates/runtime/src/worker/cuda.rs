@@ -228,10 +228,20 @@ fn outputs(
         .collect();
     let host = &l.host_logits;
     let mut sampled = sampling::sample(plan, host, &host_rows, vocab, sampler);
-    let prompt_logprobs = match device_sampling {
+    // The chunks the device scored, then those it left to the host (every chunk without device
+    // sampling; else a request's that names tokens for their logprobs): a host chunk's rows
+    // are all its positions.
+    let mut prompt_logprobs: Vec<PromptLogprobs> = match device_sampling {
         true => scores.iter().map(|u| prompt_logprobs(plan, u, l)).collect(),
-        false => sampling::prompt_logprobs(plan, host, &host_rows, vocab),
+        false => Vec::new(),
     };
+    let scored_on_host: Vec<Range<usize>> = (host_rows.iter().enumerate())
+        .map(|(i, rows)| match scores.iter().any(|u| u.seq == i) {
+            true => 0..0,
+            false => rows.clone(),
+        })
+        .collect();
+    prompt_logprobs.extend(sampling::prompt_logprobs(plan, host, &scored_on_host, vocab));
     for ((out, used), seq) in sampled.iter_mut().zip(uses).zip(&plan.seqs) {
         let row = match *used {
             LogitUse::Greedy { row } => row,
@@ -252,6 +262,7 @@ fn outputs(
             logprob: l.logprobs[row],
             top_logprobs,
             rank,
+            token_id_logprobs: Vec::new(),
         });
     }
     StepOutput { step_id: plan.step_id, sampled, prompt_logprobs }
@@ -269,6 +280,7 @@ fn prompt_logprobs(plan: &StepPlan, u: &ScoreUse, l: &LogitsOut) -> PromptLogpro
             logprob: l.score_logprobs[row],
             top_logprobs: l.score_top[row * l.num_score_top..][..u.num_top].to_vec(),
             rank: Some(l.score_ranks[row]),
+            token_id_logprobs: Vec::new(),
         })
         .collect();
     PromptLogprobs { seq_index: u.seq, first_position: u.first_position, entries }

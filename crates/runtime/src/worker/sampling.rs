@@ -38,8 +38,9 @@ pub(super) fn sample(
     }
 }
 
-/// The prompt logprobs of every chunk that asked for them: row `r` of a chunk starting at position
-/// `p0` predicts prompt token `p0 + r + 1`. Rows are scored in parallel, each on its own.
+/// The prompt logprobs of every chunk that asked for them and has rows here: row `r` of a chunk
+/// starting at position `p0` predicts prompt token `p0 + r + 1`. Rows are scored in parallel,
+/// each on its own.
 pub(super) fn prompt_logprobs(
     plan: &StepPlan,
     logits: &[f32],
@@ -49,6 +50,11 @@ pub(super) fn prompt_logprobs(
     let mut chunks = Vec::new();
     for (seq_index, (s, rows)) in plan.seqs.iter().zip(logits_rows).enumerate() {
         let (Some(n), Some(context)) = (s.prompt_logprobs, &s.context) else { continue };
+        if rows.is_empty() {
+            // Scored elsewhere (on the device).
+            continue;
+        }
+        let ids = &context.logprob_token_ids;
         let prompt = &context.prompt;
         let first_position = s.num_computed_tokens + 1;
         let num_targets = rows.len().min(prompt.len().saturating_sub(first_position));
@@ -56,8 +62,8 @@ pub(super) fn prompt_logprobs(
             .into_par_iter()
             .map(|r| {
                 let row = &logits[(rows.start + r) * vocab..(rows.start + r + 1) * vocab];
-                POOL_SAMPLER
-                    .with_borrow_mut(|sampler| sampler.score(row, prompt[first_position + r], n))
+                let target = prompt[first_position + r];
+                POOL_SAMPLER.with_borrow_mut(|sampler| sampler.score(row, target, n, ids))
             })
             .collect();
         chunks.push(PromptLogprobs { seq_index, first_position, entries });

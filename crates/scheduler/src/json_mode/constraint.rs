@@ -168,7 +168,7 @@ impl JsonMasks {
 
     /// The tokens that may follow `state` of `regex`: those it can go on with, EOS where the
     /// text matches.
-    fn patternmask(
+    fn regex_mask(
         vocabulary: &JsonVocabulary,
         kept: &mut RegexMasks,
         state: RegexState,
@@ -294,18 +294,12 @@ impl JsonConstraint {
             },
             Reader::Schema { mut schema, compact, pos } => {
                 let (vocabulary, dfa) = masks.dfa(&mut schema, compact);
-                let mut state = Some(dfa.state(&pos));
-                match vocabulary.eos.contains(&token) {
-                    // Only a whole value ends; nothing follows EOS.
-                    true => state = state.filter(|&s| dfa.is_complete(s)),
-                    false => {
-                        let bytes = vocabulary.token_bytes(token);
-                        state = state.filter(|_| !bytes.is_empty());
-                        for &b in bytes {
-                            state = state.and_then(|s| dfa.step(s, b));
-                        }
-                    }
-                }
+                let from = dfa.state(&pos);
+                // Only a whole value ends.
+                let state = vocabulary.read_token(from, token, |s, b| match b {
+                    Some(b) => dfa.step(s, b),
+                    None => dfa.is_complete(s).then_some(s),
+                });
                 let Some(state) = state else { return (None, anything(masks)) };
                 let pos = dfa.pos(state);
                 let allowed = JsonMasks::schema_mask(vocabulary, dfa, state);
@@ -314,20 +308,13 @@ impl JsonConstraint {
             Reader::Regex { mut regex, state } => {
                 let (vocabulary, kept) = masks.regex(&mut regex);
                 let pattern = &kept.regex;
-                let mut next = Some(state);
-                match vocabulary.eos.contains(&token) {
-                    // Only a match ends; nothing follows EOS.
-                    true => next = next.filter(|&s| pattern.is_match(s)),
-                    false => {
-                        let bytes = vocabulary.token_bytes(token);
-                        next = next.filter(|_| !bytes.is_empty());
-                        for &b in bytes {
-                            next = next.and_then(|s| pattern.next(s, b));
-                        }
-                    }
-                }
+                // Only a match ends.
+                let next = vocabulary.read_token(state, token, |s, b| match b {
+                    Some(b) => pattern.next(s, b),
+                    None => pattern.is_match(s).then_some(s),
+                });
                 let Some(state) = next else { return (None, anything(masks)) };
-                let allowed = JsonMasks::patternmask(vocabulary, kept, state);
+                let allowed = JsonMasks::regex_mask(vocabulary, kept, state);
                 (Some(Reader::Regex { regex, state }), allowed)
             }
         }
@@ -346,7 +333,7 @@ impl JsonConstraint {
             }
             Reader::Regex { regex, state } => {
                 let (vocabulary, kept) = masks.regex(regex);
-                JsonMasks::patternmask(vocabulary, kept, *state)
+                JsonMasks::regex_mask(vocabulary, kept, *state)
             }
         }
     }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use routed_types::{ResponseFormat, SamplingParams, check_num_logprobs};
+use routed_types::{ResponseFormat, SamplingParams, TokenId, check_num_logprobs};
 use serde_json::Value;
 
 use super::prompt::PromptInput;
@@ -113,6 +113,39 @@ fn logprobs(b: &GenerateBody) -> Result<Option<u32>, ApiError> {
     check_num_logprobs("top_logprobs_num", top)
         .map_err(|e| ApiError::invalid(e.param, e.message))?;
     Ok(b.return_logprob.unwrap_or(false).then_some(top))
+}
+
+/// SGLang's `token_ids_logprob`: one list of token ids for every prompt, or a list of such lists
+/// with one per prompt (an empty list names none); `None` when absent. Checked against the
+/// vocabulary by the engine, with the request.
+fn logprob_ids(
+    b: &GenerateBody,
+    num_prompts: usize,
+) -> Result<Option<Vec<Arc<[TokenId]>>>, ApiError> {
+    const PARAM: &str = "token_ids_logprob";
+    let ids = |v: &Value| -> Option<Arc<[TokenId]>> {
+        let list = v.as_array()?;
+        list.iter().map(|t| t.as_u64().and_then(|t| TokenId::try_from(t).ok())).collect()
+    };
+    let shape = || {
+        ApiError::invalid(
+            PARAM,
+            format!(
+                "{PARAM} must be a list of token ids, or a list of {num_prompts} such lists (one \
+                 per prompt)"
+            ),
+        )
+    };
+    match &b.token_ids_logprob {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_array) => {
+            if items.len() != num_prompts {
+                return Err(shape());
+            }
+            items.iter().map(|v| ids(v).ok_or_else(shape)).collect::<Result<_, _>>().map(Some)
+        }
+        Some(v) => ids(v).map(|one| Some(vec![one; num_prompts])).ok_or_else(shape),
+    }
 }
 
 /// Where `input_token_logprobs` start, as SGLang reads `logprob_start_len`: -1 (the default)
@@ -287,6 +320,8 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
     let logprobs = logprobs(&b)?;
     let start = logprob_start(&b)?;
     let prompt_logprobs = start.and(logprobs);
+    // Logprobs of named tokens go with the logprobs asked for, as in SGLang.
+    let named_ids = logprob_ids(&b, inputs.len())?.filter(|_| logprobs.is_some());
     // Errors about an entry of a list name it (`sampling_params[1].top_p`).
     let named = |e: ApiError, i: usize| if per_prompt { in_entry(e, i) } else { e };
     let samplings = entries
@@ -313,8 +348,11 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         .map(|(i, input)| {
             let ids = input.tokens(state, prompt_param)?;
             check_start(start, ids.len())?;
-            let sampling = &samplings[i.min(samplings.len() - 1)];
-            let r = request(ids, sampling, n, routing, salt.as_ref());
+            let mut sampling = samplings[i.min(samplings.len() - 1)].clone();
+            if let Some(named) = &named_ids {
+                sampling.logprob_token_ids = Arc::clone(&named[i]);
+            }
+            let r = request(ids, &sampling, n, routing, salt.as_ref());
             check_request(info, &r, &names).map_err(|e| named(e, i))?;
             Ok(r)
         })

@@ -178,6 +178,8 @@ impl WireNames {
             "logprobs" => self.logprobs.into(),
             "prompt_logprobs" => self.prompt_logprobs.into(),
             "routed_experts_start_len" => self.routing_start.into(),
+            // SGLang's top-level field for the tokens named for their logprobs.
+            "logprob_token_ids" if !self.sampling_prefix.is_empty() => "token_ids_logprob".into(),
             "n" => format!("{}n", self.sampling_prefix).into(),
             // SGLang's field for the one output format `/generate` takes.
             "response_format" if !self.sampling_prefix.is_empty() => {
@@ -512,6 +514,7 @@ mod tests {
             ("logit_bias", "sampling_params.logit_bias"),
             ("logprobs", "top_logprobs_num"),
             ("prompt_logprobs", "top_logprobs_num"),
+            ("logprob_token_ids", "token_ids_logprob"),
             // SGLang counts the continuations among the sampling parameters.
             ("n", "sampling_params.n"),
             // Not sampling fields: top-level on /generate too.

@@ -74,6 +74,7 @@ pub(crate) fn sampling(
         skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
         logprobs,
         prompt_logprobs: f.prompt_logprobs,
+        logprob_token_ids: Arc::from([]),
         presence_penalty: f.presence_penalty.unwrap_or(0.0),
         frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
         repetition_penalty: f.repetition_penalty.unwrap_or(1.0),
