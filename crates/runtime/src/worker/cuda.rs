@@ -219,7 +219,7 @@ fn outputs(
     let num_greedy = uses.iter().filter(|u| matches!(u, LogitUse::Greedy { .. })).count();
     let device_rows = l.sampled.len();
     // Host rows through the CPU worker's own sampling code, over the rows fetched.
-    let host_rows: Vec<Range<usize>> = uses
+    let mut host_rows: Vec<Range<usize>> = uses
         .iter()
         .map(|u| match *u {
             LogitUse::Host { first, len } => first - device_rows..first - device_rows + len,
@@ -235,13 +235,11 @@ fn outputs(
         true => scores.iter().map(|u| prompt_logprobs(plan, u, l)).collect(),
         false => Vec::new(),
     };
-    let scored_on_host: Vec<Range<usize>> = (host_rows.iter().enumerate())
-        .map(|(i, rows)| match scores.iter().any(|u| u.seq == i) {
-            true => 0..0,
-            false => rows.clone(),
-        })
-        .collect();
-    prompt_logprobs.extend(sampling::prompt_logprobs(plan, host, &scored_on_host, vocab));
+    // A sequence the device scored has no prompt rows left on the host.
+    for u in scores {
+        host_rows[u.seq] = 0..0;
+    }
+    prompt_logprobs.extend(sampling::prompt_logprobs(plan, host, &host_rows, vocab));
     for ((out, used), seq) in sampled.iter_mut().zip(uses).zip(&plan.seqs) {
         let row = match *used {
             LogitUse::Greedy { row } => row,

@@ -1,5 +1,6 @@
 //! `/generate` bodies (SGLang names) to engine requests.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use routed_types::{ResponseFormat, SamplingParams, TokenId, check_num_logprobs};
@@ -348,10 +349,15 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         .map(|(i, input)| {
             let ids = input.tokens(state, prompt_param)?;
             check_start(start, ids.len())?;
-            let mut sampling = samplings[i.min(samplings.len() - 1)].clone();
-            if let Some(named) = &named_ids {
-                sampling.logprob_token_ids = Arc::clone(&named[i]);
-            }
+            let base = &samplings[i.min(samplings.len() - 1)];
+            // A copy only where this prompt names tokens of its own.
+            let sampling = match &named_ids {
+                Some(named) => Cow::Owned(SamplingParams {
+                    logprob_token_ids: Arc::clone(&named[i]),
+                    ..base.clone()
+                }),
+                None => Cow::Borrowed(base),
+            };
             let r = request(ids, &sampling, n, routing, salt.as_ref());
             check_request(info, &r, &names).map_err(|e| named(e, i))?;
             Ok(r)
