@@ -183,10 +183,14 @@ fn constrained_outputs(tokens: &[Option<Vec<u8>>], vocab: &Arc<JsonVocabulary>) 
     let phone =
         ResponseFormat::Regex(Arc::new(Regex::new(r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}").unwrap()));
     let number = b"(555) 123-4567";
+    let prose =
+        ResponseFormat::Regex(Arc::new(Regex::new(r"([A-Za-z,]+ ){3,12}[A-Za-z]+\.").unwrap()));
+    let words = b"Some text here, and there, for a while.";
     for (name, format, text) in [
         ("json_schema", schema, &forecast[..]),
         ("regex (a sentence: words of [a-z]+)", regex, &sentence[..]),
         ("regex (a phone number)", phone, &number[..]),
+        ("regex (words: ([A-Za-z,]+ ){3,12})", prose, &words[..]),
     ] {
         let spelled = spell(tokens, text);
         let mut masks = JsonMasks::new(Arc::clone(vocab));

@@ -216,6 +216,11 @@ struct Trie {
 }
 
 impl Trie {
+    /// Nodes, the root's included.
+    fn num_nodes(&self) -> usize {
+        self.first_edge.len() - 1
+    }
+
     /// Bytes its tables hold on the heap.
     fn heap_bytes(&self) -> usize {
         self.first_edge.capacity() * size_of::<u32>()
@@ -423,7 +428,7 @@ impl JsonVocabulary {
         complete: bool,
         feed: &mut impl FnMut(&mut S, u8) -> bool,
     ) -> TokenMask {
-        let mut mask = match in_string {
+        let mask = match in_string {
             true => {
                 let mut mask = self.in_any_string.clone();
                 self.not_in_any_string.walk(0, state, feed, &mut mask);
@@ -435,6 +440,37 @@ impl JsonVocabulary {
                 mask
             }
         };
+        self.finish(mask, complete)
+    }
+
+    /// [`Self::mask_with`] outside any string, walking `classes` (this vocabulary's trie merged
+    /// by the byte classes of the automaton `feed` steps) rather than the bytes. Where `classes`
+    /// gives up at its node limit it is dropped, and this walk and every later one go over the
+    /// bytes.
+    fn mask_by_classes<S: Copy>(
+        &self,
+        classes: &mut Option<ClassTrie>,
+        state: S,
+        complete: bool,
+        feed: &mut impl FnMut(&mut S, u8) -> bool,
+    ) -> TokenMask {
+        if let Some(merged) = classes {
+            let mut mask = TokenMask::none(self.num_tokens);
+            if merged.walk(&self.all, state, feed, &mut mask) {
+                return self.finish(mask, complete);
+            }
+            *classes = None;
+        }
+        self.mask_with(state, false, complete, feed)
+    }
+
+    /// The most nodes a trie merged by byte classes may take: a 32nd of the byte trie's.
+    fn max_class_nodes(&self) -> usize {
+        self.all.num_nodes() / 32
+    }
+
+    /// `mask` with EOS when `complete`, and never empty.
+    fn finish(&self, mut mask: TokenMask, complete: bool) -> TokenMask {
         if complete {
             self.eos.iter().for_each(|&t| mask.allow(t));
         }
@@ -448,8 +484,10 @@ impl JsonVocabulary {
     }
 }
 
+mod class_trie;
 mod constraint;
 
+use class_trie::ClassTrie;
 pub(crate) use constraint::MaskMemo;
 pub use constraint::{JsonConstraint, JsonMasks};
 

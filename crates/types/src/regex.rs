@@ -103,6 +103,13 @@ impl Regex {
         self.dfa.is_match_state(self.dfa.next_eoi_state(state))
     }
 
+    /// Each byte's class: bytes of one class move every state alike, so a reader may step by
+    /// any one byte of a class for all of them.
+    pub fn byte_classes(&self) -> [u8; 256] {
+        let classes = self.dfa.byte_classes();
+        std::array::from_fn(|b| classes.get(b as u8))
+    }
+
     /// The heap bytes its tables take.
     pub fn heap_bytes(&self) -> usize {
         self.dfa.memory_usage() + self.live.len() + self.pattern.len()
@@ -222,6 +229,30 @@ mod tests {
         let end = b"true".iter().try_fold(word.start(), |s, &b| word.next(s, b)).unwrap();
         assert!(word.is_match(end));
         assert!((0..=255).all(|b| word.next(end, b).is_none()));
+    }
+
+    #[test]
+    fn bytes_of_one_class_move_every_reachable_state_alike() {
+        for pattern in [r"[a-z]+ ([a-z]+ ){2,8}(on|at)", r"\w{1,3}", r"[0-9]{3}-[\x{e9}\x{3b1}]"] {
+            let regex = Regex::new(pattern).unwrap();
+            let classes = regex.byte_classes();
+            assert!(classes.iter().any(|&c| c != classes[0]), "{pattern}: one class for all");
+            let (mut seen, mut todo) = (HashSet::from([regex.start()]), vec![regex.start()]);
+            while let Some(state) = todo.pop() {
+                let mut by_class: HashMap<u8, Option<RegexState>> = HashMap::new();
+                for b in 0..=255u8 {
+                    let next = regex.next(state, b);
+                    let first = *by_class.entry(classes[b as usize]).or_insert(next);
+                    assert_eq!(first, next, "{pattern}: byte {b:#x} leaves its class");
+                    if let Some(next) = next
+                        && seen.insert(next)
+                    {
+                        todo.push(next);
+                    }
+                }
+            }
+            assert!(seen.len() > 3, "{pattern}: {} states", seen.len());
+        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! state for the scheduler's thread ([`JsonMasks`]): a `json_object` reader's from the vocabulary
 //! walk, a schema reader's from its schema's DFA, a regex reader's from the regex's DFA.
 
-use super::{JsonState, JsonVocabulary, MASK_CACHE_CAPACITY};
+use super::{ClassTrie, JsonState, JsonVocabulary, MASK_CACHE_CAPACITY};
 use crate::json_schema::{SchemaDfa, SchemaPos};
 use routed_types::{
     JsonSchema, Regex, RegexState, ResponseFormat, ThinkingTags, TokenId, TokenMask,
@@ -49,6 +49,9 @@ impl<T> Recent<T> {
 struct RegexMasks {
     regex: Arc<Regex>,
     masks: MaskMemo<RegexState>,
+    /// The vocabulary merged by the regex's byte classes, for the masks' walks (`None` once
+    /// it saves too little: [`JsonVocabulary::mask_by_classes`]).
+    classes: Option<ClassTrie>,
 }
 
 /// Masks memoised by state, the oldest dropped past [`MASK_CACHE_CAPACITY`].
@@ -155,10 +158,15 @@ impl JsonMasks {
     /// The vocabulary and the masks of `regex`, kept from now on if they were not. An equal
     /// regex's are shared, `regex` then pointed at the kept one (as [`Self::dfa`] does).
     fn regex(&mut self, regex: &mut Arc<Regex>) -> (&JsonVocabulary, &mut RegexMasks) {
+        let vocabulary = &self.vocabulary;
         let kept = self.regexes.get_or_make(
             |r| Arc::ptr_eq(&r.regex, regex),
             |r| r.regex == *regex,
-            || RegexMasks { regex: Arc::clone(regex), masks: MaskMemo::new() },
+            || RegexMasks {
+                regex: Arc::clone(regex),
+                masks: MaskMemo::new(),
+                classes: Some(ClassTrie::new(regex.byte_classes(), vocabulary.max_class_nodes())),
+            },
         );
         if !Arc::ptr_eq(&kept.regex, regex) {
             *regex = Arc::clone(&kept.regex);
@@ -176,10 +184,10 @@ impl JsonMasks {
         if let Some(mask) = kept.masks.get(&state) {
             return mask;
         }
-        let regex = &kept.regex;
+        let RegexMasks { regex, masks, classes } = kept;
         let mut feed = |s: &mut RegexState, b| regex.next(*s, b).map(|next| *s = next).is_some();
-        let mask = vocabulary.mask_with(state, false, regex.is_match(state), &mut feed);
-        kept.masks.insert(state, mask)
+        let mask = vocabulary.mask_by_classes(classes, state, regex.is_match(state), &mut feed);
+        masks.insert(state, mask)
     }
 
     /// The tokens that may follow `state` of `dfa`.

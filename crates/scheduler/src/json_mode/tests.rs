@@ -383,9 +383,13 @@ fn generate_regex(
 #[test]
 fn a_regex_walk_allows_exactly_the_tokens_that_read_and_ends_on_a_match() {
     let (_, vocab, mut masks) = vocabulary();
-    for pattern in
-        [r"(true|false)", r"[0-5]{2}(\.[0-5]+)?", r"\{(\x22[a-z]+\x22: [01],? ?)*\}", "(é|中)+!?"]
-    {
+    for pattern in [
+        r"(true|false)",
+        r"[0-5]{2}(\.[0-5]+)?",
+        r"\{(\x22[a-z]+\x22: [01],? ?)*\}",
+        "(é|中)+!?",
+        r"[a-z]+( [a-z]+)*\.",
+    ] {
         let regex = Arc::new(Regex::new(pattern).unwrap());
         let mut finished = 0;
         for seed in 0..100 {
