@@ -14,6 +14,7 @@
 //! Whitespace may stand between JSON's tokens as in `json_object` (none with `compact`).
 
 use crate::json_lex::{Num, StrPos, StrStep, is_whitespace};
+use decimal::{Bounds, DecPos};
 use range::{IntPos, Range};
 use routed_types::{JsonSchema, RegexState, SchemaNode, SchemaNodeId as Node};
 use std::sync::Arc;
@@ -57,6 +58,8 @@ enum Frame {
     Num { integer: bool, pos: Num },
     /// Inside an integer of the bounded `node`.
     BoundedInt { node: Node, pos: IntPos },
+    /// Inside a number of the bounded `node`.
+    BoundedNum { node: Node, pos: DecPos },
     /// `at` bytes into literal `index` of `node`.
     Lit { node: Node, index: u16, at: u16 },
     /// Inside an object of `node`; properties before `next` are behind.
@@ -107,6 +110,7 @@ impl Reader {
             [] => true,
             [Frame::Num { pos, .. }] => pos.may_end(),
             [Frame::BoundedInt { node, pos }] => pos.may_end(self.range(*node)),
+            [Frame::BoundedNum { node, pos }] => pos.may_end(self.bounds(*node)),
             _ => false,
         }
     }
@@ -115,6 +119,14 @@ impl Reader {
     fn range(&self, node: Node) -> Range {
         match self.schema.node(node) {
             SchemaNode::BoundedInteger { minimum, maximum } => (*minimum, *maximum),
+            _ => (None, None),
+        }
+    }
+
+    /// A bounded number node's bounds.
+    fn bounds(&self, node: Node) -> Bounds {
+        match self.schema.node(node) {
+            SchemaNode::BoundedNumber { minimum, maximum } => (*minimum, *maximum),
             _ => (None, None),
         }
     }
@@ -153,6 +165,10 @@ impl Reader {
             Frame::BoundedInt { node, pos } => match pos.next(b, self.range(node)) {
                 Some(pos) => self.replace(config, Frame::BoundedInt { node, pos }, out),
                 None => self.end_number(config, pos.may_end(self.range(node)), b, depth, out),
+            },
+            Frame::BoundedNum { node, pos } => match pos.next(b, self.bounds(node)) {
+                Some(pos) => self.replace(config, Frame::BoundedNum { node, pos }, out),
+                None => self.end_number(config, pos.may_end(self.bounds(node)), b, depth, out),
             },
             Frame::Lit { node, index, at } => {
                 let text = self.literal(node, index);
@@ -203,6 +219,11 @@ impl Reader {
             SchemaNode::BoundedInteger { .. } => {
                 if let Some(pos) = IntPos::start(b, self.range(node)) {
                     self.push(config, Frame::BoundedInt { node, pos }, out)
+                }
+            }
+            SchemaNode::BoundedNumber { .. } => {
+                if let Some(pos) = DecPos::start(b, self.bounds(node)) {
+                    self.push(config, Frame::BoundedNum { node, pos }, out)
                 }
             }
             SchemaNode::Array { .. } if b == b'[' => {
@@ -519,6 +540,7 @@ fn count_char(len: u16, min_length: u32, max_length: Option<u32>) -> u16 {
     len.saturating_add(1).min(bound)
 }
 
+mod decimal;
 mod dfa;
 mod range;
 

@@ -1,7 +1,7 @@
 //! `response_format: {"type": "json_schema"}` on both OpenAI routes, vLLM's
 //! `structured_outputs.json` and `guided_json`, and SGLang's `sampling_params.json_schema` on
 //! `/generate`: every answer EOS ended is a value of the schema (its required keys in order, its
-//! enum, its integers, its nested `$ref` objects), the others a prefix of one; a schema with a
+//! enum, its integers and bounded numbers, its nested `$ref` objects), the others a prefix of one; a schema with a
 //! constraint the reader cannot keep is a 400 naming the field. The tiny checkpoint writes no
 //! JSON by itself, so what holds is the constraint's doing.
 
@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 const MODEL: &str = "tiny_hybrid_default";
 
 /// A forecast request, as a tool's parameters are written: required and optional properties,
-/// a bounded string, an enum, an integer in a range, a bounded list of objects from `$defs` and a nullable
+/// a bounded string, an enum, an integer and a number in ranges, a bounded list of objects from `$defs` and a nullable
 /// field.
 fn schema() -> Value {
     json!({
@@ -22,10 +22,11 @@ fn schema() -> Value {
         "properties": {
             "city": {"type": "string", "description": "where", "maxLength": 12},
             "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            "rating": {"type": "number", "exclusiveMinimum": -1, "maximum": 2.5},
             "units": {"enum": ["celsius", "fahrenheit"]},
             "alerts": {"type": "array", "items": {"$ref": "#/$defs/Alert"}, "maxItems": 2}
         },
-        "required": ["city", "units"],
+        "required": ["city", "rating", "units"],
         "$defs": {
             "Alert": {
                 "type": "object",
@@ -42,7 +43,7 @@ fn schema() -> Value {
 /// Whether `value` is one the schema allows, its keys in the schema's order.
 fn conforms(value: &Value) -> bool {
     let Some(object) = value.as_object() else { return false };
-    let order = ["city", "days", "units", "alerts"];
+    let order = ["city", "days", "rating", "units", "alerts"];
     let mut at = 0;
     for key in object.keys() {
         match order[at..].iter().position(|k| k == key) {
@@ -60,6 +61,7 @@ fn conforms(value: &Value) -> bool {
     let city = object.get("city").and_then(Value::as_str);
     city.is_some_and(|c| c.chars().count() <= 12)
         && object.get("days").is_none_or(|d| d.as_i64().is_some_and(|d| (1..=7).contains(&d)))
+        && object.get("rating").and_then(Value::as_f64).is_some_and(|r| r > -1.0 && r <= 2.5)
         && object.get("units").is_some_and(|u| u == "celsius" || u == "fahrenheit")
         && object
             .get("alerts")

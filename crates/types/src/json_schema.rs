@@ -64,6 +64,17 @@ impl JsonSchema {
                 }
                 SchemaNode::BoundedInteger { minimum: Some(lo), maximum: Some(hi) } => lo <= hi,
                 SchemaNode::BoundedInteger { .. } => true,
+                SchemaNode::BoundedNumber { minimum, maximum } => {
+                    let fits = |b: &NumberBound| b.units.abs() <= NumberBound::MAX_UNITS;
+                    minimum.iter().chain(maximum).all(fits)
+                        && match (minimum, maximum) {
+                            (Some(lo), Some(hi)) => {
+                                lo.units < hi.units
+                                    || (lo.units == hi.units && lo.inclusive && hi.inclusive)
+                            }
+                            _ => true,
+                        }
+                }
                 SchemaNode::Object { properties } => {
                     properties.len() <= Self::MAX_ITEMS
                         && properties.iter().all(|p| known(&p.value) && fits(&p.key))
@@ -116,6 +127,13 @@ pub enum SchemaNode {
         /// The most, if bounded above.
         maximum: Option<i64>,
     },
+    /// A number from `minimum` to `maximum` (either end open), written without an exponent.
+    BoundedNumber {
+        /// The least, if bounded below.
+        minimum: Option<NumberBound>,
+        /// The most, if bounded above.
+        maximum: Option<NumberBound>,
+    },
     /// An array of `items`, with `min_items` to `max_items` of them.
     Array {
         /// Each item's node.
@@ -138,6 +156,26 @@ pub enum SchemaNode {
     },
     /// A value of any of these nodes.
     AnyOf(Vec<SchemaNodeId>),
+}
+
+/// An end of a [`SchemaNode::BoundedNumber`]: a decimal of at most 18 places, held exactly as a
+/// count of 10^-18 units.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct NumberBound {
+    /// The value in units of 10^-18.
+    pub units: i128,
+    /// Whether the value itself is within (`minimum`, `maximum`) or not (the exclusive ones).
+    pub inclusive: bool,
+}
+
+impl NumberBound {
+    /// Units in one.
+    pub const ONE: i128 = 1_000_000_000_000_000_000;
+
+    /// The largest magnitude a bound may have: 10^18.
+    pub const MAX_UNITS: i128 = Self::ONE * Self::ONE;
 }
 
 /// One property of a [`SchemaNode::Object`].

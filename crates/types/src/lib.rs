@@ -18,7 +18,7 @@ pub use history::{TokenCount, TokenCounts};
 pub use ids::{
     BlockGeneration, BlockHash, BlockId, BlockRef, RequestId, SeqId, SnapshotSlotId, TokenId,
 };
-pub use json_schema::{JsonSchema, Property, SchemaNode, SchemaNodeId};
+pub use json_schema::{JsonSchema, NumberBound, Property, SchemaNode, SchemaNodeId};
 pub use mask::TokenMask;
 pub use regex::{Regex, RegexError, RegexState};
 pub use routing::{ExpertId, RoutingMeta, RoutingRows};

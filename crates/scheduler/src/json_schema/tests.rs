@@ -4,7 +4,7 @@ use crate::json_mode::{
     tests::{draw, vocabulary_with},
 };
 use routed_test_support::SplitMix64;
-use routed_types::{Property, Regex, ResponseFormat, TokenId, TokenMask};
+use routed_types::{NumberBound, Property, Regex, ResponseFormat, TokenId, TokenMask};
 use serde_json::Value;
 
 fn n(i: u32) -> Node {
@@ -64,15 +64,26 @@ fn tagged() -> JsonSchema {
     JsonSchema { nodes }
 }
 
-/// `{code: 2 to 3 characters, note?: at most 1, n?: an integer from -2 to 12}`.
+/// `{code: 2 to 3 characters, note?: at most 1, n?: an integer from -2 to 12, r?: a number
+/// above -1.5 and at most 2.25}`.
 fn bounded() -> JsonSchema {
+    let bound = |units, inclusive| Some(NumberBound { units, inclusive });
     let nodes = vec![
         SchemaNode::Object {
-            properties: vec![prop("code", 1, true), prop("note", 2, false), prop("n", 3, false)],
+            properties: vec![
+                prop("code", 1, true),
+                prop("note", 2, false),
+                prop("n", 3, false),
+                prop("r", 4, false),
+            ],
         },
         SchemaNode::BoundedString { min_length: 2, max_length: Some(3) },
         SchemaNode::BoundedString { min_length: 0, max_length: Some(1) },
         SchemaNode::BoundedInteger { minimum: Some(-2), maximum: Some(12) },
+        SchemaNode::BoundedNumber {
+            minimum: bound(-3 * NumberBound::ONE / 2, false),
+            maximum: bound(9 * NumberBound::ONE / 4, true),
+        },
     ];
     JsonSchema { nodes }
 }
@@ -142,6 +153,12 @@ fn values_of_the_schema_are_read_whole_and_their_prefixes_are_not() {
                 r#"{"code": "ab", "n": -2}"#,
                 r#"{"code": "ab", "note": "", "n": 12}"#,
                 r#"{"code":"ab","n":0}"#,
+                r#"{"code": "ab", "r": 2.25}"#,
+                r#"{"code":"ab","n":3,"r":-1.4999}"#,
+                r#"{"code": "ab", "r": 0.000}"#,
+                r#"{"code": "ab", "r": -0}"#,
+                r#"{"code": "ab", "r": 2.2500000000000000000000}"#,
+                r#"{"code": "ab", "r": -1.4999999999999999999999}"#,
             ],
         ),
         (
@@ -207,6 +224,14 @@ fn what_the_schema_does_not_allow_is_refused() {
                 r#"{"code": "ab", "n": -3}"#,
                 r#"{"code": "ab", "n": 05}"#,
                 r#"{"code": "ab", "n": 1.5}"#,
+                r#"{"code": "ab", "r": -1.5}"#,
+                r#"{"code": "ab", "r": -1.50}"#,
+                r#"{"code": "ab", "r": 2.2500000000000000000001}"#,
+                r#"{"code": "ab", "r": 2.26}"#,
+                r#"{"code": "ab", "r": 3}"#,
+                r#"{"code": "ab", "r": 1e0}"#,
+                r#"{"code": "ab", "r": .5}"#,
+                r#"{"code": "ab", "r": 1.}"#,
             ],
         ),
         (
@@ -340,6 +365,13 @@ fn conforms(schema: &JsonSchema, node: Node, value: &Value) -> bool {
                     && minimum.is_none_or(|lo| x >= lo as f64)
                     && maximum.is_none_or(|hi| x <= hi as f64)
             })
+        }
+        // Within an f64's precision: the walks write few places.
+        (SchemaNode::BoundedNumber { minimum, maximum }, Value::Number(x)) => {
+            let x = x.as_f64().unwrap();
+            let value = |b: &NumberBound| b.units as f64 / NumberBound::ONE as f64;
+            minimum.is_none_or(|b| x > value(&b) || (b.inclusive && x == value(&b)))
+                && maximum.is_none_or(|b| x < value(&b) || (b.inclusive && x == value(&b)))
         }
         (SchemaNode::BoundedString { min_length, max_length }, Value::String(s)) => {
             let len = s.chars().count();

@@ -6,17 +6,17 @@
 //! object without `properties` is a map of its values), `items`, `minItems`, `maxItems`, `anyOf`
 //! and `oneOf` (read as `anyOf`), `allOf` of one schema, a string's `minLength`, `maxLength`
 //! and `pattern` (matched whole: a stricter reading than JSON Schema's search, so a string that
-//! matches is always valid), an integer's `minimum` and `maximum` (exclusive too), and `$ref`
+//! matches is always valid), a number's `minimum` and `maximum` (exclusive too), and `$ref`
 //! within the document (`#`, `#/$defs/...`, `#/definitions/...`, any JSON pointer), recursive
 //! ones included. Annotations (`title`, `description`, `default`, `examples`, `format`, which
 //! JSON Schema makes an annotation by default, ...) change nothing. A keyword whose constraint
-//! the reader cannot keep (`multipleOf`, `uniqueItems`, a non-integer's `minimum`, ...) is a 400
+//! the reader cannot keep (`multipleOf`, `uniqueItems`, ...) is a 400
 //! naming it and where it stands: an output that ignored it could break the schema.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use routed_types::{JsonSchema, Property, Regex, SchemaNode, SchemaNodeId};
+use routed_types::{JsonSchema, NumberBound, Property, Regex, SchemaNode, SchemaNodeId};
 use serde_json::{Map, Value};
 
 use super::regex::compiled;
@@ -41,7 +41,7 @@ const REFUSED: [&str; 15] = [
     "additionalItems",
 ];
 
-/// Bounds of a number, kept on integers only.
+/// Bounds of a number.
 const NUMERIC: [&str; 4] = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
 
 /// Bounds kept only where `type` says what they bound (a number's, a string's).
@@ -211,14 +211,9 @@ impl Reducer<'_> {
         let node = match name {
             "string" => self.string(fields, at)?,
             "integer" => self.integer(fields, at)?,
-            "number" => match NUMERIC.iter().find(|k| fields.contains_key(**k)) {
-                Some(k) => {
-                    return Err(self.refuse(
-                        at,
-                        format!("\"{k}\" on a number that is not an integer is not supported"),
-                    ));
-                }
-                None => SchemaNode::Number { integer: false },
+            "number" => match NUMERIC.iter().any(|k| fields.contains_key(*k)) {
+                true => self.number(fields, at)?,
+                false => SchemaNode::Number { integer: false },
             },
             "boolean" => SchemaNode::Literals(vec!["true".into(), "false".into()]),
             "null" => SchemaNode::Literals(vec!["null".into()]),
@@ -389,6 +384,41 @@ impl Reducer<'_> {
         })
     }
 
+    /// A number, bounded by `minimum`, `maximum` and their exclusive forms (each on the grid of
+    /// 18 places that [`NumberBound`] holds: a bound with more places is rounded inward and then
+    /// held, so every number read is within the schema's bounds).
+    fn number(&self, fields: &Map<String, Value>, at: &str) -> Result<SchemaNode, ApiError> {
+        let bound = |name: &str, lower: bool, inclusive: bool| match fields.get(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) => grid_bound(n, lower, inclusive).map(Some).ok_or_else(|| {
+                self.refuse(at, format!("\"{name}\" beyond 10^18 in size is not supported"))
+            }),
+            Some(other) => {
+                Err(self.refuse(at, format!("\"{name}\" {other} is not supported (a number is)")))
+            }
+        };
+        // Of two ends at one value, the exclusive one is the tighter.
+        let tighter = |wanted: std::cmp::Ordering| {
+            move |a: NumberBound, b: NumberBound| match a.units.cmp(&b.units) {
+                std::cmp::Ordering::Equal => {
+                    NumberBound { units: a.units, inclusive: a.inclusive && b.inclusive }
+                }
+                order if order == wanted => a,
+                _ => b,
+            }
+        };
+        let lows = [bound("minimum", true, true)?, bound("exclusiveMinimum", true, false)?];
+        let highs = [bound("maximum", false, true)?, bound("exclusiveMaximum", false, false)?];
+        let minimum = lows.into_iter().flatten().reduce(tighter(std::cmp::Ordering::Greater));
+        let maximum = highs.into_iter().flatten().reduce(tighter(std::cmp::Ordering::Less));
+        if let (Some(lo), Some(hi)) = (minimum, maximum)
+            && (lo.units > hi.units || (lo.units == hi.units && !(lo.inclusive && hi.inclusive)))
+        {
+            return Err(self.invalid(at, "no number is within \"minimum\" and \"maximum\""));
+        }
+        Ok(SchemaNode::BoundedNumber { minimum, maximum })
+    }
+
     /// A string, bounded by `minLength` and `maxLength` when either is given, matching
     /// `pattern` whole when it is.
     fn string(&self, fields: &Map<String, Value>, at: &str) -> Result<SchemaNode, ApiError> {
@@ -465,6 +495,34 @@ impl Reducer<'_> {
         self.nodes[id.index()] = SchemaNode::Array { items, min_items, max_items };
         Ok(id)
     }
+}
+
+/// A schema's number as a bound on the grid of [`NumberBound`]: exact where it has at most 18
+/// places, else rounded inward (up for a `lower` end, down for an upper one) and then held;
+/// `None` beyond 10^18 in size. A fractional number is read as the shortest decimal that
+/// parses back to it: the text the client wrote.
+fn grid_bound(n: &serde_json::Number, lower: bool, inclusive: bool) -> Option<NumberBound> {
+    if let Some(i) = n.as_i64().map(i128::from) {
+        return (i.abs() <= NumberBound::ONE)
+            .then_some(NumberBound { units: i * NumberBound::ONE, inclusive });
+    }
+    let x = n.as_f64().filter(|x| x.is_finite() && x.abs() <= 1e18)?;
+    let text = format!("{}", x.abs());
+    let (int, frac) = text.split_once('.').unwrap_or((&text, ""));
+    let (places, rest) = frac.split_at(frac.len().min(18));
+    let magnitude = int.parse::<i128>().ok()? * NumberBound::ONE
+        + format!("{places:0<18}").parse::<i128>().ok()?;
+    let units = if x < 0.0 { -magnitude } else { magnitude };
+    if rest.bytes().all(|b| b == b'0') {
+        return Some(NumberBound { units, inclusive });
+    }
+    // Cut toward zero: below the number if positive, above it if negative.
+    let units = match (lower, x > 0.0) {
+        (true, true) => units + 1,
+        (false, false) => units - 1,
+        _ => units,
+    };
+    Some(NumberBound { units, inclusive: true })
 }
 
 /// Whether `value` has the JSON Schema type `name`.

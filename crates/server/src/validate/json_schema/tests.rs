@@ -90,6 +90,27 @@ fn an_object_keeps_its_properties_in_order_with_what_is_required() {
         int(json!({"type": "integer", "minimum": -1e30, "maximum": -2})),
         bounded(None, Some(-2))
     );
+    // A number's bounds on the grid of 18 places: exact where the bound has at most 18, else
+    // rounded inward and held; of a bound and an exclusive one at one value, the exclusive.
+    let number = |minimum, maximum| SchemaNode::BoundedNumber { minimum, maximum };
+    let at = |units, inclusive| Some(NumberBound { units, inclusive });
+    const ONE: i128 = NumberBound::ONE;
+    for (schema, want) in [
+        (json!({"minimum": 0, "maximum": 1}), number(at(0, true), at(ONE, true))),
+        (
+            json!({"exclusiveMinimum": 0.1, "maximum": 2.5, "exclusiveMaximum": 2.5}),
+            number(at(ONE / 10, false), at(5 * ONE / 2, false)),
+        ),
+        (json!({"minimum": -0.3}), number(at(-3 * ONE / 10, true), None)),
+        (json!({"exclusiveMinimum": 1e-20}), number(at(1, true), None)),
+        (json!({"exclusiveMaximum": -1e-20}), number(None, at(-1, true))),
+        (json!({"maximum": 1e-20, "minimum": -1e-20}), number(at(0, true), at(0, true))),
+        (json!({"maximum": 1e18}), number(None, at(ONE * ONE, true))),
+    ] {
+        let mut schema = schema;
+        schema["type"] = json!("number");
+        assert_eq!(int(schema.clone()), want, "{schema}");
+    }
     let nullable = reduced(json!({"type": ["integer", "null"], "minimum": 0}));
     let SchemaNode::AnyOf(types) = node(&nullable, JsonSchema::ROOT) else { panic!() };
     assert_eq!(node(&nullable, types[0]), &bounded(Some(0), None));
@@ -172,14 +193,14 @@ fn constraints_the_reader_cannot_keep_are_refused_naming_the_keyword_and_where()
     for (schema, keyword, at) in [
         (json!({"properties": {"d": {"pattern": "^a"}}}), "pattern", "#/properties/d"),
         (json!({"$ref": "#", "pattern": "a"}), "pattern", "#"),
-        (json!({"type": "number", "maximum": 3}), "maximum", "#"),
+        (json!({"type": "number", "maximum": 3e20}), "maximum", "#"),
         (json!({"properties": {"n": {"minimum": 0}}}), "minimum", "#/properties/n"),
         (json!({"maxLength": 3}), "maxLength", "#"),
         (json!({"anyOf": [{"type": "integer"}], "maximum": 3}), "maximum", "#"),
         (json!({"$ref": "#", "minLength": 1}), "minLength", "#"),
         (json!({"type": "integer", "exclusiveMinimum": true}), "exclusiveMinimum", "#"),
         (json!({"type": "string", "minLength": 70000}), "minLength", "#"),
-        (json!({"type": "number", "exclusiveMinimum": 0}), "exclusiveMinimum", "#"),
+        (json!({"type": "number", "exclusiveMinimum": false}), "exclusiveMinimum", "#"),
         (json!({"items": {"multipleOf": 2}}), "multipleOf", "#/items"),
         (json!({"type": "array", "uniqueItems": true}), "uniqueItems", "#"),
         (json!({"anyOf": [{"type": "string"}, {"not": {}}]}), "not", "#/anyOf/1"),
@@ -204,6 +225,8 @@ fn constraints_the_reader_cannot_keep_are_refused_naming_the_keyword_and_where()
         (json!({"type": "array", "minItems": -1}), "minItems"),
         (json!({"type": "string", "minLength": 2, "maxLength": 1}), "maxLength"),
         (json!({"type": "integer", "minimum": 5, "maximum": 4.5}), "no integer"),
+        (json!({"type": "number", "minimum": 0.5, "exclusiveMaximum": 0.5}), "no number"),
+        (json!({"type": "number", "exclusiveMinimum": 2, "maximum": 1.5}), "no number"),
         (json!({"$ref": "#/$defs/missing"}), "names nothing"),
         (json!({"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}), "only itself"),
         (json!({"anyOf": []}), "non-empty"),
