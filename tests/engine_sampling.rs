@@ -49,7 +49,12 @@ fn features() -> Vec<(&'static str, SamplingParams)> {
 /// `[bool, ...]` of one to three items, compact: a schema's output.
 fn list_of_flags() -> ResponseFormat {
     let nodes = vec![
-        SchemaNode::Array { items: SchemaNodeId(1), min_items: 1, max_items: Some(3) },
+        SchemaNode::Array {
+            prefix_items: vec![],
+            items: SchemaNodeId(1),
+            min_items: 1,
+            max_items: Some(3),
+        },
         SchemaNode::Literals(vec!["true".into(), "false".into()]),
     ];
     ResponseFormat::JsonSchema { schema: Arc::new(JsonSchema { nodes }), compact: true }

@@ -219,14 +219,16 @@ def main():
     for order in parsed(Order):
         assert re.fullmatch(pattern, order.answer), order
 
-    # Bounded numbers as pydantic writes them (ge/le, gt/lt): pydantic itself checks the answers
-    # when it reads them back, and so does this.
+    # Bounded numbers as pydantic writes them (ge/le, gt/lt), and a tuple (prefixItems): pydantic
+    # itself checks the answers when it reads them back, and so does this.
     class Rating(pydantic.BaseModel):
         score: float = pydantic.Field(ge=0, le=10)
         weight: float = pydantic.Field(gt=-0.5, lt=0.25)
+        span: tuple[int, bool]
 
     for rating in parsed(Rating):
         assert 0 <= rating.score <= 10 and -0.5 < rating.weight < 0.25, rating
+        assert isinstance(rating.span[0], int) and isinstance(rating.span[1], bool), rating
 
     # The sampling fields the client sends natively: a logit bias forces a token, penalties are
     # accepted, and the same seed gives the same draw.

@@ -163,7 +163,12 @@ fn forecast() -> JsonSchema {
         },
         SchemaNode::String,
         literals(&["\"celsius\"", "\"fahrenheit\""]),
-        SchemaNode::Array { items: SchemaNodeId(4), min_items: 0, max_items: None },
+        SchemaNode::Array {
+            prefix_items: vec![],
+            items: SchemaNodeId(4),
+            min_items: 0,
+            max_items: None,
+        },
         SchemaNode::Object { properties: vec![prop("level", 5, true), prop("note", 6, true)] },
         SchemaNode::Number { integer: true },
         SchemaNode::AnyOf(vec![SchemaNodeId(1), SchemaNodeId(7)]),

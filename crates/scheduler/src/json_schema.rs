@@ -408,12 +408,15 @@ impl Reader {
     /// too.
     fn array_byte(&self, mut config: Config, b: u8, depth: usize, out: &mut Vec<Config>) {
         let Some(&Frame::Arr { node, count, phase }) = config.last() else { return };
-        let (items, min, max) = match self.schema.node(node) {
-            SchemaNode::Array { items, min_items, max_items } => (*items, *min_items, *max_items),
-            _ => (node, 0, None),
+        let (prefix, items, min, max) = match self.schema.node(node) {
+            SchemaNode::Array { prefix_items, items, min_items, max_items } => {
+                (&prefix_items[..], *items, *min_items, *max_items)
+            }
+            _ => (&[][..], node, 0, None),
         };
-        // Counted up to the larger bound: past it, more items change nothing.
-        let bound = max.unwrap_or(min).min(u32::from(u16::MAX)) as u16;
+        // Counted up to the larger bound and past the tuple's items: past both, more items
+        // change nothing.
+        let bound = max.unwrap_or(min).max(prefix.len() as u32).min(u32::from(u16::MAX)) as u16;
         match (phase, b) {
             (Phase::Open | Phase::After, b']') if u32::from(count) >= min => self.pop(config, out),
             (Phase::After, b',') if max.is_none_or(|max| u32::from(count) < max) => {
@@ -422,11 +425,12 @@ impl Reader {
                 out.push(config);
             }
             (Phase::Open | Phase::Comma, _) if max.is_none_or(|max| u32::from(count) < max) => {
+                let item = prefix.get(usize::from(count)).copied().unwrap_or(items);
                 let count = count.saturating_add(1).min(bound.max(1));
                 *config.last_mut().expect("the array") =
                     Frame::Arr { node, count, phase: Phase::After };
                 if config.len() < MAX_DEPTH {
-                    self.begin_value(config, items, b, depth, out);
+                    self.begin_value(config, item, b, depth, out);
                 }
             }
             _ => {}

@@ -55,8 +55,11 @@ impl JsonSchema {
                 SchemaNode::Literals(texts) => {
                     !texts.is_empty() && texts.len() <= Self::MAX_ITEMS && texts.iter().all(fits)
                 }
-                SchemaNode::Array { items, min_items, max_items } => {
-                    known(items) && max_items.is_none_or(|max| *min_items <= max)
+                SchemaNode::Array { prefix_items, items, min_items, max_items } => {
+                    known(items)
+                        && prefix_items.len() <= Self::MAX_ITEMS
+                        && prefix_items.iter().all(known)
+                        && max_items.is_none_or(|max| *min_items <= max)
                 }
                 SchemaNode::BoundedString { min_length, max_length }
                 | SchemaNode::PatternString { min_length, max_length, .. } => {
@@ -134,9 +137,12 @@ pub enum SchemaNode {
         /// The most, if bounded above.
         maximum: Option<NumberBound>,
     },
-    /// An array of `items`, with `min_items` to `max_items` of them.
+    /// An array of `min_items` to `max_items` items: the first ones of `prefix_items` in turn (a
+    /// tuple), the rest of `items`.
     Array {
-        /// Each item's node.
+        /// The first items' nodes, one each.
+        prefix_items: Vec<SchemaNodeId>,
+        /// Each later item's node.
         items: SchemaNodeId,
         /// Fewest items.
         min_items: u32,

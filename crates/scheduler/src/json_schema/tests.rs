@@ -32,7 +32,7 @@ fn person() -> JsonSchema {
         },
         SchemaNode::String,
         SchemaNode::Number { integer: true },
-        SchemaNode::Array { items: n(4), min_items: 1, max_items: Some(2) },
+        SchemaNode::Array { prefix_items: vec![], items: n(4), min_items: 1, max_items: Some(2) },
         literals(&["\"a\"", "\"b\"", "1", "12"]),
         literals(&["null"]),
         SchemaNode::AnyOf(vec![n(1), n(5)]),
@@ -45,7 +45,7 @@ fn tree() -> JsonSchema {
     let nodes = vec![
         SchemaNode::Object { properties: vec![prop("value", 1, true), prop("children", 2, false)] },
         SchemaNode::Number { integer: false },
-        SchemaNode::Array { items: n(0), min_items: 0, max_items: None },
+        SchemaNode::Array { prefix_items: vec![], items: n(0), min_items: 0, max_items: None },
     ];
     JsonSchema { nodes }
 }
@@ -65,7 +65,7 @@ fn tagged() -> JsonSchema {
 }
 
 /// `{code: 2 to 3 characters, note?: at most 1, n?: an integer from -2 to 12, r?: a number
-/// above -1.5 and at most 2.25}`.
+/// above -1.5 and at most 2.25, p?: 1 to 3 items, an `r` then a `note` then an `n`}`.
 fn bounded() -> JsonSchema {
     let bound = |units, inclusive| Some(NumberBound { units, inclusive });
     let nodes = vec![
@@ -75,6 +75,7 @@ fn bounded() -> JsonSchema {
                 prop("note", 2, false),
                 prop("n", 3, false),
                 prop("r", 4, false),
+                prop("p", 5, false),
             ],
         },
         SchemaNode::BoundedString { min_length: 2, max_length: Some(3) },
@@ -83,6 +84,12 @@ fn bounded() -> JsonSchema {
         SchemaNode::BoundedNumber {
             minimum: bound(-3 * NumberBound::ONE / 2, false),
             maximum: bound(9 * NumberBound::ONE / 4, true),
+        },
+        SchemaNode::Array {
+            prefix_items: vec![n(4), n(2)],
+            items: n(3),
+            min_items: 1,
+            max_items: Some(3),
         },
     ];
     JsonSchema { nodes }
@@ -159,6 +166,9 @@ fn values_of_the_schema_are_read_whole_and_their_prefixes_are_not() {
                 r#"{"code": "ab", "r": -0}"#,
                 r#"{"code": "ab", "r": 2.2500000000000000000000}"#,
                 r#"{"code": "ab", "r": -1.4999999999999999999999}"#,
+                r#"{"code": "ab", "p": [2]}"#,
+                r#"{"code": "ab", "p": [0.5, "x"]}"#,
+                r#"{"code": "ab", "r": 1, "p": [-1, "", 12]}"#,
             ],
         ),
         (
@@ -232,6 +242,12 @@ fn what_the_schema_does_not_allow_is_refused() {
                 r#"{"code": "ab", "r": 1e0}"#,
                 r#"{"code": "ab", "r": .5}"#,
                 r#"{"code": "ab", "r": 1.}"#,
+                r#"{"code": "ab", "p": []}"#,
+                r#"{"code": "ab", "p": ["x"]}"#,
+                r#"{"code": "ab", "p": [1, 2]}"#,
+                r#"{"code": "ab", "p": [1, "xy"]}"#,
+                r#"{"code": "ab", "p": [1, "x", 13]}"#,
+                r#"{"code": "ab", "p": [1, "x", 2, 3]}"#,
             ],
         ),
         (
@@ -386,10 +402,11 @@ fn conforms(schema: &JsonSchema, node: Node, value: &Value) -> bool {
         (SchemaNode::Number { integer }, Value::Number(x)) => {
             !integer || x.is_i64() || x.is_u64() || x.as_f64().is_some_and(|f| f.fract() == 0.0)
         }
-        (SchemaNode::Array { items, min_items, max_items }, Value::Array(a)) => {
+        (SchemaNode::Array { prefix_items, items, min_items, max_items }, Value::Array(a)) => {
+            let item = |i: usize| prefix_items.get(i).copied().unwrap_or(*items);
             a.len() >= *min_items as usize
                 && max_items.is_none_or(|max| a.len() <= max as usize)
-                && a.iter().all(|v| conforms(schema, *items, v))
+                && a.iter().enumerate().all(|(i, v)| conforms(schema, item(i), v))
         }
         (SchemaNode::Object { properties }, Value::Object(o)) => {
             let key = |p: &Property| serde_json::from_str::<String>(&p.key).unwrap();

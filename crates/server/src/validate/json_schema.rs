@@ -23,7 +23,7 @@ use super::regex::compiled;
 use crate::error::ApiError;
 
 /// Keywords whose constraint the reader cannot keep.
-const REFUSED: [&str; 15] = [
+const REFUSED: [&str; 14] = [
     "multipleOf",
     "patternProperties",
     "propertyNames",
@@ -35,7 +35,6 @@ const REFUSED: [&str; 15] = [
     "if",
     "not",
     "contains",
-    "prefixItems",
     "unevaluatedProperties",
     "unevaluatedItems",
     "additionalItems",
@@ -57,7 +56,7 @@ const TYPED_BOUNDS: [&str; 7] = [
 
 /// Keywords that shape a value: a schema using one beside `$ref`, `anyOf` or `oneOf` is refused
 /// rather than read as one of them alone.
-const SHAPING: [&str; 19] = [
+const SHAPING: [&str; 20] = [
     "type",
     "minLength",
     "maxLength",
@@ -72,6 +71,7 @@ const SHAPING: [&str; 19] = [
     "required",
     "additionalProperties",
     "items",
+    "prefixItems",
     "minItems",
     "maxItems",
     "anyOf",
@@ -192,7 +192,10 @@ impl Reducer<'_> {
             {
                 self.object(fields, at)
             }
-            None if ["items", "minItems", "maxItems"].iter().any(|k| fields.contains_key(*k)) => {
+            None if ["items", "prefixItems", "minItems", "maxItems"]
+                .iter()
+                .any(|k| fields.contains_key(*k)) =>
+            {
                 self.array(fields, at)
             }
             None if let Some(k) = TYPED_BOUNDS.iter().find(|k| fields.contains_key(**k)) => {
@@ -483,16 +486,41 @@ impl Reducer<'_> {
     }
 
     fn array(&mut self, fields: &Map<String, Value>, at: &str) -> Result<SchemaNodeId, ApiError> {
-        let (min_items, max_items) = self.bounds(fields, ["minItems", "maxItems"], at)?;
+        let (min_items, mut max_items) = self.bounds(fields, ["minItems", "maxItems"], at)?;
         let id = self.add(SchemaNode::Any, at)?;
+        let prefix_items = match fields.get("prefixItems") {
+            None => Vec::new(),
+            Some(Value::Array(schemas)) if schemas.len() <= JsonSchema::MAX_ITEMS => {
+                (schemas.iter().enumerate())
+                    .map(|(i, schema)| self.node(schema, &format!("{at}/prefixItems/{i}")))
+                    .collect::<Result<_, _>>()?
+            }
+            Some(_) => {
+                let why = format!(
+                    "\"prefixItems\" is a list of at most {} schemas",
+                    JsonSchema::MAX_ITEMS
+                );
+                return Err(self.invalid(at, why));
+            }
+        };
         let items = match fields.get("items") {
-            None => self.add(SchemaNode::Any, at)?,
+            None | Some(Value::Bool(true)) => self.add(SchemaNode::Any, at)?,
+            // No item past the tuple's.
+            Some(Value::Bool(false)) => {
+                let num_prefix = prefix_items.len() as u32;
+                max_items = Some(max_items.map_or(num_prefix, |max| max.min(num_prefix)));
+                self.add(SchemaNode::Any, at)?
+            }
             Some(Value::Array(_)) => {
-                return Err(self.refuse(at, "\"items\" as a list (a tuple) is not supported"));
+                let why = "\"items\" as a list is not supported (\"prefixItems\" is)";
+                return Err(self.refuse(at, why));
             }
             Some(schema) => self.node(schema, &format!("{at}/items"))?,
         };
-        self.nodes[id.index()] = SchemaNode::Array { items, min_items, max_items };
+        if max_items.is_some_and(|max| max < min_items) {
+            return Err(self.invalid(at, "no array is within \"minItems\" and the items allowed"));
+        }
+        self.nodes[id.index()] = SchemaNode::Array { prefix_items, items, min_items, max_items };
         Ok(id)
     }
 }

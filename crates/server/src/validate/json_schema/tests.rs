@@ -59,7 +59,7 @@ fn an_object_keeps_its_properties_in_order_with_what_is_required() {
     assert_eq!(bounded.nodes, [SchemaNode::Literals(vec!["1".into(), "10".into()])]);
     let short = reduced(json!({"enum": ["é", "ab", 7], "maxLength": 1, "exclusiveMaximum": 7}));
     assert_eq!(short.nodes, [SchemaNode::Literals(vec!["\"é\"".into()])]);
-    let SchemaNode::Array { items, min_items: 1, max_items: Some(3) } = value(3) else {
+    let SchemaNode::Array { items, min_items: 1, max_items: Some(3), .. } = value(3) else {
         panic!("{:?}", value(3))
     };
     assert_eq!(node(&schema, *items), &SchemaNode::String);
@@ -111,6 +111,31 @@ fn an_object_keeps_its_properties_in_order_with_what_is_required() {
         schema["type"] = json!("number");
         assert_eq!(int(schema.clone()), want, "{schema}");
     }
+    // Tuples: `prefixItems` in turn, then `items` (none with `items: false`).
+    let pair = reduced(json!({
+        "type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}],
+        "minItems": 2, "maxItems": 2
+    }));
+    let SchemaNode::Array { prefix_items, min_items: 2, max_items: Some(2), .. } =
+        node(&pair, JsonSchema::ROOT)
+    else {
+        panic!("{pair:?}")
+    };
+    let firsts: Vec<_> = prefix_items.iter().map(|&i| node(&pair, i).clone()).collect();
+    assert_eq!(firsts, [SchemaNode::Number { integer: true }, SchemaNode::String]);
+    let closed = reduced(json!({"prefixItems": [{"type": "string"}], "items": false}));
+    let SchemaNode::Array { prefix_items, min_items: 0, max_items: Some(1), .. } =
+        node(&closed, JsonSchema::ROOT)
+    else {
+        panic!("{closed:?}")
+    };
+    assert_eq!(prefix_items.len(), 1);
+    let rest =
+        reduced(json!({"type": "array", "prefixItems": [{"const": 1}], "items": {"type": "null"}}));
+    let SchemaNode::Array { items, max_items: None, .. } = node(&rest, JsonSchema::ROOT) else {
+        panic!("{rest:?}")
+    };
+    assert_eq!(node(&rest, *items), &SchemaNode::Literals(vec!["null".into()]));
     let nullable = reduced(json!({"type": ["integer", "null"], "minimum": 0}));
     let SchemaNode::AnyOf(types) = node(&nullable, JsonSchema::ROOT) else { panic!() };
     assert_eq!(node(&nullable, types[0]), &bounded(Some(0), None));
@@ -209,6 +234,12 @@ fn constraints_the_reader_cannot_keep_are_refused_naming_the_keyword_and_where()
         (json!({"$ref": "#/$defs/A", "type": "string", "$defs": {"A": {}}}), "type", "#"),
         (json!({"$ref": "https://example.com/s.json"}), "$ref", "#"),
         (json!({"type": "array", "items": [{}, {}]}), "items", "#"),
+        (
+            json!({"prefixItems": [{"type": "array", "uniqueItems": true}]}),
+            "uniqueItems",
+            "#/prefixItems/0",
+        ),
+        (json!({"$ref": "#", "prefixItems": []}), "prefixItems", "#"),
         (json!({"required": ["a"], "properties": {}}), "\"a\"", "#"),
     ] {
         let (code, message) = refusal(schema.clone());
@@ -226,6 +257,8 @@ fn constraints_the_reader_cannot_keep_are_refused_naming_the_keyword_and_where()
         (json!({"type": "string", "minLength": 2, "maxLength": 1}), "maxLength"),
         (json!({"type": "integer", "minimum": 5, "maximum": 4.5}), "no integer"),
         (json!({"type": "number", "minimum": 0.5, "exclusiveMaximum": 0.5}), "no number"),
+        (json!({"prefixItems": [{}], "items": false, "minItems": 2}), "no array"),
+        (json!({"type": "array", "prefixItems": {}}), "\"prefixItems\" is a list"),
         (json!({"type": "number", "exclusiveMinimum": 2, "maximum": 1.5}), "no number"),
         (json!({"$ref": "#/$defs/missing"}), "names nothing"),
         (json!({"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}), "only itself"),
