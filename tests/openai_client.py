@@ -7,10 +7,12 @@ Run by crates/server/tests/http_openai_python.rs, which starts the server. Exits
 """
 
 import base64
+import datetime
 import io
 import json
 import re
 import sys
+import uuid
 from typing import Literal, Optional
 
 try:
@@ -182,13 +184,14 @@ def main():
 
     parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
 
-    def parsed(model_class):
+    def parsed(model_class, max_tokens=96):
         """The answers of eight seeds read back into `model_class`, those cut short left out."""
         answers = []
         for seed in range(8):
             try:
                 answers.append(parse(
-                    model=model, messages=messages, max_tokens=96, temperature=1.0, seed=seed,
+                    model=model, messages=messages, max_tokens=max_tokens, temperature=1.0,
+                    seed=seed,
                     response_format=model_class,
                 ).choices[0].message.parsed)
             except openai.LengthFinishReasonError:
@@ -229,6 +232,17 @@ def main():
     for rating in parsed(Rating):
         assert 0 <= rating.score <= 10 and -0.5 < rating.weight < 0.25, rating
         assert isinstance(rating.span[0], int) and isinstance(rating.span[1], bool), rating
+
+    # String formats a validator parses (pydantic's date, time, datetime and UUID): every answer
+    # read back is one, which pydantic checks.
+    class Event(pydantic.BaseModel):
+        day: datetime.date
+        at: datetime.datetime
+        starts: datetime.time
+        id: uuid.UUID
+
+    for event in parsed(Event, max_tokens=256):
+        assert event.at.tzinfo is not None and event.starts.tzinfo is not None, event
 
     # The sampling fields the client sends natively: a logit bias forces a token, penalties are
     # accepted, and the same seed gives the same draw.

@@ -3,14 +3,15 @@
 //!
 //! Kept: `type` (one or a list), `enum`, `const`, `properties` with `required` (written in the
 //! schema's order, optional ones may be left out, no other keys), `additionalProperties` (an
-//! object without `properties` is a map of its values), `items`, `minItems`, `maxItems`, `anyOf`
-//! and `oneOf` (read as `anyOf`), `allOf` of one schema, a string's `minLength`, `maxLength`
-//! and `pattern` (matched whole: a stricter reading than JSON Schema's search, so a string that
-//! matches is always valid), a number's `minimum` and `maximum` (exclusive too), and `$ref`
-//! within the document (`#`, `#/$defs/...`, `#/definitions/...`, any JSON pointer), recursive
-//! ones included. Annotations (`title`, `description`, `default`, `examples`, `format`, which
-//! JSON Schema makes an annotation by default, ...) change nothing. A keyword whose constraint
-//! the reader cannot keep (`multipleOf`, `uniqueItems`, ...) is a 400
+//! object without `properties` is a map of its values), `prefixItems` (a tuple), `items`,
+//! `minItems`, `maxItems`, `anyOf` and `oneOf` (read as `anyOf`), `allOf` of one schema, a
+//! string's `minLength`, `maxLength` and `pattern` (matched whole: a stricter reading than JSON
+//! Schema's search, so a string that matches is always valid), the `format`s a pattern spells
+//! (dates and times, UUIDs, IPv4 addresses), a number's `minimum` and `maximum` (exclusive too),
+//! and `$ref` within the document (`#`, `#/$defs/...`, `#/definitions/...`, any JSON pointer),
+//! recursive ones included. Annotations (`title`, `description`, `default`, `examples`, any
+//! other `format`, which JSON Schema makes an annotation by default, ...) change nothing. A
+//! keyword whose constraint the reader cannot keep (`multipleOf`, `uniqueItems`, ...) is a 400
 //! naming it and where it stands: an output that ignored it could break the schema.
 
 use std::collections::HashMap;
@@ -425,7 +426,10 @@ impl Reducer<'_> {
     /// A string, bounded by `minLength` and `maxLength` when either is given, matching
     /// `pattern` whole when it is.
     fn string(&self, fields: &Map<String, Value>, at: &str) -> Result<SchemaNode, ApiError> {
-        let pattern = self.pattern(fields, at)?;
+        let pattern = match self.pattern(fields, at)? {
+            Some(pattern) => Some(pattern),
+            None => format_regex(fields),
+        };
         if pattern.is_none()
             && !fields.contains_key("minLength")
             && !fields.contains_key("maxLength")
@@ -523,6 +527,42 @@ impl Reducer<'_> {
         self.nodes[id.index()] = SchemaNode::Array { prefix_items, items, min_items, max_items };
         Ok(id)
     }
+}
+
+/// The regex of a string's `format`, where it names one whose values a pattern can spell exactly
+/// as validators read them (RFC 3339's dates and times, as JSON Schema defines the formats and
+/// pydantic parses `date`, `time` and `datetime`; UUIDs; IPv4 addresses). A stricter reading:
+/// days past the 28th only in months that have them, never the 29th of February, no leap
+/// second, an offset always written. Any other format stays an annotation, as JSON Schema has
+/// it.
+fn format_regex(fields: &Map<String, Value>) -> Option<Arc<Regex>> {
+    macro_rules! date {
+        () => {
+            concat!(
+                r"(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})-",
+                r"((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
+            )
+        };
+    }
+    macro_rules! time {
+        () => {
+            r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+        };
+    }
+    macro_rules! octet {
+        () => {
+            r"(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+        };
+    }
+    let pattern = match fields.get("format")?.as_str()? {
+        "date" => date!(),
+        "time" => time!(),
+        "date-time" => concat!(date!(), "T", time!()),
+        "uuid" => r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+        "ipv4" => concat!(octet!(), r"(\.", octet!(), "){3}"),
+        _ => return None,
+    };
+    Some(compiled(pattern).expect("the formats' patterns compile"))
 }
 
 /// A schema's number as a bound on the grid of [`NumberBound`]: exact where it has at most 18

@@ -136,6 +136,64 @@ fn an_object_keeps_its_properties_in_order_with_what_is_required() {
         panic!("{rest:?}")
     };
     assert_eq!(node(&rest, *items), &SchemaNode::Literals(vec!["null".into()]));
+    // The formats a pattern spells exactly are read through one; any other is an annotation.
+    let formatted = |format: &str| {
+        let schema = reduced(json!({"type": "string", "format": format, "maxLength": 40}));
+        match node(&schema, JsonSchema::ROOT) {
+            SchemaNode::PatternString { pattern, max_length: Some(40), .. } => {
+                Some(pattern.clone())
+            }
+            SchemaNode::BoundedString { .. } => None,
+            other => panic!("{format}: {other:?}"),
+        }
+    };
+    for (format, valid, invalid) in [
+        (
+            "date",
+            &["2026-11-27", "0001-01-01", "2023-12-31", "2024-04-30", "1999-02-28"][..],
+            &[
+                "0000-01-01",
+                "2024-02-29",
+                "2023-04-31",
+                "2023-13-01",
+                "2023-00-10",
+                "2023-1-01",
+                "20231-01-01",
+            ][..],
+        ),
+        (
+            "time",
+            &["23:59:59Z", "00:00:00.123456+05:30", "12:30:00-08:00"][..],
+            &["24:00:00Z", "12:00:60Z", "12:00:00", "12:00Z", "12:00:00.1234567Z", "12:00:00z"][..],
+        ),
+        (
+            "date-time",
+            &["2026-11-27T17:40:09Z", "2024-02-28T00:00:00.5+14:00"][..],
+            &["2026-11-27 17:40:09Z", "2026-11-27T17:40:09", "2026-11-31T00:00:00Z"][..],
+        ),
+        (
+            "uuid",
+            &["123e4567-e89b-12d3-a456-426614174000", "ABCDEF01-2345-6789-abcd-ef0123456789"][..],
+            &["123e4567e89b12d3a456426614174000", "123e4567-e89b-12d3-a456-42661417400g"][..],
+        ),
+        (
+            "ipv4",
+            &["0.0.0.0", "255.255.255.255", "10.1.20.199"][..],
+            &["256.1.1.1", "01.1.1.1", "1.1.1"][..],
+        ),
+    ] {
+        let pattern = formatted(format).unwrap_or_else(|| panic!("{format} read as a pattern"));
+        for text in valid {
+            assert!(pattern.matches(text.as_bytes()), "{format}: {text}");
+        }
+        for text in invalid {
+            assert!(!pattern.matches(text.as_bytes()), "{format}: {text}");
+        }
+    }
+    assert!(formatted("email").is_none() && formatted("uri").is_none());
+    let own = reduced(json!({"type": "string", "format": "date", "pattern": "x+"}));
+    let SchemaNode::PatternString { pattern, .. } = node(&own, JsonSchema::ROOT) else { panic!() };
+    assert!(pattern.matches(b"xx"), "a pattern given is the one read");
     let nullable = reduced(json!({"type": ["integer", "null"], "minimum": 0}));
     let SchemaNode::AnyOf(types) = node(&nullable, JsonSchema::ROOT) else { panic!() };
     assert_eq!(node(&nullable, types[0]), &bounded(Some(0), None));
