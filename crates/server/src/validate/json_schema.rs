@@ -22,6 +22,7 @@ use serde_json::{Map, Value};
 
 use super::regex::compiled;
 use crate::error::ApiError;
+use scalar::{format_regex, grid_bound};
 
 /// Keywords whose constraint the reader cannot keep.
 const REFUSED: [&str; 14] = [
@@ -529,70 +530,6 @@ impl Reducer<'_> {
     }
 }
 
-/// The regex of a string's `format`, where it names one whose values a pattern can spell exactly
-/// as validators read them (RFC 3339's dates and times, as JSON Schema defines the formats and
-/// pydantic parses `date`, `time` and `datetime`; UUIDs; IPv4 addresses). A stricter reading:
-/// days past the 28th only in months that have them, never the 29th of February, no leap
-/// second, an offset always written. Any other format stays an annotation, as JSON Schema has
-/// it.
-fn format_regex(fields: &Map<String, Value>) -> Option<Arc<Regex>> {
-    macro_rules! date {
-        () => {
-            concat!(
-                r"(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})-",
-                r"((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
-            )
-        };
-    }
-    macro_rules! time {
-        () => {
-            r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-        };
-    }
-    macro_rules! octet {
-        () => {
-            r"(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
-        };
-    }
-    let pattern = match fields.get("format")?.as_str()? {
-        "date" => date!(),
-        "time" => time!(),
-        "date-time" => concat!(date!(), "T", time!()),
-        "uuid" => r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-        "ipv4" => concat!(octet!(), r"(\.", octet!(), "){3}"),
-        _ => return None,
-    };
-    Some(compiled(pattern).expect("the formats' patterns compile"))
-}
-
-/// A schema's number as a bound on the grid of [`NumberBound`]: exact where it has at most 18
-/// places, else rounded inward (up for a `lower` end, down for an upper one) and then held;
-/// `None` beyond 10^18 in size. A fractional number is read as the shortest decimal that
-/// parses back to it: the text the client wrote.
-fn grid_bound(n: &serde_json::Number, lower: bool, inclusive: bool) -> Option<NumberBound> {
-    if let Some(i) = n.as_i64().map(i128::from) {
-        return (i.abs() <= NumberBound::ONE)
-            .then_some(NumberBound { units: i * NumberBound::ONE, inclusive });
-    }
-    let x = n.as_f64().filter(|x| x.is_finite() && x.abs() <= 1e18)?;
-    let text = format!("{}", x.abs());
-    let (int, frac) = text.split_once('.').unwrap_or((&text, ""));
-    let (places, rest) = frac.split_at(frac.len().min(18));
-    let magnitude = int.parse::<i128>().ok()? * NumberBound::ONE
-        + format!("{places:0<18}").parse::<i128>().ok()?;
-    let units = if x < 0.0 { -magnitude } else { magnitude };
-    if rest.bytes().all(|b| b == b'0') {
-        return Some(NumberBound { units, inclusive });
-    }
-    // Cut toward zero: below the number if positive, above it if negative.
-    let units = match (lower, x > 0.0) {
-        (true, true) => units + 1,
-        (false, false) => units - 1,
-        _ => units,
-    };
-    Some(NumberBound { units, inclusive: true })
-}
-
 /// Whether `value` has the JSON Schema type `name`.
 fn has_type(value: &Value, name: &str) -> bool {
     match (name, value) {
@@ -634,5 +571,6 @@ fn escape_pointer(name: &str) -> String {
     name.replace('~', "~0").replace('/', "~1")
 }
 
+mod scalar;
 #[cfg(test)]
 mod tests;
