@@ -233,15 +233,16 @@ def main():
         assert 0 <= rating.score <= 10 and -0.5 < rating.weight < 0.25, rating
         assert isinstance(rating.span[0], int) and isinstance(rating.span[1], bool), rating
 
-    # String formats a validator parses (pydantic's date, time, datetime and UUID): every answer
-    # read back is one, which pydantic checks.
+    # String formats a validator parses (pydantic's date, time, datetime, timedelta and UUID):
+    # every answer read back is one, which pydantic checks.
     class Event(pydantic.BaseModel):
         day: datetime.date
         at: datetime.datetime
         starts: datetime.time
+        lasts: datetime.timedelta
         id: uuid.UUID
 
-    for event in parsed(Event, max_tokens=256):
+    for event in parsed(Event, max_tokens=320):
         assert event.at.tzinfo is not None and event.starts.tzinfo is not None, event
 
     # The sampling fields the client sends natively: a logit bias forces a token, penalties are

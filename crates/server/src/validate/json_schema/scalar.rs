@@ -9,11 +9,11 @@ use serde_json::{Map, Value};
 use super::compiled;
 
 /// The regex of a string's `format`, where it names one whose values a pattern can spell exactly
-/// as validators read them (RFC 3339's dates and times, as JSON Schema defines the formats and
-/// pydantic parses `date`, `time` and `datetime`; UUIDs; IPv4 addresses). A stricter reading:
-/// days past the 28th only in months that have them, never the 29th of February, no leap
-/// second, an offset always written. Any other format stays an annotation, as JSON Schema has
-/// it.
+/// as validators read them (RFC 3339's dates, times and durations, as JSON Schema defines the
+/// formats and pydantic parses `date`, `time`, `datetime` and `timedelta`; UUIDs; IPv4
+/// addresses). A stricter reading: days past the 28th only in months that have them, never the
+/// 29th of February, no leap second, a time's offset always written, a duration in days, hours,
+/// minutes and whole seconds. Any other format stays an annotation, as JSON Schema has it.
 pub(super) fn format_regex(fields: &Map<String, Value>) -> Option<Arc<Regex>> {
     macro_rules! date {
         () => {
@@ -28,6 +28,12 @@ pub(super) fn format_regex(fields: &Map<String, Value>) -> Option<Arc<Regex>> {
             r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
         };
     }
+    // RFC 3339's durations without years, months or weeks (whose length depends on the date).
+    macro_rules! duration_time {
+        () => {
+            r"T([0-9]{1,6}H([0-9]{1,6}M([0-9]{1,6}S)?)?|[0-9]{1,6}M([0-9]{1,6}S)?|[0-9]{1,6}S)"
+        };
+    }
     macro_rules! octet {
         () => {
             r"(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
@@ -37,6 +43,7 @@ pub(super) fn format_regex(fields: &Map<String, Value>) -> Option<Arc<Regex>> {
         "date" => date!(),
         "time" => time!(),
         "date-time" => concat!(date!(), "T", time!()),
+        "duration" => concat!("P([0-9]{1,6}D(", duration_time!(), ")?|", duration_time!(), ")"),
         "uuid" => r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
         "ipv4" => concat!(octet!(), r"(\.", octet!(), "){3}"),
         _ => return None,
