@@ -7,12 +7,12 @@
 //! `minItems`, `maxItems`, `anyOf` and `oneOf` (read as `anyOf`), `allOf` of one schema, a
 //! string's `minLength`, `maxLength` and `pattern` (matched whole: a stricter reading than JSON
 //! Schema's search, so a string that matches is always valid), the `format`s a pattern spells
-//! (dates and times, UUIDs, IPv4 addresses), a number's `minimum` and `maximum` (exclusive too),
-//! and `$ref` within the document (`#`, `#/$defs/...`, `#/definitions/...`, any JSON pointer),
-//! recursive ones included. Annotations (`title`, `description`, `default`, `examples`, any
-//! other `format`, which JSON Schema makes an annotation by default, ...) change nothing. A
-//! keyword whose constraint the reader cannot keep (`multipleOf`, `uniqueItems`, ...) is a 400
-//! naming it and where it stands: an output that ignored it could break the schema.
+//! (dates, times and durations, UUIDs, IP addresses), a number's `minimum` and `maximum`
+//! (exclusive too), and `$ref` within the document (`#`, `#/$defs/...`, `#/definitions/...`,
+//! any JSON pointer), recursive ones included. Annotations (`title`, `description`, `default`,
+//! `examples`, any other `format`, which JSON Schema makes an annotation by default, ...) change
+//! nothing. A keyword whose constraint the reader cannot keep (`multipleOf`, `uniqueItems`, ...)
+//! is a 400 naming it and where it stands: an output that ignored it could break the schema.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -10,10 +10,11 @@ use super::compiled;
 
 /// The regex of a string's `format`, where it names one whose values a pattern can spell exactly
 /// as validators read them (RFC 3339's dates, times and durations, as JSON Schema defines the
-/// formats and pydantic parses `date`, `time`, `datetime` and `timedelta`; UUIDs; IPv4
+/// formats and pydantic parses `date`, `time`, `datetime` and `timedelta`; UUIDs; IP
 /// addresses). A stricter reading: days past the 28th only in months that have them, never the
 /// 29th of February, no leap second, a time's offset always written, a duration in days, hours,
-/// minutes and whole seconds. Any other format stays an annotation, as JSON Schema has it.
+/// minutes and whole seconds, an IPv6 address in all eight groups. Any other format stays an
+/// annotation, as JSON Schema has it.
 pub(super) fn format_regex(fields: &Map<String, Value>) -> Option<Arc<Regex>> {
     macro_rules! date {
         () => {
@@ -46,6 +47,8 @@ pub(super) fn format_regex(fields: &Map<String, Value>) -> Option<Arc<Regex>> {
         "duration" => concat!("P([0-9]{1,6}D(", duration_time!(), ")?|", duration_time!(), ")"),
         "uuid" => r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
         "ipv4" => concat!(octet!(), r"(\.", octet!(), "){3}"),
+        // All eight groups written: no `::`, no IPv4 tail.
+        "ipv6" => r"[0-9a-fA-F]{1,4}(:[0-9a-fA-F]{1,4}){7}",
         _ => return None,
     };
     Some(compiled(pattern).expect("the formats' patterns compile"))

@@ -186,6 +186,11 @@ fn an_object_keeps_its_properties_in_order_with_what_is_required() {
             &["0.0.0.0", "255.255.255.255", "10.1.20.199"][..],
             &["256.1.1.1", "01.1.1.1", "1.1.1"][..],
         ),
+        (
+            "ipv6",
+            &["2001:db8:0:0:0:0:0:1", "FFFF:ffff:1:2:3:4:5:0000"][..],
+            &["2001:db8::1", "1:2:3:4:5:6:7", "1:2:3:4:5:6:7:8:9", "12345:0:0:0:0:0:0:1"][..],
+        ),
     ] {
         let pattern = formatted(format).unwrap_or_else(|| panic!("{format} read as a pattern"));
         for text in valid {
