@@ -3,8 +3,9 @@
 //! runs of 1 to 3 characters, pieces of such runs cut anywhere, and JSON punctuation pairs):
 //! building the vocabulary's trie once, one `json_object` mask walk from states of each kind, a
 //! memoised mask, advancing a state by a token; then a `json_schema` output and three `regex`
-//! ones (a sentence, a phone number, counted words) read a token at a time, first with the DFA's states and masks built as it goes, then again
-//! with both kept; last, compiling three patterns.
+//! ones (a sentence, a phone number, counted words) read a token at a time, first with the
+//! DFA's states and masks built as it goes, then again with both kept; last, compiling three
+//! patterns.
 //!
 //! Run: `cargo bench -p routed-scheduler --bench json_mask`
 

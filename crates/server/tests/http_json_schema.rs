@@ -1,9 +1,9 @@
 //! `response_format: {"type": "json_schema"}` on both OpenAI routes, vLLM's
 //! `structured_outputs.json` and `guided_json`, and SGLang's `sampling_params.json_schema` on
 //! `/generate`: every answer EOS ended is a value of the schema (its required keys in order, its
-//! enum, its integers and bounded numbers, its nested `$ref` objects), the others a prefix of one; a schema with a
-//! constraint the reader cannot keep is a 400 naming the field. The tiny checkpoint writes no
-//! JSON by itself, so what holds is the constraint's doing.
+//! enum, its integers and bounded numbers, its nested `$ref` objects), the others a prefix of
+//! one; a schema with a constraint the reader cannot keep is a 400 naming the field. The tiny
+//! checkpoint writes no JSON by itself, so what holds is the constraint's doing.
 
 mod common;
 
@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 const MODEL: &str = "tiny_hybrid_default";
 
 /// A forecast request, as a tool's parameters are written: required and optional properties,
-/// a bounded string, an enum, an integer and a number in ranges, a bounded list of objects from `$defs` and a nullable
-/// field.
+/// a bounded string, an enum, an integer and a number in ranges, a bounded list of objects from
+/// `$defs` and a nullable field.
 fn schema() -> Value {
     json!({
         "type": "object",

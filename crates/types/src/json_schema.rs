@@ -71,10 +71,7 @@ impl JsonSchema {
                     let fits = |b: &NumberBound| b.units.abs() <= NumberBound::MAX_UNITS;
                     minimum.iter().chain(maximum).all(fits)
                         && match (minimum, maximum) {
-                            (Some(lo), Some(hi)) => {
-                                lo.units < hi.units
-                                    || (lo.units == hi.units && lo.inclusive && hi.inclusive)
-                            }
+                            (Some(lo), Some(hi)) => NumberBound::leave_room(lo, hi),
                             _ => true,
                         }
                 }
@@ -182,6 +179,12 @@ impl NumberBound {
 
     /// The largest magnitude a bound may have: 10^18.
     pub const MAX_UNITS: i128 = Self::ONE * Self::ONE;
+
+    /// Whether some number is within `minimum` and `maximum`.
+    pub fn leave_room(minimum: &Self, maximum: &Self) -> bool {
+        minimum.units < maximum.units
+            || (minimum.units == maximum.units && minimum.inclusive && maximum.inclusive)
+    }
 }
 
 /// One property of a [`SchemaNode::Object`].

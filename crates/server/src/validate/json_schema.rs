@@ -402,22 +402,13 @@ impl Reducer<'_> {
                 Err(self.refuse(at, format!("\"{name}\" {other} is not supported (a number is)")))
             }
         };
-        // Of two ends at one value, the exclusive one is the tighter.
-        let tighter = |wanted: std::cmp::Ordering| {
-            move |a: NumberBound, b: NumberBound| match a.units.cmp(&b.units) {
-                std::cmp::Ordering::Equal => {
-                    NumberBound { units: a.units, inclusive: a.inclusive && b.inclusive }
-                }
-                order if order == wanted => a,
-                _ => b,
-            }
-        };
         let lows = [bound("minimum", true, true)?, bound("exclusiveMinimum", true, false)?];
         let highs = [bound("maximum", false, true)?, bound("exclusiveMaximum", false, false)?];
-        let minimum = lows.into_iter().flatten().reduce(tighter(std::cmp::Ordering::Greater));
-        let maximum = highs.into_iter().flatten().reduce(tighter(std::cmp::Ordering::Less));
+        // The tighter end of each side; of two at one value, the exclusive one.
+        let minimum = lows.into_iter().flatten().max_by_key(|b| (b.units, !b.inclusive));
+        let maximum = highs.into_iter().flatten().min_by_key(|b| (b.units, b.inclusive));
         if let (Some(lo), Some(hi)) = (minimum, maximum)
-            && (lo.units > hi.units || (lo.units == hi.units && !(lo.inclusive && hi.inclusive)))
+            && !NumberBound::leave_room(&lo, &hi)
         {
             return Err(self.invalid(at, "no number is within \"minimum\" and \"maximum\""));
         }
