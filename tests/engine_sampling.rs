@@ -9,8 +9,8 @@ use common::{Outcome, collect, engine, greedy, request, run, test_device};
 use futures_util::{StreamExt, future::join_all};
 use routed::runtime::{FinalOutput, TokenEvent};
 use routed::types::{
-    FinishReason, JsonSchema, Regex, ResponseFormat, SamplingParams, SchemaNode, SchemaNodeId,
-    TokenId,
+    FinishReason, Grammar, JsonSchema, Regex, ResponseFormat, SamplingParams, SchemaNode,
+    SchemaNodeId, TokenId,
 };
 use routed::{EngineHandle, GenerateRequest, RequestEvent};
 use routed_test_support::{Golden, json_object_prefix};
@@ -35,6 +35,7 @@ fn features() -> Vec<(&'static str, SamplingParams)> {
         ),
         ("json_schema", SamplingParams { response_format: list_of_flags(), ..sampled.clone() }),
         ("regex", SamplingParams { response_format: counted_words(), ..sampled.clone() }),
+        ("grammar", SamplingParams { response_format: nested_sums(), ..sampled.clone() }),
         (
             "logprob_token_ids",
             SamplingParams {
@@ -63,6 +64,12 @@ fn list_of_flags() -> ResponseFormat {
 /// Words and a count, as a regex says: a text's output.
 fn counted_words() -> ResponseFormat {
     ResponseFormat::Regex(Arc::new(Regex::new("(the|a) [a-z]+ [0-9]{1,2}").unwrap()))
+}
+
+/// Sums of digits and bracketed sums, as a grammar says: an output that nests.
+fn nested_sums() -> ResponseFormat {
+    let grammar = "root ::= term (\"+\" term)*\nterm ::= [0-9] | \"(\" root \")\"";
+    ResponseFormat::Grammar(Arc::new(Grammar::new(grammar).unwrap()))
 }
 
 /// Per continuation: its token events (token, logprob, top alternatives).

@@ -2,10 +2,10 @@
 //! synthetic: every byte, then words of 2 to 10 letters with and without a leading space, CJK
 //! runs of 1 to 3 characters, pieces of such runs cut anywhere, and JSON punctuation pairs):
 //! building the vocabulary's trie once, one `json_object` mask walk from states of each kind, a
-//! memoised mask, advancing a state by a token; then a `json_schema` output and three `regex`
-//! ones (a sentence, a phone number, counted words) read a token at a time, first with the
-//! DFA's states and masks built as it goes, then again with both kept; last, compiling three
-//! patterns.
+//! memoised mask, advancing a state by a token; then a `json_schema` output, three `regex`
+//! ones (a sentence, a phone number, counted words) and two `grammar` ones (the sentence's
+//! texts, arithmetic) read a token at a time, first with the DFA's states and masks built as
+//! it goes, then again with both kept; last, compiling three patterns.
 //!
 //! Run: `cargo bench -p routed-scheduler --bench json_mask`
 
@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use routed_scheduler::json_mode::{JsonConstraint, JsonMasks, JsonState, JsonVocabulary};
 use routed_types::{
-    JsonSchema, Property, Regex, ResponseFormat, SchemaNode, SchemaNodeId, TokenId,
+    Grammar, JsonSchema, Property, Regex, ResponseFormat, SchemaNode, SchemaNodeId, TokenId,
 };
 
 const VOCAB_SIZE: usize = 151_643;
@@ -192,11 +192,25 @@ fn constrained_outputs(tokens: &[Option<Vec<u8>>], vocab: &Arc<JsonVocabulary>) 
     let prose =
         ResponseFormat::Regex(Arc::new(Regex::new(r"([A-Za-z,]+ ){3,12}[A-Za-z]+\.").unwrap()));
     let words = b"Some text here, and there, for a while.";
+    // The sentence regex's texts as a grammar, and arithmetic, which nests.
+    let sentence_grammar = grammar(
+        r#"root ::= [A-Z] [a-z]+ " " (word " "){2,8} ("on" | "at") " " [0-9]{1,2} ":" [0-9]{2} "."
+word ::= [a-z]+"#,
+    );
+    let arithmetic = grammar(
+        r#"root ::= expr
+expr ::= term (("+" | "-") term)*
+term ::= factor (("*" | "/") factor)*
+factor ::= [0-9]+ | "(" expr ")""#,
+    );
+    let sum = b"(12+3)*(4-5)/((67+8)*9)-10";
     for (name, format, text) in [
         ("json_schema", schema, &forecast[..]),
         ("regex (a sentence: words of [a-z]+)", regex, &sentence[..]),
         ("regex (a phone number)", phone, &number[..]),
         ("regex (words: ([A-Za-z,]+ ){3,12})", prose, &words[..]),
+        ("grammar (the sentence regex's texts)", sentence_grammar, &sentence[..]),
+        ("grammar (arithmetic)", arithmetic, &sum[..]),
     ] {
         let spelled = spell(tokens, text);
         let mut masks = JsonMasks::new(Arc::clone(vocab));
@@ -220,6 +234,11 @@ fn constrained_outputs(tokens: &[Option<Vec<u8>>], vocab: &Arc<JsonVocabulary>) 
             spelled.len()
         );
     }
+}
+
+/// A grammar output.
+fn grammar(text: &str) -> ResponseFormat {
+    ResponseFormat::Grammar(Arc::new(Grammar::new(text).expect("a grammar")))
 }
 
 /// `text` as the greedy longest-token spelling in `tokens`.

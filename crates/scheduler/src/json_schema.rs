@@ -5,7 +5,7 @@
 //! is a stack of [`Frame`]s, and where the schema leaves a choice open (`anyOf`, an `enum`'s
 //! literals sharing a first byte, the optional properties a key may name) each alternative is a
 //! configuration of its own until the bytes rule it out. Sets are interned as the states of a
-//! lazily built DFA ([`SchemaDfa`]): a state's successor on each byte is computed once and kept
+//! lazily built DFA ([`LazyDfa`]): a state's successor on each byte is computed once and kept
 //! in a 256-entry row, so the vocabulary walk that makes a state's mask costs one table read per
 //! trie edge, and the masks themselves are memoised by state.
 //!
@@ -13,7 +13,10 @@
 //! not list are not written (an object without listed properties is a map of any keys).
 //! Whitespace may stand between JSON's tokens as in `json_object` (none with `compact`).
 
-use crate::json_lex::{Num, StrPos, StrStep, is_whitespace};
+use crate::{
+    json_lex::{Num, StrPos, StrStep, is_whitespace},
+    lazy_dfa::{DfaPos, LazyDfa, Nfa},
+};
 use decimal::{Bounds, DecPos};
 use range::{IntPos, Range};
 use routed_types::{JsonSchema, RegexState, SchemaNode, SchemaNodeId as Node};
@@ -79,33 +82,60 @@ type Config = Vec<Frame>;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Configs(Vec<Config>);
 
+/// The DFA over a schema's reader.
+pub(crate) type SchemaDfa = LazyDfa<Reader>;
+
+/// Where a schema's reader is.
+pub(crate) type SchemaPos = DfaPos<Configs>;
+
+/// A DFA over `schema`'s reader (`compact`: no whitespace outside strings); `generation` tells
+/// its state ids from another DFA's.
+pub(crate) fn schema_dfa(schema: Arc<JsonSchema>, compact: bool, generation: u64) -> SchemaDfa {
+    LazyDfa::new(Reader { schema, compact }, generation)
+}
+
 /// The NFA over one schema: what a byte does to a configuration.
 #[derive(Debug)]
-struct Reader {
+pub(crate) struct Reader {
     schema: Arc<JsonSchema>,
     compact: bool,
 }
 
-impl Reader {
-    /// Nothing read yet.
+impl Nfa for Reader {
+    type Configs = Configs;
+
     fn start(&self) -> Configs {
         Configs(vec![vec![Frame::Value(JsonSchema::ROOT)]])
     }
 
-    /// The configurations after `b`, from each of `from`'s.
-    fn step(&self, from: &Configs, b: u8) -> Configs {
+    fn step(&self, from: &Configs, b: u8) -> Option<Configs> {
         let mut out = Vec::new();
         for config in &from.0 {
             self.feed(config.clone(), b, 0, &mut out);
         }
         out.sort_unstable();
         out.dedup();
-        Configs(out)
+        (!out.is_empty()).then_some(Configs(out))
+    }
+
+    fn is_complete(&self, configs: &Configs) -> bool {
+        configs.0.iter().any(|c| self.is_whole(c))
+    }
+
+    fn is_in_string(&self, configs: &Configs) -> bool {
+        configs.0.iter().all(|c| c.last() == Some(&Frame::Str(StrPos::Chars)))
+    }
+}
+
+impl Reader {
+    /// The schema and whether it is compact.
+    pub(crate) fn key(&self) -> (&Arc<JsonSchema>, bool) {
+        (&self.schema, self.compact)
     }
 
     /// Whether `config` has read a whole value: nothing left, or a number at the top level
     /// that may end here.
-    fn is_complete(&self, config: &[Frame]) -> bool {
+    fn is_whole(&self, config: &[Frame]) -> bool {
         match config {
             [] => true,
             [Frame::Num { pos, .. }] => pos.may_end(),
@@ -545,9 +575,7 @@ fn count_char(len: u16, min_length: u32, max_length: Option<u32>) -> u16 {
 }
 
 mod decimal;
-mod dfa;
 mod range;
 
-pub(crate) use dfa::{SchemaDfa, SchemaPos};
 #[cfg(test)]
 mod tests;

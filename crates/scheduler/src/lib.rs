@@ -14,9 +14,11 @@
 //! [`Scheduler::release`] then frees their blocks, so rows are never read from freed blocks.
 
 mod exchange;
+mod grammar;
 mod json_lex;
 pub mod json_mode;
 mod json_schema;
+mod lazy_dfa;
 mod policy;
 mod seq;
 mod stop;

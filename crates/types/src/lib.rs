@@ -1,10 +1,11 @@
 //! Vocabulary shared by every `routed` crate.
 //!
 //! This crate holds only plain data: newtype ids, sampling parameters (and the ranges they must
-//! lie in, with the output constraints: JSON schemas, and regular expressions compiled where
-//! they are given) and the routing-row layout. It does no I/O and knows nothing of tensors, threads or
+//! lie in, with the output constraints: JSON schemas, and regular expressions and grammars compiled
+//! where they are given) and the routing-row layout. It does no I/O and knows nothing of tensors, threads or
 //! HTTP, so every other crate can depend on it without pulling anything else in.
 
+mod grammar;
 mod history;
 mod ids;
 mod json_schema;
@@ -14,6 +15,7 @@ mod routing;
 mod sampling;
 mod step;
 
+pub use grammar::{Grammar, GrammarElement, GrammarError};
 pub use history::{TokenCount, TokenCounts};
 pub use ids::{
     BlockGeneration, BlockHash, BlockId, BlockRef, RequestId, SeqId, SnapshotSlotId, TokenId,

@@ -2,7 +2,7 @@
 
 use std::{cmp::Ordering, sync::Arc};
 
-use crate::{JsonSchema, Regex, TokenId};
+use crate::{Grammar, JsonSchema, Regex, TokenId};
 
 /// Most top alternatives per token a request may ask for, for sampled tokens (`logprobs`) and
 /// prompt tokens (`prompt_logprobs`) alike: OpenAI's and vLLM's limit.
@@ -128,6 +128,9 @@ pub enum ResponseFormat {
     /// Text that `regex` matches whole (vLLM's and SGLang's `regex`), each token chosen among
     /// those that keep the output a prefix of such a text, EOS only once it is one.
     Regex(Arc<Regex>),
+    /// A text of `grammar`'s `root` rule (vLLM's `guided_grammar`, SGLang's `ebnf`), each token
+    /// chosen among those that keep the output a prefix of such a text, EOS only once it is one.
+    Grammar(Arc<Grammar>),
 }
 
 impl Default for SamplingParams {

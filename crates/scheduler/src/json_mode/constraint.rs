@@ -1,11 +1,16 @@
 //! A constrained sequence's reader ([`JsonConstraint`]) and the masks it takes, memoised by
 //! state for the scheduler's thread ([`JsonMasks`]): a `json_object` reader's from the vocabulary
-//! walk, a schema reader's from its schema's DFA, a regex reader's from the regex's DFA.
+//! walk, a schema's or a grammar's reader's from its lazy DFA, a regex reader's from the regex's
+//! DFA.
 
 use super::{ClassTrie, JsonState, JsonVocabulary, MASK_CACHE_CAPACITY};
-use crate::json_schema::{SchemaDfa, SchemaPos};
+use crate::{
+    grammar::{GrammarDfa, GrammarPos, grammar_dfa},
+    json_schema::{SchemaDfa, SchemaPos, schema_dfa},
+    lazy_dfa::{DfaPos, LazyDfa, Nfa},
+};
 use routed_types::{
-    JsonSchema, Regex, RegexState, ResponseFormat, ThinkingTags, TokenId, TokenMask,
+    Grammar, JsonSchema, Regex, RegexState, ResponseFormat, ThinkingTags, TokenId, TokenMask,
 };
 use std::{
     collections::{HashMap, VecDeque},
@@ -101,6 +106,7 @@ pub struct JsonMasks {
     masks: MaskMemo<JsonState>,
     /// A reader whose DFA was dropped gets a new one.
     schemas: Recent<SchemaDfa>,
+    grammars: Recent<GrammarDfa>,
     regexes: Recent<RegexMasks>,
     /// The next new DFA's generation.
     num_dfas_made: u64,
@@ -113,6 +119,7 @@ impl JsonMasks {
             vocabulary,
             masks: MaskMemo::new(),
             schemas: Recent(Vec::new()),
+            grammars: Recent(Vec::new()),
             regexes: Recent(Vec::new()),
             num_dfas_made: 0,
         }
@@ -141,16 +148,37 @@ impl JsonMasks {
     ) -> (&JsonVocabulary, &mut SchemaDfa) {
         type Same = fn(&Arc<JsonSchema>, &Arc<JsonSchema>) -> bool;
         let wanted: &Arc<JsonSchema> = schema;
-        let kept =
-            |same: Same| move |d: &SchemaDfa| d.key().1 == compact && same(d.key().0, wanted);
+        let kept = |same: Same| {
+            move |d: &SchemaDfa| d.nfa().key().1 == compact && same(d.nfa().key().0, wanted)
+        };
         let (generation, mut made) = (self.num_dfas_made, false);
         let dfa = self.schemas.get_or_make(kept(Arc::ptr_eq), kept(|a, b| a == b), || {
             made = true;
-            SchemaDfa::new(Arc::clone(wanted), compact, generation)
+            schema_dfa(Arc::clone(wanted), compact, generation)
         });
         self.num_dfas_made += u64::from(made);
-        if !Arc::ptr_eq(dfa.key().0, schema) {
-            *schema = Arc::clone(dfa.key().0);
+        if !Arc::ptr_eq(dfa.nfa().key().0, schema) {
+            *schema = Arc::clone(dfa.nfa().key().0);
+        }
+        (&self.vocabulary, dfa)
+    }
+
+    /// The vocabulary and the DFA of `grammar`, made if none is kept (an equal grammar's
+    /// shared, `grammar` then pointed at the kept one, as [`Self::dfa`] does).
+    fn grammar(&mut self, grammar: &mut Arc<Grammar>) -> (&JsonVocabulary, &mut GrammarDfa) {
+        let (generation, mut made) = (self.num_dfas_made, false);
+        let wanted: &Arc<Grammar> = grammar;
+        let dfa = self.grammars.get_or_make(
+            |d| Arc::ptr_eq(d.nfa().grammar(), wanted),
+            |d| d.nfa().grammar() == wanted,
+            || {
+                made = true;
+                grammar_dfa(Arc::clone(wanted), generation)
+            },
+        );
+        self.num_dfas_made += u64::from(made);
+        if !Arc::ptr_eq(dfa.nfa().grammar(), grammar) {
+            *grammar = Arc::clone(dfa.nfa().grammar());
         }
         (&self.vocabulary, dfa)
     }
@@ -191,7 +219,11 @@ impl JsonMasks {
     }
 
     /// The tokens that may follow `state` of `dfa`.
-    fn schema_mask(vocabulary: &JsonVocabulary, dfa: &mut SchemaDfa, state: u32) -> Arc<TokenMask> {
+    fn dfa_mask<N: Nfa>(
+        vocabulary: &JsonVocabulary,
+        dfa: &mut LazyDfa<N>,
+        state: u32,
+    ) -> Arc<TokenMask> {
         dfa.mask_of(state, |dfa| {
             let (in_string, complete) = (dfa.is_in_string(state), dfa.is_complete(state));
             let mut feed = |s: &mut u32, b| dfa.step(*s, b).map(|next| *s = next).is_some();
@@ -209,6 +241,8 @@ enum Reader {
     Schema { schema: Arc<JsonSchema>, compact: bool, pos: SchemaPos },
     /// Text `regex` matches whole.
     Regex { regex: Arc<Regex>, state: RegexState },
+    /// A text of `grammar`'s root rule.
+    Grammar { grammar: Arc<Grammar>, pos: GrammarPos },
 }
 
 /// A constrained sequence's reader and the tokens it allows next.
@@ -251,6 +285,11 @@ impl JsonConstraint {
             }
             ResponseFormat::Regex(regex) => {
                 Reader::Regex { regex: Arc::clone(regex), state: regex.start() }
+            }
+            ResponseFormat::Grammar(grammar) => {
+                let mut grammar = Arc::clone(grammar);
+                let pos = masks.grammar(&mut grammar).1.start();
+                Reader::Grammar { grammar, pos }
             }
         };
         let waits_for = thinking.filter(|tags| !tags.ended_in(prompt)).map(|tags| tags.end);
@@ -302,16 +341,19 @@ impl JsonConstraint {
             },
             Reader::Schema { mut schema, compact, pos } => {
                 let (vocabulary, dfa) = masks.dfa(&mut schema, compact);
-                let from = dfa.state(&pos);
-                // Only a whole value ends.
-                let state = vocabulary.read_token(from, token, |s, b| match b {
-                    Some(b) => dfa.step(s, b),
-                    None => dfa.is_complete(s).then_some(s),
-                });
-                let Some(state) = state else { return (None, anything(masks)) };
-                let pos = dfa.pos(state);
-                let allowed = JsonMasks::schema_mask(vocabulary, dfa, state);
-                (Some(Reader::Schema { schema, compact, pos }), allowed)
+                match Self::read_dfa(vocabulary, dfa, &pos, token) {
+                    Some((pos, allowed)) => {
+                        (Some(Reader::Schema { schema, compact, pos }), allowed)
+                    }
+                    None => (None, anything(masks)),
+                }
+            }
+            Reader::Grammar { mut grammar, pos } => {
+                let (vocabulary, dfa) = masks.grammar(&mut grammar);
+                match Self::read_dfa(vocabulary, dfa, &pos, token) {
+                    Some((pos, allowed)) => (Some(Reader::Grammar { grammar, pos }), allowed),
+                    None => (None, anything(masks)),
+                }
             }
             Reader::Regex { mut regex, state } => {
                 let (vocabulary, kept) = masks.regex(&mut regex);
@@ -328,16 +370,45 @@ impl JsonConstraint {
         }
     }
 
-    /// The tokens `reader` allows next (a schema reader's position is renewed if its DFA
-    /// started again).
+    /// `pos` of `dfa` after `token`, with what it allows next (one DFA lookup for both); `None`
+    /// when the token cannot follow. Only a whole text ends.
+    fn read_dfa<N: Nfa>(
+        vocabulary: &JsonVocabulary,
+        dfa: &mut LazyDfa<N>,
+        pos: &DfaPos<N::Configs>,
+        token: TokenId,
+    ) -> Option<(DfaPos<N::Configs>, Arc<TokenMask>)> {
+        let from = dfa.state(pos);
+        let state = vocabulary.read_token(from, token, |s, b| match b {
+            Some(b) => dfa.step(s, b),
+            None => dfa.is_complete(s).then_some(s),
+        })?;
+        Some((dfa.pos(state), JsonMasks::dfa_mask(vocabulary, dfa, state)))
+    }
+
+    /// The tokens `dfa` allows at `pos` (renewed if the DFA started again).
+    fn renewed_mask<N: Nfa>(
+        vocabulary: &JsonVocabulary,
+        dfa: &mut LazyDfa<N>,
+        pos: &mut DfaPos<N::Configs>,
+    ) -> Arc<TokenMask> {
+        let state = dfa.state(pos);
+        *pos = dfa.pos(state);
+        JsonMasks::dfa_mask(vocabulary, dfa, state)
+    }
+
+    /// The tokens `reader` allows next (a schema's or a grammar's reader's position is renewed
+    /// if its DFA started again).
     fn mask(reader: &mut Reader, masks: &mut JsonMasks) -> Arc<TokenMask> {
         match reader {
             Reader::Object(state) => masks.mask(*state),
             Reader::Schema { schema, compact, pos } => {
                 let (vocabulary, dfa) = masks.dfa(schema, *compact);
-                let state = dfa.state(pos);
-                *pos = dfa.pos(state);
-                JsonMasks::schema_mask(vocabulary, dfa, state)
+                Self::renewed_mask(vocabulary, dfa, pos)
+            }
+            Reader::Grammar { grammar, pos } => {
+                let (vocabulary, dfa) = masks.grammar(grammar);
+                Self::renewed_mask(vocabulary, dfa, pos)
             }
             Reader::Regex { regex, state } => {
                 let (vocabulary, kept) = masks.regex(regex);

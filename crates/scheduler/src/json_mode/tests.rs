@@ -341,8 +341,19 @@ fn generate_regex(
     masks: &mut JsonMasks,
     seed: u64,
 ) -> Option<String> {
-    let format = ResponseFormat::Regex(Arc::clone(regex));
-    let mut constraint = JsonConstraint::start(masks, &format, &[], None).unwrap();
+    generate_like(&ResponseFormat::Regex(Arc::clone(regex)), regex, vocab, masks, seed)
+}
+
+/// A seeded walk under `format`, each mask checked against the tokens that `regex` (which
+/// reads the same texts) reads whole, EOS where it matches; the text, if EOS ended it.
+pub(crate) fn generate_like(
+    format: &ResponseFormat,
+    regex: &Regex,
+    vocab: &JsonVocabulary,
+    masks: &mut JsonMasks,
+    seed: u64,
+) -> Option<String> {
+    let mut constraint = JsonConstraint::start(masks, format, &[], None).unwrap();
     let (mut rng, mut text, mut state) = (SplitMix64(seed), Vec::new(), regex.start());
     while text.len() < 64 {
         let mask = constraint.allowed().expect("no thinking to wait for");
@@ -363,7 +374,7 @@ fn generate_regex(
         assert_eq!(
             **mask,
             want,
-            "{regex:?} seed {seed} after {:?}",
+            "{format:?} seed {seed} after {:?}",
             String::from_utf8_lossy(&text)
         );
         let token = draw(&mut rng, mask, vocab.num_tokens());

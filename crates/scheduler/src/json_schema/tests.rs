@@ -120,7 +120,7 @@ fn any() -> JsonSchema {
 
 /// Reads `text`: `None` when a byte cannot follow, else whether the value is whole.
 fn read(schema: &JsonSchema, compact: bool, text: &[u8]) -> Option<bool> {
-    let mut dfa = SchemaDfa::new(Arc::new(schema.clone()), compact, 0);
+    let mut dfa = schema_dfa(Arc::new(schema.clone()), compact, 0);
     let pos = dfa.start();
     let mut state = dfa.state(&pos);
     for &b in text {
@@ -343,7 +343,7 @@ fn generate(
 ) -> (String, bool) {
     let format = ResponseFormat::JsonSchema { schema: Arc::new(schema.clone()), compact: false };
     let mut constraint = JsonConstraint::start(masks, &format, &[], None).unwrap();
-    let mut check = SchemaDfa::new(Arc::new(schema.clone()), false, 0);
+    let mut check = schema_dfa(Arc::new(schema.clone()), false, 0);
     let pos = check.start();
     let mut state = check.state(&pos);
     let mut rng = SplitMix64(seed);
@@ -473,7 +473,7 @@ fn requests_with_equal_schemas_share_a_dfa_and_its_masks() {
 fn a_dfa_that_starts_again_keeps_every_position_where_it_was() {
     let schema = Arc::new(tree());
     let text = br#"{"value": 1, "children": [{"value": 2}, {"value": 3}]}"#;
-    let mut small = SchemaDfa::new(Arc::clone(&schema), false, 0).with_max_states(8);
+    let mut small = schema_dfa(Arc::clone(&schema), false, 0).with_max_states(8);
     let mut pos = small.start();
     let mut generations = std::collections::HashSet::new();
     for &b in text {

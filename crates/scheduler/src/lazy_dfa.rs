@@ -1,10 +1,10 @@
-//! The DFA over a schema's reader: sets of configurations interned as states as the output and
-//! the mask walks reach them, each with a row of successors by byte and a memoised mask.
+//! A DFA over a reader run as sets of configurations (a schema's or a grammar's pushdown
+//! automaton), built lazily: sets are interned as states as the output and the mask walks reach
+//! them, each with a row of successors by byte and a memoised mask.
 
-use super::{Configs, Frame, Reader};
-use crate::{json_lex::StrPos, json_mode::MaskMemo};
-use routed_types::{JsonSchema, TokenMask};
-use std::{collections::HashMap, sync::Arc};
+use crate::json_mode::MaskMemo;
+use routed_types::TokenMask;
+use std::{collections::HashMap, fmt::Debug, hash::Hash, sync::Arc};
 
 /// DFA states kept before the DFA starts again from nothing: a row is 1 KiB, so a DFA holds at
 /// most 4 MiB of rows (a schema's values typically visit a few hundred states).
@@ -16,16 +16,35 @@ const UNKNOWN: u32 = u32::MAX;
 /// A transition to no configuration: the byte cannot follow.
 const DEAD: u32 = u32::MAX - 1;
 
-/// The DFA over one schema's reader, built as it is walked, with its states' masks.
+/// A reader run as sets of configurations: what a byte does to a set.
+pub(crate) trait Nfa {
+    /// A set of configurations (sorted, without repeats, so that equal sets are equal values).
+    type Configs: Clone + Debug + Eq + Hash;
+
+    /// Nothing read yet.
+    fn start(&self) -> Self::Configs;
+
+    /// The configurations after `b`; `None` when there are none (the byte cannot follow).
+    fn step(&self, from: &Self::Configs, b: u8) -> Option<Self::Configs>;
+
+    /// Whether one of `configs` has read a whole text (EOS may follow).
+    fn is_complete(&self, configs: &Self::Configs) -> bool;
+
+    /// Whether every one of `configs` is between a JSON string's characters, where every token
+    /// that fits any string may come.
+    fn is_in_string(&self, configs: &Self::Configs) -> bool;
+}
+
+/// The DFA over one reader, built as it is walked, with its states' masks.
 #[derive(Debug)]
-pub(crate) struct SchemaDfa {
-    reader: Reader,
+pub(crate) struct LazyDfa<N: Nfa> {
+    nfa: N,
     /// The configurations of each state.
-    states: Vec<Arc<Configs>>,
-    ids: HashMap<Arc<Configs>, u32>,
+    states: Vec<Arc<N::Configs>>,
+    ids: HashMap<Arc<N::Configs>, u32>,
     /// Each state's successor per byte ([`UNKNOWN`] until computed, [`DEAD`] for none).
     next: Vec<[u32; 256]>,
-    /// Whether a state has read a whole value (EOS may follow).
+    /// Whether a state has read a whole text (EOS may follow).
     complete: Vec<bool>,
     /// Whether every configuration of a state is between a string's characters.
     in_string: Vec<bool>,
@@ -37,27 +56,33 @@ pub(crate) struct SchemaDfa {
 }
 
 /// Where a reader is: its configurations, with their state in the DFA of `generation`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct SchemaPos {
-    configs: Arc<Configs>,
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct DfaPos<C> {
+    configs: Arc<C>,
     state: u32,
     generation: u64,
 }
 
+// By hand: a derive would ask `C: Clone`, and the configurations are shared, not copied.
+impl<C> Clone for DfaPos<C> {
+    fn clone(&self) -> Self {
+        Self { configs: Arc::clone(&self.configs), state: self.state, generation: self.generation }
+    }
+}
+
 #[cfg(test)]
-impl SchemaPos {
+impl<C> DfaPos<C> {
     /// The DFA generation its state belongs to.
-    pub(super) fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.generation
     }
 }
 
-impl SchemaDfa {
-    /// A DFA over `schema`'s reader (`compact`: no whitespace outside strings); `generation`
-    /// tells its state ids from another DFA's.
-    pub(crate) fn new(schema: Arc<JsonSchema>, compact: bool, generation: u64) -> Self {
+impl<N: Nfa> LazyDfa<N> {
+    /// A DFA over `nfa`; `generation` tells its state ids from another DFA's.
+    pub(crate) fn new(nfa: N, generation: u64) -> Self {
         Self {
-            reader: Reader { schema, compact },
+            nfa,
             states: Vec::new(),
             ids: HashMap::new(),
             next: Vec::new(),
@@ -71,26 +96,26 @@ impl SchemaDfa {
 
     /// A DFA that starts again after `max_states` states (to test a restart).
     #[cfg(test)]
-    pub(super) fn with_max_states(mut self, max_states: usize) -> Self {
+    pub(crate) fn with_max_states(mut self, max_states: usize) -> Self {
         self.max_states = max_states;
         self
     }
 
-    /// The schema and whether it is compact.
-    pub(crate) fn key(&self) -> (&Arc<JsonSchema>, bool) {
-        (&self.reader.schema, self.reader.compact)
+    /// The reader.
+    pub(crate) fn nfa(&self) -> &N {
+        &self.nfa
     }
 
     /// Nothing read yet.
-    pub(crate) fn start(&mut self) -> SchemaPos {
+    pub(crate) fn start(&mut self) -> DfaPos<N::Configs> {
         self.make_room();
-        let state = self.intern(self.reader.start());
+        let state = self.intern(self.nfa.start());
         self.pos(state)
     }
 
     /// The state of `pos` in this DFA (interned again if it was made in another generation).
     /// Call before walking: between this and the next call, the DFA does not start again.
-    pub(crate) fn state(&mut self, pos: &SchemaPos) -> u32 {
+    pub(crate) fn state(&mut self, pos: &DfaPos<N::Configs>) -> u32 {
         self.make_room();
         if pos.generation == self.generation {
             return pos.state;
@@ -99,9 +124,9 @@ impl SchemaDfa {
     }
 
     /// The position of `state`.
-    pub(crate) fn pos(&self, state: u32) -> SchemaPos {
+    pub(crate) fn pos(&self, state: u32) -> DfaPos<N::Configs> {
         let configs = Arc::clone(&self.states[state as usize]);
-        SchemaPos { configs, state, generation: self.generation }
+        DfaPos { configs, state, generation: self.generation }
     }
 
     /// The state after `b`, or `None` when `b` cannot follow.
@@ -109,8 +134,10 @@ impl SchemaDfa {
         let known = self.next[state as usize][b as usize];
         let next = match known {
             UNKNOWN => {
-                let configs = self.reader.step(&self.states[state as usize], b);
-                let next = if configs.0.is_empty() { DEAD } else { self.intern(configs) };
+                let next = match self.nfa.step(&self.states[state as usize], b) {
+                    Some(configs) => self.intern(configs),
+                    None => DEAD,
+                };
                 self.next[state as usize][b as usize] = next;
                 next
             }
@@ -119,7 +146,7 @@ impl SchemaDfa {
         (next != DEAD).then_some(next)
     }
 
-    /// Whether `state` has read a whole value.
+    /// Whether `state` has read a whole text.
     pub(crate) fn is_complete(&self, state: u32) -> bool {
         self.complete[state as usize]
     }
@@ -145,28 +172,26 @@ impl SchemaDfa {
 
     /// States so far.
     #[cfg(test)]
-    pub(super) fn num_states(&self) -> usize {
+    pub(crate) fn num_states(&self) -> usize {
         self.states.len()
     }
 
-    fn intern(&mut self, configs: Configs) -> u32 {
+    fn intern(&mut self, configs: N::Configs) -> u32 {
         if let Some(&id) = self.ids.get(&configs) {
             return id;
         }
         let id = self.states.len() as u32;
-        let complete = configs.0.iter().any(|c| self.reader.is_complete(c));
-        let in_string = configs.0.iter().all(|c| c.last() == Some(&Frame::Str(StrPos::Chars)));
+        self.complete.push(self.nfa.is_complete(&configs));
+        self.in_string.push(self.nfa.is_in_string(&configs));
         let configs = Arc::new(configs);
         self.states.push(Arc::clone(&configs));
         self.ids.insert(configs, id);
         self.next.push([UNKNOWN; 256]);
-        self.complete.push(complete);
-        self.in_string.push(in_string);
         id
     }
 
-    /// Starts again from nothing once the states fill their budget (a schema whose values
-    /// nest or count without bound): positions re-intern their configurations.
+    /// Starts again from nothing once the states fill their budget (a reader whose texts nest
+    /// or count without bound): positions re-intern their configurations.
     fn make_room(&mut self) {
         if self.states.len() < self.max_states {
             return;
