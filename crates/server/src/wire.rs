@@ -167,7 +167,7 @@ pub(crate) struct SglSamplingParams {
     pub repetition_penalty: Option<f32>,
     pub min_p: Option<f32>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
-    /// SGLang's output constraints: `json_schema` and `regex` are served, `ebnf` and
+    /// SGLang's output constraints: `json_schema`, `regex` and `ebnf` are served,
     /// `structural_tag` refused (never ignored).
     pub json_schema: Option<Value>,
     pub regex: Option<Value>,

@@ -136,13 +136,6 @@ fn patterns_the_engine_cannot_follow_are_refused_by_name() {
             "invalid_value",
             "give one of them",
         ),
-        (
-            "guided_grammar",
-            json!("root ::= \"a\""),
-            "guided_grammar",
-            "unsupported_parameter",
-            "regex",
-        ),
     ] {
         let mut body = json!({"prompt": "hi", "max_tokens": 2});
         body[field] = value;
@@ -161,7 +154,6 @@ fn patterns_the_engine_cannot_follow_are_refused_by_name() {
     for (sampling, param) in [
         (json!({"regex": "(a"}), "sampling_params.regex"),
         (json!({"regex": "a", "json_schema": "{}"}), "sampling_params.regex"),
-        (json!({"ebnf": "root ::= \"a\""}), "sampling_params.ebnf"),
     ] {
         let mut sampling = sampling;
         sampling["max_new_tokens"] = json!(2);

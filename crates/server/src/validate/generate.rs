@@ -6,6 +6,7 @@ use std::sync::Arc;
 use routed_types::{ResponseFormat, SamplingParams, TokenId, check_num_logprobs};
 use serde_json::Value;
 
+use super::grammar::grammar_of;
 use super::prompt::PromptInput;
 use super::regex::regex_of;
 use super::sampling::{SamplingFields, sampling, schema_of};
@@ -239,34 +240,38 @@ fn entry_sampling(
     logprobs: Option<u32>,
     prompt_logprobs: Option<u32>,
 ) -> Result<SamplingParams, ApiError> {
-    let constraints = [("ebnf", &sp.ebnf), ("structural_tag", &sp.structural_tag)];
-    if let Some((name, _)) =
-        constraints.iter().find(|(_, v)| v.as_ref().is_some_and(|v| !v.is_null()))
-    {
+    if sp.structural_tag.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(ApiError::unsupported(
-            &format!("sampling_params.{name}"),
+            "sampling_params.structural_tag",
+            "sampling_params.structural_tag is not supported; sampling_params.json_schema, \
+             regex and ebnf are",
+        ));
+    }
+    let constraints = [("json_schema", &sp.json_schema), ("regex", &sp.regex), ("ebnf", &sp.ebnf)];
+    let mut asked = constraints
+        .into_iter()
+        .filter_map(|(name, v)| Some((name, v.as_ref().filter(|v| !v.is_null())?)));
+    let first = asked.next();
+    if let Some((second, _)) = asked.next() {
+        let (first, _) = first.expect("a first before a second");
+        return Err(ApiError::invalid(
+            &format!("sampling_params.{second}"),
             format!(
-                "sampling_params.{name} is not supported; sampling_params.json_schema and \
-                 regex are"
+                "sampling_params.{first} and sampling_params.{second} both constrain the output: \
+                 give one of them"
             ),
         ));
     }
-    let schema = sp.json_schema.as_ref().filter(|v| !v.is_null());
-    let regex = sp.regex.as_ref().filter(|v| !v.is_null());
-    let response_format = match (schema, regex) {
-        (Some(schema), None) => {
+    let response_format = match first {
+        None => ResponseFormat::Text,
+        Some(("json_schema", schema)) => {
             let schema = Arc::new(schema_of(schema, "sampling_params.json_schema")?);
             ResponseFormat::JsonSchema { schema, compact: false }
         }
-        (None, Some(pattern)) => ResponseFormat::Regex(regex_of(pattern, "sampling_params.regex")?),
-        (None, None) => ResponseFormat::Text,
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                "sampling_params.regex",
-                "sampling_params.json_schema and sampling_params.regex both constrain the \
-                 output: give one of them",
-            ));
+        Some(("regex", pattern)) => {
+            ResponseFormat::Regex(regex_of(pattern, "sampling_params.regex")?)
         }
+        Some((_, text)) => ResponseFormat::Grammar(grammar_of(text, "sampling_params.ebnf")?),
     };
     let fields = SamplingFields {
         temperature: sp.temperature,

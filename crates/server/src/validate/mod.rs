@@ -11,6 +11,7 @@
 
 mod chat;
 mod generate;
+mod grammar;
 mod json_schema;
 mod prompt;
 mod regex;

@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 
-use routed_types::{JsonSchema, Regex, ResponseFormat, SamplingParams, TokenId};
+use routed_types::{Grammar, JsonSchema, Regex, ResponseFormat, SamplingParams, TokenId};
 use serde_json::{Map, Value};
 
+use super::grammar::grammar_of;
 use super::json_schema::reduce;
 use super::regex::regex_of;
 use crate::error::ApiError;
@@ -85,13 +86,16 @@ pub(crate) fn sampling(
     })
 }
 
-/// vLLM's older structured-output fields that are not served: refused rather than ignored, so
+/// vLLM's older structured-output field that is not served: refused rather than ignored, so
 /// that a client never takes an unconstrained answer for a constrained one.
 /// (`guided_decoding_backend` only names an implementation, and is accepted.)
-const GUIDED_REFUSED: [&str; 2] = ["guided_grammar", "guided_whitespace_pattern"];
+const GUIDED_REFUSED: [&str; 1] = ["guided_whitespace_pattern"];
 
 /// Constraints of vLLM's `structured_outputs` that are not served, refused by name.
-const STRUCTURED_OUTPUTS_REFUSED: [&str; 3] = ["grammar", "structural_tag", "whitespace_pattern"];
+const STRUCTURED_OUTPUTS_REFUSED: [&str; 2] = ["structural_tag", "whitespace_pattern"];
+
+/// The constraints of vLLM's `structured_outputs`, of which a request gives one.
+const STRUCTURED_OUTPUTS: [&str; 5] = ["json", "json_object", "choice", "regex", "grammar"];
 
 /// What one of a request's fields asks the output to be.
 enum Constraint {
@@ -103,13 +107,15 @@ enum Constraint {
     Choice(Vec<String>),
     /// A text the regex matches whole.
     Regex(Arc<Regex>),
+    /// A text of the grammar's root rule.
+    Grammar(Arc<Grammar>),
 }
 
 /// The output format a request asks for, by one of: OpenAI's `response_format` (on both OpenAI
 /// routes, as vLLM takes it: `text`, `json_object`, or `json_schema` with its `schema`), vLLM's
 /// `structured_outputs` (`json_object: true`, `json` with a schema, `choice` with a list of
-/// texts, or `regex`; compact with its `disable_any_whitespace`) or its older `guided_json`,
-/// `guided_choice` and `guided_regex`. A schema is reduced to what the reader
+/// texts, `regex`, or `grammar`; compact with its `disable_any_whitespace`) or its older
+/// `guided_json`, `guided_choice`, `guided_regex` and `guided_grammar`. A schema is reduced to what the reader
 /// follows ([`super::json_schema`]); vLLM's other ways to constrain the output are a 400 naming
 /// the field, and so are two constraints at once.
 pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> {
@@ -118,7 +124,7 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         return Err(ApiError::unsupported(
             field,
             format!(
-                "{field} is not supported; response_format json_object and json_schema, choice and regex are"
+                "{field} is not supported; response_format json_object and json_schema, choice, regex and grammar are"
             ),
         ));
     }
@@ -135,12 +141,17 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         Some(pattern) => Some(Constraint::Regex(regex_of(pattern, "guided_regex")?)),
         None => None,
     };
+    let guided_grammar = match body.get("guided_grammar").filter(|v| !v.is_null()) {
+        Some(text) => Some(Constraint::Grammar(grammar_of(text, "guided_grammar")?)),
+        None => None,
+    };
     let openai = openai_response_format(body)?;
     let mut asked = [
         ("structured_outputs", structured),
         ("guided_json", guided),
         ("guided_choice", guided_choice),
         ("guided_regex", guided_regex),
+        ("guided_grammar", guided_grammar),
         ("response_format", openai),
     ]
     .into_iter()
@@ -160,6 +171,7 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         }
         (Constraint::Choice(choices), _) => ResponseFormat::Choice(choices.into()),
         (Constraint::Regex(regex), _) => ResponseFormat::Regex(regex),
+        (Constraint::Grammar(grammar), _) => ResponseFormat::Grammar(grammar),
     })
 }
 
@@ -267,32 +279,33 @@ fn structured_outputs(body: &Value) -> Result<(Option<Constraint>, bool), ApiErr
         return Err(ApiError::unsupported(
             &param,
             format!(
-                "{param} is not supported; structured_outputs.json, json_object, choice and regex are"
+                "{param} is not supported; structured_outputs.json, json_object, choice, regex and grammar are"
             ),
         ));
     }
-    let json = fields.get("json").filter(|v| !v.is_null());
-    let choice = fields.get("choice").filter(|v| !v.is_null());
-    let regex = fields.get("regex").filter(|v| !v.is_null());
-    let constraint = match (json, set("json_object"), choice, regex) {
-        (None, false, None, None) => None,
-        (Some(schema), false, None, None) => {
-            Some(Constraint::Schema(schema_of(schema, "structured_outputs.json")?))
-        }
-        (None, true, None, None) => Some(Constraint::Object),
-        (None, false, Some(list), None) => {
-            Some(Constraint::Choice(choices(list, "structured_outputs.choice")?))
-        }
-        (None, false, None, Some(pattern)) => {
-            Some(Constraint::Regex(regex_of(pattern, "structured_outputs.regex")?))
-        }
-        _ => {
-            return Err(ApiError::invalid(
-                "structured_outputs",
-                "structured_outputs.json, json_object, choice and regex each constrain the \
-                 output: give one of them",
-            ));
-        }
+    // `json_object: false` asks for nothing; any other value given is a constraint to read.
+    let given = |key: &&str| match *key {
+        "json_object" => set(key),
+        _ => fields.get(*key).is_some_and(|v| !v.is_null()),
+    };
+    let mut given = STRUCTURED_OUTPUTS.into_iter().filter(given);
+    let key = given.next();
+    if given.next().is_some() {
+        return Err(ApiError::invalid(
+            "structured_outputs",
+            "structured_outputs.json, json_object, choice, regex and grammar each constrain the \
+             output: give one of them",
+        ));
+    }
+    let param = |key: &str| format!("structured_outputs.{key}");
+    let value = |key: &str| &fields[key];
+    let constraint = match key {
+        None => None,
+        Some(key @ "json") => Some(Constraint::Schema(schema_of(value(key), &param(key))?)),
+        Some("json_object") => Some(Constraint::Object),
+        Some(key @ "choice") => Some(Constraint::Choice(choices(value(key), &param(key))?)),
+        Some(key @ "regex") => Some(Constraint::Regex(regex_of(value(key), &param(key))?)),
+        Some(key) => Some(Constraint::Grammar(grammar_of(value(key), &param(key))?)),
     };
     Ok((constraint, set("disable_any_whitespace")))
 }
