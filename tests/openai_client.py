@@ -201,41 +201,40 @@ def main():
 
     assert all(isinstance(v, Verdict) for v in parsed(Verdict))
 
-    # A regex as vLLM's clients send it (extra_body), and a pydantic field's pattern: Python's
-    # own `re` checks every answer EOS ended.
-    pattern = r"(yes|no), [0-9]{1,3} (apples|pears)\."
-    num_matched = 0
-    for seed in range(6):
-        for extra_regex in [{"structured_outputs": {"regex": pattern}}, {"guided_regex": pattern}]:
-            answer = client.completions.create(
-                model=model, prompt="Apples?", max_tokens=24, temperature=1.0, seed=seed,
-                extra_body=extra_regex,
-            ).choices[0]
-            if answer.finish_reason == "stop":
-                assert re.fullmatch(pattern, answer.text), answer.text
-                num_matched += 1
-    assert num_matched > 0, "no answer ended on a match"
+    def stopped_answers(key, constraint, prompt):
+        """The answers EOS ended, over six seeds, with `constraint` sent as vLLM's clients send
+        it (extra_body): in `structured_outputs` under `key`, and as the older `guided_{key}`."""
+        stopped = []
+        for seed in range(6):
+            for extra in [{"structured_outputs": {key: constraint}}, {f"guided_{key}": constraint}]:
+                answer = client.completions.create(
+                    model=model, prompt=prompt, max_tokens=24, temperature=1.0, seed=seed,
+                    extra_body=extra,
+                ).choices[0]
+                if answer.finish_reason == "stop":
+                    stopped.append(answer.text)
+        return stopped
 
-    # A grammar as vLLM's clients send it (GBNF through extra_body): arithmetic that nests, so
-    # Python's own parser checks every answer EOS ended.
+    # A regex, and a pydantic field's pattern: Python's own `re` checks every answer EOS ended.
+    pattern = r"(yes|no), [0-9]{1,3} (apples|pears)\."
+    matched = stopped_answers("regex", pattern, "Apples?")
+    assert matched, "no answer ended on a match"
+    for text in matched:
+        assert re.fullmatch(pattern, text), text
+
+    # A grammar (GBNF): arithmetic that nests, so Python's own parser checks every answer EOS
+    # ended.
     grammar = (
         'root ::= expr\n'
         'expr ::= term (("+" | "-") term)*\n'
         'term ::= factor ("*" factor)*\n'
         'factor ::= [1-9] | "(" expr ")"\n'
     )
-    num_parsed = 0
-    for seed in range(6):
-        for extra_grammar in [{"structured_outputs": {"grammar": grammar}}, {"guided_grammar": grammar}]:
-            answer = client.completions.create(
-                model=model, prompt="1+1=", max_tokens=24, temperature=1.0, seed=seed,
-                extra_body=extra_grammar,
-            ).choices[0]
-            if answer.finish_reason == "stop":
-                assert re.fullmatch(r"[1-9+\-*()]+", answer.text), answer.text
-                compile(answer.text, "<answer>", "eval")
-                num_parsed += 1
-    assert num_parsed > 0, "no answer ended on a whole expression"
+    parsed_sums = stopped_answers("grammar", grammar, "1+1=")
+    assert parsed_sums, "no answer ended on a whole expression"
+    for text in parsed_sums:
+        assert re.fullmatch(r"[1-9+\-*()]+", text), text
+        compile(text, "<answer>", "eval")
 
     class Order(pydantic.BaseModel):
         answer: str = pydantic.Field(pattern=r"^(yes|no), [0-9]{1,3} (apples|pears)\.$")

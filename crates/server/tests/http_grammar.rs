@@ -7,7 +7,10 @@
 
 mod common;
 
-use common::{TestServer, answers, on_both_routes, streamed_content, test_config};
+use common::{
+    TestServer, answers, assert_completions_refused, count_whole_answers, streamed_content,
+    test_config,
+};
 use serde_json::json;
 
 const MODEL: &str = "tiny_hybrid_default";
@@ -75,28 +78,10 @@ fn the_hand_reader_tells_lists_from_prefixes_and_others() {
 #[test]
 fn answers_follow_the_grammar_however_it_is_asked_for() {
     let s = TestServer::start(test_config(MODEL));
-    let mut num_whole = 0;
-    for seed in 0..4 {
-        for field in ["guided_grammar", "structured_outputs"] {
-            let mut sampling = json!({"max_tokens": 24, "temperature": 1.0, "seed": seed, "n": 2});
-            sampling[field] = match field {
-                "guided_grammar" => json!(GRAMMAR),
-                _ => json!({"grammar": GRAMMAR}),
-            };
-            for (route, body) in on_both_routes(&sampling, "A list:", "A list, please") {
-                for (text, finish) in answers(&s.ok(route, &body)) {
-                    num_whole +=
-                        usize::from(check(&text, &finish, &format!("{route} {field} {seed}")));
-                }
-            }
-        }
-        let generate = json!({"text": "A list:", "sampling_params": {
-            "max_new_tokens": 24, "temperature": 1.0, "sampling_seed": seed, "ebnf": GRAMMAR}});
-        let out = s.ok("/generate", &generate);
-        let finish = out["meta_info"]["finish_reason"]["type"].as_str().unwrap();
-        num_whole +=
-            usize::from(check(out["text"].as_str().unwrap(), finish, &format!("/generate {seed}")));
-    }
+    let openai =
+        [("guided_grammar", json!(GRAMMAR)), ("structured_outputs", json!({"grammar": GRAMMAR}))];
+    let prompts = ("A list:", "A list, please");
+    let num_whole = count_whole_answers(&s, &openai, ("ebnf", json!(GRAMMAR)), prompts, check);
     assert!(num_whole > 0, "no answer ended on a whole list");
 }
 
@@ -115,7 +100,7 @@ fn an_answer_streamed_is_the_whole_ones() {
 #[test]
 fn grammars_the_engine_cannot_follow_are_refused_by_name() {
     let s = TestServer::start(test_config(MODEL));
-    for (field, value, param, code, says) in [
+    let cases = [
         (
             "guided_grammar",
             json!("root ::= item"),
@@ -145,17 +130,8 @@ fn grammars_the_engine_cannot_follow_are_refused_by_name() {
             "invalid_value",
             "give one of them",
         ),
-    ] {
-        let mut body = json!({"prompt": "hi", "max_tokens": 2});
-        body[field] = value;
-        let error = s.post("/v1/completions", &body).error(400, "invalid_request_error");
-        assert_eq!(
-            (error["param"].as_str(), error["code"].as_str()),
-            (Some(param), Some(code)),
-            "{field}: {error}"
-        );
-        assert!(error["message"].as_str().unwrap().contains(says), "{error}");
-    }
+    ];
+    assert_completions_refused(&s, &cases);
     let mut both = json!({"prompt": "hi", "max_tokens": 2, "guided_grammar": GRAMMAR});
     both["guided_regex"] = json!("a");
     let error = s.post("/v1/completions", &both).error(400, "invalid_request_error");

@@ -6,7 +6,10 @@
 
 mod common;
 
-use common::{TestServer, answers, on_both_routes, streamed_content, test_config};
+use common::{
+    TestServer, answers, assert_completions_refused, count_whole_answers, streamed_content,
+    test_config,
+};
 use serde_json::{Value, json};
 
 const MODEL: &str = "tiny_hybrid_default";
@@ -48,28 +51,10 @@ fn check(text: &str, finish: &str, what: &str) -> bool {
 #[test]
 fn answers_match_the_regex_however_it_is_asked_for() {
     let s = TestServer::start(test_config(MODEL));
-    let mut num_whole = 0;
-    for seed in 0..4 {
-        for field in ["structured_outputs", "guided_regex"] {
-            let mut sampling = json!({"max_tokens": 24, "temperature": 1.0, "seed": seed, "n": 2});
-            sampling[field] = match field {
-                "guided_regex" => json!(PATTERN),
-                _ => json!({"regex": PATTERN}),
-            };
-            for (route, body) in on_both_routes(&sampling, "Apples?", "Apples?") {
-                for (text, finish) in answers(&s.ok(route, &body)) {
-                    num_whole +=
-                        usize::from(check(&text, &finish, &format!("{route} {field} {seed}")));
-                }
-            }
-        }
-        let generate = json!({"text": "Apples?", "sampling_params": {
-            "max_new_tokens": 24, "temperature": 1.0, "sampling_seed": seed, "regex": PATTERN}});
-        let out = s.ok("/generate", &generate);
-        let finish = out["meta_info"]["finish_reason"]["type"].as_str().unwrap();
-        num_whole +=
-            usize::from(check(out["text"].as_str().unwrap(), finish, &format!("/generate {seed}")));
-    }
+    let openai =
+        [("structured_outputs", json!({"regex": PATTERN})), ("guided_regex", json!(PATTERN))];
+    let num_whole =
+        count_whole_answers(&s, &openai, ("regex", json!(PATTERN)), ("Apples?", "Apples?"), check);
     assert!(num_whole > 0, "no answer ended on a match");
 }
 
@@ -112,7 +97,7 @@ fn a_schema_strings_pattern_is_matched_whole() {
 #[test]
 fn patterns_the_engine_cannot_follow_are_refused_by_name() {
     let s = TestServer::start(test_config(MODEL));
-    for (field, value, param, code, says) in [
+    let cases = [
         ("guided_regex", json!("(yes"), "guided_regex", "invalid_value", "unclosed group"),
         ("guided_regex", json!(["a"]), "guided_regex", "invalid_type", "a string"),
         (
@@ -136,17 +121,8 @@ fn patterns_the_engine_cannot_follow_are_refused_by_name() {
             "invalid_value",
             "give one of them",
         ),
-    ] {
-        let mut body = json!({"prompt": "hi", "max_tokens": 2});
-        body[field] = value;
-        let error = s.post("/v1/completions", &body).error(400, "invalid_request_error");
-        assert_eq!(
-            (error["param"].as_str(), error["code"].as_str()),
-            (Some(param), Some(code)),
-            "{field}: {error}"
-        );
-        assert!(error["message"].as_str().unwrap().contains(says), "{error}");
-    }
+    ];
+    assert_completions_refused(&s, &cases);
     let mut both = json!({"prompt": "hi", "max_tokens": 2, "guided_regex": "a"});
     both["response_format"] = json!({"type": "json_object"});
     let error = s.post("/v1/completions", &both).error(400, "invalid_request_error");

@@ -390,3 +390,55 @@ pub fn streamed_content(s: &TestServer, body: &Value) -> String {
     let chunks = s.post("/v1/chat/completions", &stream).sse_json();
     chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect()
 }
+
+/// One output constraint asked for every way the clients ask for it, for seeds 0 to 3: each
+/// of `openai`'s fields (a name and its value) on both OpenAI routes with two choices, and
+/// SGLang's `sampling_params` key `sglang` set to `value` on `/generate`; up to 24 tokens at
+/// temperature 1. `check` sees each answer's text, its finish reason and what asked for it, and
+/// says whether EOS ended it whole; the number that did.
+pub fn count_whole_answers(
+    s: &TestServer,
+    openai: &[(&str, Value)],
+    (sglang, value): (&str, Value),
+    (prompt, message): (&str, &str),
+    check: impl Fn(&str, &str, &str) -> bool,
+) -> usize {
+    let mut num_whole = 0;
+    for seed in 0..4 {
+        for (field, constraint) in openai {
+            let mut sampling =
+                serde_json::json!({"max_tokens": 24, "temperature": 1.0, "seed": seed, "n": 2});
+            sampling[*field] = constraint.clone();
+            for (route, body) in on_both_routes(&sampling, prompt, message) {
+                for (text, finish) in answers(&s.ok(route, &body)) {
+                    num_whole +=
+                        usize::from(check(&text, &finish, &format!("{route} {field} {seed}")));
+                }
+            }
+        }
+        let mut generate = serde_json::json!({"text": prompt, "sampling_params": {
+            "max_new_tokens": 24, "temperature": 1.0, "sampling_seed": seed}});
+        generate["sampling_params"][sglang] = value.clone();
+        let out = s.ok("/generate", &generate);
+        let finish = out["meta_info"]["finish_reason"]["type"].as_str().unwrap();
+        num_whole +=
+            usize::from(check(out["text"].as_str().unwrap(), finish, &format!("/generate {seed}")));
+    }
+    num_whole
+}
+
+/// Each body (a completion's `field` set to a value) is a 400 naming `param` with `code`, its
+/// message saying `says`.
+pub fn assert_completions_refused(s: &TestServer, cases: &[(&str, Value, &str, &str, &str)]) {
+    for (field, value, param, code, says) in cases {
+        let mut body = serde_json::json!({"prompt": "hi", "max_tokens": 2});
+        body[*field] = value.clone();
+        let error = s.post("/v1/completions", &body).error(400, "invalid_request_error");
+        assert_eq!(
+            (error["param"].as_str(), error["code"].as_str()),
+            (Some(*param), Some(*code)),
+            "{field}: {error}"
+        );
+        assert!(error["message"].as_str().unwrap().contains(says), "{error}");
+    }
+}
