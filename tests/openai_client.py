@@ -201,12 +201,18 @@ def main():
 
     assert all(isinstance(v, Verdict) for v in parsed(Verdict))
 
-    def stopped_answers(key, constraint, prompt):
+    def stopped_answers(key, sglang_key, constraint, prompt):
         """The answers EOS ended, over six seeds, with `constraint` sent as vLLM's clients send
-        it (extra_body): in `structured_outputs` under `key`, and as the older `guided_{key}`."""
+        it (extra_body): in `structured_outputs` under `key`, and as the older `guided_{key}`;
+        and as SGLang's send it, top-level under `sglang_key`."""
         stopped = []
+        extras = [
+            {"structured_outputs": {key: constraint}},
+            {f"guided_{key}": constraint},
+            {sglang_key: constraint},
+        ]
         for seed in range(6):
-            for extra in [{"structured_outputs": {key: constraint}}, {f"guided_{key}": constraint}]:
+            for extra in extras:
                 answer = client.completions.create(
                     model=model, prompt=prompt, max_tokens=24, temperature=1.0, seed=seed,
                     extra_body=extra,
@@ -217,7 +223,7 @@ def main():
 
     # A regex, and a pydantic field's pattern: Python's own `re` checks every answer EOS ended.
     pattern = r"(yes|no), [0-9]{1,3} (apples|pears)\."
-    matched = stopped_answers("regex", pattern, "Apples?")
+    matched = stopped_answers("regex", "regex", pattern, "Apples?")
     assert matched, "no answer ended on a match"
     for text in matched:
         assert re.fullmatch(pattern, text), text
@@ -230,7 +236,7 @@ def main():
         'term ::= factor ("*" factor)*\n'
         'factor ::= [1-9] | "(" expr ")"\n'
     )
-    parsed_sums = stopped_answers("grammar", grammar, "1+1=")
+    parsed_sums = stopped_answers("grammar", "ebnf", grammar, "1+1=")
     assert parsed_sums, "no answer ended on a whole expression"
     for text in parsed_sums:
         assert re.fullmatch(r"[1-9+\-*()]+", text), text

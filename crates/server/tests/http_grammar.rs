@@ -78,8 +78,12 @@ fn the_hand_reader_tells_lists_from_prefixes_and_others() {
 #[test]
 fn answers_follow_the_grammar_however_it_is_asked_for() {
     let s = TestServer::start(test_config(MODEL));
-    let openai =
-        [("guided_grammar", json!(GRAMMAR)), ("structured_outputs", json!({"grammar": GRAMMAR}))];
+    // vLLM's fields, and SGLang's on its OpenAI routes.
+    let openai = [
+        ("guided_grammar", json!(GRAMMAR)),
+        ("structured_outputs", json!({"grammar": GRAMMAR})),
+        ("ebnf", json!(GRAMMAR)),
+    ];
     let prompts = ("A list:", "A list, please");
     let num_whole = count_whole_answers(&s, &openai, ("ebnf", json!(GRAMMAR)), prompts, check);
     assert!(num_whole > 0, "no answer ended on a whole list");
@@ -109,6 +113,7 @@ fn grammars_the_engine_cannot_follow_are_refused_by_name() {
             "no rule is named item",
         ),
         ("guided_grammar", json!({"root": "a"}), "guided_grammar", "invalid_type", "a string"),
+        ("ebnf", json!("root ::= \"a"), "ebnf", "invalid_value", "never closed"),
         (
             "structured_outputs",
             json!({"grammar": "root ::= root \"a\" | \"b\""}),
@@ -136,6 +141,10 @@ fn grammars_the_engine_cannot_follow_are_refused_by_name() {
     both["guided_regex"] = json!("a");
     let error = s.post("/v1/completions", &both).error(400, "invalid_request_error");
     assert_eq!(error["param"], "guided_grammar", "{error}");
+    let mut both = json!({"prompt": "hi", "max_tokens": 2, "guided_grammar": GRAMMAR});
+    both["ebnf"] = json!(GRAMMAR);
+    let error = s.post("/v1/completions", &both).error(400, "invalid_request_error");
+    assert_eq!(error["param"], "ebnf", "{error}");
     for (sampling, param) in [
         (json!({"ebnf": "root ::= [z-a]"}), "sampling_params.ebnf"),
         (json!({"ebnf": GRAMMAR, "regex": "a"}), "sampling_params.ebnf"),

@@ -99,7 +99,7 @@ fn answers_are_values_of_the_schema_however_it_is_asked_for() {
     }
     assert!(num_whole > 0, "no answer closed its value");
 
-    // vLLM's spellings (a schema as JSON text too), compact; and SGLang's on /generate.
+    // vLLM's spellings (a schema as JSON text too), compact; and SGLang's.
     let mut num_whole = 0;
     for seed in 0..4 {
         let structured = json!({"prompt": "Forecast:", "max_tokens": 96, "temperature": 1.0,
@@ -110,10 +110,14 @@ fn answers_are_values_of_the_schema_however_it_is_asked_for() {
             num_whole += usize::from(check(&text, &finish, &format!("structured {seed}")));
             assert!(!text.contains(['\n', '\t']), "compact: {text:?}");
         }
-        let guided = json!({"prompt": "Forecast:", "max_tokens": 96, "temperature": 1.0,
-                            "seed": seed, "guided_json": schema().to_string()});
-        for (text, finish) in answers(&s.ok("/v1/completions", &guided)) {
-            num_whole += usize::from(check(&text, &finish, &format!("guided {seed}")));
+        // vLLM's older field, and SGLang's top-level one on its OpenAI routes.
+        for field in ["guided_json", "json_schema"] {
+            let mut body = json!({"prompt": "Forecast:", "max_tokens": 96, "temperature": 1.0,
+                                  "seed": seed});
+            body[field] = json!(schema().to_string());
+            for (text, finish) in answers(&s.ok("/v1/completions", &body)) {
+                num_whole += usize::from(check(&text, &finish, &format!("{field} {seed}")));
+            }
         }
         let generate = json!({"text": "Forecast:", "sampling_params": {
             "max_new_tokens": 96, "temperature": 1.0, "sampling_seed": seed,

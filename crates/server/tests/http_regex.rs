@@ -51,8 +51,12 @@ fn check(text: &str, finish: &str, what: &str) -> bool {
 #[test]
 fn answers_match_the_regex_however_it_is_asked_for() {
     let s = TestServer::start(test_config(MODEL));
-    let openai =
-        [("structured_outputs", json!({"regex": PATTERN})), ("guided_regex", json!(PATTERN))];
+    // vLLM's fields, and SGLang's on its OpenAI routes.
+    let openai = [
+        ("structured_outputs", json!({"regex": PATTERN})),
+        ("guided_regex", json!(PATTERN)),
+        ("regex", json!(PATTERN)),
+    ];
     let num_whole =
         count_whole_answers(&s, &openai, ("regex", json!(PATTERN)), ("Apples?", "Apples?"), check);
     assert!(num_whole > 0, "no answer ended on a match");

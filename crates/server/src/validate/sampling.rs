@@ -115,7 +115,8 @@ enum Constraint {
 /// routes, as vLLM takes it: `text`, `json_object`, or `json_schema` with its `schema`), vLLM's
 /// `structured_outputs` (`json_object: true`, `json` with a schema, `choice` with a list of
 /// texts, `regex`, or `grammar`; compact with its `disable_any_whitespace`) or its older
-/// `guided_json`, `guided_choice`, `guided_regex` and `guided_grammar`. A schema is reduced to what the reader
+/// `guided_json`, `guided_choice`, `guided_regex` and `guided_grammar`, or SGLang's top-level
+/// `json_schema`, `regex` and `ebnf`. A schema is reduced to what the reader
 /// follows ([`super::json_schema`]); vLLM's other ways to constrain the output are a 400 naming
 /// the field, and so are two constraints at once.
 pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> {
@@ -145,6 +146,7 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         Some(text) => Some(Constraint::Grammar(grammar_of(text, "guided_grammar")?)),
         None => None,
     };
+    let sglang = sglang_constraints(body)?;
     let openai = openai_response_format(body)?;
     let mut asked = [
         ("structured_outputs", structured),
@@ -155,6 +157,7 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         ("response_format", openai),
     ]
     .into_iter()
+    .chain(sglang)
     .filter_map(|(field, c)| c.map(|c| (field, c)));
     let Some((first, constraint)) = asked.next() else { return Ok(ResponseFormat::Text) };
     if let Some((second, _)) = asked.next() {
@@ -173,6 +176,21 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         (Constraint::Regex(regex), _) => ResponseFormat::Regex(regex),
         (Constraint::Grammar(grammar), _) => ResponseFormat::Grammar(grammar),
     })
+}
+
+/// SGLang's constraints on its OpenAI routes, top-level fields beside OpenAI's: `json_schema`
+/// (a schema's JSON text, or the schema), `regex` and `ebnf`, each with what it asks for if
+/// given.
+fn sglang_constraints(body: &Value) -> Result<[(&'static str, Option<Constraint>); 3], ApiError> {
+    let given = |field: &str| body.get(field).filter(|v| !v.is_null());
+    let json_schema = given("json_schema").map(|v| schema_of(v, "json_schema")).transpose()?;
+    let regex = given("regex").map(|v| regex_of(v, "regex")).transpose()?;
+    let ebnf = given("ebnf").map(|v| grammar_of(v, "ebnf")).transpose()?;
+    Ok([
+        ("json_schema", json_schema.map(Constraint::Schema)),
+        ("regex", regex.map(Constraint::Regex)),
+        ("ebnf", ebnf.map(Constraint::Grammar)),
+    ])
 }
 
 /// vLLM's `choice`: a non-empty list of non-empty texts, the output exactly one of them.
