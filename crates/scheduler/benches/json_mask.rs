@@ -3,9 +3,10 @@
 //! runs of 1 to 3 characters, pieces of such runs cut anywhere, and JSON punctuation pairs):
 //! building the vocabulary's trie once, one `json_object` mask walk from states of each kind, a
 //! memoised mask, advancing a state by a token; then a `json_schema` output, three `regex`
-//! ones (a sentence, a phone number, counted words) and two `grammar` ones (the sentence's
-//! texts, arithmetic) read a token at a time, first with the DFA's states and masks built as
-//! it goes, then again with both kept; last, compiling three patterns.
+//! ones (a sentence, a phone number, counted words) and three `grammar` ones (the sentence's
+//! texts, arithmetic, the counted words' texts) read a token at a time, first with the DFA's
+//! states and masks built as it goes, then again with both kept; last, compiling three
+//! patterns.
 //!
 //! Run: `cargo bench -p routed-scheduler --bench json_mask`
 
@@ -204,6 +205,7 @@ term ::= factor (("*" | "/") factor)*
 factor ::= [0-9]+ | "(" expr ")""#,
     );
     let sum = b"(12+3)*(4-5)/((67+8)*9)-10";
+    let prose_grammar = grammar(r#"root ::= ([A-Za-z,]+ " "){3,12} [A-Za-z]+ ".""#);
     for (name, format, text) in [
         ("json_schema", schema, &forecast[..]),
         ("regex (a sentence: words of [a-z]+)", regex, &sentence[..]),
@@ -211,6 +213,7 @@ factor ::= [0-9]+ | "(" expr ")""#,
         ("regex (words: ([A-Za-z,]+ ){3,12})", prose, &words[..]),
         ("grammar (the sentence regex's texts)", sentence_grammar, &sentence[..]),
         ("grammar (arithmetic)", arithmetic, &sum[..]),
+        ("grammar (the words regex's texts)", prose_grammar, &words[..]),
     ] {
         let spelled = spell(tokens, text);
         let mut masks = JsonMasks::new(Arc::clone(vocab));

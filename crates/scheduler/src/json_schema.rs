@@ -83,7 +83,7 @@ type Config = Vec<Frame>;
 pub(crate) struct Configs(Vec<Config>);
 
 /// The DFA over a schema's reader.
-pub(crate) type SchemaDfa = LazyDfa<Reader>;
+pub(crate) type SchemaDfa = LazyDfa<SchemaReader>;
 
 /// Where a schema's reader is.
 pub(crate) type SchemaPos = DfaPos<Configs>;
@@ -91,17 +91,17 @@ pub(crate) type SchemaPos = DfaPos<Configs>;
 /// A DFA over `schema`'s reader (`compact`: no whitespace outside strings); `generation` tells
 /// its state ids from another DFA's.
 pub(crate) fn schema_dfa(schema: Arc<JsonSchema>, compact: bool, generation: u64) -> SchemaDfa {
-    LazyDfa::new(Reader { schema, compact }, generation)
+    LazyDfa::new(SchemaReader { schema, compact }, generation)
 }
 
 /// The NFA over one schema: what a byte does to a configuration.
 #[derive(Debug)]
-pub(crate) struct Reader {
+pub(crate) struct SchemaReader {
     schema: Arc<JsonSchema>,
     compact: bool,
 }
 
-impl Nfa for Reader {
+impl Nfa for SchemaReader {
     type Configs = Configs;
 
     fn start(&self) -> Configs {
@@ -127,7 +127,7 @@ impl Nfa for Reader {
     }
 }
 
-impl Reader {
+impl SchemaReader {
     /// The schema and whether it is compact.
     pub(crate) fn key(&self) -> (&Arc<JsonSchema>, bool) {
         (&self.schema, self.compact)

@@ -99,6 +99,27 @@ impl Grammar {
         &self.rules[rule as usize]
     }
 
+    /// Each byte's class: every element reads all bytes of a class or none of them, so a
+    /// reader may step by any one byte of a class for all of them.
+    pub fn byte_classes(&self) -> [u8; 256] {
+        // A class starts at each range's first byte and after its last.
+        let mut starts = [false; 257];
+        for e in &self.elements {
+            if let GrammarElement::Byte { lo, hi } = *e {
+                starts[lo as usize] = true;
+                starts[hi as usize + 1] = true;
+            }
+        }
+        let mut classes = [0u8; 256];
+        let mut class = 0u8;
+        for b in 1..256 {
+            // At most 255 starts past byte 0, so the count fits.
+            class += u8::from(starts[b]);
+            classes[b] = class;
+        }
+        classes
+    }
+
     /// The rules' elements from `start` up to the alternative's end.
     fn run(&self, start: u32) -> impl Iterator<Item = GrammarElement> + '_ {
         self.elements[start as usize..].iter().copied().take_while(|e| *e != GrammarElement::End)

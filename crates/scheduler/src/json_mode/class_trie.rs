@@ -1,8 +1,9 @@
-//! The vocabulary's byte trie seen through a regex's byte classes, for the regex reader's walks.
+//! The vocabulary's byte trie seen through a regex's or a grammar's byte classes, for their
+//! readers' walks.
 //!
-//! Bytes of one class move every state of a regex's DFA alike, so tokens whose bytes fall in the
-//! same classes are allowed or refused together: inside `[a-z]+`, ` the` and ` cat` are one
-//! path. Merging the byte trie's nodes by class makes a trie far smaller than the vocabulary's
+//! Bytes of one class move every state of a regex's DFA (or a grammar's reader) alike, so
+//! tokens whose bytes fall in the same classes are allowed or refused together: inside
+//! `[a-z]+`, ` the` and ` cat` are one path. Merging the byte trie's nodes by class makes a trie far smaller than the vocabulary's
 //! wherever a pattern reads free text, which is where a state's walk would otherwise visit most
 //! of the byte trie. The merge is lazy: a node is expanded the first time a walk reaches it, so a
 //! pattern whose walks prune early (a phone number) never pays for the parts it does not read.
@@ -140,9 +141,9 @@ impl ClassTrie {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::json_mode::JsonVocabulary;
-    use routed_types::{Regex, RegexState};
-    use std::collections::HashSet;
+    use crate::{grammar::grammar_dfa, json_mode::JsonVocabulary};
+    use routed_types::{Grammar, Regex, RegexState};
+    use std::{collections::HashSet, sync::Arc};
 
     /// Lower-case words with and without a leading space, numbers, punctuation and a few
     /// multi-byte characters: the shape of a real vocabulary, small.
@@ -195,6 +196,41 @@ mod tests {
                 merged.num_nodes(),
                 vocab.all.num_nodes()
             );
+        }
+    }
+
+    #[test]
+    fn grammar_walks_by_class_allow_what_walks_by_byte_do() {
+        let vocab = words();
+        for text in [
+            r#"root ::= [a-z]+ (" " [a-z]+)* "." "#,
+            r#"root ::= list
+list ::= "[" (item ("," " "? item)*)? "]"
+item ::= [a-f]+ | list"#,
+        ] {
+            let grammar = Arc::new(Grammar::new(text).unwrap());
+            let mut classes = Some(ClassTrie::new(grammar.byte_classes(), usize::MAX));
+            let mut dfa = grammar_dfa(Arc::clone(&grammar), 0);
+            let start = dfa.start();
+            let start = dfa.state(&start);
+            // Every state a walk from the start reaches (nesting bounded by the count).
+            let (mut seen, mut todo) = (HashSet::from([start]), vec![start]);
+            while let Some(state) = todo.pop().filter(|_| seen.len() < 300) {
+                let complete = dfa.is_complete(state);
+                let mut feed = |s: &mut u32, b| dfa.step(*s, b).map(|next| *s = next).is_some();
+                let by_bytes = vocab.mask_with(state, false, complete, &mut feed);
+                let by_class = vocab.mask_by_classes(&mut classes, state, complete, &mut feed);
+                assert_eq!(by_class, by_bytes, "{text}");
+                for b in 0..=255 {
+                    if let Some(next) = dfa.step(state, b)
+                        && seen.insert(next)
+                    {
+                        todo.push(next);
+                    }
+                }
+            }
+            let merged = classes.expect("classes coarser than the bytes are kept");
+            assert!(merged.num_nodes() * 10 < vocab.all.num_nodes(), "{text}");
         }
     }
 

@@ -1,12 +1,12 @@
 //! A constrained sequence's reader ([`JsonConstraint`]) and the masks it takes, memoised by
 //! state for the scheduler's thread ([`JsonMasks`]): a `json_object` reader's from the vocabulary
-//! walk, a schema's or a grammar's reader's from its lazy DFA, a regex reader's from the regex's
-//! DFA.
+//! walk, a schema's or a grammar's reader's from its lazy DFA (a grammar's walked over the
+//! vocabulary merged by its byte classes, as a regex's), a regex reader's from the regex's DFA.
 
 use super::{ClassTrie, JsonState, JsonVocabulary, MASK_CACHE_CAPACITY};
 use crate::{
-    grammar::{GrammarDfa, GrammarPos, grammar_dfa},
-    json_schema::{SchemaDfa, SchemaPos, schema_dfa},
+    grammar::{GrammarPos, GrammarReader, grammar_dfa},
+    json_schema::{SchemaPos, SchemaReader, schema_dfa},
     lazy_dfa::{DfaPos, LazyDfa, Nfa},
 };
 use routed_types::{
@@ -59,6 +59,14 @@ struct RegexMasks {
     classes: Option<ClassTrie>,
 }
 
+/// A lazy DFA kept with the vocabulary merged by its reader's byte classes, for its masks'
+/// walks outside strings (`None` where the reader has no classes, or once they save too little).
+#[derive(Debug)]
+struct DfaMasks<N: Nfa> {
+    dfa: LazyDfa<N>,
+    classes: Option<ClassTrie>,
+}
+
 /// Masks memoised by state, the oldest dropped past [`MASK_CACHE_CAPACITY`].
 #[derive(Debug)]
 pub(crate) struct MaskMemo<K> {
@@ -105,8 +113,8 @@ pub struct JsonMasks {
     vocabulary: Arc<JsonVocabulary>,
     masks: MaskMemo<JsonState>,
     /// A reader whose DFA was dropped gets a new one.
-    schemas: Recent<SchemaDfa>,
-    grammars: Recent<GrammarDfa>,
+    schemas: Recent<DfaMasks<SchemaReader>>,
+    grammars: Recent<DfaMasks<GrammarReader>>,
     regexes: Recent<RegexMasks>,
     /// The next new DFA's generation.
     num_dfas_made: u64,
@@ -145,42 +153,52 @@ impl JsonMasks {
         &mut self,
         schema: &mut Arc<JsonSchema>,
         compact: bool,
-    ) -> (&JsonVocabulary, &mut SchemaDfa) {
+    ) -> (&JsonVocabulary, &mut DfaMasks<SchemaReader>) {
         type Same = fn(&Arc<JsonSchema>, &Arc<JsonSchema>) -> bool;
         let wanted: &Arc<JsonSchema> = schema;
         let kept = |same: Same| {
-            move |d: &SchemaDfa| d.nfa().key().1 == compact && same(d.nfa().key().0, wanted)
+            move |d: &DfaMasks<SchemaReader>| {
+                let (kept, kept_compact) = d.dfa.nfa().key();
+                kept_compact == compact && same(kept, wanted)
+            }
         };
         let (generation, mut made) = (self.num_dfas_made, false);
-        let dfa = self.schemas.get_or_make(kept(Arc::ptr_eq), kept(|a, b| a == b), || {
+        let masks = self.schemas.get_or_make(kept(Arc::ptr_eq), kept(|a, b| a == b), || {
             made = true;
-            schema_dfa(Arc::clone(wanted), compact, generation)
+            DfaMasks { dfa: schema_dfa(Arc::clone(wanted), compact, generation), classes: None }
         });
         self.num_dfas_made += u64::from(made);
-        if !Arc::ptr_eq(dfa.nfa().key().0, schema) {
-            *schema = Arc::clone(dfa.nfa().key().0);
+        if !Arc::ptr_eq(masks.dfa.nfa().key().0, schema) {
+            *schema = Arc::clone(masks.dfa.nfa().key().0);
         }
-        (&self.vocabulary, dfa)
+        (&self.vocabulary, masks)
     }
 
     /// The vocabulary and the DFA of `grammar`, made if none is kept (an equal grammar's
     /// shared, `grammar` then pointed at the kept one, as [`Self::dfa`] does).
-    fn grammar(&mut self, grammar: &mut Arc<Grammar>) -> (&JsonVocabulary, &mut GrammarDfa) {
+    fn grammar(
+        &mut self,
+        grammar: &mut Arc<Grammar>,
+    ) -> (&JsonVocabulary, &mut DfaMasks<GrammarReader>) {
         let (generation, mut made) = (self.num_dfas_made, false);
-        let wanted: &Arc<Grammar> = grammar;
-        let dfa = self.grammars.get_or_make(
-            |d| Arc::ptr_eq(d.nfa().grammar(), wanted),
-            |d| d.nfa().grammar() == wanted,
+        let (vocabulary, wanted): (_, &Arc<Grammar>) = (&self.vocabulary, grammar);
+        let masks = self.grammars.get_or_make(
+            |d| Arc::ptr_eq(d.dfa.nfa().grammar(), wanted),
+            |d| d.dfa.nfa().grammar() == wanted,
             || {
                 made = true;
-                grammar_dfa(Arc::clone(wanted), generation)
+                let classes = ClassTrie::new(wanted.byte_classes(), vocabulary.max_class_nodes());
+                DfaMasks {
+                    dfa: grammar_dfa(Arc::clone(wanted), generation),
+                    classes: Some(classes),
+                }
             },
         );
         self.num_dfas_made += u64::from(made);
-        if !Arc::ptr_eq(dfa.nfa().grammar(), grammar) {
-            *grammar = Arc::clone(dfa.nfa().grammar());
+        if !Arc::ptr_eq(masks.dfa.nfa().grammar(), grammar) {
+            *grammar = Arc::clone(masks.dfa.nfa().grammar());
         }
-        (&self.vocabulary, dfa)
+        (&self.vocabulary, masks)
     }
 
     /// The vocabulary and the masks of `regex`, kept from now on if they were not. An equal
@@ -218,16 +236,22 @@ impl JsonMasks {
         masks.insert(state, mask)
     }
 
-    /// The tokens that may follow `state` of `dfa`.
+    /// The tokens that may follow `state` of `kept`'s DFA: between a JSON string's characters
+    /// those that fit any string and the others walked, elsewhere a walk of the trie merged by
+    /// class where the reader has classes.
     fn dfa_mask<N: Nfa>(
         vocabulary: &JsonVocabulary,
-        dfa: &mut LazyDfa<N>,
+        kept: &mut DfaMasks<N>,
         state: u32,
     ) -> Arc<TokenMask> {
+        let DfaMasks { dfa, classes } = kept;
         dfa.mask_of(state, |dfa| {
             let (in_string, complete) = (dfa.is_in_string(state), dfa.is_complete(state));
             let mut feed = |s: &mut u32, b| dfa.step(*s, b).map(|next| *s = next).is_some();
-            vocabulary.mask_with(state, in_string, complete, &mut feed)
+            match in_string {
+                true => vocabulary.mask_with(state, true, complete, &mut feed),
+                false => vocabulary.mask_by_classes(classes, state, complete, &mut feed),
+            }
         })
     }
 }
@@ -274,13 +298,13 @@ impl JsonConstraint {
             ResponseFormat::CompactJsonObject => Reader::Object(JsonState::start_compact()),
             ResponseFormat::JsonSchema { schema, compact } => {
                 let mut schema = Arc::clone(schema);
-                let pos = masks.dfa(&mut schema, *compact).1.start();
+                let pos = masks.dfa(&mut schema, *compact).1.dfa.start();
                 Reader::Schema { schema, compact: *compact, pos }
             }
             // A root of literal texts, nothing before them.
             ResponseFormat::Choice(choices) => {
                 let mut schema = Arc::new(JsonSchema::of_choices(choices));
-                let pos = masks.dfa(&mut schema, true).1.start();
+                let pos = masks.dfa(&mut schema, true).1.dfa.start();
                 Reader::Schema { schema, compact: true, pos }
             }
             ResponseFormat::Regex(regex) => {
@@ -288,7 +312,7 @@ impl JsonConstraint {
             }
             ResponseFormat::Grammar(grammar) => {
                 let mut grammar = Arc::clone(grammar);
-                let pos = masks.grammar(&mut grammar).1.start();
+                let pos = masks.grammar(&mut grammar).1.dfa.start();
                 Reader::Grammar { grammar, pos }
             }
         };
@@ -374,27 +398,28 @@ impl JsonConstraint {
     /// when the token cannot follow. Only a whole text ends.
     fn read_dfa<N: Nfa>(
         vocabulary: &JsonVocabulary,
-        dfa: &mut LazyDfa<N>,
+        kept: &mut DfaMasks<N>,
         pos: &DfaPos<N::Configs>,
         token: TokenId,
     ) -> Option<(DfaPos<N::Configs>, Arc<TokenMask>)> {
+        let dfa = &mut kept.dfa;
         let from = dfa.state(pos);
         let state = vocabulary.read_token(from, token, |s, b| match b {
             Some(b) => dfa.step(s, b),
             None => dfa.is_complete(s).then_some(s),
         })?;
-        Some((dfa.pos(state), JsonMasks::dfa_mask(vocabulary, dfa, state)))
+        Some((dfa.pos(state), JsonMasks::dfa_mask(vocabulary, kept, state)))
     }
 
-    /// The tokens `dfa` allows at `pos` (renewed if the DFA started again).
+    /// The tokens `kept`'s DFA allows at `pos` (renewed if the DFA started again).
     fn renewed_mask<N: Nfa>(
         vocabulary: &JsonVocabulary,
-        dfa: &mut LazyDfa<N>,
+        kept: &mut DfaMasks<N>,
         pos: &mut DfaPos<N::Configs>,
     ) -> Arc<TokenMask> {
-        let state = dfa.state(pos);
-        *pos = dfa.pos(state);
-        JsonMasks::dfa_mask(vocabulary, dfa, state)
+        let state = kept.dfa.state(pos);
+        *pos = kept.dfa.pos(state);
+        JsonMasks::dfa_mask(vocabulary, kept, state)
     }
 
     /// The tokens `reader` allows next (a schema's or a grammar's reader's position is renewed

@@ -148,3 +148,34 @@ fn equal_by_text_and_serialized_as_it() {
     assert_eq!(serde_json::from_str::<Grammar>(&json).unwrap(), g);
     assert!(serde_json::from_str::<Grammar>("\"root ::= x\"").is_err());
 }
+
+#[test]
+fn bytes_of_one_class_are_read_alike_by_every_element() {
+    for text in [r#"root ::= [a-z]+ ("on" | "at") [0-9]{2}"#, r#"root ::= [^"\\]* . "é""#] {
+        let g = Grammar::new(text).unwrap();
+        let classes = g.byte_classes();
+        let ranges: Vec<(u8, u8)> = g
+            .elements
+            .iter()
+            .filter_map(|e| match *e {
+                GrammarElement::Byte { lo, hi } => Some((lo, hi)),
+                _ => None,
+            })
+            .collect();
+        for a in 0..=255u8 {
+            for b in 0..=255u8 {
+                if classes[a as usize] == classes[b as usize] {
+                    for &(lo, hi) in &ranges {
+                        assert_eq!((lo..=hi).contains(&a), (lo..=hi).contains(&b), "{text}");
+                    }
+                }
+            }
+        }
+        // Letters apart from `o`, `n`, `a` and `t` share a class; digits share one.
+        if text.contains("[a-z]") {
+            assert_eq!(classes[b'b' as usize], classes[b'm' as usize]);
+            assert_ne!(classes[b'b' as usize], classes[b'o' as usize]);
+            assert_eq!(classes[b'0' as usize], classes[b'9' as usize]);
+        }
+    }
+}
