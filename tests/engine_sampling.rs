@@ -37,6 +37,13 @@ fn features() -> Vec<(&'static str, SamplingParams)> {
         ("regex", SamplingParams { response_format: counted_words(), ..sampled.clone() }),
         ("grammar", SamplingParams { response_format: nested_sums(), ..sampled.clone() }),
         (
+            "allowed_token_ids",
+            SamplingParams {
+                response_format: ResponseFormat::Tokens(vec![3, 7, 40, 41].into()),
+                ..sampled.clone()
+            },
+        ),
+        (
             "logprob_token_ids",
             SamplingParams {
                 logprob_token_ids: vec![3, 40, 7, 3].into(),

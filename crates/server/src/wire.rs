@@ -89,6 +89,26 @@ pub(crate) struct CommonFields {
     pub routed_experts_prompt_start: Option<i64>,
     pub routed_experts_format: Option<String>,
     pub routed_experts_layers: Option<String>,
+    /// Fields of vLLM's and SGLang's that would change the answer and are not served: refused
+    /// unless neutral (`validate`), never ignored.
+    #[serde(flatten)]
+    pub unserved: UnservedFields,
+}
+
+/// vLLM's and SGLang's fields that are not served; each is refused unless it holds its neutral
+/// value (false, null, an empty list).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub(crate) struct UnservedFields {
+    /// vLLM's beam search.
+    pub use_beam_search: Option<bool>,
+    /// vLLM's words never to write.
+    pub bad_words: Option<Value>,
+    /// vLLM's logits processors, by name.
+    pub logits_processors: Option<Value>,
+    /// vLLM's left truncation of the prompt.
+    pub truncate_prompt_tokens: Option<Value>,
+    /// SGLang's stop patterns.
+    pub stop_regex: Option<Value>,
 }
 
 /// Fields only `/v1/completions` has.
@@ -173,6 +193,8 @@ pub(crate) struct SglSamplingParams {
     pub regex: Option<Value>,
     pub ebnf: Option<Value>,
     pub structural_tag: Option<Value>,
+    /// Refused unless empty: stopping on a pattern is not served.
+    pub stop_regex: Option<Value>,
 }
 
 /// `/generate`'s `sampling_params`: one object for every prompt, or a list with one per prompt of

@@ -87,6 +87,11 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
         (json!({"prompt": "x", "stop": ["ok", ""]}), "stop"),
         (json!({"prompt": "x", "suffix": "tail"}), "suffix"),
         (json!({"prompt": "x", "best_of": 3}), "best_of"),
+        (json!({"prompt": "x", "use_beam_search": true}), "use_beam_search"),
+        (json!({"prompt": "x", "bad_words": ["no"]}), "bad_words"),
+        (json!({"prompt": "x", "logits_processors": ["mine"]}), "logits_processors"),
+        (json!({"prompt": "x", "truncate_prompt_tokens": 4}), "truncate_prompt_tokens"),
+        (json!({"prompt": "x", "stop_regex": "a+"}), "stop_regex"),
         (json!({"prompt": "x", "stream_options": {"include_usage": true}}), "stream_options"),
         (json!({"prompt": "x", "cache_salt": ""}), "cache_salt"),
         (json!({"prompt": "x", "routed_experts_format": "csv"}), "routed_experts_format"),
@@ -96,6 +101,12 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
     ] {
         assert_400(&s, c, body, param);
     }
+    // Unserved fields holding their neutral values change nothing, and pass.
+    s.ok(
+        c,
+        &json!({"prompt": "x", "max_tokens": 2, "use_beam_search": false, "bad_words": [],
+                "logits_processors": null, "truncate_prompt_tokens": null, "stop_regex": []}),
+    );
     let chat = "/v1/chat/completions";
     let hi = json!([{"role": "user", "content": "hi"}]);
     for (body, param) in [
@@ -110,6 +121,7 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
         ),
         (json!({"messages": hi, "tools": [{"type": "function"}]}), "tools[0]"),
         (json!({"messages": hi, "echo": true}), "echo"),
+        (json!({"messages": hi, "stop_regex": ["a+"]}), "stop_regex"),
         (
             json!({"messages": hi, "continue_final_message": true, "add_generation_prompt": true}),
             "continue_final_message",
@@ -144,6 +156,10 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
             "sampling_params.min_new_tokens",
         ),
         (json!({"input_ids": [1], "sampling_params": {"stop": [""]}}), "sampling_params.stop"),
+        (
+            json!({"input_ids": [1], "sampling_params": {"stop_regex": "a+"}}),
+            "sampling_params.stop_regex",
+        ),
         (
             json!({"input_ids": [1], "return_logprob": true, "top_logprobs_num": 21}),
             "top_logprobs_num",

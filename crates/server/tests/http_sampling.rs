@@ -1,5 +1,5 @@
 //! The sampling fields RL and evaluation clients send (`presence_penalty`, `frequency_penalty`,
-//! `repetition_penalty`, `min_p`, `logit_bias`) over real HTTP on every route that takes them:
+//! `repetition_penalty`, `min_p`, `logit_bias`, `allowed_token_ids`) over real HTTP on every route that takes them:
 //! each is accepted, changes the tokens where it should, gives the same tokens for the same seed,
 //! means the same on `/generate` (SGLang's `sampling_params`) as on the OpenAI routes, and an
 //! out-of-range value is a 400 naming the field; and the text fields (`skip_special_tokens`,
@@ -131,6 +131,52 @@ fn logit_bias_forces_and_forbids_tokens_on_every_route() {
                 "temperature": 0, "ignore_eos": true, "logit_bias": {"99": 100}}}),
     );
     assert_eq!(ids(&generated["output_ids"]), vec![99; 4]);
+}
+
+#[test]
+fn allowed_token_ids_keep_every_token_in_the_set_on_both_routes() {
+    let s = server(MODEL);
+    let prompt = prompt_ids(8, 35);
+    let set = [3u64, 40, 77, 120];
+    for seed in 0..3 {
+        let body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 1.0, "seed": seed,
+                          "ignore_eos": true, "return_token_ids": true, "n": 2,
+                          "allowed_token_ids": [120, 3, 77, 40, 3]});
+        for choice in s.ok("/v1/completions", &body)["choices"].as_array().unwrap() {
+            let tokens = ids(&choice["token_ids"]);
+            assert_eq!(tokens.len(), 12);
+            assert!(tokens.iter().all(|t| set.contains(t)), "seed {seed}: {tokens:?}");
+        }
+    }
+    let plain = completion(&s, &with(&greedy(&prompt), json!({"max_tokens": 8})));
+    assert!(plain.iter().any(|t| !set.contains(t)), "the model alone writes other tokens");
+    // On chat, and without EOS in the set the answer runs to its length.
+    let chat = s.ok(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+                "temperature": 0, "return_token_ids": true, "allowed_token_ids": [88]}),
+    );
+    assert_eq!(ids(&chat["choices"][0]["token_ids"]), vec![88; 5]);
+    assert_eq!(chat["choices"][0]["finish_reason"], "length");
+    let vocab = s.handle.model_info().vocab_size;
+    for (value, code) in [
+        (json!([]), "invalid_value"),
+        (json!([1, -2]), "invalid_value"),
+        (json!([vocab]), "invalid_value"),
+        (json!("5"), "invalid_type"),
+    ] {
+        let body = json!({"prompt": "x", "max_tokens": 2, "allowed_token_ids": value});
+        let error = s.post("/v1/completions", &body).error(400, "invalid_request_error");
+        assert_eq!(
+            (error["param"].as_str(), error["code"].as_str()),
+            (Some("allowed_token_ids"), Some(code)),
+            "{body}: {error}"
+        );
+    }
+    let both = json!({"prompt": "x", "max_tokens": 2, "allowed_token_ids": [5],
+                      "guided_regex": "a"});
+    let error = s.post("/v1/completions", &both).error(400, "invalid_request_error");
+    assert_eq!(error["param"], "allowed_token_ids", "{error}");
 }
 
 #[test]

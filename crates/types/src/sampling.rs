@@ -131,6 +131,9 @@ pub enum ResponseFormat {
     /// A text of `grammar`'s `root` rule (vLLM's `guided_grammar`, SGLang's `ebnf`), each token
     /// chosen among those that keep the output a prefix of such a text, EOS only once it is one.
     Grammar(Arc<Grammar>),
+    /// Every token one of these, sorted and each once (vLLM's `allowed_token_ids`; EOS ends the
+    /// output only if it is one of them).
+    Tokens(Arc<[TokenId]>),
 }
 
 impl Default for SamplingParams {
@@ -278,6 +281,20 @@ impl SamplingParams {
                 );
                 return bad("response_format", message);
             }
+            ResponseFormat::Tokens(ids) => {
+                let sorted = ids.windows(2).all(|w| w[0] < w[1]);
+                if ids.is_empty() || !sorted {
+                    let message = "allowed_token_ids must name at least one token, sorted and \
+                                   each once"
+                        .into();
+                    return bad("allowed_token_ids", message);
+                }
+                if let Some(&t) = ids.iter().find(|&&t| t as usize >= vocab_size) {
+                    let message =
+                        format!("allowed_token_ids must be in [0, {vocab_size}), got {t}");
+                    return bad("allowed_token_ids", message);
+                }
+            }
             _ => {}
         }
         self.check_logit_bias(vocab_size)
@@ -347,7 +364,7 @@ pub struct SamplingError {
 impl SamplingError {
     /// Every name [`SamplingParams::check`] gives a field, so a gateway can tell a sampling
     /// field from the engine's other checks (`/generate` nests these under `sampling_params`).
-    pub const PARAMS: [&'static str; 14] = [
+    pub const PARAMS: [&'static str; 15] = [
         "temperature",
         "top_p",
         "top_k",
@@ -362,6 +379,7 @@ impl SamplingError {
         "min_tokens",
         "stop",
         "response_format",
+        "allowed_token_ids",
     ];
 }
 
@@ -479,6 +497,16 @@ mod tests {
             ("logit_bias", |p| p.logit_bias = vec![(5, 100.5)]),
             ("logit_bias", |p| p.logit_bias = vec![(5, -101.0)]),
             ("logit_bias", |p| p.logit_bias = vec![(5, f32::NAN)]),
+            ("allowed_token_ids", |p| p.response_format = ResponseFormat::Tokens(Arc::from([]))),
+            ("allowed_token_ids", |p| {
+                p.response_format = ResponseFormat::Tokens(vec![3, 1].into())
+            }),
+            ("allowed_token_ids", |p| {
+                p.response_format = ResponseFormat::Tokens(vec![1, 1].into())
+            }),
+            ("allowed_token_ids", |p| {
+                p.response_format = ResponseFormat::Tokens(vec![1, VOCAB as TokenId].into())
+            }),
             ("response_format", |p| {
                 p.response_format = ResponseFormat::Choice(vec!["a".into(), String::new()].into())
             }),

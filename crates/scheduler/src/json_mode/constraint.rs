@@ -116,6 +116,8 @@ pub struct JsonMasks {
     schemas: Recent<DfaMasks<SchemaReader>>,
     grammars: Recent<DfaMasks<GrammarReader>>,
     regexes: Recent<RegexMasks>,
+    /// Masks of fixed token sets, by the set.
+    token_sets: Recent<(Arc<[TokenId]>, Arc<TokenMask>)>,
     /// The next new DFA's generation.
     num_dfas_made: u64,
 }
@@ -129,6 +131,7 @@ impl JsonMasks {
             schemas: Recent(Vec::new()),
             grammars: Recent(Vec::new()),
             regexes: Recent(Vec::new()),
+            token_sets: Recent(Vec::new()),
             num_dfas_made: 0,
         }
     }
@@ -201,6 +204,22 @@ impl JsonMasks {
         (&self.vocabulary, masks)
     }
 
+    /// The mask allowing exactly `ids` (those in the vocabulary), kept from now on: requests
+    /// with equal sets share it.
+    fn tokens(&mut self, ids: &Arc<[TokenId]>) -> Arc<TokenMask> {
+        let num_tokens = self.vocabulary.num_tokens();
+        let (_, mask) = self.token_sets.get_or_make(
+            |(kept, _)| Arc::ptr_eq(kept, ids),
+            |(kept, _)| kept == ids,
+            || {
+                let mut mask = TokenMask::none(num_tokens);
+                ids.iter().filter(|&&t| (t as usize) < num_tokens).for_each(|&t| mask.allow(t));
+                (Arc::clone(ids), Arc::new(mask))
+            },
+        );
+        Arc::clone(mask)
+    }
+
     /// The vocabulary and the masks of `regex`, kept from now on if they were not. An equal
     /// regex's are shared, `regex` then pointed at the kept one (as [`Self::dfa`] does).
     fn regex(&mut self, regex: &mut Arc<Regex>) -> (&JsonVocabulary, &mut RegexMasks) {
@@ -267,6 +286,8 @@ enum Reader {
     Regex { regex: Arc<Regex>, state: RegexState },
     /// A text of `grammar`'s root rule.
     Grammar { grammar: Arc<Grammar>, pos: GrammarPos },
+    /// Tokens of a fixed set, the mask allowing them.
+    Tokens(Arc<TokenMask>),
 }
 
 /// A constrained sequence's reader and the tokens it allows next.
@@ -315,6 +336,7 @@ impl JsonConstraint {
                 let pos = masks.grammar(&mut grammar).1.dfa.start();
                 Reader::Grammar { grammar, pos }
             }
+            ResponseFormat::Tokens(ids) => Reader::Tokens(masks.tokens(ids)),
         };
         let waits_for = thinking.filter(|tags| !tags.ended_in(prompt)).map(|tags| tags.end);
         let allowed = match waits_for {
@@ -379,6 +401,10 @@ impl JsonConstraint {
                     None => (None, anything(masks)),
                 }
             }
+            Reader::Tokens(mask) => match mask.allows(token) {
+                true => (Some(Reader::Tokens(Arc::clone(&mask))), mask),
+                false => (None, anything(masks)),
+            },
             Reader::Regex { mut regex, state } => {
                 let (vocabulary, kept) = masks.regex(&mut regex);
                 let pattern = &kept.regex;
@@ -439,6 +465,7 @@ impl JsonConstraint {
                 let (vocabulary, kept) = masks.regex(regex);
                 JsonMasks::regex_mask(vocabulary, kept, *state)
             }
+            Reader::Tokens(mask) => Arc::clone(mask),
         }
     }
 }

@@ -434,3 +434,32 @@ fn requests_with_equal_regexes_share_their_masks_and_eos_ends_only_a_match() {
     a.advance(eos, &mut masks);
     assert!(a.is_followed());
 }
+
+#[test]
+fn a_token_set_allows_exactly_its_tokens_from_the_first_and_is_shared() {
+    let (tokens, vocab, mut masks) = vocabulary();
+    let id = |text: &str| {
+        tokens.iter().position(|t| t.as_deref() == Some(text.as_bytes())).unwrap() as TokenId
+    };
+    let eos = tokens.len() as TokenId - 1;
+    let ids: Arc<[TokenId]> = {
+        let mut ids = vec![id("a"), id("b"), eos];
+        ids.sort_unstable();
+        ids.into()
+    };
+    let format = || ResponseFormat::Tokens(Arc::clone(&ids));
+    let mut a = JsonConstraint::start(&mut masks, &format(), &[], None).unwrap();
+    let b = JsonConstraint::start(&mut masks, &format(), &[], None).unwrap();
+    let first = Arc::clone(a.allowed().unwrap());
+    assert!(Arc::ptr_eq(&first, b.allowed().unwrap()), "equal sets share their mask");
+    let allowed: Vec<TokenId> =
+        (0..vocab.num_tokens() as TokenId).filter(|&t| first.allows(t)).collect();
+    assert_eq!(allowed, *ids);
+    for token in [id("a"), id("b"), id("a")] {
+        a.advance(token, &mut masks);
+        assert!(a.is_followed() && Arc::ptr_eq(a.allowed().unwrap(), &first));
+    }
+    // A token outside the set frees the sequence.
+    a.advance(id("key"), &mut masks);
+    assert!(!a.is_followed());
+}

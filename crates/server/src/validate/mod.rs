@@ -102,14 +102,32 @@ pub(crate) fn check_model(info: &ModelInfo, model: Option<&str>) -> Result<(), A
     }
 }
 
-/// Refuses fields we parse but do not implement, unless they hold their neutral value.
+/// Refuses fields we parse but do not implement, unless they hold their neutral value: an
+/// answer computed without one of them would be taken for one computed with it.
 fn refuse_unsupported(c: &CommonFields) -> Result<(), ApiError> {
     if let Some(best_of) = c.best_of
         && best_of != c.n.unwrap_or(1)
     {
         return Err(ApiError::unsupported("best_of", "best_of different from n is not supported"));
     }
-    Ok(())
+    let u = &c.unserved;
+    let neutral = |v: &Option<Value>| match v {
+        None | Some(Value::Null) => true,
+        Some(Value::Array(list)) => list.is_empty(),
+        Some(Value::String(s)) => s.is_empty(),
+        Some(_) => false,
+    };
+    let given = [
+        ("use_beam_search", u.use_beam_search == Some(true)),
+        ("bad_words", !neutral(&u.bad_words)),
+        ("logits_processors", !neutral(&u.logits_processors)),
+        ("truncate_prompt_tokens", !neutral(&u.truncate_prompt_tokens)),
+        ("stop_regex", !neutral(&u.stop_regex)),
+    ];
+    match given.into_iter().find(|&(_, given)| given) {
+        Some((field, _)) => Err(ApiError::unsupported(field, format!("{field} is not supported"))),
+        None => Ok(()),
+    }
 }
 
 /// vLLM's `prompt_logprobs`: alternatives per prompt token (at most [`MAX_LOGPROBS`], which the
@@ -341,7 +359,9 @@ fn output_format(
 /// reasoning parsers have it, a constraint applies to the answer after the thinking.
 fn thinking_tags(state: &AppState, format: &ResponseFormat) -> Option<ThinkingTags> {
     match (format, state.reasoning_parser()) {
-        (ResponseFormat::Text, _) | (_, None) => None,
+        // A token set applies from the first token, thinking or not (as vLLM's
+        // `allowed_token_ids` does).
+        (ResponseFormat::Text | ResponseFormat::Tokens(_), _) | (_, None) => None,
         (_, Some(parser)) => parser.thinking_tags(state.tokenizer()),
     }
 }

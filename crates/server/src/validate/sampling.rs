@@ -109,6 +109,8 @@ enum Constraint {
     Regex(Arc<Regex>),
     /// A text of the grammar's root rule.
     Grammar(Arc<Grammar>),
+    /// Tokens of a set, sorted and each once.
+    Tokens(Arc<[TokenId]>),
 }
 
 /// The output format a request asks for, by one of: OpenAI's `response_format` (on both OpenAI
@@ -146,6 +148,10 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         Some(text) => Some(Constraint::Grammar(grammar_of(text, "guided_grammar")?)),
         None => None,
     };
+    let allowed = match body.get("allowed_token_ids").filter(|v| !v.is_null()) {
+        Some(ids) => Some(Constraint::Tokens(allowed_token_ids(ids)?)),
+        None => None,
+    };
     let sglang = sglang_constraints(body)?;
     let openai = openai_response_format(body)?;
     let mut asked = [
@@ -154,6 +160,7 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         ("guided_choice", guided_choice),
         ("guided_regex", guided_regex),
         ("guided_grammar", guided_grammar),
+        ("allowed_token_ids", allowed),
         ("response_format", openai),
     ]
     .into_iter()
@@ -175,7 +182,28 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         (Constraint::Choice(choices), _) => ResponseFormat::Choice(choices.into()),
         (Constraint::Regex(regex), _) => ResponseFormat::Regex(regex),
         (Constraint::Grammar(grammar), _) => ResponseFormat::Grammar(grammar),
+        (Constraint::Tokens(ids), _) => ResponseFormat::Tokens(ids),
     })
+}
+
+/// vLLM's `allowed_token_ids`: a non-empty list of token ids, sorted here and each kept once
+/// (whether they are in the vocabulary is the engine's check).
+fn allowed_token_ids(value: &Value) -> Result<Arc<[TokenId]>, ApiError> {
+    const PARAM: &str = "allowed_token_ids";
+    let Some(list) = value.as_array() else {
+        return Err(ApiError::InvalidRequest {
+            message: format!("{PARAM} must be a list of token ids, got {value}"),
+            param: Some(PARAM.to_owned()),
+            code: "invalid_type",
+        });
+    };
+    let mut ids = super::token_ids(list, PARAM)?;
+    if ids.is_empty() {
+        return Err(ApiError::invalid(PARAM, format!("{PARAM} must name at least one token")));
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids.into())
 }
 
 /// SGLang's constraints on its OpenAI routes, top-level fields beside OpenAI's: `json_schema`
