@@ -51,38 +51,46 @@ impl GrammarReader {
     /// Settles `stack`, adding each way it may go on to `out`. `expanded` holds the rules
     /// already expanded in this step with what was beneath them: expanding one again would
     /// add the same stacks (it happens where a rule reaches itself at its tail through rules
-    /// that read nothing, as `("a"?)*` does), so it is skipped.
+    /// that read nothing, as `("a"?)*` does), so it is skipped. The ways still to settle are a
+    /// list, not the call stack: a grammar may chain thousands of rules before a byte.
     fn settle(
         &self,
-        mut stack: Vec<u32>,
+        stack: Vec<u32>,
         expanded: &mut HashSet<(u32, Vec<u32>)>,
         out: &mut Vec<Vec<u32>>,
     ) {
-        while let Some(&top) = stack.last() {
-            match self.grammar.element(top) {
-                GrammarElement::Byte { .. } => break,
-                GrammarElement::End => {
-                    stack.pop();
+        let mut todo = vec![stack];
+        while let Some(mut stack) = todo.pop() {
+            // Whether `stack` settled (a byte at its top, or empty: the whole text read)
+            // rather than opening a rule, whose ways go on the list.
+            let settled = loop {
+                let Some(&top) = stack.last() else { break true };
+                match self.grammar.element(top) {
+                    GrammarElement::Byte { .. } => break true,
+                    GrammarElement::End => {
+                        stack.pop();
+                    }
+                    GrammarElement::Rule(rule) => {
+                        stack.pop();
+                        if self.grammar.element(top + 1) != GrammarElement::End {
+                            stack.push(top + 1);
+                        }
+                        if stack.len() < MAX_DEPTH && expanded.insert((rule, stack.clone())) {
+                            for &start in self.grammar.alternatives(rule) {
+                                let mut way = Vec::with_capacity(stack.len() + 1);
+                                way.extend_from_slice(&stack);
+                                way.push(start);
+                                todo.push(way);
+                            }
+                        }
+                        break false;
+                    }
                 }
-                GrammarElement::Rule(rule) => {
-                    stack.pop();
-                    if self.grammar.element(top + 1) != GrammarElement::End {
-                        stack.push(top + 1);
-                    }
-                    if stack.len() >= MAX_DEPTH || !expanded.insert((rule, stack.clone())) {
-                        return;
-                    }
-                    for &start in self.grammar.alternatives(rule) {
-                        let mut way = Vec::with_capacity(stack.len() + 1);
-                        way.extend_from_slice(&stack);
-                        way.push(start);
-                        self.settle(way, expanded, out);
-                    }
-                    return;
-                }
+            };
+            if settled {
+                out.push(stack);
             }
         }
-        out.push(stack);
     }
 
     /// `out` sorted, without repeats, kept to [`MAX_STACKS`]; `None` if empty.

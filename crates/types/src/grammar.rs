@@ -16,6 +16,7 @@
 //! alternative through rules that read nothing (`("a"?)*`) is kept: the reader finds the same
 //! stack again and skips it.
 
+mod check;
 mod parse;
 
 use parse::{Alternatives, Atom, Item, RuleDef};
@@ -124,96 +125,6 @@ impl Grammar {
     fn run(&self, start: u32) -> impl Iterator<Item = GrammarElement> + '_ {
         self.elements[start as usize..].iter().copied().take_while(|e| *e != GrammarElement::End)
     }
-
-    /// Refuses left recursion and rules no finite text satisfies (`names` by rule, for the
-    /// message).
-    fn check(&self, names: &[String]) -> Result<(), GrammarError> {
-        let (productive, nullable) = self.derivable();
-        if let Some(rule) = productive.iter().position(|p| !p) {
-            return Err(GrammarError(format!(
-                "rule {} never ends: no finite text satisfies it",
-                names[rule]
-            )));
-        }
-        // A cycle of tail references reads the same stack again (the reader skips it); one
-        // through a reference with something after it grows the stack without end.
-        let first = self.first_rules(&nullable);
-        let growing = (0..self.rules.len()).find(|&rule| {
-            first[rule].iter().any(|&(to, grows)| grows && reaches(&first, to, rule as u32))
-        });
-        match growing {
-            Some(rule) => Err(GrammarError(format!(
-                "rule {} is left-recursive: it reaches itself before reading a character",
-                names[rule]
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    /// By rule: whether it derives some finite text, and whether the empty one (least fixed
-    /// points).
-    fn derivable(&self) -> (Vec<bool>, Vec<bool>) {
-        let num_rules = self.rules.len();
-        let (mut productive, mut nullable) = (vec![false; num_rules], vec![false; num_rules]);
-        let mut changed = true;
-        while changed {
-            changed = false;
-            for rule in 0..num_rules {
-                // Some alternative whose every element is a rule flagged (or a byte, `bytes`).
-                let any = |flags: &[bool], bytes: bool| {
-                    self.rules[rule].iter().any(|&start| {
-                        self.run(start).all(|e| match e {
-                            GrammarElement::Rule(r) => flags[r as usize],
-                            _ => bytes,
-                        })
-                    })
-                };
-                if !productive[rule] && any(&productive, true) {
-                    productive[rule] = true;
-                    changed = true;
-                }
-                if !nullable[rule] && any(&nullable, false) {
-                    nullable[rule] = true;
-                    changed = true;
-                }
-            }
-        }
-        (productive, nullable)
-    }
-
-    /// By rule: the rules it may begin with before reading a byte, each with whether anything
-    /// of its alternative is left after it (the reader's stack then grows).
-    fn first_rules(&self, nullable: &[bool]) -> Vec<Vec<(u32, bool)>> {
-        let first_of = |rule: &Vec<u32>| {
-            let mut first = Vec::new();
-            for &start in rule {
-                let mut run = self.run(start).peekable();
-                while let Some(GrammarElement::Rule(r)) = run.next() {
-                    first.push((r, run.peek().is_some()));
-                    if !nullable[r as usize] {
-                        break;
-                    }
-                }
-            }
-            first
-        };
-        self.rules.iter().map(first_of).collect()
-    }
-}
-
-/// Whether rule `to` may begin a text of rule `from` (`from` itself included).
-fn reaches(first: &[Vec<(u32, bool)>], from: u32, to: u32) -> bool {
-    let mut seen = vec![false; first.len()];
-    let mut todo = vec![from];
-    while let Some(rule) = todo.pop() {
-        if rule == to {
-            return true;
-        }
-        if !std::mem::replace(&mut seen[rule as usize], true) {
-            todo.extend(first[rule as usize].iter().map(|&(r, _)| r));
-        }
-    }
-    false
 }
 
 /// The lowering of parsed rules into elements: groups, repetitions and classes become rules

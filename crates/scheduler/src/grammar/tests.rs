@@ -235,3 +235,26 @@ fn requests_with_equal_grammars_share_the_dfa_and_its_masks() {
     c.advance(id("0"), &mut masks);
     assert!(!c.is_followed());
 }
+
+#[test]
+fn a_long_chain_of_rules_before_a_byte_is_settled_without_deep_calls() {
+    // Twenty thousand rules each naming the next at its tail, the last closing the cycle:
+    // every step expands the whole chain (on a thread with a small stack, which calls nested
+    // that deep would overflow).
+    let n = 20_000;
+    let mut text = String::from("root ::= r1 \"!\"\nr1 ::= r2 | \"a\"\n");
+    for i in 2..n {
+        text.push_str(&format!("r{i} ::= r{}\n", i + 1));
+    }
+    text.push_str(&format!("r{n} ::= r1 | \"z\"\n"));
+    let settled = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(move || {
+            let mut dfa = dfa(&text);
+            (accepts(&mut dfa, "a!"), accepts(&mut dfa, "z!"), accepts(&mut dfa, "aa!"))
+        })
+        .unwrap()
+        .join()
+        .expect("no stack overflow");
+    assert_eq!(settled, (true, true, false));
+}

@@ -179,3 +179,32 @@ fn bytes_of_one_class_are_read_alike_by_every_element() {
         }
     }
 }
+
+#[test]
+fn long_chains_of_rules_are_checked_whatever_their_order() {
+    // `root ::= r1`, `r1 ::= r2 "a"`, ..., the last ending the chain: each rule's text is
+    // found only once the one after it is, the worst order for rule-by-rule passes.
+    let chain = |n: usize, last: &str, back: &str| {
+        let mut text = String::from("root ::= r1\n");
+        for i in 1..n {
+            text.push_str(&format!("r{i} ::= r{} \"a\"{back}\n", i + 1));
+        }
+        text.push_str(&format!("r{n} ::= {last}\n"));
+        text
+    };
+    let n = 20_000;
+    Grammar::new(&chain(n, "\"z\"", "")).expect("a chain that ends");
+    let e = refused(&chain(n, "r1 \"b\"", ""));
+    assert!(e.contains("never ends"), "{e}");
+    // Every rule reaches the next before reading, and the last reaches the first: left
+    // recursion across the whole chain.
+    let e = refused(&chain(n, "r1 \"b\" | \"z\"", ""));
+    assert!(e.contains("left-recursive"), "{e}");
+    // The same cycle through tail references only reads no byte and stacks nothing: kept.
+    let mut tail = String::from("root ::= r1 \"!\"\n");
+    for i in 1..n {
+        tail.push_str(&format!("r{i} ::= r{} | \"a\"\n", i + 1));
+    }
+    tail.push_str(&format!("r{n} ::= r1 | \"z\"\n"));
+    Grammar::new(&tail).expect("a cycle of tail references");
+}
