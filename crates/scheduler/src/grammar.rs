@@ -139,6 +139,11 @@ impl Nfa for GrammarReader {
     fn is_in_string(&self, _: &Stacks) -> bool {
         false
     }
+
+    fn heap_bytes(&self, stacks: &Stacks) -> usize {
+        let each = stacks.0.iter().map(|s| s.capacity() * size_of::<u32>()).sum::<usize>();
+        each + stacks.0.capacity() * size_of::<Vec<u32>>()
+    }
 }
 
 #[cfg(test)]

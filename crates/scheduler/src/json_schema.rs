@@ -125,6 +125,11 @@ impl Nfa for SchemaReader {
     fn is_in_string(&self, configs: &Configs) -> bool {
         configs.0.iter().all(|c| c.last() == Some(&Frame::Str(StrPos::Chars)))
     }
+
+    fn heap_bytes(&self, configs: &Configs) -> usize {
+        let stacks = configs.0.iter().map(|c| c.capacity() * size_of::<Frame>()).sum::<usize>();
+        stacks + configs.0.capacity() * size_of::<Config>()
+    }
 }
 
 impl SchemaReader {

@@ -10,6 +10,10 @@ use std::{collections::HashMap, fmt::Debug, hash::Hash, sync::Arc};
 /// most 4 MiB of rows (a schema's values typically visit a few hundred states).
 const MAX_STATES: usize = 1 << 12;
 
+/// Bytes of configurations a DFA keeps before it starts again: a grammar's state may hold a
+/// thousand stacks hundreds deep, and a few thousand such states would take gigabytes.
+const MAX_CONFIG_BYTES: usize = 64 << 20;
+
 /// A transition not computed yet.
 const UNKNOWN: u32 = u32::MAX;
 
@@ -33,6 +37,9 @@ pub(crate) trait Nfa {
     /// Whether every one of `configs` is between a JSON string's characters, where every token
     /// that fits any string may come.
     fn is_in_string(&self, configs: &Self::Configs) -> bool;
+
+    /// The heap bytes `configs` take.
+    fn heap_bytes(&self, configs: &Self::Configs) -> usize;
 }
 
 /// The DFA over one reader, built as it is walked, with its states' masks.
@@ -53,6 +60,10 @@ pub(crate) struct LazyDfa<N: Nfa> {
     generation: u64,
     /// States kept before it starts again.
     max_states: usize,
+    /// The heap bytes of the states' configurations.
+    num_config_bytes: usize,
+    /// Bytes of configurations kept before it starts again.
+    max_config_bytes: usize,
 }
 
 /// Where a reader is: its configurations, with their state in the DFA of `generation`.
@@ -91,6 +102,8 @@ impl<N: Nfa> LazyDfa<N> {
             masks: MaskMemo::new(),
             generation,
             max_states: MAX_STATES,
+            num_config_bytes: 0,
+            max_config_bytes: MAX_CONFIG_BYTES,
         }
     }
 
@@ -98,6 +111,14 @@ impl<N: Nfa> LazyDfa<N> {
     #[cfg(test)]
     pub(crate) fn with_max_states(mut self, max_states: usize) -> Self {
         self.max_states = max_states;
+        self
+    }
+
+    /// A DFA that starts again once its configurations take `max_config_bytes` (to test a
+    /// restart).
+    #[cfg(test)]
+    pub(crate) fn with_max_config_bytes(mut self, max_config_bytes: usize) -> Self {
+        self.max_config_bytes = max_config_bytes;
         self
     }
 
@@ -183,6 +204,7 @@ impl<N: Nfa> LazyDfa<N> {
         let id = self.states.len() as u32;
         self.complete.push(self.nfa.is_complete(&configs));
         self.in_string.push(self.nfa.is_in_string(&configs));
+        self.num_config_bytes += self.nfa.heap_bytes(&configs);
         let configs = Arc::new(configs);
         self.states.push(Arc::clone(&configs));
         self.ids.insert(configs, id);
@@ -190,12 +212,14 @@ impl<N: Nfa> LazyDfa<N> {
         id
     }
 
-    /// Starts again from nothing once the states fill their budget (a reader whose texts nest
-    /// or count without bound): positions re-intern their configurations.
+    /// Starts again from nothing once the states fill their budget, in count or in bytes (a
+    /// reader whose texts nest or count without bound): positions re-intern their
+    /// configurations.
     fn make_room(&mut self) {
-        if self.states.len() < self.max_states {
+        if self.states.len() < self.max_states && self.num_config_bytes < self.max_config_bytes {
             return;
         }
+        self.num_config_bytes = 0;
         self.states.clear();
         self.ids.clear();
         self.next.clear();

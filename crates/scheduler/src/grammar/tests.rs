@@ -258,3 +258,23 @@ fn a_long_chain_of_rules_before_a_byte_is_settled_without_deep_calls() {
         .expect("no stack overflow");
     assert_eq!(settled, (true, true, false));
 }
+
+#[test]
+fn a_dfa_past_its_byte_budget_starts_again_and_keeps_every_position() {
+    // Each bracket opens a state with a deeper stack: 4 KiB of stacks fill within a few
+    // dozen, and the DFA starts again while the reader goes on.
+    let grammar = Arc::new(Grammar::new(r#"root ::= "[" root? "]""#).unwrap());
+    let mut small = grammar_dfa(grammar, 0).with_max_config_bytes(4 << 10);
+    let mut pos = small.start();
+    let text = format!("{}{}", "[".repeat(120), "]".repeat(120));
+    let mut generations = std::collections::HashSet::new();
+    for &b in text.as_bytes() {
+        let state = small.state(&pos);
+        let next = small.step(state, b).unwrap_or_else(|| panic!("refused {}", b as char));
+        pos = small.pos(next);
+        generations.insert(pos.generation());
+    }
+    assert!(generations.len() > 2, "{} generations", generations.len());
+    let state = small.state(&pos);
+    assert!(small.is_complete(state));
+}
