@@ -97,6 +97,9 @@ const STRUCTURED_OUTPUTS_REFUSED: [&str; 2] = ["structural_tag", "whitespace_pat
 /// The constraints of vLLM's `structured_outputs`, of which a request gives one.
 const STRUCTURED_OUTPUTS: [&str; 5] = ["json", "json_object", "choice", "regex", "grammar"];
 
+/// How a field's value is read into a constraint (the field's name given for the errors).
+type Read = fn(&Value, &str) -> Result<Constraint, ApiError>;
+
 /// What one of a request's fields asks the output to be.
 enum Constraint {
     /// One JSON object.
@@ -132,40 +135,28 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         ));
     }
     let (structured, compact) = structured_outputs(body)?;
-    let guided = match body.get("guided_json").filter(|v| !v.is_null()) {
-        Some(schema) => Some(Constraint::Schema(schema_of(schema, "guided_json")?)),
-        None => None,
+    let read = |field: &'static str, how: Read| -> Result<_, ApiError> {
+        let value = body.get(field).filter(|v| !v.is_null());
+        Ok((field, value.map(|v| how(v, field)).transpose()?))
     };
-    let guided_choice = match body.get("guided_choice").filter(|v| !v.is_null()) {
-        Some(list) => Some(Constraint::Choice(choices(list, "guided_choice")?)),
-        None => None,
-    };
-    let guided_regex = match body.get("guided_regex").filter(|v| !v.is_null()) {
-        Some(pattern) => Some(Constraint::Regex(regex_of(pattern, "guided_regex")?)),
-        None => None,
-    };
-    let guided_grammar = match body.get("guided_grammar").filter(|v| !v.is_null()) {
-        Some(text) => Some(Constraint::Grammar(grammar_of(text, "guided_grammar")?)),
-        None => None,
-    };
-    let allowed = match body.get("allowed_token_ids").filter(|v| !v.is_null()) {
-        Some(ids) => Some(Constraint::Tokens(allowed_token_ids(ids)?)),
-        None => None,
-    };
-    let sglang = sglang_constraints(body)?;
+    let fields = [
+        // vLLM's older fields, and its own.
+        read("guided_json", |v, f| schema_of(v, f).map(Constraint::Schema))?,
+        read("guided_choice", |v, f| choices(v, f).map(Constraint::Choice))?,
+        read("guided_regex", |v, f| regex_of(v, f).map(Constraint::Regex))?,
+        read("guided_grammar", |v, f| grammar_of(v, f).map(Constraint::Grammar))?,
+        read("allowed_token_ids", |v, _| allowed_token_ids(v).map(Constraint::Tokens))?,
+        // SGLang's on its OpenAI routes.
+        read("json_schema", |v, f| schema_of(v, f).map(Constraint::Schema))?,
+        read("regex", |v, f| regex_of(v, f).map(Constraint::Regex))?,
+        read("ebnf", |v, f| grammar_of(v, f).map(Constraint::Grammar))?,
+    ];
     let openai = openai_response_format(body)?;
-    let mut asked = [
-        ("structured_outputs", structured),
-        ("guided_json", guided),
-        ("guided_choice", guided_choice),
-        ("guided_regex", guided_regex),
-        ("guided_grammar", guided_grammar),
-        ("allowed_token_ids", allowed),
-        ("response_format", openai),
-    ]
-    .into_iter()
-    .chain(sglang)
-    .filter_map(|(field, c)| c.map(|c| (field, c)));
+    let mut asked = [("structured_outputs", structured)]
+        .into_iter()
+        .chain(fields)
+        .chain([("response_format", openai)])
+        .filter_map(|(field, c)| c.map(|c| (field, c)));
     let Some((first, constraint)) = asked.next() else { return Ok(ResponseFormat::Text) };
     if let Some((second, _)) = asked.next() {
         return Err(ApiError::invalid(
@@ -204,21 +195,6 @@ fn allowed_token_ids(value: &Value) -> Result<Arc<[TokenId]>, ApiError> {
     ids.sort_unstable();
     ids.dedup();
     Ok(ids.into())
-}
-
-/// SGLang's constraints on its OpenAI routes, top-level fields beside OpenAI's: `json_schema`
-/// (a schema's JSON text, or the schema), `regex` and `ebnf`, each with what it asks for if
-/// given.
-fn sglang_constraints(body: &Value) -> Result<[(&'static str, Option<Constraint>); 3], ApiError> {
-    let given = |field: &str| body.get(field).filter(|v| !v.is_null());
-    let json_schema = given("json_schema").map(|v| schema_of(v, "json_schema")).transpose()?;
-    let regex = given("regex").map(|v| regex_of(v, "regex")).transpose()?;
-    let ebnf = given("ebnf").map(|v| grammar_of(v, "ebnf")).transpose()?;
-    Ok([
-        ("json_schema", json_schema.map(Constraint::Schema)),
-        ("regex", regex.map(Constraint::Regex)),
-        ("ebnf", ebnf.map(Constraint::Grammar)),
-    ])
 }
 
 /// vLLM's `choice`: a non-empty list of non-empty texts, the output exactly one of them.
