@@ -89,14 +89,12 @@ pub(crate) struct CommonFields {
     pub routed_experts_prompt_start: Option<i64>,
     pub routed_experts_format: Option<String>,
     pub routed_experts_layers: Option<String>,
-    /// Fields of vLLM's and SGLang's that would change the answer and are not served: refused
-    /// unless neutral (`validate`), never ignored.
-    #[serde(flatten)]
-    pub unserved: UnservedFields,
 }
 
-/// vLLM's and SGLang's fields that are not served; each is refused unless it holds its neutral
-/// value (false, null, an empty list).
+/// vLLM's and SGLang's fields of both OpenAI routes that would change the answer and are not
+/// served; each is refused unless it holds its neutral value (false, null, an empty list).
+/// Parsed apart from [`CommonFields`] (a flattened struct would buffer every other field, the
+/// prompt included).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub(crate) struct UnservedFields {
     /// vLLM's beam search.

@@ -33,7 +33,7 @@ use crate::reasoning::ReasoningParser;
 use crate::response::TokenNames;
 use crate::routing_wire::{self, RoutingFields, RoutingRequest};
 use crate::tools::ToolUse;
-use crate::wire::{ChatFields, CommonFields, CompletionFields, parse};
+use crate::wire::{ChatFields, CommonFields, CompletionFields, UnservedFields, parse};
 
 pub(crate) use chat::ChatExtras;
 pub(crate) use generate::{GenerateJob, generate};
@@ -104,13 +104,13 @@ pub(crate) fn check_model(info: &ModelInfo, model: Option<&str>) -> Result<(), A
 
 /// Refuses fields we parse but do not implement, unless they hold their neutral value: an
 /// answer computed without one of them would be taken for one computed with it.
-fn refuse_unsupported(c: &CommonFields) -> Result<(), ApiError> {
+fn refuse_unsupported(c: &CommonFields, body: &Value) -> Result<(), ApiError> {
     if let Some(best_of) = c.best_of
         && best_of != c.n.unwrap_or(1)
     {
         return Err(ApiError::unsupported("best_of", "best_of different from n is not supported"));
     }
-    let u = &c.unserved;
+    let u: UnservedFields = parse(body)?;
     let neutral = |v: &Option<Value>| match v {
         None | Some(Value::Null) => true,
         Some(Value::Array(list)) => list.is_empty(),
@@ -299,8 +299,13 @@ struct Common {
 }
 
 /// The checks and defaults both OpenAI routes share.
-fn common_job(state: &AppState, c: &CommonFields, num_prompts: usize) -> Result<Common, ApiError> {
-    refuse_unsupported(c)?;
+fn common_job(
+    state: &AppState,
+    body: &Value,
+    c: &CommonFields,
+    num_prompts: usize,
+) -> Result<Common, ApiError> {
+    refuse_unsupported(c, body)?;
     let n = c.n.unwrap_or(1) as usize;
     check_batch(state.info(), num_prompts, n, BatchNames { n: "n", prompt: "prompt" })?;
     let cache_salt = cache_namespace(c.cache_salt.as_deref(), c.extra_key.as_deref())?;
@@ -395,7 +400,7 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
     }
     let prompts = completion_prompts(&f.prompt)?;
     let Common { n, routing, routing_start, stream, cache_salt } =
-        common_job(state, &c, prompts.len())?;
+        common_job(state, body, &c, prompts.len())?;
     let echo = c.echo.unwrap_or(false);
     let asked = prompt_logprobs(c.prompt_logprobs, stream.is_some())?;
     // As vLLM: `echo` with `logprobs` scores the prompt too, and the choice shows those prompt
@@ -471,7 +476,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     if top_logprobs > 0 && !logprobs {
         return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs: true"));
     }
-    let Common { n, routing, routing_start, stream, cache_salt } = common_job(state, &c, 1)?;
+    let Common { n, routing, routing_start, stream, cache_salt } = common_job(state, body, &c, 1)?;
     let asked = prompt_logprobs(c.prompt_logprobs, stream.is_some())?;
     let prompt = render_chat(state, &f, extras)?;
     let (max_param, max_tokens) = match (f.max_completion_tokens, f.max_tokens) {
