@@ -247,10 +247,7 @@ fn entry_sampling(
              regex and ebnf are",
         ));
     }
-    let empty = |v: &Value| {
-        v.is_null() || v.as_str() == Some("") || v.as_array().is_some_and(Vec::is_empty)
-    };
-    if sp.stop_regex.as_ref().is_some_and(|v| !empty(v)) {
+    if !super::is_neutral(sp.stop_regex.as_ref()) {
         return Err(ApiError::unsupported(
             "sampling_params.stop_regex",
             "sampling_params.stop_regex is not supported; sampling_params.stop (strings) is",

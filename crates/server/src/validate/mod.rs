@@ -102,6 +102,16 @@ pub(crate) fn check_model(info: &ModelInfo, model: Option<&str>) -> Result<(), A
     }
 }
 
+/// Whether an unserved field's value asks for nothing: absent, null, an empty list or string.
+fn is_neutral(value: Option<&Value>) -> bool {
+    match value {
+        None | Some(Value::Null) => true,
+        Some(Value::Array(list)) => list.is_empty(),
+        Some(Value::String(s)) => s.is_empty(),
+        Some(_) => false,
+    }
+}
+
 /// Refuses fields we parse but do not implement, unless they hold their neutral value: an
 /// answer computed without one of them would be taken for one computed with it.
 fn refuse_unsupported(c: &CommonFields, body: &Value) -> Result<(), ApiError> {
@@ -111,18 +121,12 @@ fn refuse_unsupported(c: &CommonFields, body: &Value) -> Result<(), ApiError> {
         return Err(ApiError::unsupported("best_of", "best_of different from n is not supported"));
     }
     let u: UnservedFields = parse(body)?;
-    let neutral = |v: &Option<Value>| match v {
-        None | Some(Value::Null) => true,
-        Some(Value::Array(list)) => list.is_empty(),
-        Some(Value::String(s)) => s.is_empty(),
-        Some(_) => false,
-    };
     let given = [
         ("use_beam_search", u.use_beam_search == Some(true)),
-        ("bad_words", !neutral(&u.bad_words)),
-        ("logits_processors", !neutral(&u.logits_processors)),
-        ("truncate_prompt_tokens", !neutral(&u.truncate_prompt_tokens)),
-        ("stop_regex", !neutral(&u.stop_regex)),
+        ("bad_words", !is_neutral(u.bad_words.as_ref())),
+        ("logits_processors", !is_neutral(u.logits_processors.as_ref())),
+        ("truncate_prompt_tokens", !is_neutral(u.truncate_prompt_tokens.as_ref())),
+        ("stop_regex", !is_neutral(u.stop_regex.as_ref())),
     ];
     match given.into_iter().find(|&(_, given)| given) {
         Some((field, _)) => Err(ApiError::unsupported(field, format!("{field} is not supported"))),
