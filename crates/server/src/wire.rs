@@ -89,6 +89,8 @@ pub(crate) struct CommonFields {
     pub routed_experts_prompt_start: Option<i64>,
     pub routed_experts_format: Option<String>,
     pub routed_experts_layers: Option<String>,
+    /// vLLM's: keep only the prompt's last tokens (-1: `max_model_len` of them).
+    pub truncate_prompt_tokens: Option<i64>,
 }
 
 /// vLLM's and SGLang's fields of both OpenAI routes that would change the answer and are not
@@ -103,8 +105,6 @@ pub(crate) struct UnservedFields {
     pub bad_words: Option<Value>,
     /// vLLM's logits processors, by name.
     pub logits_processors: Option<Value>,
-    /// vLLM's left truncation of the prompt.
-    pub truncate_prompt_tokens: Option<Value>,
     /// SGLang's stop patterns.
     pub stop_regex: Option<Value>,
 }

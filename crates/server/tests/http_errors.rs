@@ -90,7 +90,6 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
         (json!({"prompt": "x", "use_beam_search": true}), "use_beam_search"),
         (json!({"prompt": "x", "bad_words": ["no"]}), "bad_words"),
         (json!({"prompt": "x", "logits_processors": ["mine"]}), "logits_processors"),
-        (json!({"prompt": "x", "truncate_prompt_tokens": 4}), "truncate_prompt_tokens"),
         (json!({"prompt": "x", "stop_regex": "a+"}), "stop_regex"),
         (json!({"prompt": "x", "stream_options": {"include_usage": true}}), "stream_options"),
         (json!({"prompt": "x", "cache_salt": ""}), "cache_salt"),
@@ -105,7 +104,7 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
     s.ok(
         c,
         &json!({"prompt": "x", "max_tokens": 2, "use_beam_search": false, "bad_words": [],
-                "logits_processors": null, "truncate_prompt_tokens": null, "stop_regex": []}),
+                "logits_processors": null, "stop_regex": []}),
     );
     let chat = "/v1/chat/completions";
     let hi = json!([{"role": "user", "content": "hi"}]);

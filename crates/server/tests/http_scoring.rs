@@ -1,7 +1,8 @@
 //! Scoring a prompt over real HTTP: `echo` with `logprobs` on `/v1/completions` (the prompt's
 //! text and logprobs first, as lm-eval's loglikelihood tasks read them), vLLM's
 //! `prompt_logprobs` (its exact shape, on completions choices and chat responses), and how the
-//! two agree with each other, with the generated tokens' logprobs and with a stream.
+//! two agree with each other, with the generated tokens' logprobs and with a stream; vLLM's
+//! `truncate_prompt_tokens`, which scores the prompt's end only.
 
 mod common;
 
@@ -198,4 +199,72 @@ fn prompt_logprobs_have_vllms_shape() {
     let streamed =
         s.post("/v1/completions", &with(&base, json!({"prompt_logprobs": 0, "stream": true})));
     assert_eq!(streamed.status, 200, "{}", streamed.text());
+}
+
+/// The server's `max_model_len`, as `/v1/models` reports it.
+fn max_model_len(s: &common::TestServer) -> usize {
+    let models = s.get("/v1/models").json();
+    models["data"][0]["max_model_len"].as_u64().expect("max_model_len") as usize
+}
+
+#[test]
+fn truncate_prompt_tokens_keeps_the_prompts_end() {
+    let s = server(MODEL);
+    let ids = prompt_ids(40, 7);
+    let base = json!({"max_tokens": 4, "temperature": 0, "ignore_eos": true, "logprobs": 1,
+                      "echo": true, "return_token_ids": true, "return_routed_experts": false});
+    // Truncated to its last 9 tokens, a prompt is answered as those 9 tokens are.
+    let cut =
+        s.ok("/v1/completions", &with(&base, json!({"prompt": ids, "truncate_prompt_tokens": 9})));
+    let tail = s.ok("/v1/completions", &with(&base, json!({"prompt": ids[31..]})));
+    assert_eq!(cut["usage"]["prompt_tokens"], 9, "{cut}");
+    assert_eq!(cut["choices"][0]["prompt_token_ids"], json!(ids[31..]));
+    for field in ["text", "token_ids", "logprobs"] {
+        assert_eq!(cut["choices"][0][field], tail["choices"][0][field], "{field}");
+    }
+    // A text prompt is encoded whole, then cut; `echo` shows the text the model continued.
+    let text = "The experts route every token to the ones it needs.";
+    let whole = s.ok("/v1/completions", &with(&base, json!({"prompt": text})));
+    let whole_ids = whole["choices"][0]["prompt_token_ids"].as_array().unwrap().clone();
+    assert!(whole_ids.len() > 6, "{whole}");
+    let cut =
+        s.ok("/v1/completions", &with(&base, json!({"prompt": text, "truncate_prompt_tokens": 6})));
+    let tail =
+        s.ok("/v1/completions", &with(&base, json!({"prompt": whole_ids[whole_ids.len() - 6..]})));
+    assert_eq!(cut["choices"][0], tail["choices"][0]);
+    // A prompt shorter than the truncation is kept whole, its text as sent.
+    let long = s.ok(
+        "/v1/completions",
+        &with(&base, json!({"prompt": text, "truncate_prompt_tokens": 500})),
+    );
+    assert_eq!(long["choices"][0], whole["choices"][0]);
+    // A text longer than the model's context is served when it is truncated, refused when not.
+    let len = max_model_len(&s);
+    let huge = "route ".repeat(2 * len);
+    let body = json!({"prompt": huge, "max_tokens": 2, "return_routed_experts": false});
+    s.post("/v1/completions", &body).error(400, "invalid_request_error");
+    let cut = s.ok("/v1/completions", &with(&body, json!({"truncate_prompt_tokens": 16})));
+    assert_eq!(cut["usage"]["prompt_tokens"], 16, "{cut}");
+    // A chat's rendered prompt is cut the same way.
+    let chat = json!({"messages": [{"role": "user", "content": text}], "max_tokens": 2,
+                      "truncate_prompt_tokens": 5, "return_routed_experts": false});
+    let out = s.ok("/v1/chat/completions", &chat);
+    assert_eq!(out["usage"]["prompt_tokens"], 5, "{out}");
+    // As vLLM: -1 is max_model_len, which leaves the output no room; 0, -2 and more
+    // than max_model_len are refused, naming the field.
+    for (k, says) in [
+        (json!(0), "must be an integer >= 1 or -1"),
+        (json!(-2), "must be an integer >= 1 or -1"),
+        (json!(len + 1), "is greater than max_model_len"),
+        (json!("4"), "invalid type"),
+    ] {
+        let body = json!({"prompt": text, "truncate_prompt_tokens": k});
+        let err = s.post("/v1/completions", &body).error(400, "invalid_request_error");
+        assert_eq!(err["param"], "truncate_prompt_tokens", "{err}");
+        assert!(err["message"].as_str().unwrap().contains(says), "{err}");
+    }
+    let all = json!({"prompt": huge, "truncate_prompt_tokens": -1, "max_tokens": 1});
+    let err = s.post("/v1/completions", &all).error(400, "invalid_request_error");
+    assert_eq!(err["param"], "prompt", "{err}");
+    assert!(err["message"].as_str().unwrap().contains(&format!("the prompt has {len}")), "{err}");
 }

@@ -37,8 +37,8 @@ use crate::wire::{ChatFields, CommonFields, CompletionFields, UnservedFields, pa
 
 pub(crate) use chat::ChatExtras;
 pub(crate) use generate::{GenerateJob, generate};
-use prompt::completion_prompts;
 pub(crate) use prompt::{ChatRender, encode, render_chat, render_messages, token_ids};
+use prompt::{completion_prompts, truncate, truncation};
 use sampling::{SamplingFields, sampling};
 
 /// A validated request: one engine request per prompt, and how to answer.
@@ -125,7 +125,6 @@ fn refuse_unsupported(c: &CommonFields, body: &Value) -> Result<(), ApiError> {
         ("use_beam_search", u.use_beam_search == Some(true)),
         ("bad_words", !is_neutral(u.bad_words.as_ref())),
         ("logits_processors", !is_neutral(u.logits_processors.as_ref())),
-        ("truncate_prompt_tokens", !is_neutral(u.truncate_prompt_tokens.as_ref())),
         ("stop_regex", !is_neutral(u.stop_regex.as_ref())),
     ];
     match given.into_iter().find(|&(_, given)| given) {
@@ -421,15 +420,17 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         ..sampling(fields, max_tokens, f.logprobs, state.default_seed())?
     };
     let names = WireNames::openai(routing_start);
+    let keep = truncation(c.truncate_prompt_tokens, info)?;
     let mut texts = Vec::new();
     let requests = prompts
         .into_iter()
         .map(|prompt| {
-            let ids = prompt.tokens(state, "prompt")?;
+            let mut ids = prompt.tokens(state, "prompt", keep)?;
+            let truncated = truncate(&mut ids, keep);
             let r = request(ids, &sampling, n, routing, cache_salt.as_ref());
             check_request(info, &r, &names)?;
             if echo {
-                texts.push(prompt.text(state, &r.prompt_token_ids)?);
+                texts.push(prompt.text(state, &r.prompt_token_ids, truncated)?);
             }
             Ok(r)
         })
@@ -482,7 +483,8 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     }
     let Common { n, routing, routing_start, stream, cache_salt } = common_job(state, body, &c, 1)?;
     let asked = prompt_logprobs(c.prompt_logprobs, stream.is_some())?;
-    let prompt = render_chat(state, &f, extras)?;
+    let keep = truncation(c.truncate_prompt_tokens, state.info())?;
+    let prompt = render_chat(state, &f, extras, keep)?;
     let (max_param, max_tokens) = match (f.max_completion_tokens, f.max_tokens) {
         (Some(m), _) => ("max_completion_tokens", m),
         (None, Some(m)) => ("max_tokens", m),

@@ -61,6 +61,56 @@ pub(crate) fn most_prompt_tokens(info: &ModelInfo) -> usize {
     info.max_model_len.saturating_sub(1)
 }
 
+/// vLLM's `truncate_prompt_tokens`: how many tokens of each prompt to keep, its last ones (-1:
+/// `max_model_len`). `None` keeps the prompt whole.
+pub(crate) fn truncation(value: Option<i64>, info: &ModelInfo) -> Result<Option<usize>, ApiError> {
+    const PARAM: &str = "truncate_prompt_tokens";
+    let keep = match value {
+        None => return Ok(None),
+        Some(-1) => info.max_model_len,
+        Some(k) if k >= 1 => usize::try_from(k).unwrap_or(usize::MAX),
+        Some(k) => {
+            return Err(ApiError::invalid(
+                PARAM,
+                format!("{PARAM} must be an integer >= 1 or -1, got {k}"),
+            ));
+        }
+    };
+    if keep > info.max_model_len {
+        return Err(ApiError::invalid(
+            PARAM,
+            format!(
+                "{PARAM} value ({keep}) is greater than max_model_len ({}). Please, select a \
+                 smaller truncation size.",
+                info.max_model_len
+            ),
+        ));
+    }
+    Ok(Some(keep))
+}
+
+/// Keeps the last `keep` tokens of `ids` (all of them when `keep` is `None`), as vLLM truncates
+/// a prompt: from the left, so that what the model continues is the prompt's end. Returns
+/// whether any token was dropped.
+pub(crate) fn truncate(ids: &mut Vec<TokenId>, keep: Option<usize>) -> bool {
+    match keep {
+        Some(keep) if ids.len() > keep => {
+            ids.drain(..ids.len() - keep);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The most tokens a prompt may encode to: any number when it is truncated to at most
+/// `max_model_len` afterwards (the engine then checks what is kept).
+fn most_encoded(info: &ModelInfo, keep: Option<usize>) -> usize {
+    match keep {
+        Some(_) => usize::MAX,
+        None => most_prompt_tokens(info),
+    }
+}
+
 /// One prompt of `/v1/completions` as it arrived: text, or token ids.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum PromptInput<'a> {
@@ -71,19 +121,31 @@ pub(crate) enum PromptInput<'a> {
 }
 
 impl PromptInput<'_> {
-    /// The prompt's token ids (see [`encode`] for text).
-    pub(crate) fn tokens(self, state: &AppState, param: &str) -> Result<Vec<TokenId>, ApiError> {
+    /// The prompt's token ids (see [`encode`] for text); a text of any length is encoded when
+    /// the prompt is to be truncated to `keep` tokens ([`truncation`]) afterwards.
+    pub(crate) fn tokens(
+        self,
+        state: &AppState,
+        param: &str,
+        keep: Option<usize>,
+    ) -> Result<Vec<TokenId>, ApiError> {
         match self {
-            Self::Text(text) => encode(state, text, false, param, most_prompt_tokens(state.info())),
+            Self::Text(text) => encode(state, text, false, param, most_encoded(state.info(), keep)),
             Self::Ids(ids) => token_ids(ids, param),
         }
     }
 
-    /// The prompt's text for `echo`: the text as sent, or the decoded `ids` of a token prompt.
-    pub(crate) fn text(self, state: &AppState, ids: &[TokenId]) -> Result<String, ApiError> {
+    /// The prompt's text for `echo`: the text as sent, or the decoded `ids` of a token prompt or
+    /// of a truncated one (the text the model continued).
+    pub(crate) fn text(
+        self,
+        state: &AppState,
+        ids: &[TokenId],
+        truncated: bool,
+    ) -> Result<String, ApiError> {
         match self {
-            Self::Text(text) => Ok(text.to_owned()),
-            Self::Ids(_) => state
+            Self::Text(text) if !truncated => Ok(text.to_owned()),
+            _ => state
                 .tokenizer()
                 .decode(ids)
                 .map_err(|e| ApiError::invalid("prompt", format!("cannot decode the prompt: {e}"))),
@@ -223,13 +285,17 @@ pub(crate) fn render_messages(
     }
 }
 
-/// Renders a chat request's messages and encodes them.
+/// Renders a chat request's messages and encodes them, keeping the last `keep` tokens when the
+/// prompt is truncated ([`truncation`]).
 pub(crate) fn render_chat(
     state: &AppState,
     f: &ChatFields,
     extras: ChatExtras<'_>,
+    keep: Option<usize>,
 ) -> Result<Vec<TokenId>, ApiError> {
     let how = ChatRender::new(f.add_generation_prompt, f.continue_final_message)?;
     let text = render_messages(state, &f.messages, how, extras)?;
-    encode(state, &text, false, "messages", most_prompt_tokens(state.info()))
+    let mut ids = encode(state, &text, false, "messages", most_encoded(state.info(), keep))?;
+    truncate(&mut ids, keep);
+    Ok(ids)
 }
