@@ -1,7 +1,7 @@
 //! Stop conditions, checked after each sampled token.
 //!
-//! A stop string is looked for in the decoded output, and the text kept is cut at the first
-//! match. Decoding the whole output after every token would cost each step time in proportion to
+//! Stop strings and stop patterns are looked for in the decoded output, and the text kept is cut
+//! at the leftmost match. Decoding the whole output after every token would cost each step time in proportion to
 //! the output's length (a millisecond a sequence at a few thousand tokens, on the step's path);
 //! instead each step decodes a window of the last tokens, and the whole output only when a stop
 //! string may have just completed.
@@ -14,6 +14,11 @@
 //! So when the window's text, those first characters left out, is long enough to hold any stop
 //! string ending in the changed part and holds none, the whole text holds none. Otherwise the
 //! whole output is decoded and searched as before, so the answer is always the whole text's.
+//!
+//! A stop pattern's match depends on its own bytes only (anchors and word boundaries are refused
+//! where the pattern is given), so a pattern whose matches are at most so many bytes long is
+//! judged by the window as a stop string of that length is. A pattern whose matches may be any
+//! length makes every check decode the whole output.
 
 use routed_types::{FinishReason, SamplingParams, StopMatch, TokenId};
 
@@ -30,11 +35,11 @@ const WINDOW_START_CHARS: usize = 2;
 const CHANGED_BEFORE_LAST: usize = 8;
 
 /// Whether a sequence with `output` (the token just sampled last) stops now. `text` decodes
-/// tokens (with `skip_special_tokens` as the request asks) when stop strings need it; it is only
-/// called when the request has stop strings, on a window of the last tokens, and on the whole
-/// output only when the window may hold a match (module docs). Returns the reason and, for a
-/// stop string, the byte length of the text to keep: up to the match, or through it with
-/// `include_stop_str_in_output`.
+/// tokens (with `skip_special_tokens` as the request asks) when stop strings or patterns need
+/// it; it is only called when the request has some, on a window of the last tokens, and on the
+/// whole output only when the window may hold a match (module docs). Returns the reason and, for
+/// a stop string or pattern, the byte length of the text to keep: up to the leftmost match, or
+/// through it with `include_stop_str_in_output`.
 pub fn check_stop(
     output: &[TokenId],
     params: &SamplingParams,
@@ -53,16 +58,12 @@ pub fn check_stop(
         if !params.ignore_eos && eos.contains(&last) {
             return Some((FinishReason::Stop { matched: None }, None));
         }
-        if !params.stop.is_empty() && may_have_stopped(output, params, text) {
+        let has_stops = !params.stop.is_empty() || !params.stop_regex.is_empty();
+        if has_stops && may_have_stopped(output, params, text) {
             let decoded = text(output, params.skip_special_tokens);
-            let found =
-                params.stop.iter().filter_map(|s| decoded.find(s.as_str()).map(|at| (at, s))).min();
-            if let Some((at, s)) = found {
-                let keep = if params.include_stop_str_in_output { at + s.len() } else { at };
-                return Some((
-                    FinishReason::Stop { matched: Some(StopMatch::Text(s.clone())) },
-                    Some(keep),
-                ));
+            if let Some((at, end, matched)) = leftmost_stop(&decoded, params) {
+                let keep = if params.include_stop_str_in_output { end } else { at };
+                return Some((FinishReason::Stop { matched: Some(matched) }, Some(keep)));
             }
         }
     }
@@ -80,7 +81,7 @@ fn may_have_stopped(
     text: &mut dyn FnMut(&[TokenId], bool) -> String,
 ) -> bool {
     let skip = params.skip_special_tokens;
-    let longest = params.stop.iter().map(String::len).max().unwrap_or(0);
+    let Some(longest) = longest_stop(params) else { return true };
     // Tokens of at least a byte each (special ones aside) cover the longest stop string twice.
     let num_window = 2 * longest + MIN_WINDOW_TOKENS;
     // The window stands for the whole text only when the output was searched after the token
@@ -97,6 +98,30 @@ fn may_have_stopped(
         return true;
     }
     params.stop.iter().any(|s| tail.contains(s.as_str()))
+        || params.stop_regex.iter().any(|r| r.find(tail).is_some())
+}
+
+/// The most bytes a match of a stop string or pattern of `params` takes; `None` when a pattern's
+/// matches may be any length.
+fn longest_stop(params: &SamplingParams) -> Option<usize> {
+    let strings = params.stop.iter().map(String::len).max().unwrap_or(0);
+    params
+        .stop_regex
+        .iter()
+        .map(|r| r.max_len())
+        .try_fold(strings, |most, len| Some(most.max(len?)))
+}
+
+/// The leftmost match in `text` of a stop string or pattern of `params` (the first one listed
+/// where two start at one byte, strings first): its start, its end and what matched.
+fn leftmost_stop(text: &str, params: &SamplingParams) -> Option<(usize, usize, StopMatch)> {
+    let strings = params.stop.iter().filter_map(|s| {
+        text.find(s.as_str()).map(|at| (at, at + s.len(), StopMatch::Text(s.clone())))
+    });
+    let patterns = params.stop_regex.iter().filter_map(|r| {
+        r.find(text).map(|m| (m.start, m.end, StopMatch::Regex(r.as_str().to_owned())))
+    });
+    strings.chain(patterns).min_by_key(|&(at, _, _)| at)
 }
 
 /// The window's text past the characters that may differ from the whole text's (replacement
@@ -109,6 +134,10 @@ fn trusted_tail(window: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use routed_types::{Regex, StopRegex};
+
     use super::*;
 
     fn text(ids: &[TokenId], _skip_special_tokens: bool) -> String {
@@ -175,6 +204,90 @@ mod tests {
         let (reason, keep) = check_stop(&output, &p, &[], 102, 10_000, &mut empty).unwrap();
         assert_eq!(reason, FinishReason::Stop { matched: Some(StopMatch::Text("zz".into())) });
         assert_eq!(keep, Some(0));
+    }
+
+    fn patterns(patterns: &[&str]) -> Vec<Arc<StopRegex>> {
+        let compile =
+            |p: &&str| Arc::new(StopRegex::new(Arc::new(Regex::new(p).unwrap())).unwrap());
+        patterns.iter().map(compile).collect()
+    }
+
+    #[test]
+    fn a_stop_pattern_cuts_the_text_at_its_leftmost_match() {
+        let p = SamplingParams {
+            stop_regex: patterns(&["c+d", "x"]),
+            stop: vec!["de".into()],
+            ..SamplingParams::greedy(100)
+        };
+        // "abccd": the pattern's match starts at 2.
+        let (reason, keep) = check_stop(&[0, 1, 2, 2, 3], &p, &[], 5, 100, &mut text).unwrap();
+        assert_eq!(reason, FinishReason::Stop { matched: Some(StopMatch::Regex("c+d".into())) });
+        assert_eq!(keep, Some(2));
+        let include = SamplingParams { include_stop_str_in_output: true, ..p.clone() };
+        let (_, keep) = check_stop(&[0, 1, 2, 2, 3], &include, &[], 5, 100, &mut text).unwrap();
+        assert_eq!(keep, Some(5), "through the match");
+        // A stop string that starts first wins.
+        let (reason, keep) = check_stop(&[3, 4], &p, &[], 2, 100, &mut text).unwrap();
+        assert_eq!(reason, FinishReason::Stop { matched: Some(StopMatch::Text("de".into())) });
+        assert_eq!(keep, Some(0));
+        assert!(check_stop(&[0, 1, 2], &p, &[], 3, 100, &mut text).is_none());
+    }
+
+    /// Tokens of zero to three letters from a small alphabet, so that matches cross tokens.
+    fn uneven(ids: &[TokenId], _skip_special_tokens: bool) -> String {
+        let letters = |i: TokenId| "abc".chars().cycle().skip(i as usize % 3).take(i as usize % 4);
+        ids.iter().flat_map(|&i| letters(i)).collect()
+    }
+
+    #[test]
+    fn windows_judge_stop_patterns_as_the_whole_text_does() {
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for stops in [&["ab{2}ca", "c{4}"][..], &["(ab|ba){3}b"], &["a[bc]*a"]] {
+            let p = SamplingParams {
+                stop_regex: patterns(stops),
+                min_tokens: 3,
+                ..SamplingParams::greedy(10_000)
+            };
+            for _ in 0..40 {
+                let output: Vec<TokenId> = (0..300).map(|_| (next() % 12) as TokenId).collect();
+                // The first length whose whole text holds a match (from min_tokens on) stops,
+                // where the whole text's leftmost match starts; no shorter one does.
+                let first = (3..=output.len()).find(|&n| {
+                    p.stop_regex.iter().any(|r| r.find(&uneven(&output[..n], true)).is_some())
+                });
+                for n in 1..=first.unwrap_or(output.len()) {
+                    let got = check_stop(&output[..n], &p, &[], n, 1 << 20, &mut uneven);
+                    if Some(n) != first {
+                        assert!(got.is_none(), "{stops:?} stopped early at {n}");
+                        continue;
+                    }
+                    let whole = uneven(&output[..n], true);
+                    let at = p.stop_regex.iter().filter_map(|r| r.find(&whole)).map(|m| m.start);
+                    assert_eq!(got.unwrap().1, at.min(), "{stops:?} at {n}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_window_judges_bounded_patterns_and_unbounded_ones_decode_whole() {
+        let output: Vec<TokenId> = (0..200).map(|i| i % 25).collect();
+        for (stops, windowed) in [(&["zz", "q{2,5}"][..], true), (&["zz", "q+z"], false)] {
+            let p = SamplingParams { stop_regex: patterns(stops), ..SamplingParams::greedy(1000) };
+            let mut longest = 0;
+            let mut count = |ids: &[TokenId], skip: bool| {
+                longest = longest.max(ids.len());
+                text(ids, skip)
+            };
+            assert!(check_stop(&output, &p, &[], 200, 10_000, &mut count).is_none());
+            assert_eq!(longest < output.len(), windowed, "{stops:?} decoded {longest}");
+        }
     }
 
     #[test]

@@ -35,7 +35,7 @@ fn finish_json(reason: Option<&FinishReason>) -> Value {
         Some(FinishReason::Stop { matched }) => {
             let matched = match matched {
                 Some(StopMatch::Token(id)) => json!(id),
-                Some(StopMatch::Text(s)) => json!(s),
+                Some(StopMatch::Text(s) | StopMatch::Regex(s)) => json!(s),
                 None => Value::Null,
             };
             json!({"type": "stop", "matched": matched})

@@ -59,11 +59,12 @@ pub(crate) fn finish_reason(reason: &FinishReason) -> &'static str {
     }
 }
 
-/// vLLM's `stop_reason`: the stop token id or stop string that matched, else `null`.
+/// vLLM's `stop_reason`: the stop token id, stop string or stop pattern that matched, else
+/// `null`.
 pub(crate) fn stop_reason(reason: &FinishReason) -> Value {
     match reason {
         FinishReason::Stop { matched: Some(StopMatch::Token(id)) } => json!(id),
-        FinishReason::Stop { matched: Some(StopMatch::Text(s)) } => json!(s),
+        FinishReason::Stop { matched: Some(StopMatch::Text(s) | StopMatch::Regex(s)) } => json!(s),
         _ => Value::Null,
     }
 }

@@ -59,6 +59,8 @@ pub(crate) struct CommonFields {
     pub top_p: Option<f32>,
     pub top_k: Option<i64>,
     pub stop: Option<StopField>,
+    /// SGLang's: patterns that end the request where the text matches one.
+    pub stop_regex: Option<StopField>,
     pub stop_token_ids: Option<Vec<u32>>,
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
@@ -93,8 +95,7 @@ pub(crate) struct CommonFields {
     pub truncate_prompt_tokens: Option<i64>,
 }
 
-/// vLLM's and SGLang's fields of both OpenAI routes that would change the answer and are not
-/// served; each is refused unless it holds its neutral value (false, null, an empty list).
+/// vLLM's fields of both OpenAI routes that would change the answer and are not served; each is refused unless it holds its neutral value (false, null, an empty list).
 /// Parsed apart from [`CommonFields`] (a flattened struct would buffer every other field, the
 /// prompt included).
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -105,8 +106,6 @@ pub(crate) struct UnservedFields {
     pub bad_words: Option<Value>,
     /// vLLM's logits processors, by name.
     pub logits_processors: Option<Value>,
-    /// SGLang's stop patterns.
-    pub stop_regex: Option<Value>,
 }
 
 /// Fields only `/v1/completions` has.
@@ -191,8 +190,8 @@ pub(crate) struct SglSamplingParams {
     pub regex: Option<Value>,
     pub ebnf: Option<Value>,
     pub structural_tag: Option<Value>,
-    /// Refused unless empty: stopping on a pattern is not served.
-    pub stop_regex: Option<Value>,
+    /// Patterns that end the request where the text matches one.
+    pub stop_regex: Option<StopField>,
 }
 
 /// `/generate`'s `sampling_params`: one object for every prompt, or a list with one per prompt of

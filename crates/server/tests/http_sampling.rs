@@ -1,9 +1,10 @@
 //! The sampling fields RL and evaluation clients send (`presence_penalty`, `frequency_penalty`,
-//! `repetition_penalty`, `min_p`, `logit_bias`, `allowed_token_ids`) over real HTTP on every route that takes them:
-//! each is accepted, changes the tokens where it should, gives the same tokens for the same seed,
-//! means the same on `/generate` (SGLang's `sampling_params`) as on the OpenAI routes, and an
-//! out-of-range value is a 400 naming the field; and the text fields (`skip_special_tokens`,
-//! `include_stop_str_in_output`, SGLang's `no_stop_trim`), whole and streamed.
+//! `repetition_penalty`, `min_p`, `logit_bias`, `allowed_token_ids`) over real HTTP on every
+//! route that takes them: each is accepted, changes the tokens where it should, gives the same
+//! tokens for the same seed, means the same on `/generate` (SGLang's `sampling_params`) as on
+//! the OpenAI routes, and an out-of-range value is a 400 naming the field; and the text fields
+//! (`skip_special_tokens`, `include_stop_str_in_output`, SGLang's `no_stop_trim` and
+//! `stop_regex`), whole and streamed.
 
 mod common;
 
@@ -350,4 +351,83 @@ fn logprobs_name_tokens_by_id_when_asked() {
         .collect();
     assert_eq!(String::from_utf8_lossy(&text), choice["message"]["content"].as_str().unwrap());
     assert!(content[0]["top_logprobs"][0]["token"].as_str().unwrap().starts_with("token_id:"));
+}
+
+/// `text` as a regular expression that matches it literally.
+fn escaped(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| (c.is_ascii_punctuation()).then_some('\\').into_iter().chain([c]))
+        .collect()
+}
+
+#[test]
+fn stop_patterns_cut_the_text_at_their_first_match() {
+    let s = server(MODEL);
+    let prompt = prompt_ids(8, 35);
+    let plain = json!({"prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": true,
+                       "return_routed_experts": false});
+    let (full, _) = texts(&s, &plain);
+    let chars: Vec<(usize, char)> = full.char_indices().collect();
+    assert!(chars.len() >= 8, "{full:?}");
+    let lit = &full[chars[4].0..chars[7].0];
+    let at = full.find(lit).unwrap();
+    let (before, through) = (full[..at].to_owned(), full[..at + lit.len()].to_owned());
+    assert!(!full.contains("zzz") && !full.chars().any(|c| c.is_ascii_digit()), "{full:?}");
+    // Matches at most 12 bytes long (judged on a window of the output's end), and of any length
+    // (the whole output searched): both stop where the literal first completes.
+    for pattern in
+        [format!("(?:{}|[0-9]{{12}})", escaped(lit)), format!("{}(?:zzz)*", escaped(lit))]
+    {
+        let cut = with(&plain, json!({"stop_regex": pattern}));
+        assert_eq!(texts(&s, &cut), (before.clone(), before.clone()), "{pattern}");
+        let out = s.ok("/v1/completions", &cut);
+        assert_eq!(out["choices"][0]["finish_reason"], "stop");
+        assert_eq!(out["choices"][0]["stop_reason"], json!(pattern));
+        let kept = with(&cut, json!({"include_stop_str_in_output": true}));
+        assert_eq!(texts(&s, &kept), (through.clone(), through.clone()), "{pattern}");
+        // SGLang's `/generate`: the pattern is the match it reports; `no_stop_trim` keeps it.
+        let sp = json!({"max_new_tokens": 16, "temperature": 0, "ignore_eos": true,
+                        "stop_regex": [pattern]});
+        let generated = s.ok("/generate", &json!({"input_ids": prompt, "sampling_params": sp}));
+        assert_eq!(generated["text"], json!(before));
+        let reason = &generated["meta_info"]["finish_reason"];
+        assert_eq!(reason, &json!({"type": "stop", "matched": pattern}));
+        let sp = with(&sp, json!({"no_stop_trim": true}));
+        let generated = s.ok("/generate", &json!({"input_ids": prompt, "sampling_params": sp}));
+        assert_eq!(generated["text"], json!(through));
+    }
+    // The chat route takes the field as well.
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16,
+                      "temperature": 0, "ignore_eos": true, "return_routed_experts": false});
+    let content = s.ok("/v1/chat/completions", &chat)["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let chars: Vec<(usize, char)> = content.char_indices().collect();
+    assert!(chars.len() >= 6, "{content:?}");
+    let lit = &content[chars[3].0..chars[5].0];
+    let pattern = format!("{}+", escaped(lit));
+    let out = s.ok("/v1/chat/completions", &with(&chat, json!({"stop_regex": [pattern]})));
+    let choice = &out["choices"][0];
+    assert_eq!(choice["message"]["content"], json!(&content[..content.find(lit).unwrap()]));
+    assert_eq!(
+        (&choice["finish_reason"], &choice["stop_reason"]),
+        (&json!("stop"), &json!(pattern))
+    );
+    // A pattern the engine cannot stop on is a 400 naming the field, on every route.
+    for (pattern, says) in [
+        (json!("a*"), "empty text"),
+        (json!(["x", "^done"]), "anchors"),
+        (json!("(a"), "unclosed group"),
+        (json!(3), ""),
+    ] {
+        let body = with(&plain, json!({"stop_regex": pattern}));
+        let error = s.post("/v1/completions", &body).error(400, "invalid_request_error");
+        assert_eq!(error["param"], "stop_regex", "{error}");
+        assert!(error["message"].as_str().unwrap().contains(says), "{error}");
+        let sp = json!({"stop_regex": pattern});
+        let body = json!({"input_ids": prompt, "sampling_params": sp});
+        let error = s.post("/generate", &body).error(400, "invalid_request_error");
+        assert_eq!(error["param"], "sampling_params.stop_regex", "{error}");
+    }
 }

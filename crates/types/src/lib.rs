@@ -14,6 +14,7 @@ mod regex;
 mod routing;
 mod sampling;
 mod step;
+mod stop_regex;
 
 pub use grammar::{Grammar, GrammarElement, GrammarError};
 pub use history::{TokenCount, TokenCounts};
@@ -32,3 +33,4 @@ pub use step::{
     PromptLogprobs, SampledToken, ScheduledSeq, SeqContext, StepId, StepOutput, StepPlan,
     StepTokens,
 };
+pub use stop_regex::{StopPrefix, StopRegex};

@@ -37,7 +37,7 @@ const MAX_NESTING: u32 = 64;
 /// or one too large.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct RegexError(String);
+pub struct RegexError(pub(crate) String);
 
 /// A pattern and its DFA, read-only once built. Two are equal when their patterns are, and it
 /// is serialized as its pattern (and compiled again when read).

@@ -2,7 +2,7 @@
 
 use std::{cmp::Ordering, sync::Arc};
 
-use crate::{Grammar, JsonSchema, Regex, TokenId};
+use crate::{Grammar, JsonSchema, Regex, StopRegex, TokenId};
 
 /// Most top alternatives per token a request may ask for, for sampled tokens (`logprobs`) and
 /// prompt tokens (`prompt_logprobs`) alike: OpenAI's and vLLM's limit.
@@ -40,8 +40,12 @@ pub struct SamplingParams {
     /// Strings that end the request; the match is cut from the text unless
     /// `include_stop_str_in_output`.
     pub stop: Vec<String>,
-    /// Keep a matched stop string at the end of the text, and the text of the token (EOS, a stop
-    /// token) that ended the request (vLLM's `include_stop_str_in_output`, SGLang's
+    /// Patterns that end the request when the text matches one anywhere (SGLang's
+    /// `stop_regex`); the text is cut where the leftmost match starts, as at a stop string.
+    #[serde(default)]
+    pub stop_regex: Vec<Arc<StopRegex>>,
+    /// Keep a matched stop string (or a stop pattern's match) at the end of the text, and the
+    /// text of the token (EOS, a stop token) that ended the request (vLLM's `include_stop_str_in_output`, SGLang's
     /// `no_stop_trim`).
     pub include_stop_str_in_output: bool,
     /// Leave special tokens (EOS, chat markers) out of the text, as vLLM and SGLang do by default.
@@ -148,6 +152,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             stop_token_ids: Vec::new(),
             stop: Vec::new(),
+            stop_regex: Vec::new(),
             include_stop_str_in_output: false,
             skip_special_tokens: true,
             logprobs: None,
@@ -386,10 +391,10 @@ impl SamplingError {
 /// Why a request stopped generating.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FinishReason {
-    /// EOS, a stop token or a stop string; `matched` says which stop token or string, and is
-    /// `None` for EOS.
+    /// EOS, a stop token, a stop string or a stop pattern; `matched` says which, and is `None`
+    /// for EOS.
     Stop {
-        /// The stop token or string that matched; `None` for EOS.
+        /// The stop token, string or pattern that matched; `None` for EOS.
         matched: Option<StopMatch>,
     },
     /// `max_tokens` reached (or the model length).
@@ -405,6 +410,8 @@ pub enum StopMatch {
     Token(TokenId),
     /// One of the request's stop strings.
     Text(String),
+    /// One of the request's stop patterns, as given.
+    Regex(String),
 }
 
 #[cfg(test)]

@@ -247,12 +247,6 @@ fn entry_sampling(
              regex and ebnf are",
         ));
     }
-    if !super::is_neutral(sp.stop_regex.as_ref()) {
-        return Err(ApiError::unsupported(
-            "sampling_params.stop_regex",
-            "sampling_params.stop_regex is not supported; sampling_params.stop (strings) is",
-        ));
-    }
     let constraints = [("json_schema", &sp.json_schema), ("regex", &sp.regex), ("ebnf", &sp.ebnf)];
     let mut asked = constraints
         .into_iter()
@@ -287,6 +281,7 @@ fn entry_sampling(
         min_tokens: sp.min_new_tokens,
         ignore_eos: sp.ignore_eos,
         stop: sp.stop,
+        stop_regex: sp.stop_regex,
         stop_token_ids: sp.stop_token_ids,
         include_stop_str: sp.no_stop_trim,
         skip_special_tokens: sp.skip_special_tokens,

@@ -125,7 +125,6 @@ fn refuse_unsupported(c: &CommonFields, body: &Value) -> Result<(), ApiError> {
         ("use_beam_search", u.use_beam_search == Some(true)),
         ("bad_words", !is_neutral(u.bad_words.as_ref())),
         ("logits_processors", !is_neutral(u.logits_processors.as_ref())),
-        ("stop_regex", !is_neutral(u.stop_regex.as_ref())),
     ];
     match given.into_iter().find(|&(_, given)| given) {
         Some((field, _)) => Err(ApiError::unsupported(field, format!("{field} is not supported"))),
@@ -338,6 +337,7 @@ fn sampling_fields(c: &CommonFields, prompt_logprobs: Option<u32>) -> SamplingFi
         min_tokens: c.min_tokens,
         ignore_eos: c.ignore_eos,
         stop: c.stop.clone(),
+        stop_regex: c.stop_regex.clone(),
         stop_token_ids: c.stop_token_ids.clone(),
         include_stop_str: c.include_stop_str_in_output,
         skip_special_tokens: c.skip_special_tokens,

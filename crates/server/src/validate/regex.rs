@@ -1,6 +1,6 @@
-//! Regular expressions from requests (`regex`, a JSON schema's `pattern`), compiled once for
-//! the recent patterns: an RL rollout sends one pattern with many requests, and compiling one
-//! can take milliseconds (a counted Unicode class determinizes into thousands of states). The
+//! Regular expressions from requests (`regex`, a JSON schema's `pattern`, `stop_regex`),
+//! compiled once for the recent patterns: an RL rollout sends one pattern with many requests,
+//! and compiling one can take milliseconds (a counted Unicode class determinizes into thousands of states). The
 //! cache is bounded by count and by its DFAs' bytes (a DFA may take up to 8 MiB).
 
 use std::{
@@ -8,10 +8,11 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use routed_types::{Regex, RegexError};
+use routed_types::{Regex, RegexError, StopRegex};
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::wire::StopField;
 
 /// Patterns whose compiled form is kept, at most.
 const NUM_KEPT: usize = 32;
@@ -51,6 +52,25 @@ pub(crate) fn regex_of(value: &Value, param: &str) -> Result<Arc<Regex>, ApiErro
         });
     };
     compiled(pattern).map_err(|e| ApiError::invalid(param, format!("{param}: {e}")))
+}
+
+/// SGLang's `stop_regex` (one pattern or a list) as stop patterns, each compiled once while it is
+/// recent; a pattern the engine cannot stop on is a 400 naming the field with the reason.
+pub(crate) fn stop_regexes(
+    patterns: StopField,
+    param: &str,
+) -> Result<Vec<Arc<StopRegex>>, ApiError> {
+    let refuse = |pattern: &str, e: RegexError| {
+        ApiError::invalid(param, format!("{param}: '{pattern}' cannot stop a request: {e}"))
+    };
+    patterns
+        .into_vec()
+        .iter()
+        .map(|pattern| {
+            let anchored = compiled(pattern).map_err(|e| refuse(pattern, e))?;
+            StopRegex::new(anchored).map(Arc::new).map_err(|e| refuse(pattern, e))
+        })
+        .collect()
 }
 
 #[cfg(test)]

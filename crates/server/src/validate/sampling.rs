@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use super::grammar::grammar_of;
 use super::json_schema::reduce;
-use super::regex::regex_of;
+use super::regex::{regex_of, stop_regexes};
 use crate::error::ApiError;
 use crate::wire::StopField;
 
@@ -22,6 +22,8 @@ pub(crate) struct SamplingFields {
     pub min_tokens: Option<u32>,
     pub ignore_eos: Option<bool>,
     pub stop: Option<StopField>,
+    /// SGLang's stop patterns: one or a list.
+    pub stop_regex: Option<StopField>,
     pub stop_token_ids: Option<Vec<u32>>,
     pub include_stop_str: Option<bool>,
     pub skip_special_tokens: Option<bool>,
@@ -71,6 +73,10 @@ pub(crate) fn sampling(
         ignore_eos: f.ignore_eos.unwrap_or(false),
         stop_token_ids: f.stop_token_ids.unwrap_or_default(),
         stop: f.stop.map(StopField::into_vec).unwrap_or_default(),
+        stop_regex: match f.stop_regex {
+            Some(patterns) => stop_regexes(patterns, &name("stop_regex"))?,
+            None => Vec::new(),
+        },
         include_stop_str_in_output: f.include_stop_str.unwrap_or(false),
         skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
         logprobs,
