@@ -1,6 +1,6 @@
 //! The sampling and scoring features RL and evaluation clients use (penalties, `min_p`, logit
-//! bias, prompt logprobs, constrained outputs), aborted requests' routing, and the expert-load counts, through the
-//! engine: each feature does what it says, deterministically under its seed, and a request's
+//! bias, bad words, prompt logprobs, constrained outputs), aborted requests' routing, and the
+//! expert-load counts, through the engine: each feature does what it says, deterministically under its seed, and a request's
 //! results are bitwise the same alone as batched with others in chunked steps.
 
 mod common;
@@ -29,6 +29,7 @@ fn features() -> Vec<(&'static str, SamplingParams)> {
             SamplingParams { logit_bias: vec![(3, 4.0), (40, -50.0)], ..sampled.clone() },
         ),
         ("prompt_logprobs", SamplingParams { prompt_logprobs: Some(3), ..sampled.clone() }),
+        ("bad_words", SamplingParams { bad_words: vec![vec![3], vec![7, 40]], ..sampled.clone() }),
         (
             "json_object",
             SamplingParams { response_format: ResponseFormat::JsonObject, ..sampled.clone() },
@@ -187,6 +188,44 @@ async fn bias_forces_a_token_and_penalties_see_the_history() {
         SamplingParams { repetition_penalty: 100.0, logit_bias: vec![(favoured, 2.0)], ..biased };
     let with_repetition = count_of(&handle, &prompt, repetition, favoured).await;
     assert!(with_repetition < 12, "repetition penalty: {with_repetition} of 12");
+    handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_words_never_appear_in_the_output() {
+    let g = Golden::open("qwen3_moe");
+    let handle = engine("qwen3_moe", |c| c.max_num_batched_tokens = 16);
+    let prompt = g.prompt("main");
+    let plain = run(&handle, GenerateRequest::new(prompt.clone(), greedy(16))).await;
+    let free = plain.finals[0].token_ids.clone();
+    // A token the greedy answer writes first at `i`, and a later pair of its tokens without it
+    // that the answer does not write before `i`.
+    let i = (1..free.len()).find(|&i| !free[..i].contains(&free[i])).expect("a new token");
+    let one = free[i];
+    let before = |pair: &[u32]| free[..=i].windows(2).any(|w| w == pair);
+    let j = (i + 1..free.len() - 1)
+        .find(|&j| !free[j..j + 2].contains(&one) && !before(&free[j..j + 2]))
+        .unwrap_or_else(|| panic!("a pair after {i} in {free:?}"));
+    let pair = [free[j], free[j + 1]];
+    for seed in 0..3 {
+        let temperature = if seed == 0 { 0.0 } else { 1.0 };
+        let params = SamplingParams {
+            temperature,
+            seed,
+            bad_words: vec![vec![one], pair.to_vec()],
+            ..greedy(16)
+        };
+        let out = run(&handle, GenerateRequest::new(prompt.clone(), params)).await;
+        let tokens = &out.finals[0].token_ids;
+        assert_eq!(tokens.len(), 16, "{seed}: {tokens:?}");
+        assert!(!tokens.contains(&one), "{seed}: {tokens:?}");
+        assert!(!tokens.windows(2).any(|w| w == pair), "{seed}: {tokens:?}");
+        if seed == 0 {
+            // Greedy: the same answer up to the first banned token, then another.
+            assert_eq!(tokens[..i], free[..i]);
+            assert_ne!(tokens[i], one);
+        }
+    }
     handle.shutdown().await;
 }
 

@@ -106,11 +106,13 @@ impl StepPacker {
 /// Whether the device kernels may pick the token and report its logprobs (the rank and up to
 /// [`MAX_LOGPROBS`] alternatives included); the bias and penalties go as logit edits when they
 /// fit the step's list. A constrained output's row is chosen on the host, where its mask (most of
-/// the vocabulary ruled out, in most states) applies as it does on the CPU, and so is the row of
-/// a request that names tokens for their logprobs.
+/// the vocabulary ruled out, in most states) applies as it does on the CPU, and so are the rows
+/// of a request that names tokens for their logprobs and of one with bad words (whose bans
+/// depend on the output's last tokens).
 pub fn on_device(params: &SamplingParams) -> bool {
     params.logprobs.is_none_or(|n| n <= MAX_LOGPROBS && params.logprob_token_ids.is_empty())
         && !params.is_constrained()
+        && params.bad_words.is_empty()
 }
 
 /// Whether a chunk's prompt positions are scored on the host: every one of them when the packer

@@ -99,9 +99,8 @@ fn a_mixed_step_is_packed_section_by_section() {
     chunk.prompt_logprobs = Some(0);
     chunk.context = Some(SeqContext {
         prompt: Arc::new((10..22).collect()),
-        history: None,
-        allowed: None,
         logprob_token_ids: Arc::from([]),
+        ..SeqContext::default()
     });
     let seeded = SamplingParams {
         temperature: 0.7,
@@ -221,9 +220,8 @@ fn a_chunk_that_names_tokens_for_their_logprobs_is_scored_and_sampled_on_the_hos
     named.prompt_logprobs = Some(1);
     named.context = Some(SeqContext {
         prompt: Arc::new(vec![1, 2, 3, 4]),
-        history: None,
-        allowed: None,
         logprob_token_ids: vec![2, 9].into(),
+        ..SeqContext::default()
     });
     let plan = StepPlan {
         seqs: vec![sampled(seq(1, &[7], &[2]), SamplingParams::greedy(1), 1), named],
@@ -249,9 +247,8 @@ fn logits_rows_count_within_their_chunk_and_a_repeated_step_uploads_its_fixed_se
     big.prompt_logprobs = Some(1);
     big.context = Some(SeqContext {
         prompt: Arc::new(vec![1, 2, 3, 4, 5]),
-        history: None,
-        allowed: None,
         logprob_token_ids: Arc::from([]),
+        ..SeqContext::default()
     });
     let plan = StepPlan { seqs: vec![big], ..StepPlan::default() };
     let first = packer.pack(&plan, true, &mut words).unwrap();
@@ -394,7 +391,9 @@ fn rows_reporting_logprobs_stay_on_the_device_with_the_most_alternatives_asked()
     assert!(p.wants_ranks);
     assert_eq!(p.num_top_logprobs, 3);
     assert!(on_device(&logprobs(MAX_LOGPROBS, seeded.clone())));
-    assert!(on_device(&SamplingParams { min_p: 0.1, ..logprobs(1, seeded) }));
+    assert!(on_device(&SamplingParams { min_p: 0.1, ..logprobs(1, seeded.clone()) }));
+    // Bad words' bans follow the output's last tokens: chosen on the host.
+    assert!(!on_device(&SamplingParams { bad_words: vec![vec![4]], ..seeded }));
 }
 
 #[test]

@@ -301,14 +301,24 @@ impl Scheduler {
                 .params
                 .prompt_logprobs
                 .filter(|_| grant.num_computed_tokens + 1 < seq.prompt.len());
-            let context =
-                (seq.params.needs_history() || prompt_logprobs.is_some() || seq.json.is_some())
-                    .then(|| SeqContext {
+            let bans = !seq.params.bad_words.is_empty();
+            let context = (seq.params.needs_history()
+                || prompt_logprobs.is_some()
+                || seq.json.is_some()
+                || bans)
+                .then(|| {
+                    let mut banned = Vec::new();
+                    if bans && sample.is_some() {
+                        seq.params.banned_after(&seq.output, &mut banned);
+                    }
+                    SeqContext {
                         prompt: seq.prompt.clone(),
                         history: seq.history.clone(),
                         allowed: seq.json.as_ref().and_then(JsonConstraint::allowed).cloned(),
+                        banned,
                         logprob_token_ids: Arc::clone(&seq.params.logprob_token_ids),
-                    });
+                    }
+                });
             plan.seqs.push(ScheduledSeq {
                 seq_id: seq.id,
                 token_ids: seq.tokens(grant.num_computed_tokens..grant.end()),

@@ -61,6 +61,8 @@ pub(crate) struct CommonFields {
     pub stop: Option<StopField>,
     /// SGLang's: patterns that end the request where the text matches one.
     pub stop_regex: Option<StopField>,
+    /// vLLM's: words the output never contains.
+    pub bad_words: Option<StopField>,
     pub stop_token_ids: Option<Vec<u32>>,
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
@@ -102,8 +104,6 @@ pub(crate) struct CommonFields {
 pub(crate) struct UnservedFields {
     /// vLLM's beam search.
     pub use_beam_search: Option<bool>,
-    /// vLLM's words never to write.
-    pub bad_words: Option<Value>,
     /// vLLM's logits processors, by name.
     pub logits_processors: Option<Value>,
 }

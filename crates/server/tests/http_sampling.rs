@@ -431,3 +431,40 @@ fn stop_patterns_cut_the_text_at_their_first_match() {
         assert_eq!(error["param"], "sampling_params.stop_regex", "{error}");
     }
 }
+
+#[test]
+fn bad_words_are_encoded_as_vllm_encodes_them_and_never_written() {
+    let s = server(MODEL);
+    let prompt = prompt_ids(8, 36);
+    let plain = greedy(&prompt);
+    let free = completion(&s, &plain);
+    let tokenize = |text: &str| {
+        ids(&s.ok("/tokenize", &json!({"prompt": text, "add_special_tokens": false}))["tokens"])
+    };
+    // A token the answer writes first at `i` whose text, encoded alone or after a space (the
+    // two ways vLLM encodes a bad word), gives the token back.
+    let (i, word) = (1..free.len())
+        .filter(|&i| !free[..i].contains(&free[i]))
+        .find_map(|i| {
+            let text = s.ok("/detokenize", &json!({"tokens": [free[i]]}))["prompt"]
+                .as_str()?
+                .trim_start()
+                .to_owned();
+            let back = [tokenize(&text), tokenize(&format!(" {text}"))];
+            (!text.is_empty() && back.iter().any(|b| b[..] == [free[i]])).then_some((i, text))
+        })
+        .unwrap_or_else(|| panic!("a token whose text encodes back to it in {free:?}"));
+    for words in [json!([word]), json!(word), json!(["\u{1F600}\u{1F600}", word])] {
+        let tokens = completion(&s, &with(&plain, json!({"bad_words": words})));
+        assert_eq!(tokens[..i], free[..i], "{words}: the same answer up to the word");
+        assert!(!tokens.contains(&free[i]), "{words}: {tokens:?} writes {}", free[i]);
+    }
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                      "bad_words": [word], "return_routed_experts": false});
+    s.ok("/v1/chat/completions", &chat);
+    for words in [json!([""]), json!(["ok", "  "]), json!(3)] {
+        let body = with(&plain, json!({"bad_words": words}));
+        let error = s.post("/v1/completions", &body).error(400, "invalid_request_error");
+        assert_eq!(error["param"], "bad_words", "{words}: {error}");
+    }
+}

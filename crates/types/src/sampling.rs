@@ -78,6 +78,10 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// Added to the logits of these tokens before anything else, sorted by token id.
     pub logit_bias: Vec<(TokenId, f32)>,
+    /// Token sequences the output never contains (vLLM's `bad_words`, encoded): a sequence's
+    /// last token is ruled out wherever the output ends with the rest of it.
+    #[serde(default)]
+    pub bad_words: Vec<Vec<TokenId>>,
     /// What the output must be (OpenAI's `response_format`).
     #[serde(default)]
     pub response_format: ResponseFormat,
@@ -163,6 +167,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             min_p: 0.0,
             logit_bias: Vec::new(),
+            bad_words: Vec::new(),
             response_format: ResponseFormat::Text,
             thinking_tags: None,
         }
@@ -188,13 +193,30 @@ impl SamplingParams {
             || self.repetition_penalty != 1.0
     }
 
-    /// Whether the logits are changed before a token is chosen (penalties, bias, `min_p`, an
-    /// output constraint).
+    /// Whether the logits are changed before a token is chosen (penalties, bias, `min_p`, bad
+    /// words, an output constraint).
     pub fn processes_logits(&self) -> bool {
         self.needs_history()
             || !self.logit_bias.is_empty()
             || self.min_p > 0.0
+            || !self.bad_words.is_empty()
             || self.is_constrained()
+    }
+
+    /// The tokens [`Self::bad_words`] rule out after `output`, into `out` (cleared first): the
+    /// last token of each word whose other tokens end the output (of a one-token word, always),
+    /// sorted and each once.
+    pub fn banned_after(&self, output: &[TokenId], out: &mut Vec<TokenId>) {
+        out.clear();
+        for word in &self.bad_words {
+            if let Some((&last, before)) = word.split_last()
+                && output.ends_with(before)
+            {
+                out.push(last);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
     }
 
     /// Whether the output is constrained (`response_format` other than text): each choice is
@@ -227,6 +249,13 @@ impl SamplingParams {
             let (min, max) = (self.min_tokens, self.max_tokens);
             let message = format!("min_tokens ({min}) must not exceed the maximum tokens ({max})");
             return bad("min_tokens", message);
+        }
+        if self.bad_words.iter().any(Vec::is_empty) {
+            return bad("bad_words", "bad_words must not be empty".into());
+        }
+        if let Some(&t) = self.bad_words.iter().flatten().find(|&&t| t as usize >= vocab_size) {
+            let message = format!("bad_words must encode to tokens in [0, {vocab_size}), got {t}");
+            return bad("bad_words", message);
         }
         if self.stop.iter().any(String::is_empty) {
             // An empty string matches everywhere: the request would stop before its first token.
@@ -369,7 +398,7 @@ pub struct SamplingError {
 impl SamplingError {
     /// Every name [`SamplingParams::check`] gives a field, so a gateway can tell a sampling
     /// field from the engine's other checks (`/generate` nests these under `sampling_params`).
-    pub const PARAMS: [&'static str; 15] = [
+    pub const PARAMS: [&'static str; 16] = [
         "temperature",
         "top_p",
         "top_k",
@@ -385,6 +414,7 @@ impl SamplingError {
         "stop",
         "response_format",
         "allowed_token_ids",
+        "bad_words",
     ];
 }
 
@@ -469,6 +499,24 @@ mod tests {
     }
 
     #[test]
+    fn bad_words_rule_out_a_words_last_token_after_the_rest_of_it() {
+        let p = SamplingParams {
+            bad_words: vec![vec![7], vec![1, 2, 3], vec![2, 3]],
+            ..Default::default()
+        };
+        let banned = |output: &[TokenId]| {
+            let mut out = vec![99];
+            p.banned_after(output, &mut out);
+            out
+        };
+        assert_eq!(banned(&[]), [7], "a one-token word always");
+        assert_eq!(banned(&[5, 1]), [7]);
+        assert_eq!(banned(&[1, 2]), [3, 7], "two words end in 3, once");
+        assert_eq!(banned(&[9, 2]), [3, 7]);
+        assert_eq!(banned(&[1, 2, 3]), [7]);
+    }
+
+    #[test]
     fn each_bad_field_is_named() {
         // Each case breaks one field of the defaults.
         type Break = fn(&mut SamplingParams);
@@ -480,6 +528,8 @@ mod tests {
             ("top_p", |p| p.top_p = 1.5),
             ("top_p", |p| p.top_p = f32::NAN),
             ("top_k", |p| p.top_k = Some(0)),
+            ("bad_words", |p| p.bad_words = vec![vec![3], vec![]]),
+            ("bad_words", |p| p.bad_words = vec![vec![3, VOCAB as TokenId]]),
             ("min_tokens", |p| (p.min_tokens, p.max_tokens) = (20, 10)),
             ("stop", |p| p.stop = vec!["ok".into(), String::new()]),
             ("logprobs", |p| p.logprobs = Some(MAX_LOGPROBS + 1)),

@@ -124,6 +124,8 @@ pub struct SeqContext {
     /// The tokens the request's output constraint allows next (`response_format`), when it has
     /// one; the samplers choose among them only.
     pub allowed: Option<Arc<TokenMask>>,
+    /// The tokens the request's bad words rule out next, sorted (empty for most requests).
+    pub banned: Vec<TokenId>,
     /// The tokens whose logprobs each scored prompt position reports (the request's
     /// `logprob_token_ids`).
     pub logprob_token_ids: Arc<[TokenId]>,
@@ -133,7 +135,7 @@ impl SeqContext {
     /// The context of a sequence that generated `output` after `prompt`, with its counts.
     pub fn new(prompt: Vec<TokenId>, output: &[TokenId]) -> Self {
         let history = Some(Arc::new(TokenCounts::new(&prompt, output)));
-        Self { prompt: Arc::new(prompt), history, allowed: None, logprob_token_ids: Arc::from([]) }
+        Self { prompt: Arc::new(prompt), history, ..Self::default() }
     }
 }
 

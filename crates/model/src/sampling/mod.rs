@@ -87,7 +87,9 @@ impl Sampler {
     }
 
     /// Logit bias, then the repetition, frequency and presence penalties (vLLM's order), then
-    /// the output constraint's mask, into `out`.
+    /// the output constraint's mask and the bad words' bans, into `out`. A ban that would leave
+    /// no token at all (every token the constraint allows is banned) is lifted: the constraint
+    /// must be met, and its answer is the output.
     fn process(
         &mut self,
         logits: &[f32],
@@ -110,6 +112,17 @@ impl Sampler {
         // An output constraint last: a token it rules out has no chance, whatever else applied.
         if let Some(allowed) = history.and_then(|h| h.allowed.as_deref()) {
             rule_out(allowed, out);
+        }
+        let banned = history.map_or(&[][..], |h| &h.banned[..]);
+        let kept = |i: usize, l: &f32| {
+            *l > f32::NEG_INFINITY && banned.binary_search(&(i as u32)).is_err()
+        };
+        if !banned.is_empty() && out.iter().enumerate().any(|(i, l)| kept(i, l)) {
+            for &t in banned {
+                if let Some(l) = out.get_mut(t as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
         }
     }
     /// The `n` most likely tokens (ties to the lower id) with their logprobs; ranking logits
@@ -329,6 +342,30 @@ mod tests {
             (0..40).map(|i| Sampler::default().sample(&logits, &p, i, None).token).collect();
         assert!(picks.iter().all(|&t| t == 1 || t == 3));
         assert!(picks.contains(&1) && picks.contains(&3));
+    }
+
+    #[test]
+    fn banned_tokens_are_never_chosen_unless_nothing_else_is_allowed() {
+        use routed_types::{ResponseFormat, TokenMask};
+        let logits = [0.5, 3.0, 2.0, 2.5];
+        let p = SamplingParams { bad_words: vec![vec![1]], ..SamplingParams::greedy(1) };
+        let banned = SeqContext { banned: vec![1, 3], ..history(&[0], &[]) };
+        let out = Sampler::default().sample(&logits, &p, 0, Some(&banned));
+        assert_eq!(out.token, 2, "the best token not banned");
+        let raw = Sampler::default().score(&logits, 2, 0, &[]);
+        assert_eq!(out.logprob.to_bits(), raw.logprob.to_bits(), "logprobs stay raw");
+        let seeded = SamplingParams { temperature: 1.0, seed: 3, ..p.clone() };
+        for index in 0..40 {
+            let t = Sampler::default().sample(&logits, &seeded, index, Some(&banned)).token;
+            assert!(t == 0 || t == 2, "{t}");
+        }
+        // A constraint that allows banned tokens only keeps them: it must be met.
+        let mut allowed = TokenMask::none(logits.len());
+        allowed.allow(1);
+        allowed.allow(3);
+        let both = SeqContext { allowed: Some(Arc::new(allowed)), ..banned };
+        let json = SamplingParams { response_format: ResponseFormat::JsonObject, ..p };
+        assert_eq!(Sampler::default().sample(&logits, &json, 0, Some(&both)).token, 1);
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub(crate) use chat::ChatExtras;
 pub(crate) use generate::{GenerateJob, generate};
 pub(crate) use prompt::{ChatRender, encode, render_chat, render_messages, token_ids};
 use prompt::{completion_prompts, truncate, truncation};
-use sampling::{SamplingFields, sampling};
+use sampling::{SamplingFields, bad_words, sampling};
 
 /// A validated request: one engine request per prompt, and how to answer.
 #[derive(Clone, Debug)]
@@ -123,7 +123,6 @@ fn refuse_unsupported(c: &CommonFields, body: &Value) -> Result<(), ApiError> {
     let u: UnservedFields = parse(body)?;
     let given = [
         ("use_beam_search", u.use_beam_search == Some(true)),
-        ("bad_words", !is_neutral(u.bad_words.as_ref())),
         ("logits_processors", !is_neutral(u.logits_processors.as_ref())),
     ];
     match given.into_iter().find(|&(_, given)| given) {
@@ -351,6 +350,14 @@ fn sampling_fields(c: &CommonFields, prompt_logprobs: Option<u32>) -> SamplingFi
     }
 }
 
+/// The request's `bad_words`, encoded ([`bad_words`]); none when absent.
+fn bad_words_of(state: &AppState, c: &CommonFields) -> Result<Vec<Vec<TokenId>>, ApiError> {
+    match c.bad_words.clone() {
+        Some(words) => bad_words(state.tokenizer(), words),
+        None => Ok(Vec::new()),
+    }
+}
+
 /// The request's `response_format`, and, with a reasoning parser, the thinking tags it waits
 /// for: as vLLM's reasoning parsers have it, a constraint applies to the answer after the
 /// thinking, not to the thinking.
@@ -417,6 +424,7 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
     let sampling = SamplingParams {
         response_format,
         thinking_tags,
+        bad_words: bad_words_of(state, &c)?,
         ..sampling(fields, max_tokens, f.logprobs, state.default_seed())?
     };
     let names = WireNames::openai(routing_start);
@@ -498,6 +506,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     let sampling = SamplingParams {
         response_format,
         thinking_tags: tags,
+        bad_words: bad_words_of(state, &c)?,
         ..sampling(fields, max_tokens, logprobs, state.default_seed())?
     };
     let r = request(prompt, &sampling, n, routing, cache_salt.as_ref());

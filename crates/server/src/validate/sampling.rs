@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use routed_model::Tokenizer;
 use routed_types::{Grammar, JsonSchema, Regex, ResponseFormat, SamplingParams, TokenId};
 use serde_json::{Map, Value};
 
@@ -87,9 +88,40 @@ pub(crate) fn sampling(
         repetition_penalty: f.repetition_penalty.unwrap_or(1.0),
         min_p: f.min_p.unwrap_or(0.0),
         logit_bias,
+        bad_words: Vec::new(),
         response_format: ResponseFormat::Text,
         thinking_tags: None,
     })
+}
+
+/// vLLM's `bad_words` as token sequences, as vLLM encodes them: each word without its leading
+/// whitespace, and again after a space when that gives a different first token and as many
+/// tokens (the word inside a text rather than at its start).
+pub(crate) fn bad_words(
+    tokenizer: &Tokenizer,
+    words: StopField,
+) -> Result<Vec<Vec<TokenId>>, ApiError> {
+    const PARAM: &str = "bad_words";
+    let encode = |text: &str| {
+        tokenizer
+            .encode_with(text, false)
+            .map_err(|e| ApiError::invalid(PARAM, format!("cannot tokenize '{text}': {e}")))
+    };
+    let mut out = Vec::new();
+    for word in words.into_vec() {
+        let word = word.trim_start();
+        let alone = encode(word)?;
+        let Some(&first) = alone.first() else {
+            return Err(ApiError::invalid(PARAM, "bad_words must not be empty or only spaces"));
+        };
+        let inside = encode(&format!(" {word}"))?;
+        let differs = inside.first() != Some(&first) && inside.len() == alone.len();
+        out.push(alone);
+        if differs {
+            out.push(inside);
+        }
+    }
+    Ok(out)
 }
 
 /// vLLM's older structured-output field that is not served: refused rather than ignored, so
