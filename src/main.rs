@@ -71,7 +71,8 @@ struct ServeArgs {
 struct GenerateArgs {
     #[command(flatten)]
     engine: EngineArgs,
-    /// Prompt text (encoded with the checkpoint's tokenizer, no special tokens added).
+    /// Prompt text (encoded with the checkpoint's tokenizer and its own special tokens, a BOS
+    /// where it adds one, as `/v1/completions` encodes a text prompt).
     #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
     prompt: Option<String>,
     /// Prompt as comma-separated token ids.
@@ -144,7 +145,8 @@ async fn generate(args: GenerateArgs) -> Result<()> {
     engine_args.heartbeat_ms = 0;
     let engine = engine_args.start()?;
     let prompt = match (&args.prompt, &args.prompt_ids) {
-        (Some(text), _) => engine.tokenizer().encode(text)?,
+        // As `/v1/completions` encodes a text prompt: with the tokenizer's own special tokens.
+        (Some(text), _) => engine.tokenizer().encode_with(text, true)?,
         (None, Some(ids)) => ids.clone(),
         (None, None) => bail!("give --prompt or --prompt-ids"),
     };

@@ -116,6 +116,8 @@ pub(crate) struct CompletionFields {
     pub max_tokens: Option<u32>,
     pub logprobs: Option<u32>,
     pub suffix: Option<String>,
+    /// vLLM's: encode a text prompt with the tokenizer's own special tokens (default true).
+    pub add_special_tokens: Option<bool>,
 }
 
 /// One chat message.
@@ -160,6 +162,8 @@ pub(crate) struct ChatFields {
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// vLLM's: add the tokenizer's own special tokens to the rendered chat (default false).
+    pub add_special_tokens: Option<bool>,
 }
 
 /// `sampling_params` of `/generate` (SGLang names).

@@ -1,5 +1,7 @@
 //! `POST /tokenize` and `POST /detokenize` as vLLM serves them: the completion form (`prompt`),
-//! the chat form (`messages` through the template), token strings, and the errors.
+//! the chat form (`messages` through the template), token strings, and the errors; and text
+//! prompts on the generation routes encoded with the tokenizer's special tokens as vLLM and
+//! SGLang encode them.
 
 mod common;
 
@@ -148,4 +150,71 @@ fn tokenize_and_detokenize_refuse_bad_input_naming_the_field() {
         short.post("/tokenize", &json!({"prompt": long})).error(400, "invalid_request_error");
     assert_eq!(error["param"], "prompt");
     assert_eq!(short.ok("/tokenize", &json!({"prompt": "one"}))["max_model_len"], 8);
+}
+
+/// The tiny checkpoint with a tokenizer that starts every encoded text with `<|im_start|>` (id
+/// 1) when special tokens are added, as Llama's and Mixtral's tokenizers add a BOS.
+fn with_a_bos(dir: &std::path::Path) -> std::path::PathBuf {
+    let from = common::checkpoint(MODEL);
+    for entry in std::fs::read_dir(&from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    let path = dir.join("tokenizer.json");
+    let mut tokenizer: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    tokenizer["post_processor"] = json!({
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                   {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}}
+    });
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    dir.to_owned()
+}
+
+#[test]
+fn text_prompts_get_the_tokenizers_special_tokens_as_vllm_and_sglang_add_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(MODEL);
+    config.model = routed_runtime::ModelSource::Dir(with_a_bos(dir.path()));
+    let s = TestServer::start(config);
+    let text = "The experts route";
+    let bare =
+        ids_of(&s.ok("/tokenize", &json!({"prompt": text, "add_special_tokens": false}))["tokens"]);
+    let with_bos = ids_of(&s.ok("/tokenize", &json!({"prompt": text}))["tokens"]);
+    assert_eq!(with_bos, [&[1][..], &bare].concat(), "the tokenizer adds its BOS");
+    let base = json!({"prompt": text, "max_tokens": 1, "return_token_ids": true,
+                      "return_routed_experts": false});
+    let prompt_ids =
+        |body: &Value| ids_of(&s.ok("/v1/completions", body)["choices"][0]["prompt_token_ids"]);
+    // `/v1/completions` encodes a text as `/tokenize` does (vLLM's default), or bare on request.
+    assert_eq!(prompt_ids(&base), with_bos);
+    let mut no_bos = base.clone();
+    no_bos["add_special_tokens"] = json!(false);
+    assert_eq!(prompt_ids(&no_bos), bare);
+    // Token ids are taken as given.
+    let mut ids = base.clone();
+    ids["prompt"] = json!(bare);
+    assert_eq!(prompt_ids(&ids), bare);
+    // SGLang's `/generate` encodes `text` with the tokenizer's default, special tokens added.
+    let generated = s.ok(
+        "/generate",
+        &json!({"text": text, "sampling_params": {"max_new_tokens": 1},
+                                              "return_logprob": true, "logprob_start_len": 0}),
+    );
+    let scored = generated["meta_info"]["input_token_logprobs"].as_array().unwrap();
+    let firsts: Vec<u64> = scored.iter().map(|t| t[1].as_u64().unwrap()).collect();
+    assert_eq!(firsts, with_bos);
+    // A chat's template writes its own markers: nothing is added unless asked (vLLM's default).
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let rendered = ids_of(&s.ok("/tokenize", &json!({"messages": messages}))["tokens"]);
+    let chat = json!({"messages": messages, "max_tokens": 1, "return_token_ids": true,
+                      "return_routed_experts": false});
+    let chat_ids = |body: &Value| ids_of(&s.ok("/v1/chat/completions", body)["prompt_token_ids"]);
+    assert_eq!(chat_ids(&chat), rendered);
+    let mut added = chat.clone();
+    added["add_special_tokens"] = json!(true);
+    assert_eq!(chat_ids(&added), [&[1][..], &rendered].concat());
 }

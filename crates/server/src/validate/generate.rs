@@ -353,7 +353,8 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         .into_iter()
         .enumerate()
         .map(|(i, input)| {
-            let ids = input.tokens(state, prompt_param, None)?;
+            // SGLang encodes `text` with the tokenizer's special tokens (its default).
+            let ids = input.tokens(state, prompt_param, None, true)?;
             check_start(start, ids.len())?;
             let base = &samplings[i.min(samplings.len() - 1)];
             // A copy only where this prompt names tokens of its own.

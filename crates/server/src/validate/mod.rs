@@ -429,11 +429,14 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
     };
     let names = WireNames::openai(routing_start);
     let keep = truncation(c.truncate_prompt_tokens, info)?;
+    // As vLLM (and SGLang, whose tokenizer adds them by default): a text prompt gets the
+    // tokenizer's own special tokens, a BOS for the tokenizers that add one.
+    let add_special_tokens = f.add_special_tokens.unwrap_or(true);
     let mut texts = Vec::new();
     let requests = prompts
         .into_iter()
         .map(|prompt| {
-            let mut ids = prompt.tokens(state, "prompt", keep)?;
+            let mut ids = prompt.tokens(state, "prompt", keep, add_special_tokens)?;
             let truncated = truncate(&mut ids, keep);
             let r = request(ids, &sampling, n, routing, cache_salt.as_ref());
             check_request(info, &r, &names)?;

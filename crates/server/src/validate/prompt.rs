@@ -114,23 +114,27 @@ fn most_encoded(info: &ModelInfo, keep: Option<usize>) -> usize {
 /// One prompt of `/v1/completions` as it arrived: text, or token ids.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum PromptInput<'a> {
-    /// Text, encoded without special tokens.
+    /// Text, to encode.
     Text(&'a str),
     /// Token ids.
     Ids(&'a [Value]),
 }
 
 impl PromptInput<'_> {
-    /// The prompt's token ids (see [`encode`] for text); a text of any length is encoded when
-    /// the prompt is to be truncated to `keep` tokens ([`truncation`]) afterwards.
+    /// The prompt's token ids: a text encoded (see [`encode`]) with the tokenizer's own special
+    /// tokens when `add_special_tokens` (a BOS, for tokenizers that add one), of any length when
+    /// the prompt is to be truncated to `keep` tokens ([`truncation`]) afterwards; token ids as
+    /// given.
     pub(crate) fn tokens(
         self,
         state: &AppState,
         param: &str,
         keep: Option<usize>,
+        add_special_tokens: bool,
     ) -> Result<Vec<TokenId>, ApiError> {
+        let most = most_encoded(state.info(), keep);
         match self {
-            Self::Text(text) => encode(state, text, false, param, most_encoded(state.info(), keep)),
+            Self::Text(text) => encode(state, text, add_special_tokens, param, most),
             Self::Ids(ids) => token_ids(ids, param),
         }
     }
@@ -286,7 +290,8 @@ pub(crate) fn render_messages(
 }
 
 /// Renders a chat request's messages and encodes them, keeping the last `keep` tokens when the
-/// prompt is truncated ([`truncation`]).
+/// prompt is truncated ([`truncation`]). The template writes its own special tokens, so the
+/// tokenizer adds its own only when the request asks (vLLM's `add_special_tokens`, false).
 pub(crate) fn render_chat(
     state: &AppState,
     f: &ChatFields,
@@ -295,7 +300,9 @@ pub(crate) fn render_chat(
 ) -> Result<Vec<TokenId>, ApiError> {
     let how = ChatRender::new(f.add_generation_prompt, f.continue_final_message)?;
     let text = render_messages(state, &f.messages, how, extras)?;
-    let mut ids = encode(state, &text, false, "messages", most_encoded(state.info(), keep))?;
+    let add_special_tokens = f.add_special_tokens.unwrap_or(false);
+    let most = most_encoded(state.info(), keep);
+    let mut ids = encode(state, &text, add_special_tokens, "messages", most)?;
     truncate(&mut ids, keep);
     Ok(ids)
 }
