@@ -68,6 +68,9 @@ pub struct Scheduler {
     in_flight: Vec<CommitEntry>,
     /// The masks of `json_object` outputs, when the vocabulary's bytes were given.
     json: Option<JsonMasks>,
+    /// The bans of a sequence's bad words, built here and kept by the sequence only when they
+    /// changed, so that a decode step allocates nothing per sequence.
+    banned: Vec<TokenId>,
 }
 
 impl Scheduler {
@@ -84,6 +87,7 @@ impl Scheduler {
             outbox: CacheStep::default(),
             in_flight: Vec::new(),
             json: None,
+            banned: Vec::new(),
         }
     }
 
@@ -302,22 +306,23 @@ impl Scheduler {
                 .prompt_logprobs
                 .filter(|_| grant.num_computed_tokens + 1 < seq.prompt.len());
             let bans = !seq.params.bad_words.is_empty();
+            if bans && sample.is_some() {
+                seq.params.banned_after(&seq.output, &mut self.banned);
+                if seq.banned[..] != self.banned[..] {
+                    seq.banned = Arc::from(&self.banned[..]);
+                }
+            }
             let context = (seq.params.needs_history()
                 || prompt_logprobs.is_some()
                 || seq.json.is_some()
                 || bans)
-                .then(|| {
-                    let mut banned = Vec::new();
-                    if bans && sample.is_some() {
-                        seq.params.banned_after(&seq.output, &mut banned);
-                    }
-                    SeqContext {
-                        prompt: seq.prompt.clone(),
-                        history: seq.history.clone(),
-                        allowed: seq.json.as_ref().and_then(JsonConstraint::allowed).cloned(),
-                        banned,
-                        logprob_token_ids: Arc::clone(&seq.params.logprob_token_ids),
-                    }
+                .then(|| SeqContext {
+                    prompt: seq.prompt.clone(),
+                    history: seq.history.clone(),
+                    allowed: seq.json.as_ref().and_then(JsonConstraint::allowed).cloned(),
+                    // A chunk that samples nothing bans nothing.
+                    banned: if sample.is_some() { seq.banned.clone() } else { Arc::default() },
+                    logprob_token_ids: Arc::clone(&seq.params.logprob_token_ids),
                 });
             plan.seqs.push(ScheduledSeq {
                 seq_id: seq.id,

@@ -61,6 +61,8 @@ pub struct Seq {
     pub prompt_logprobs: Vec<SampledToken>,
     /// The output read so far and the tokens allowed next, for a `json_object` response format.
     pub json: Option<JsonConstraint>,
+    /// The tokens its bad words ruled out when it last sampled (shared with that step's plan).
+    pub banned: Arc<[TokenId]>,
 }
 
 impl Seq {
@@ -80,6 +82,7 @@ impl Seq {
             ever_computed: false,
             prompt_logprobs: Vec::new(),
             json: None,
+            banned: Arc::default(),
         }
     }
 

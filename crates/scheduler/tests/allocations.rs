@@ -113,3 +113,14 @@ fn penalised_decode_step_allocates_nothing_per_sequence() {
         SamplingParams { presence_penalty: 0.5, ..SamplingParams::greedy(NUM_STEPS as u32 + 2) };
     assert_independent_of_batch(params, false);
 }
+
+#[test]
+fn decode_step_with_bad_words_allocates_nothing_per_sequence() {
+    // A one-token word is ruled out after every token: each plan carries the same bans, shared
+    // rather than built again. (A pair's ban comes and goes with the output's last token.)
+    let params = SamplingParams {
+        bad_words: vec![vec![7], vec![9, 11]],
+        ..SamplingParams::greedy(NUM_STEPS as u32 + 2)
+    };
+    assert_independent_of_batch(params, false);
+}

@@ -125,7 +125,7 @@ pub struct SeqContext {
     /// one; the samplers choose among them only.
     pub allowed: Option<Arc<TokenMask>>,
     /// The tokens the request's bad words rule out next, sorted (empty for most requests).
-    pub banned: Vec<TokenId>,
+    pub banned: Arc<[TokenId]>,
     /// The tokens whose logprobs each scored prompt position reports (the request's
     /// `logprob_token_ids`).
     pub logprob_token_ids: Arc<[TokenId]>,

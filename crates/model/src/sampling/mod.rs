@@ -349,7 +349,7 @@ mod tests {
         use routed_types::{ResponseFormat, TokenMask};
         let logits = [0.5, 3.0, 2.0, 2.5];
         let p = SamplingParams { bad_words: vec![vec![1]], ..SamplingParams::greedy(1) };
-        let banned = SeqContext { banned: vec![1, 3], ..history(&[0], &[]) };
+        let banned = SeqContext { banned: Arc::from([1, 3]), ..history(&[0], &[]) };
         let out = Sampler::default().sample(&logits, &p, 0, Some(&banned));
         assert_eq!(out.token, 2, "the best token not banned");
         let raw = Sampler::default().score(&logits, 2, 0, &[]);
