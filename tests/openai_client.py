@@ -303,6 +303,37 @@ def main():
     ).model_dump()["choices"][0]["message"]["content"]
     assert kept == text[: text.index(stop) + len(stop)], (kept, text, stop)
 
+    # vLLM's and SGLang's fields that shape the prompt and the text, through extra_body: the
+    # prompt cut to its last tokens answers as those tokens do; a stop pattern cuts the text
+    # where its match starts; a bad word is never written.
+    ids = list(range(10, 40))
+    cut = client.completions.create(
+        model=model, prompt=ids, max_tokens=4, temperature=0,
+        extra_body={"truncate_prompt_tokens": 6, "return_token_ids": True},
+    ).model_dump()["choices"][0]
+    tail = client.completions.create(
+        model=model, prompt=ids[-6:], max_tokens=4, temperature=0,
+        extra_body={"return_token_ids": True},
+    ).model_dump()["choices"][0]
+    assert cut["prompt_token_ids"] == ids[-6:] and cut["token_ids"] == tail["token_ids"], cut
+    plain = client.completions.create(
+        model=model, prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True},
+    ).choices[0].text
+    word = re.escape(plain[4:6])
+    stopped = client.completions.create(
+        model=model, prompt=prompt, max_tokens=12, temperature=0,
+        extra_body={"ignore_eos": True, "stop_regex": [f"(?:{word})+"]},
+    ).choices[0]
+    assert stopped.text == plain[: re.search(word, plain).start()], (stopped.text, plain)
+    assert stopped.finish_reason == "stop", stopped
+    # Token 77, forced above, is the word its text encodes to.
+    word = forced["text"][: len(forced["text"]) // 4]
+    banned = client.completions.create(
+        model=model, prompt=prompt, max_tokens=4, temperature=0, logit_bias={"77": 100},
+        extra_body={"bad_words": [word], "return_token_ids": True},
+    ).model_dump()["choices"][0]
+    assert 77 not in banned["token_ids"], (word, banned)
+
     # Scoring a prompt as lm-eval's loglikelihood tasks do: echo with logprobs, the first token
     # without a logprob; and vLLM's prompt_logprobs beside it.
     text = "The experts route every token"
