@@ -1,10 +1,10 @@
 //! Stop conditions, checked after each sampled token.
 //!
 //! Stop strings and stop patterns are looked for in the decoded output, and the text kept is cut
-//! at the leftmost match. Decoding the whole output after every token would cost each step time in proportion to
-//! the output's length (a millisecond a sequence at a few thousand tokens, on the step's path);
-//! instead each step decodes a window of the last tokens, and the whole output only when a stop
-//! string may have just completed.
+//! at the leftmost match. Decoding the whole output after every token would cost each step time
+//! in proportion to the output's length (a millisecond a sequence at a few thousand tokens, on
+//! the step's path); instead each step decodes a window of the last tokens, and the whole output
+//! only when a stop string may have just completed.
 //!
 //! Why the window decides soundly: the output had no match after the previous token (searched
 //! from `min_tokens` on), so a match now must end in the part of the text that changed, which is

@@ -5,10 +5,9 @@
 //! holding back a trailing U+FFFD (an incomplete character). The text a client has been sent must
 //! never contain a stop string or a stop pattern's match, which the engine cuts from its final
 //! text, so the tail that could still grow into one is held back too, and so is the text of a
-//! token that may end the
-//! request (EOS, a stop token), which the final text leaves out unless the request keeps its
-//! stop. The engine's final text is authoritative: the last delta is whatever of it has not been
-//! sent.
+//! token that may end the request (EOS, a stop token), which the final text leaves out unless
+//! the request keeps its stop. The engine's final text is authoritative: the last delta is
+//! whatever of it has not been sent.
 
 use std::sync::Arc;
 

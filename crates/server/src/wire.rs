@@ -97,9 +97,9 @@ pub(crate) struct CommonFields {
     pub truncate_prompt_tokens: Option<i64>,
 }
 
-/// vLLM's fields of both OpenAI routes that would change the answer and are not served; each is refused unless it holds its neutral value (false, null, an empty list).
-/// Parsed apart from [`CommonFields`] (a flattened struct would buffer every other field, the
-/// prompt included).
+/// vLLM's fields of both OpenAI routes that would change the answer and are not served; each is
+/// refused unless it holds its neutral value (false, null, an empty list). Parsed apart from
+/// [`CommonFields`] (a flattened struct would buffer every other field, the prompt included).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub(crate) struct UnservedFields {
     /// vLLM's beam search.

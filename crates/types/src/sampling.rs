@@ -45,8 +45,8 @@ pub struct SamplingParams {
     #[serde(default)]
     pub stop_regex: Vec<Arc<StopRegex>>,
     /// Keep a matched stop string (or a stop pattern's match) at the end of the text, and the
-    /// text of the token (EOS, a stop token) that ended the request (vLLM's `include_stop_str_in_output`, SGLang's
-    /// `no_stop_trim`).
+    /// text of the token (EOS, a stop token) that ended the request (vLLM's
+    /// `include_stop_str_in_output`, SGLang's `no_stop_trim`).
     pub include_stop_str_in_output: bool,
     /// Leave special tokens (EOS, chat markers) out of the text, as vLLM and SGLang do by default.
     /// With `false` they are in it, but for the one that ended the request (unless

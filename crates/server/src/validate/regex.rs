@@ -1,7 +1,8 @@
 //! Regular expressions from requests (`regex`, a JSON schema's `pattern`, `stop_regex`),
 //! compiled once for the recent patterns: an RL rollout sends one pattern with many requests,
-//! and compiling one can take milliseconds (a counted Unicode class determinizes into thousands of states). The
-//! cache is bounded by count and by its DFAs' bytes (a DFA may take up to 8 MiB).
+//! and compiling one can take milliseconds (a counted Unicode class determinizes into thousands
+//! of states). The cache is bounded by count and by its DFAs' bytes (a DFA may take up to
+//! 8 MiB).
 
 use std::{
     collections::VecDeque,
