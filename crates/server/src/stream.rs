@@ -51,6 +51,8 @@ struct ChoiceState {
     detok: Detokenizer,
     text_offset: usize,
     started: bool,
+    /// Tokens sent (or held) so far.
+    num_tokens: usize,
     output: Option<Box<FinalOutput>>,
     /// Tokens held back until the choice's echoed prompt can be sent: with `echo` and
     /// `logprobs`, the prompt's logprobs (which come with the final output) go out first.
@@ -291,7 +293,13 @@ impl SseState {
             }
         }
         chunk["choices"] = json!([choice]);
-        if self.job.stream == Some(true) {
+        if self.job.continuous_usage {
+            // vLLM's continuous usage: the choice's prompt and its tokens so far.
+            let prompt = self.job.requests[i / self.job.n.max(1)].prompt_token_ids.len();
+            let completion = self.choices[i].num_tokens;
+            chunk["usage"] = json!({"prompt_tokens": prompt, "completion_tokens": completion,
+                                    "total_tokens": prompt + completion});
+        } else if self.job.stream == Some(true) {
             chunk["usage"] = Value::Null;
         }
         chunk
@@ -335,6 +343,7 @@ impl SseState {
             held.push(t);
             return;
         }
+        state.num_tokens += 1;
         let text = state.detok.push(&self.tokenizer, t.token, self.job.sampling(prompt));
         let delta = state.split(text, false);
         let nothing =

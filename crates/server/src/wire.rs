@@ -46,6 +46,8 @@ impl StopField {
 #[derive(Clone, Debug, Default, Deserialize)]
 pub(crate) struct StreamOptions {
     pub include_usage: Option<bool>,
+    /// vLLM's: every chunk carries its choice's usage so far (with `include_usage`).
+    pub continuous_usage_stats: Option<bool>,
 }
 
 /// Fields shared by `/v1/completions` and `/v1/chat/completions`.

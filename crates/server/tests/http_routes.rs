@@ -187,6 +187,42 @@ fn streamed_completions_equal_the_whole_answer_and_end_with_usage() {
 }
 
 #[test]
+fn continuous_usage_stats_count_each_choices_tokens_so_far() {
+    let s = server(MODEL);
+    let prompt = "The quick brown fox";
+    for (path, body) in common::on_both_routes(
+        &json!({"max_tokens": 6, "temperature": 1, "seed": 5, "n": 2, "ignore_eos": true,
+                "return_token_ids": true, "stream": true,
+                "stream_options": {"include_usage": true, "continuous_usage_stats": true}}),
+        prompt,
+        "hi",
+    ) {
+        let chunks = s.post(path, &body).sse_json();
+        let (last, choices) = chunks.split_last().expect("chunks");
+        let prompt_tokens = last["usage"]["prompt_tokens"].as_u64().unwrap();
+        assert_eq!(last["usage"]["completion_tokens"], 12, "{path}: {last}");
+        // Each chunk counts its own choice: the tokens it and the chunks before it carried.
+        let mut sent = [0u64; 2];
+        for c in choices {
+            let choice = &c["choices"][0];
+            let i = choice["index"].as_u64().unwrap() as usize;
+            sent[i] += choice["token_ids"].as_array().map_or(0, |t| t.len() as u64);
+            let usage = &c["usage"];
+            assert_eq!(usage["prompt_tokens"], prompt_tokens, "{path}: {c}");
+            assert_eq!(usage["completion_tokens"], sent[i], "{path}: {c}");
+            assert_eq!(usage["total_tokens"], prompt_tokens + sent[i], "{path}: {c}");
+        }
+        assert_eq!(sent, [6, 6], "{path}");
+        // Without include_usage, chunks carry no usage at all.
+        let mut plain = body.clone();
+        plain["stream_options"] = json!({"continuous_usage_stats": true});
+        plain["stream_options"]["include_usage"] = json!(false);
+        let chunks = s.post(path, &plain).sse_json();
+        assert!(chunks.iter().all(|c| c.get("usage").is_none()), "{path}: {chunks:?}");
+    }
+}
+
+#[test]
 fn chat_completions_render_the_template_and_stream() {
     let s = server(MODEL);
     let request = json!({"model": MODEL, "messages": [

@@ -375,6 +375,7 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         n,
         routing,
         stream: b.stream.unwrap_or(false).then_some(false),
+        continuous_usage: false,
         return_token_ids: true,
         tokens_as_ids: false,
         logprobs,

@@ -52,6 +52,9 @@ pub(crate) struct Job {
     pub routing: Option<RoutingRequest>,
     /// `Some(include_usage)` for a streamed answer.
     pub stream: Option<bool>,
+    /// Every streamed chunk carries its choice's usage so far (vLLM's
+    /// `stream_options.continuous_usage_stats`, with `include_usage`).
+    pub continuous_usage: bool,
     /// Add `token_ids` / `prompt_token_ids` to choices.
     pub return_token_ids: bool,
     /// Logprobs name tokens `token_id:<id>` (vLLM's `return_tokens_as_token_ids`).
@@ -296,6 +299,8 @@ struct Common {
     routing_start: &'static str,
     /// `Some(include_usage)` for a streamed answer.
     stream: Option<bool>,
+    /// vLLM's `continuous_usage_stats` (with `include_usage`).
+    continuous_usage: bool,
     cache_salt: Option<String>,
 }
 
@@ -315,6 +320,8 @@ fn common_job(
         return Err(ApiError::invalid("stream_options", "stream_options needs stream: true"));
     }
     let include_usage = c.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+    let continuous_usage = include_usage
+        && c.stream_options.as_ref().and_then(|o| o.continuous_usage_stats).unwrap_or(false);
     let fields = RoutingFields {
         return_routed_experts: c.return_routed_experts,
         start_len: c.routed_experts_start_len,
@@ -324,7 +331,14 @@ fn common_job(
     };
     let routing = routing_wire::resolve(state.info(), &fields)?;
     let routing_start = routing_wire::start_param(&fields);
-    Ok(Common { n, routing, routing_start, stream: stream.then_some(include_usage), cache_salt })
+    Ok(Common {
+        n,
+        routing,
+        routing_start,
+        stream: stream.then_some(include_usage),
+        continuous_usage,
+        cache_salt,
+    })
 }
 
 fn sampling_fields(c: &CommonFields, prompt_logprobs: Option<u32>) -> SamplingFields {
@@ -409,7 +423,7 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         return Err(ApiError::unsupported("suffix", "suffix is not supported"));
     }
     let prompts = completion_prompts(&f.prompt)?;
-    let Common { n, routing, routing_start, stream, cache_salt } =
+    let Common { n, routing, routing_start, stream, continuous_usage, cache_salt } =
         common_job(state, body, &c, prompts.len())?;
     let echo = c.echo.unwrap_or(false);
     let asked = prompt_logprobs(c.prompt_logprobs, stream.is_some())?;
@@ -451,6 +465,7 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         n,
         routing,
         stream,
+        continuous_usage,
         return_token_ids: c.return_token_ids.unwrap_or(false),
         tokens_as_ids: c.return_tokens_as_token_ids.unwrap_or(false),
         logprobs: f.logprobs,
@@ -492,7 +507,8 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     if top_logprobs > 0 && !logprobs {
         return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs: true"));
     }
-    let Common { n, routing, routing_start, stream, cache_salt } = common_job(state, body, &c, 1)?;
+    let Common { n, routing, routing_start, stream, continuous_usage, cache_salt } =
+        common_job(state, body, &c, 1)?;
     let asked = prompt_logprobs(c.prompt_logprobs, stream.is_some())?;
     let keep = truncation(c.truncate_prompt_tokens, state.info())?;
     let prompt = render_chat(state, &f, extras, keep)?;
@@ -525,6 +541,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         n,
         routing,
         stream,
+        continuous_usage,
         return_token_ids: c.return_token_ids.unwrap_or(false),
         tokens_as_ids: c.return_tokens_as_token_ids.unwrap_or(false),
         logprobs,
