@@ -10,7 +10,7 @@ use futures_util::{StreamExt, future::join_all};
 use routed::runtime::{FinalOutput, TokenEvent};
 use routed::types::{
     FinishReason, Grammar, JsonSchema, Regex, ResponseFormat, SamplingParams, SchemaNode,
-    SchemaNodeId, TokenId,
+    SchemaNodeId, StructuralTag, TagStructure, TokenId,
 };
 use routed::{EngineHandle, GenerateRequest, RequestEvent};
 use routed_test_support::{Golden, json_object_prefix};
@@ -37,6 +37,15 @@ fn features() -> Vec<(&'static str, SamplingParams)> {
         ("json_schema", SamplingParams { response_format: list_of_flags(), ..sampled.clone() }),
         ("regex", SamplingParams { response_format: counted_words(), ..sampled.clone() }),
         ("grammar", SamplingParams { response_format: nested_sums(), ..sampled.clone() }),
+        (
+            "structural_tag",
+            SamplingParams {
+                response_format: flags_in_text(),
+                // The trigger's token (`<` in both vocabularies) pushed, so structures open.
+                logit_bias: vec![(30, 6.0)],
+                ..sampled.clone()
+            },
+        ),
         (
             "allowed_token_ids",
             SamplingParams {
@@ -72,6 +81,14 @@ fn list_of_flags() -> ResponseFormat {
 /// Words and a count, as a regex says: a text's output.
 fn counted_words() -> ResponseFormat {
     ResponseFormat::Regex(Arc::new(Regex::new("(the|a) [a-z]+ [0-9]{1,2}").unwrap()))
+}
+
+/// Free text with a flag list wherever it writes `<`: `<list>` `[true, ...]` `</list>`.
+fn flags_in_text() -> ResponseFormat {
+    let ResponseFormat::JsonSchema { schema, .. } = list_of_flags() else { unreachable!() };
+    let structure = TagStructure { begin: "<list>".into(), schema, end: "</list>".into() };
+    let tag = StructuralTag { structures: vec![structure], triggers: vec!["<".into()] };
+    ResponseFormat::StructuralTag(Arc::new(tag))
 }
 
 /// Sums of digits and bracketed sums, as a grammar says: an output that nests.

@@ -79,7 +79,7 @@ enum Frame {
 type Config = Vec<Frame>;
 
 /// A set of configurations, sorted and without repeats: a DFA state.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Configs(Vec<Config>);
 
 /// The DFA over a schema's reader.
@@ -91,7 +91,7 @@ pub(crate) type SchemaPos = DfaPos<Configs>;
 /// A DFA over `schema`'s reader (`compact`: no whitespace outside strings); `generation` tells
 /// its state ids from another DFA's.
 pub(crate) fn schema_dfa(schema: Arc<JsonSchema>, compact: bool, generation: u64) -> SchemaDfa {
-    LazyDfa::new(SchemaReader { schema, compact }, generation)
+    LazyDfa::new(SchemaReader::new(schema, compact), generation)
 }
 
 /// The NFA over one schema: what a byte does to a configuration.
@@ -133,6 +133,11 @@ impl Nfa for SchemaReader {
 }
 
 impl SchemaReader {
+    /// The reader of `schema`'s values (`compact`: no whitespace outside strings).
+    pub(crate) fn new(schema: Arc<JsonSchema>, compact: bool) -> Self {
+        Self { schema, compact }
+    }
+
     /// The schema and whether it is compact.
     pub(crate) fn key(&self) -> (&Arc<JsonSchema>, bool) {
         (&self.schema, self.compact)

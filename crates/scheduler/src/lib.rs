@@ -22,6 +22,7 @@ mod lazy_dfa;
 mod policy;
 mod seq;
 mod stop;
+mod structural_tag;
 
 pub use exchange::{CacheStep, GrantedStep, PlanError};
 pub use policy::{Scheduler, SchedulerConfig, SeqEvent};

@@ -190,8 +190,8 @@ pub(crate) struct SglSamplingParams {
     pub repetition_penalty: Option<f32>,
     pub min_p: Option<f32>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
-    /// SGLang's output constraints: `json_schema`, `regex` and `ebnf` are served,
-    /// `structural_tag` refused (never ignored).
+    /// SGLang's output constraints (one of them): `json_schema`, `regex`, `ebnf` and
+    /// `structural_tag`.
     pub json_schema: Option<Value>,
     pub regex: Option<Value>,
     pub ebnf: Option<Value>,

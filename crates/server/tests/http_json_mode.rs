@@ -91,7 +91,7 @@ fn a_streamed_answer_is_the_whole_ones() {
 }
 
 #[test]
-fn constraints_that_are_not_served_are_refused_by_name() {
+fn constraints_that_are_not_served_or_malformed_are_refused_by_name() {
     let s = TestServer::start(test_config(MODEL));
     let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
     let completion = json!({"prompt": "hi", "max_tokens": 4});
@@ -100,10 +100,17 @@ fn constraints_that_are_not_served_are_refused_by_name() {
             if base.get("messages").is_some() { "/v1/chat/completions" } else { "/v1/completions" };
         for (field, value, param, code) in [
             ("response_format", json!({"type": "xml"}), "response_format.type", "invalid_value"),
+            // A structural tag without its structures, or in the form that is not served.
             (
                 "response_format",
                 json!({"type": "structural_tag"}),
-                "response_format.type",
+                "response_format",
+                "invalid_type",
+            ),
+            (
+                "response_format",
+                json!({"type": "structural_tag", "format": {"type": "any_text"}}),
+                "response_format",
                 "unsupported_parameter",
             ),
             ("response_format", json!({}), "response_format.type", "missing_required_parameter"),
@@ -113,7 +120,7 @@ fn constraints_that_are_not_served_are_refused_by_name() {
                 "structured_outputs",
                 json!({"structural_tag": "{}"}),
                 "structured_outputs.structural_tag",
-                "unsupported_parameter",
+                "invalid_type",
             ),
             ("structured_outputs", json!(true), "structured_outputs", "invalid_type"),
             (

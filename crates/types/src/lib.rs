@@ -15,6 +15,7 @@ mod routing;
 mod sampling;
 mod step;
 mod stop_regex;
+mod structural_tag;
 
 pub use grammar::{Grammar, GrammarElement, GrammarError};
 pub use history::{TokenCount, TokenCounts};
@@ -34,3 +35,4 @@ pub use step::{
     StepTokens,
 };
 pub use stop_regex::{StopPrefix, StopRegex};
+pub use structural_tag::{StructuralTag, TagStructure};

@@ -2,7 +2,7 @@
 
 use std::{cmp::Ordering, sync::Arc};
 
-use crate::{Grammar, JsonSchema, Regex, StopRegex, TokenId};
+use crate::{Grammar, JsonSchema, Regex, StopRegex, StructuralTag, TokenId};
 
 /// Most top alternatives per token a request may ask for, for sampled tokens (`logprobs`) and
 /// prompt tokens (`prompt_logprobs`) alike: OpenAI's and vLLM's limit.
@@ -142,6 +142,10 @@ pub enum ResponseFormat {
     /// Every token one of these, sorted and each once (vLLM's `allowed_token_ids`; EOS ends the
     /// output only if it is one of them).
     Tokens(Arc<[TokenId]>),
+    /// Free text in which each trigger opens one of the tag's structures (SGLang's and vLLM's
+    /// `structural_tag`), each token chosen among those that keep the output a prefix of such a
+    /// text; EOS only in free text.
+    StructuralTag(Arc<StructuralTag>),
 }
 
 impl Default for SamplingParams {
@@ -314,6 +318,11 @@ impl SamplingParams {
                     JsonSchema::MAX_ITEMS
                 );
                 return bad("response_format", message);
+            }
+            ResponseFormat::StructuralTag(tag) => {
+                if let Some(problem) = tag.problem() {
+                    return bad("response_format", format!("response_format: {problem}"));
+                }
             }
             ResponseFormat::Tokens(ids) => {
                 let sorted = ids.windows(2).all(|w| w[0] < w[1]);

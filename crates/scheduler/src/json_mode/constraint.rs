@@ -1,16 +1,19 @@
 //! A constrained sequence's reader ([`JsonConstraint`]) and the masks it takes, memoised by
 //! state for the scheduler's thread ([`JsonMasks`]): a `json_object` reader's from the vocabulary
 //! walk, a schema's or a grammar's reader's from its lazy DFA (a grammar's walked over the
-//! vocabulary merged by its byte classes, as a regex's), a regex reader's from the regex's DFA.
+//! vocabulary merged by its byte classes, as a regex's), a regex reader's from the regex's DFA,
+//! a structural tag's from its lazy DFA.
 
 use super::{ClassTrie, JsonState, JsonVocabulary, MASK_CACHE_CAPACITY};
 use crate::{
     grammar::{GrammarPos, GrammarReader, grammar_dfa},
     json_schema::{SchemaPos, SchemaReader, schema_dfa},
     lazy_dfa::{DfaPos, LazyDfa, Nfa},
+    structural_tag::{TagPos, TagReader, tag_dfa},
 };
 use routed_types::{
-    Grammar, JsonSchema, Regex, RegexState, ResponseFormat, ThinkingTags, TokenId, TokenMask,
+    Grammar, JsonSchema, Regex, RegexState, ResponseFormat, StructuralTag, ThinkingTags, TokenId,
+    TokenMask,
 };
 use std::{
     collections::{HashMap, VecDeque},
@@ -115,6 +118,7 @@ pub struct JsonMasks {
     /// A reader whose DFA was dropped gets a new one.
     schemas: Recent<DfaMasks<SchemaReader>>,
     grammars: Recent<DfaMasks<GrammarReader>>,
+    tags: Recent<DfaMasks<TagReader>>,
     regexes: Recent<RegexMasks>,
     /// Masks of fixed token sets, by the set.
     token_sets: Recent<(Arc<[TokenId]>, Arc<TokenMask>)>,
@@ -130,6 +134,7 @@ impl JsonMasks {
             masks: MaskMemo::new(),
             schemas: Recent(Vec::new()),
             grammars: Recent(Vec::new()),
+            tags: Recent(Vec::new()),
             regexes: Recent(Vec::new()),
             token_sets: Recent(Vec::new()),
             num_dfas_made: 0,
@@ -200,6 +205,26 @@ impl JsonMasks {
         self.num_dfas_made += u64::from(made);
         if !Arc::ptr_eq(masks.dfa.nfa().grammar(), grammar) {
             *grammar = Arc::clone(masks.dfa.nfa().grammar());
+        }
+        (&self.vocabulary, masks)
+    }
+
+    /// The vocabulary and the DFA of structural tag `tag`, made if none is kept (an equal tag's
+    /// shared, `tag` then pointed at the kept one, as [`Self::dfa`] does).
+    fn tag(&mut self, tag: &mut Arc<StructuralTag>) -> (&JsonVocabulary, &mut DfaMasks<TagReader>) {
+        let (generation, mut made) = (self.num_dfas_made, false);
+        let wanted: &Arc<StructuralTag> = tag;
+        let masks = self.tags.get_or_make(
+            |d| Arc::ptr_eq(d.dfa.nfa().tag(), wanted),
+            |d| d.dfa.nfa().tag() == wanted,
+            || {
+                made = true;
+                DfaMasks { dfa: tag_dfa(Arc::clone(wanted), generation), classes: None }
+            },
+        );
+        self.num_dfas_made += u64::from(made);
+        if !Arc::ptr_eq(masks.dfa.nfa().tag(), tag) {
+            *tag = Arc::clone(masks.dfa.nfa().tag());
         }
         (&self.vocabulary, masks)
     }
@@ -288,6 +313,8 @@ enum Reader {
     Grammar { grammar: Arc<Grammar>, pos: GrammarPos },
     /// Tokens of a fixed set, the mask allowing them.
     Tokens(Arc<TokenMask>),
+    /// Free text with `tag`'s structures.
+    Tagged { tag: Arc<StructuralTag>, pos: TagPos },
 }
 
 /// A constrained sequence's reader and the tokens it allows next.
@@ -337,6 +364,11 @@ impl JsonConstraint {
                 Reader::Grammar { grammar, pos }
             }
             ResponseFormat::Tokens(ids) => Reader::Tokens(masks.tokens(ids)),
+            ResponseFormat::StructuralTag(tag) => {
+                let mut tag = Arc::clone(tag);
+                let pos = masks.tag(&mut tag).1.dfa.start();
+                Reader::Tagged { tag, pos }
+            }
         };
         let waits_for = thinking.filter(|tags| !tags.ended_in(prompt)).map(|tags| tags.end);
         let allowed = match waits_for {
@@ -405,6 +437,13 @@ impl JsonConstraint {
                 true => (Some(Reader::Tokens(Arc::clone(&mask))), mask),
                 false => (None, anything(masks)),
             },
+            Reader::Tagged { mut tag, pos } => {
+                let (vocabulary, dfa) = masks.tag(&mut tag);
+                match Self::read_dfa(vocabulary, dfa, &pos, token) {
+                    Some((pos, allowed)) => (Some(Reader::Tagged { tag, pos }), allowed),
+                    None => (None, anything(masks)),
+                }
+            }
             Reader::Regex { mut regex, state } => {
                 let (vocabulary, kept) = masks.regex(&mut regex);
                 let pattern = &kept.regex;
@@ -466,6 +505,10 @@ impl JsonConstraint {
                 JsonMasks::regex_mask(vocabulary, kept, *state)
             }
             Reader::Tokens(mask) => Arc::clone(mask),
+            Reader::Tagged { tag, pos } => {
+                let (vocabulary, dfa) = masks.tag(tag);
+                Self::renewed_mask(vocabulary, dfa, pos)
+            }
         }
     }
 }

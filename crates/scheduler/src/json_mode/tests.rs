@@ -463,3 +463,75 @@ fn a_token_set_allows_exactly_its_tokens_from_the_first_and_is_shared() {
     a.advance(id("key"), &mut masks);
     assert!(!a.is_followed());
 }
+
+#[test]
+fn a_structural_tag_walk_allows_exactly_the_tokens_that_read_and_ends_in_free_text() {
+    use crate::{lazy_dfa::Nfa, structural_tag::tag_dfa};
+    use routed_types::{JsonSchema, StructuralTag, TagStructure};
+    let (_, vocab, mut masks) = vocabulary_with(&["<", "<a>", "</a>", "a>", "22", "<a", "/", ">"]);
+    let schema = Arc::new(JsonSchema::of_choices(&["1".to_owned(), "22".to_owned()]));
+    let structure = TagStructure { begin: "<a>".into(), schema, end: "</a>".into() };
+    let tag = Arc::new(StructuralTag { structures: vec![structure], triggers: vec!["<".into()] });
+    let dfa = tag_dfa(Arc::clone(&tag), 0);
+    let reader = dfa.nfa();
+    let format = ResponseFormat::StructuralTag(tag);
+    let (mut num_structures, mut num_finished) = (0, 0);
+    for seed in 0..100 {
+        let mut constraint = JsonConstraint::start(&mut masks, &format, &[], None).unwrap();
+        let (mut rng, mut text, mut configs) = (SplitMix64(seed), Vec::new(), reader.start());
+        while text.len() < 64 {
+            // The mask a token at a time: each token's bytes read by the reader itself.
+            let mut want = TokenMask::none(vocab.num_tokens());
+            for t in 0..vocab.num_tokens() as TokenId {
+                let bytes = vocab.token_bytes(t);
+                let reads = match vocab.eos.contains(&t) {
+                    true => reader.is_complete(&configs),
+                    false => {
+                        let read =
+                            bytes.iter().try_fold(configs.clone(), |c, &b| reader.step(&c, b));
+                        !bytes.is_empty() && read.is_some()
+                    }
+                };
+                if reads {
+                    want.allow(t);
+                }
+            }
+            let mask = constraint.allowed().expect("no thinking to wait for");
+            assert_eq!(**mask, want, "seed {seed} after {:?}", String::from_utf8_lossy(&text));
+            let token = draw(&mut rng, mask, vocab.num_tokens());
+            if vocab.eos.contains(&token) {
+                num_finished += 1;
+                break;
+            }
+            for &b in vocab.token_bytes(token) {
+                configs = reader.step(&configs, b).expect("an allowed token reads");
+            }
+            text.extend_from_slice(vocab.token_bytes(token));
+            constraint.advance(token, &mut masks);
+            assert!(constraint.is_followed(), "a token the mask allowed did not read");
+        }
+        // Every trigger opened a structure: past the whole ones, a '<' only begins the last,
+        // unfinished one (and none is left when EOS ended the text).
+        let text = String::from_utf8_lossy(&text);
+        let (whole, rest) = structures_read(&text);
+        num_structures += whole;
+        assert!(!rest.contains('<') || text.len() >= 64, "seed {seed}: {text:?}");
+    }
+    assert!(num_structures > 10 && num_finished > 10, "{num_structures} {num_finished}");
+}
+
+/// The structures `<a>` (whitespace) `1` or `22` (whitespace) `</a>` that `text` writes whole,
+/// and the text after the last one: where a structure is cut short, from its `<`.
+fn structures_read(text: &str) -> (usize, &str) {
+    let mut rest = text;
+    let mut whole = 0;
+    while let Some(at) = rest.find('<') {
+        let after = rest[at..].strip_prefix("<a>").map(str::trim_start);
+        let value = after.and_then(|a| a.strip_prefix("22").or_else(|| a.strip_prefix('1')));
+        match value.and_then(|v| v.trim_start().strip_prefix("</a>")) {
+            Some(next) => (rest, whole) = (next, whole + 1),
+            None => return (whole, &rest[at..]),
+        }
+    }
+    (whole, rest)
+}

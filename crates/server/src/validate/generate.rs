@@ -10,6 +10,7 @@ use super::grammar::grammar_of;
 use super::prompt::PromptInput;
 use super::regex::regex_of;
 use super::sampling::{SamplingFields, sampling, schema_of};
+use super::structural_tag::structural_tag_of;
 use super::{BatchNames, Job, WireNames, cache_namespace, check_batch, check_request, request};
 use crate::AppState;
 use crate::error::ApiError;
@@ -240,14 +241,12 @@ fn entry_sampling(
     logprobs: Option<u32>,
     prompt_logprobs: Option<u32>,
 ) -> Result<SamplingParams, ApiError> {
-    if sp.structural_tag.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(ApiError::unsupported(
-            "sampling_params.structural_tag",
-            "sampling_params.structural_tag is not supported; sampling_params.json_schema, \
-             regex and ebnf are",
-        ));
-    }
-    let constraints = [("json_schema", &sp.json_schema), ("regex", &sp.regex), ("ebnf", &sp.ebnf)];
+    let constraints = [
+        ("json_schema", &sp.json_schema),
+        ("regex", &sp.regex),
+        ("ebnf", &sp.ebnf),
+        ("structural_tag", &sp.structural_tag),
+    ];
     let mut asked = constraints
         .into_iter()
         .filter_map(|(name, v)| Some((name, v.as_ref().filter(|v| !v.is_null())?)));
@@ -270,6 +269,10 @@ fn entry_sampling(
         }
         Some(("regex", pattern)) => {
             ResponseFormat::Regex(regex_of(pattern, "sampling_params.regex")?)
+        }
+        Some(("structural_tag", tag)) => {
+            let tag = structural_tag_of(tag, "sampling_params.structural_tag")?;
+            ResponseFormat::StructuralTag(Arc::new(tag))
         }
         Some((_, text)) => ResponseFormat::Grammar(grammar_of(text, "sampling_params.ebnf")?),
     };

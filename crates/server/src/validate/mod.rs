@@ -16,6 +16,7 @@ mod json_schema;
 mod prompt;
 mod regex;
 mod sampling;
+mod structural_tag;
 
 use std::borrow::Cow;
 use std::sync::Arc;

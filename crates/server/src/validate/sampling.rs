@@ -5,12 +5,15 @@
 use std::sync::Arc;
 
 use routed_model::Tokenizer;
-use routed_types::{Grammar, JsonSchema, Regex, ResponseFormat, SamplingParams, TokenId};
+use routed_types::{
+    Grammar, JsonSchema, Regex, ResponseFormat, SamplingParams, StructuralTag, TokenId,
+};
 use serde_json::{Map, Value};
 
 use super::grammar::grammar_of;
 use super::json_schema::reduce;
 use super::regex::{regex_of, stop_regexes};
+use super::structural_tag::structural_tag_of;
 use crate::error::ApiError;
 use crate::wire::StopField;
 
@@ -130,10 +133,11 @@ pub(crate) fn bad_words(
 const GUIDED_REFUSED: [&str; 1] = ["guided_whitespace_pattern"];
 
 /// Constraints of vLLM's `structured_outputs` that are not served, refused by name.
-const STRUCTURED_OUTPUTS_REFUSED: [&str; 2] = ["structural_tag", "whitespace_pattern"];
+const STRUCTURED_OUTPUTS_REFUSED: [&str; 1] = ["whitespace_pattern"];
 
 /// The constraints of vLLM's `structured_outputs`, of which a request gives one.
-const STRUCTURED_OUTPUTS: [&str; 5] = ["json", "json_object", "choice", "regex", "grammar"];
+const STRUCTURED_OUTPUTS: [&str; 6] =
+    ["json", "json_object", "choice", "regex", "grammar", "structural_tag"];
 
 /// How a field's value is read into a constraint (the field's name given for the errors).
 type Read = fn(&Value, &str) -> Result<Constraint, ApiError>;
@@ -152,6 +156,8 @@ enum Constraint {
     Grammar(Arc<Grammar>),
     /// Tokens of a set, sorted and each once.
     Tokens(Arc<[TokenId]>),
+    /// Free text with a structural tag's structures.
+    Tagged(StructuralTag),
 }
 
 /// The output format a request asks for, by one of: OpenAI's `response_format` (on both OpenAI
@@ -168,7 +174,7 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         return Err(ApiError::unsupported(
             field,
             format!(
-                "{field} is not supported; response_format json_object and json_schema, choice, regex and grammar are"
+                "{field} is not supported; response_format json_object, json_schema and structural_tag, choice, regex and grammar are"
             ),
         ));
     }
@@ -212,6 +218,7 @@ pub(crate) fn response_format(body: &Value) -> Result<ResponseFormat, ApiError> 
         (Constraint::Regex(regex), _) => ResponseFormat::Regex(regex),
         (Constraint::Grammar(grammar), _) => ResponseFormat::Grammar(grammar),
         (Constraint::Tokens(ids), _) => ResponseFormat::Tokens(ids),
+        (Constraint::Tagged(tag), _) => ResponseFormat::StructuralTag(Arc::new(tag)),
     })
 }
 
@@ -303,16 +310,13 @@ fn openai_response_format(body: &Value) -> Result<Option<Constraint>, ApiError> 
             let schema = spec.get("schema").filter(|v| !v.is_null()).unwrap_or(&any);
             Ok(Some(Constraint::Schema(schema_of(schema, "response_format.json_schema.schema")?)))
         }
-        Some(other @ "structural_tag") => Err(ApiError::unsupported(
-            "response_format.type",
-            format!(
-                "response_format {other:?} is not supported; \"text\", \"json_object\" and \"json_schema\" are"
-            ),
-        )),
+        Some("structural_tag") => {
+            Ok(Some(Constraint::Tagged(structural_tag_of(format, "response_format")?)))
+        }
         _ => Err(ApiError::invalid(
             "response_format.type",
             format!(
-                "response_format.type must be \"text\", \"json_object\" or \"json_schema\", got {kind}"
+                "response_format.type must be \"text\", \"json_object\", \"json_schema\" or \"structural_tag\", got {kind}"
             ),
         )),
     }
@@ -339,7 +343,7 @@ fn structured_outputs(body: &Value) -> Result<(Option<Constraint>, bool), ApiErr
         return Err(ApiError::unsupported(
             &param,
             format!(
-                "{param} is not supported; structured_outputs.json, json_object, choice, regex and grammar are"
+                "{param} is not supported; structured_outputs.json, json_object, choice, regex, grammar and structural_tag are"
             ),
         ));
     }
@@ -353,8 +357,8 @@ fn structured_outputs(body: &Value) -> Result<(Option<Constraint>, bool), ApiErr
     if given.next().is_some() {
         return Err(ApiError::invalid(
             "structured_outputs",
-            "structured_outputs.json, json_object, choice, regex and grammar each constrain the \
-             output: give one of them",
+            "structured_outputs.json, json_object, choice, regex, grammar and structural_tag each \
+             constrain the output: give one of them",
         ));
     }
     let param = |key: &str| format!("structured_outputs.{key}");
@@ -365,6 +369,9 @@ fn structured_outputs(body: &Value) -> Result<(Option<Constraint>, bool), ApiErr
         Some("json_object") => Some(Constraint::Object),
         Some(key @ "choice") => Some(Constraint::Choice(choices(value(key), &param(key))?)),
         Some(key @ "regex") => Some(Constraint::Regex(regex_of(value(key), &param(key))?)),
+        Some(key @ "structural_tag") => {
+            Some(Constraint::Tagged(structural_tag_of(value(key), &param(key))?))
+        }
         Some(key) => Some(Constraint::Grammar(grammar_of(value(key), &param(key))?)),
     };
     Ok((constraint, set("disable_any_whitespace")))
