@@ -334,6 +334,20 @@ def main():
     ).model_dump()["choices"][0]
     assert 77 not in banned["token_ids"], (word, banned)
 
+    # A structural tag as SGLang's docs pass it through the client's response_format: a bias
+    # on `<` (token 30) makes the checkpoint write the trigger, and every one opens a call.
+    tagged = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=30, temperature=0, logit_bias={"30": 8},
+        response_format={
+            "type": "structural_tag",
+            "structures": [{"begin": "<call>", "schema": {"type": "boolean"}, "end": "</call>"}],
+            "triggers": ["<"],
+        },
+    ).choices[0]
+    calls = re.findall(r"<call>\s*(true|false)\s*</call>", tagged.message.content)
+    rest = re.sub(r"<call>\s*(true|false)\s*</call>", "", tagged.message.content)
+    assert calls and ("<" not in rest or tagged.finish_reason == "length"), tagged
+
     # Scoring a prompt as lm-eval's loglikelihood tasks do: echo with logprobs, the first token
     # without a logprob; and vLLM's prompt_logprobs beside it.
     text = "The experts route every token"
