@@ -58,7 +58,8 @@ struct ServeArgs {
     #[arg(long, requires = "tool_call_parser")]
     enable_auto_tool_choice: bool,
     /// The format of the model's tool calls: `hermes` (`<tool_call>{"name", "arguments"}
-    /// </tool_call>`: Qwen2.5, Qwen3, Hermes).
+    /// </tool_call>`: Qwen2.5, Qwen3, Granite 4.0, Hermes) or `mistral` (`[TOOL_CALLS]
+    /// [{"name", "arguments"}]`: Mixtral 8x22B).
     #[arg(long, value_name = "NAME")]
     tool_call_parser: Option<routed::server::ToolCallParser>,
     /// Split a chat answer's thinking off its content into `reasoning_content`: `qwen3`

@@ -122,7 +122,7 @@ fn serve_reads_tool_calls_and_reasoning_with_their_flags() {
     assert!(message.get("reasoning_content").is_some_and(|r| r.is_null()), "{answer}");
     for (args, says) in [
         (&["--enable-auto-tool-choice"][..], "--tool-call-parser"),
-        (&["--tool-call-parser", "nope"][..], "supported: hermes"),
+        (&["--tool-call-parser", "nope"][..], "supported: hermes, mistral"),
         (&["--reasoning-parser", "nope"][..], "supported: qwen3, deepseek_r1"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_routed"))

@@ -13,7 +13,7 @@ use crate::error::ApiError;
 use crate::reasoning::ReasoningParser;
 use crate::routing_wire::{self, RoutingRequest};
 use crate::run::ChoiceResult;
-use crate::tools::{self, ToolCall, ToolUse};
+use crate::tools::{ToolCall, ToolUse};
 use crate::validate::Job;
 
 /// `usage`.
@@ -367,8 +367,8 @@ pub(crate) fn whole(
 
 /// A whole chat answer's message, and whether its `finish_reason` is `tool_calls`. With a
 /// `reasoning` parser the thinking is split off into `reasoning_content` (`crate::reasoning`).
-/// What remains is read as `tools` says: calls parsed out of it (as vLLM's `hermes` parser reads
-/// them, `crate::tools`), the text before them the content; or, for a forced choice, the calls
+/// What remains is read as `tools` says: calls parsed out of it (as the server's vLLM parser
+/// reads them, `crate::tools`), the text before them the content; or, for a forced choice, the calls
 /// it is, with empty content (a required list cut short stays content). As vLLM answers, the
 /// finish reason is `tool_calls` when parsed calls were found, or a required list was whole and
 /// the answer `stopped`; a named call keeps the answer's own.
@@ -391,8 +391,8 @@ fn chat_message(
     };
     let (mut message, called) = match tools {
         ToolUse::None => (json!({"role": "assistant", "content": answer}), false),
-        ToolUse::Parsed => {
-            let found = tools::extract(answer_text);
+        ToolUse::Parsed(parser) => {
+            let found = parser.extract(answer_text);
             let calls = to_json(&found.calls);
             let called = tools.finishes_with_calls(!calls.is_empty(), stopped);
             (json!({"role": "assistant", "content": found.content, "tool_calls": calls}), called)
@@ -447,11 +447,13 @@ fn completion_choice(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::ToolCallParser;
 
     #[test]
     fn a_chat_message_carries_the_calls_read_from_its_text() {
         let text = "Checking.<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}</tool_call>";
-        let (message, called) = chat_message(&ToolUse::Parsed, None, text, true);
+        let (message, called) =
+            chat_message(&ToolUse::Parsed(ToolCallParser::Hermes), None, text, true);
         assert!(called);
         assert_eq!(message["role"], "assistant");
         assert_eq!(message["content"], "Checking.");
@@ -463,7 +465,8 @@ mod tests {
         assert!(!called);
         assert_eq!(plain, json!({"role": "assistant", "content": text}));
         // Read, without calls.
-        let (none, called) = chat_message(&ToolUse::Parsed, None, "just text", true);
+        let (none, called) =
+            chat_message(&ToolUse::Parsed(ToolCallParser::Hermes), None, "just text", true);
         assert!(!called);
         assert_eq!(none, json!({"role": "assistant", "content": "just text", "tool_calls": []}));
     }
@@ -473,7 +476,8 @@ mod tests {
         let qwen3 = Some(ReasoningParser::Qwen3);
         let text =
             "<think>use f</think>\n\n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
-        let (message, called) = chat_message(&ToolUse::Parsed, qwen3, text, true);
+        let (message, called) =
+            chat_message(&ToolUse::Parsed(ToolCallParser::Hermes), qwen3, text, true);
         assert!(called);
         assert_eq!(message["reasoning_content"], "use f");
         assert_eq!(message["content"], "\n\n");

@@ -29,7 +29,7 @@ use crate::response::{
     finish_reason, legacy_logprobs, routing_meta, sglext, stop_reason,
 };
 use crate::run::{Merged, choice_index};
-use crate::tools::{ForcedStream, ToolStream, ToolUse};
+use crate::tools::{ForcedStream, ToolCallParser, ToolStream, ToolUse};
 use crate::validate::Job;
 
 /// One SSE event.
@@ -127,7 +127,10 @@ impl SseState {
     ) -> Self {
         let num_choices = job.requests.len() * job.n;
         let chat = route == Route::Chat;
-        let reads_tools = chat && job.tool_use == ToolUse::Parsed;
+        let parser = match job.tool_use {
+            ToolUse::Parsed(parser) if chat => Some(parser),
+            _ => None,
+        };
         let forced = Some(job.tool_use.clone()).filter(|t| chat && t.is_forced());
         let reasoning = job.reasoning.filter(|_| route == Route::Chat);
         let mut state = Self {
@@ -140,7 +143,7 @@ impl SseState {
             choices: (0..num_choices)
                 .map(|_| ChoiceState {
                     reasoning: reasoning.map(ReasoningStream::new),
-                    tools: reads_tools.then(ToolStream::default),
+                    tools: parser.map(ToolCallParser::stream),
                     forced: forced.clone().map(ForcedStream::new),
                     ..ChoiceState::default()
                 })

@@ -3,9 +3,9 @@
 //! checked against the tools and the server's parser; with `--tool-call-parser hermes` an answer
 //! without calls comes back with `tool_calls: []`, whole and streamed. `tool_choice: "required"`
 //! and a named function constrain the answer to calls (as vLLM does, no parser needed), which
-//! come back as the message's `tool_calls`, whole and streamed. (The tiny checkpoints do not
-//! write `hermes` calls by themselves, so reading those out of an answer is tested on texts, in
-//! the crate's unit tests.)
+//! come back as the message's `tool_calls`, whole and streamed. With `--tool-call-parser hermes`
+//! or `mistral`, calls an answer is held to by a regex (the tiny checkpoints write none by
+//! themselves) come back as `tool_calls`, and the text keeps special tokens for the parser.
 
 mod common;
 
@@ -347,4 +347,118 @@ fn a_forced_tool_choice_makes_calls_of_the_tools_whole_and_streamed() {
         }
     }
     assert!(num_named > 0 && num_required > 0, "{num_named} named, {num_required} required");
+}
+
+/// The call each parser reads, and a regex that holds the model to an answer of text and that
+/// call (the tiny checkpoint writes no calls by itself). The arguments are written compactly, to
+/// come back with vLLM's separators.
+fn a_call_as(parser: ToolCallParser) -> (&'static str, &'static str) {
+    match parser {
+        ToolCallParser::Hermes => (
+            "Checking.",
+            r#"Checking\.<tool_call>\{"name": "get_weather", "arguments": \{"city":"Paris"\}\}</tool_call>"#,
+        ),
+        ToolCallParser::Mistral => (
+            "Checking. ",
+            r#"Checking\. \[TOOL_CALLS\] \[\{"name": "get_weather", "arguments": \{"city":"Paris"\}\}\]"#,
+        ),
+    }
+}
+
+#[test]
+fn calls_the_model_writes_are_read_by_the_servers_parser_whole_and_streamed() {
+    for parser in [ToolCallParser::Hermes, ToolCallParser::Mistral] {
+        let s = tools_server(Some(parser));
+        let (content, pattern) = a_call_as(parser);
+        let body = json!({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                          "tools": [weather_tool()], "max_tokens": 200, "temperature": 0,
+                          "structured_outputs": {"regex": pattern}});
+        let whole = s.ok("/v1/chat/completions", &body);
+        let choice = &whole["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{parser:?}: {whole}");
+        assert_eq!(choice["message"]["content"], content, "{parser:?}");
+        let made = &choice["message"]["tool_calls"];
+        assert_eq!(made.as_array().map(Vec::len), Some(1), "{parser:?}: {made}");
+        assert_eq!(made[0]["type"], "function");
+        let function = json!({"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"});
+        assert_eq!(made[0]["function"], function, "{parser:?}");
+        // vLLM's ids: `chatcmpl-tool-` and 32 hex digits, Mistral's 9 letters and digits.
+        let id = made[0]["id"].as_str().unwrap();
+        match parser {
+            ToolCallParser::Hermes => assert!(id.starts_with("chatcmpl-tool-"), "{id}"),
+            ToolCallParser::Mistral => {
+                assert!(id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()), "{id}")
+            }
+        }
+
+        let mut stream = body.clone();
+        stream["stream"] = json!(true);
+        let chunks = s.post("/v1/chat/completions", &stream).sse_json();
+        let delta = |c: &Value| c["choices"][0]["delta"].clone();
+        let streamed: String =
+            chunks.iter().filter_map(|c| delta(c)["content"].as_str().map(str::to_owned)).collect();
+        assert_eq!(streamed, content, "{parser:?}");
+        let deltas = chunks
+            .iter()
+            .flat_map(|c| delta(c)["tool_calls"].as_array().cloned().unwrap_or_default());
+        let accumulated = accumulate(deltas);
+        assert_eq!(accumulated[0]["function"], function, "{parser:?}: {accumulated}");
+        assert_eq!(accumulated.as_array().map(Vec::len), Some(1));
+        let last = chunks.iter().rev().find(|c| !c["choices"][0]["finish_reason"].is_null());
+        assert_eq!(last.unwrap()["choices"][0]["finish_reason"], "tool_calls", "{parser:?}");
+
+        // `tool_choice: "none"` reads none: the text as the model wrote it.
+        let mut none = body.clone();
+        none["tool_choice"] = json!("none");
+        let plain = s.ok("/v1/chat/completions", &none);
+        let text = plain["choices"][0]["message"]["content"].as_str().unwrap().to_owned();
+        assert!(text.starts_with(content) && text.ends_with(['>', ']']), "{parser:?}: {text}");
+        assert_eq!(plain["choices"][0]["finish_reason"], "stop");
+    }
+}
+
+/// The tools checkpoint with its last BPE token made the special token `[TOOL_CALLS]`, as it is
+/// in Mistral's tokenizers (the merge that made the token is dropped, nothing else uses it).
+fn checkpoint_with_a_tool_calls_token() -> (std::path::PathBuf, u64) {
+    let dir = checkpoint_with_tools_template();
+    let path = dir.join("tokenizer.json");
+    let mut tokenizer: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let model = &mut tokenizer["model"];
+    let last = model["merges"].as_array_mut().unwrap().pop().unwrap();
+    let word: String = last.as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+    let vocab = model["vocab"].as_object_mut().unwrap();
+    let id = vocab.remove(&word).unwrap();
+    vocab.insert("[TOOL_CALLS]".into(), id.clone());
+    tokenizer["added_tokens"].as_array_mut().unwrap().push(json!({
+        "id": id, "content": "[TOOL_CALLS]", "single_word": false, "lstrip": false,
+        "rstrip": false, "normalized": false, "special": true,
+    }));
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    (dir, id.as_u64().unwrap())
+}
+
+#[test]
+fn a_chat_that_reads_calls_keeps_special_tokens_in_its_text_as_vllm_does() {
+    let (dir, id) = checkpoint_with_a_tool_calls_token();
+    let mut config = test_config(MODEL);
+    config.model = routed_runtime::ModelSource::Dir(dir);
+    let server =
+        ServerConfig { tool_call_parser: Some(ToolCallParser::Mistral), ..ServerConfig::default() };
+    let s = TestServer::start_with(config, server);
+    // A bias makes the model write the special token twice.
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "tools": [weather_tool()],
+                      "max_tokens": 2, "temperature": 0, "logit_bias": {id.to_string(): 100},
+                      "skip_special_tokens": true});
+    let read = s.ok("/v1/chat/completions", &body);
+    // Kept for the parser, which finds no list after it: the text is the content.
+    assert_eq!(read["choices"][0]["message"]["content"], "[TOOL_CALLS][TOOL_CALLS]", "{read}");
+    assert_eq!(read["choices"][0]["message"]["tool_calls"], json!([]));
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    assert_eq!(common::streamed_content(&s, &stream), "[TOOL_CALLS][TOOL_CALLS]");
+    // A chat that reads no calls skips them, as asked.
+    let mut none = body.clone();
+    none["tool_choice"] = json!("none");
+    assert_eq!(s.ok("/v1/chat/completions", &none)["choices"][0]["message"]["content"], "");
 }

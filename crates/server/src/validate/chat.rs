@@ -180,7 +180,7 @@ pub(crate) fn tool_use(
     let tools_listed = tools.unwrap_or_default();
     match (ToolChoice::of(tool_choice, tools)?, state.tool_call_parser()) {
         (ToolChoice::None, _) => Ok((ToolUse::None, None)),
-        (ToolChoice::Auto, Some(_)) => Ok((ToolUse::Parsed, None)),
+        (ToolChoice::Auto, Some(parser)) => Ok((ToolUse::Parsed(parser), None)),
         (ToolChoice::Auto, None) => Err(ApiError::invalid(
             "tool_choice",
             "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to \

@@ -523,12 +523,17 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     };
     let logprobs = logprobs.then_some(top_logprobs);
     let fields = sampling_fields(&c, asked);
-    let sampling = SamplingParams {
+    let mut sampling = SamplingParams {
         response_format,
         thinking_tags: tags,
         bad_words: bad_words_of(state, &c)?,
         ..sampling(fields, max_tokens, logprobs, state.default_seed())?
     };
+    if state.tool_call_parser().is_some() && tool_use != ToolUse::None {
+        // As vLLM's parsers have it: the token that opens a call may be a special one
+        // (Mistral's `[TOOL_CALLS]`), so the text keeps special tokens for the parser to see.
+        sampling.skip_special_tokens = false;
+    }
     let r = request(prompt, &sampling, n, routing, cache_salt.as_ref());
     let names = WireNames {
         prompt: "messages",
