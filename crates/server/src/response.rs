@@ -312,10 +312,15 @@ pub(crate) fn whole(
         let mut choice = match route {
             Route::Completions => completion_choice(i, job, c, output, prompt, tokenizer),
             Route::Chat => {
-                let message;
+                let mut message;
                 let stopped = matches!(output.finish_reason, FinishReason::Stop { .. });
                 (message, called_tools) =
                     chat_message(&job.tool_use, job.reasoning, &output.text, stopped);
+                if let Some(echoed) = job.echo.as_ref().and_then(|texts| texts.first()) {
+                    // As vLLM: the echoed message, then the content (none read as empty).
+                    let content = message["content"].as_str().unwrap_or_default();
+                    message["content"] = json!(format!("{echoed}{content}"));
+                }
                 let names = job.names(tokenizer);
                 let logprobs = job.logprobs.map(|_| chat_logprobs(names, &c.tokens));
                 json!({"index": i, "message": message, "logprobs": logprobs})

@@ -159,6 +159,16 @@ impl SseState {
                 let chunk = state.chunk(i, choice);
                 state.pending.push_back(sse_event(&chunk));
             }
+            // As vLLM: the echoed message goes out in a chunk of its own after the role's.
+            let echoed = state.job.echo.as_ref().and_then(|texts| texts.first()).cloned();
+            let echoed = echoed.filter(|text| !text.is_empty());
+            for i in (0..num_choices).filter(|_| echoed.is_some()) {
+                let delta = json!({"content": echoed});
+                let choice =
+                    json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null});
+                let chunk = state.chunk(i, choice);
+                state.pending.push_back(sse_event(&chunk));
+            }
         }
         if route == Route::Completions && state.job.echo.is_some() {
             for i in 0..num_choices {

@@ -117,7 +117,7 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
             "messages[0].content",
         ),
         (json!({"messages": hi, "tools": [{"type": "function"}]}), "tools[0]"),
-        (json!({"messages": hi, "echo": true}), "echo"),
+        (json!({"messages": hi, "echo": "yes"}), "echo"),
         (
             json!({"messages": hi, "continue_final_message": true, "add_generation_prompt": true}),
             "continue_final_message",

@@ -415,3 +415,59 @@ fn assert_resources_released(s: &TestServer, path: &str) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn chat_echo_puts_the_last_message_before_the_answer_as_vllm_does() {
+    let s = server(MODEL);
+    // A partial answer continued: echo gives the whole message back.
+    let base = json!({"messages": [{"role": "user", "content": "Say hi"},
+                                   {"role": "assistant", "content": "Hi there"}],
+                      "continue_final_message": true, "max_tokens": 5, "temperature": 0,
+                      "ignore_eos": true, "n": 2});
+    let plain = s.ok("/v1/chat/completions", &base);
+    let mut echo = base.clone();
+    echo["echo"] = json!(true);
+    let echoed = s.ok("/v1/chat/completions", &echo);
+    for i in 0..2 {
+        let answer = plain["choices"][i]["message"]["content"].as_str().unwrap();
+        let whole = format!("Hi there{answer}");
+        assert_eq!(echoed["choices"][i]["message"]["content"], whole.as_str(), "{echoed}");
+        assert_eq!(echoed["usage"], plain["usage"]);
+        // Streamed: the echo in a chunk of its own after the role's, then the answer.
+        let mut stream = echo.clone();
+        stream["stream"] = json!(true);
+        let chunks = s.post("/v1/chat/completions", &stream).sse_json();
+        let deltas: Vec<&Value> = chunks
+            .iter()
+            .filter(|c| c["choices"][0]["index"] == i)
+            .map(|c| &c["choices"][0]["delta"])
+            .collect();
+        assert_eq!(*deltas[0], json!({"role": "assistant", "content": ""}));
+        assert_eq!(*deltas[1], json!({"content": "Hi there"}));
+        let text: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
+        assert_eq!(text, whole);
+    }
+    // With a generation prompt after a user's message there is nothing to echo, and without
+    // one the last message is echoed whatever its role.
+    let hi = json!([{"role": "user", "content": "Say hi"}]);
+    let ask = |extra: Value| {
+        let mut body = json!({"messages": hi, "max_tokens": 3, "temperature": 0, "echo": true});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        s.ok("/v1/chat/completions", &body)["choices"][0]["message"]["content"].clone()
+    };
+    let answer = ask(json!({"echo": false}));
+    assert_eq!(ask(json!({})), answer);
+    let open = ask(json!({"add_generation_prompt": false}));
+    assert!(open.as_str().unwrap().starts_with("Say hi"), "{open}");
+}
+
+#[test]
+fn a_messages_text_parts_reach_the_template_joined_by_newlines_as_vllm_joins_them() {
+    let s = server(MODEL);
+    let tokens = |content: Value| {
+        let body = json!({"messages": [{"role": "user", "content": content}]});
+        s.ok("/tokenize", &body)["tokens"].clone()
+    };
+    let parts = json!([{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]);
+    assert_eq!(tokens(parts), tokens(json!("first\nsecond")));
+}

@@ -39,7 +39,7 @@ use crate::wire::{ChatFields, CommonFields, CompletionFields, UnservedFields, pa
 pub(crate) use chat::ChatExtras;
 pub(crate) use generate::{GenerateJob, generate};
 pub(crate) use prompt::{ChatRender, encode, render_chat, render_messages, token_ids};
-use prompt::{completion_prompts, truncate, truncation};
+use prompt::{completion_prompts, echoed_message, truncate, truncation};
 use sampling::{SamplingFields, bad_words, sampling};
 
 /// A validated request: one engine request per prompt, and how to answer.
@@ -62,8 +62,9 @@ pub(crate) struct Job {
     pub tokens_as_ids: bool,
     /// Top alternatives per token, when logprobs were asked for.
     pub logprobs: Option<u32>,
-    /// `echo` (completions): each prompt's text, in prompt order, to put before its choices'
-    /// text (and, with `logprobs`, its tokens before theirs).
+    /// `echo`: on completions each prompt's text, in prompt order, to put before its choices'
+    /// text (and, with `logprobs`, its tokens before theirs); on chat the one text to put before
+    /// every choice's content (`prompt::echoed_message`).
     pub echo: Option<Vec<String>>,
     /// Alternatives per prompt token in vLLM's `prompt_logprobs` response field, when it is
     /// returned.
@@ -497,12 +498,10 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         response_format = ResponseFormat::JsonSchema { schema, compact: false };
         tags = thinking_tags(state, &response_format);
     }
-    if c.echo == Some(true) {
-        return Err(ApiError::unsupported(
-            "echo",
-            "echo is supported on /v1/completions, not on chat completions",
-        ));
-    }
+    let echo = match c.echo {
+        Some(true) => Some(vec![echoed_message(&f)?]),
+        _ => None,
+    };
     let top_logprobs = f.top_logprobs.unwrap_or(0);
     let logprobs = f.logprobs.unwrap_or(false);
     if top_logprobs > 0 && !logprobs {
@@ -551,7 +550,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         return_token_ids: c.return_token_ids.unwrap_or(false),
         tokens_as_ids: c.return_tokens_as_token_ids.unwrap_or(false),
         logprobs,
-        echo: None,
+        echo,
         prompt_logprobs: asked,
         tool_use,
         reasoning: state.reasoning_parser(),

@@ -211,16 +211,22 @@ impl ChatRender {
     }
 }
 
-/// The text of one message; only `text` content parts are supported.
+/// The text of one message; only `text` content parts are supported, joined by newlines as
+/// vLLM hands them to a template.
 fn message_text(i: usize, m: &WireMessage) -> Result<String, ApiError> {
     Ok(match &m.content {
         None => String::new(),
         Some(MessageContent::Text(t)) => t.clone(),
         Some(MessageContent::Parts(parts)) => {
             let mut text = String::new();
-            for part in parts {
+            for (j, part) in parts.iter().enumerate() {
                 match (part.kind.as_str(), &part.text) {
-                    ("text", Some(t)) => text.push_str(t),
+                    ("text", Some(t)) => {
+                        if j > 0 {
+                            text.push('\n');
+                        }
+                        text.push_str(t);
+                    }
                     _ => {
                         return Err(ApiError::unsupported(
                             &format!("messages[{i}].content"),
@@ -286,6 +292,20 @@ pub(crate) fn render_messages(
             "the final message is empty or does not appear in the rendered chat, so it cannot \
              be continued",
         )),
+    }
+}
+
+/// What a chat with `echo` puts before each choice's content, as vLLM does: the last message's
+/// text when it has the answer's role (the assistant's, or without a generation prompt the last
+/// message's own), else nothing.
+pub(crate) fn echoed_message(f: &ChatFields) -> Result<String, ApiError> {
+    let how = ChatRender::new(f.add_generation_prompt, f.continue_final_message)?;
+    let Some((last, message)) = f.messages.iter().enumerate().next_back() else {
+        return Ok(String::new());
+    };
+    match how.add_generation_prompt && message.role != "assistant" {
+        true => Ok(String::new()),
+        false => message_text(last, message),
     }
 }
 
