@@ -108,6 +108,29 @@ pub(crate) struct UnservedFields {
     pub use_beam_search: Option<bool>,
     /// vLLM's logits processors, by name.
     pub logits_processors: Option<Value>,
+    /// vLLM's request priority (0 unless the server schedules by priority, which routed does
+    /// not).
+    pub priority: Option<i64>,
+    /// vLLM's prompt embeddings (`--enable-prompt-embeds`).
+    pub prompt_embeds: Option<Value>,
+}
+
+/// SGLang's `/generate` fields that would change the answer or what it carries and are not
+/// served; each is refused unless neutral (null, false, an empty list or string).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub(crate) struct SglUnservedFields {
+    /// Prompt embeddings instead of ids.
+    pub input_embeds: Option<Value>,
+    /// Multimodal inputs.
+    pub image_data: Option<Value>,
+    pub video_data: Option<Value>,
+    pub audio_data: Option<Value>,
+    /// A LoRA adapter to apply.
+    pub lora_path: Option<Value>,
+    /// A serialized logit processor.
+    pub custom_logit_processor: Option<Value>,
+    /// The last layer's hidden states in `meta_info`.
+    pub return_hidden_states: Option<bool>,
 }
 
 /// Fields only `/v1/completions` has.

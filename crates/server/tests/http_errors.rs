@@ -89,6 +89,8 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
         (json!({"prompt": "x", "best_of": 3}), "best_of"),
         (json!({"prompt": "x", "use_beam_search": true}), "use_beam_search"),
         (json!({"prompt": "x", "logits_processors": ["mine"]}), "logits_processors"),
+        (json!({"prompt": "x", "priority": -1}), "priority"),
+        (json!({"prompt": "x", "prompt_embeds": "AAAA"}), "prompt_embeds"),
         (json!({"prompt": "x", "stream_options": {"include_usage": true}}), "stream_options"),
         (json!({"prompt": "x", "cache_salt": ""}), "cache_salt"),
         (json!({"prompt": "x", "routed_experts_format": "csv"}), "routed_experts_format"),
@@ -102,7 +104,7 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
     s.ok(
         c,
         &json!({"prompt": "x", "max_tokens": 2, "use_beam_search": false,
-                "logits_processors": null}),
+                "logits_processors": null, "priority": 0, "prompt_embeds": null}),
     );
     let chat = "/v1/chat/completions";
     let hi = json!([{"role": "user", "content": "hi"}]);
@@ -163,9 +165,22 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
         (json!({"input_ids": [1], "routed_experts_start_len": 2}), "routed_experts_start_len"),
         (json!({"input_ids": [1], "top_logprobs_num": 21}), "top_logprobs_num"),
         (json!({"input_ids": [1], "return_text_in_logprobs": "yes"}), "return_text_in_logprobs"),
+        (json!({"input_ids": [1], "input_embeds": [[0.5]]}), "input_embeds"),
+        (json!({"input_ids": [1], "image_data": "x.png"}), "image_data"),
+        (json!({"input_ids": [1], "video_data": ["v.mp4"]}), "video_data"),
+        (json!({"input_ids": [1], "audio_data": "a.wav"}), "audio_data"),
+        (json!({"input_ids": [1], "lora_path": "adapter"}), "lora_path"),
+        (json!({"input_ids": [1], "custom_logit_processor": "{}"}), "custom_logit_processor"),
+        (json!({"input_ids": [1], "return_hidden_states": true}), "return_hidden_states"),
     ] {
         assert_400(&s, g, body, param);
     }
+    // SGLang's unserved fields holding their neutral values pass, as clients send them.
+    s.ok(
+        g,
+        &json!({"input_ids": [1], "sampling_params": {"max_new_tokens": 1}, "image_data": null,
+                "lora_path": null, "input_embeds": null, "return_hidden_states": false}),
+    );
 }
 
 /// The sampling ranges are the engine's rules; their messages name the field as the route does.

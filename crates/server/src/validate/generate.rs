@@ -11,12 +11,15 @@ use super::prompt::PromptInput;
 use super::regex::regex_of;
 use super::sampling::{SamplingFields, sampling, schema_of};
 use super::structural_tag::structural_tag_of;
-use super::{BatchNames, Job, WireNames, cache_namespace, check_batch, check_request, request};
+use super::{
+    BatchNames, Job, WireNames, cache_namespace, check_batch, check_request, is_neutral,
+    refuse_given, request,
+};
 use crate::AppState;
 use crate::error::ApiError;
 use crate::routing_wire::{self, RoutingFields};
 use crate::tools::ToolUse;
-use crate::wire::{GenerateBody, SamplingParamsField, SglSamplingParams, parse};
+use crate::wire::{GenerateBody, SamplingParamsField, SglSamplingParams, SglUnservedFields, parse};
 
 /// A validated `/generate` request: the job, and how its logprobs are shaped.
 #[derive(Clone, Debug)]
@@ -34,6 +37,21 @@ pub(crate) struct GenerateJob {
     /// The answer is a list with one object per continuation, prompt-major, as SGLang answers a
     /// batch of prompts or `n > 1`; else it is the one continuation's object.
     pub batch: bool,
+}
+
+/// Refuses SGLang's fields that are parsed but not served unless they hold their neutral value:
+/// an answer computed without one of them would be taken for one computed with it.
+fn refuse_unserved(body: &Value) -> Result<(), ApiError> {
+    let u: SglUnservedFields = parse(body)?;
+    refuse_given([
+        ("input_embeds", !is_neutral(u.input_embeds.as_ref())),
+        ("image_data", !is_neutral(u.image_data.as_ref())),
+        ("video_data", !is_neutral(u.video_data.as_ref())),
+        ("audio_data", !is_neutral(u.audio_data.as_ref())),
+        ("lora_path", !is_neutral(u.lora_path.as_ref())),
+        ("custom_logit_processor", !is_neutral(u.custom_logit_processor.as_ref())),
+        ("return_hidden_states", u.return_hidden_states == Some(true)),
+    ])
 }
 
 /// SGLang's `rid`: one non-empty string for one prompt, or a list of them, one per prompt of the
@@ -305,6 +323,7 @@ fn entry_sampling(
 /// Validates a `/generate` body. Routing, when returned, is always raw int32. Each prompt of a
 /// batch is encoded and checked in turn, so a batch stops at its first bad prompt.
 pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, ApiError> {
+    refuse_unserved(body)?;
     let mut b: GenerateBody = parse(body)?;
     let params = b.sampling_params.take();
     let info = state.info();

@@ -108,7 +108,7 @@ pub(crate) fn check_model(info: &ModelInfo, model: Option<&str>) -> Result<(), A
 }
 
 /// Whether an unserved field's value asks for nothing: absent, null, an empty list or string.
-fn is_neutral(value: Option<&Value>) -> bool {
+pub(crate) fn is_neutral(value: Option<&Value>) -> bool {
     match value {
         None | Some(Value::Null) => true,
         Some(Value::Array(list)) => list.is_empty(),
@@ -126,11 +126,22 @@ fn refuse_unsupported(c: &CommonFields, body: &Value) -> Result<(), ApiError> {
         return Err(ApiError::unsupported("best_of", "best_of different from n is not supported"));
     }
     let u: UnservedFields = parse(body)?;
-    let given = [
+    if let Some(priority) = u.priority.filter(|&p| p != 0) {
+        return Err(ApiError::unsupported(
+            "priority",
+            format!("got priority {priority}, but requests are served first come, first served"),
+        ));
+    }
+    refuse_given([
         ("use_beam_search", u.use_beam_search == Some(true)),
         ("logits_processors", !is_neutral(u.logits_processors.as_ref())),
-    ];
-    match given.into_iter().find(|&(_, given)| given) {
+        ("prompt_embeds", !is_neutral(u.prompt_embeds.as_ref())),
+    ])
+}
+
+/// The first of `fields` (a name, and whether it asks for something) that was given, refused.
+pub(crate) fn refuse_given<const N: usize>(fields: [(&str, bool); N]) -> Result<(), ApiError> {
+    match fields.into_iter().find(|&(_, given)| given) {
         Some((field, _)) => Err(ApiError::unsupported(field, format!("{field} is not supported"))),
         None => Ok(()),
     }
