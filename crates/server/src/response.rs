@@ -316,6 +316,10 @@ pub(crate) fn whole(
                 let stopped = matches!(output.finish_reason, FinishReason::Stop { .. });
                 (message, called_tools) =
                     chat_message(&job.tool_use, job.reasoning, &output.text, stopped);
+                let calls = message.get_mut("tool_calls").and_then(Value::as_array_mut);
+                if let (true, Some(calls)) = (job.first_call_only, calls) {
+                    calls.truncate(1);
+                }
                 if let Some(echoed) = job.echo.as_ref().and_then(|texts| texts.first()) {
                     // As vLLM: the echoed message, then the content (none read as empty).
                     let content = message["content"].as_str().unwrap_or_default();

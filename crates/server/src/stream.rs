@@ -63,6 +63,8 @@ struct ChoiceState {
     tools: Option<ToolStream>,
     /// The answer read as calls, when a forced `tool_choice` makes it calls.
     forced: Option<ForcedStream>,
+    /// Only the first call goes out (`parallel_tool_calls: false`).
+    first_call_only: bool,
 }
 
 /// What one choice sends for some of its text.
@@ -80,6 +82,15 @@ impl ChoiceState {
     /// Splits the detokenized `text` as the chat reads it: reasoning off first, then tool calls
     /// out of the rest. `end`: the choice's last text, which flushes what was held back.
     fn split(&mut self, text: String, end: bool) -> ChatDelta {
+        let mut delta = self.split_all(text, end);
+        if self.first_call_only {
+            delta.calls.retain(|call| call["index"] == 0);
+        }
+        delta
+    }
+
+    /// [`Self::split`] with every call.
+    fn split_all(&mut self, text: String, end: bool) -> ChatDelta {
         let (reasoning, content) = match &mut self.reasoning {
             Some(r) => {
                 let d = if end { r.finish(&text) } else { r.push(&text) };
@@ -133,6 +144,7 @@ impl SseState {
         };
         let forced = Some(job.tool_use.clone()).filter(|t| chat && t.is_forced());
         let reasoning = job.reasoning.filter(|_| route == Route::Chat);
+        let first_call_only = job.first_call_only;
         let mut state = Self {
             route,
             header,
@@ -145,6 +157,7 @@ impl SseState {
                     reasoning: reasoning.map(ReasoningStream::new),
                     tools: parser.map(ToolCallParser::stream),
                     forced: forced.clone().map(ForcedStream::new),
+                    first_call_only,
                     ..ChoiceState::default()
                 })
                 .collect(),

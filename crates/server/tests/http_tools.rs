@@ -462,3 +462,38 @@ fn a_chat_that_reads_calls_keeps_special_tokens_in_its_text_as_vllm_does() {
     none["tool_choice"] = json!("none");
     assert_eq!(s.ok("/v1/chat/completions", &none)["choices"][0]["message"]["content"], "");
 }
+
+#[test]
+fn parallel_tool_calls_false_keeps_the_first_call_whole_and_streamed_as_vllm_does() {
+    let s = tools_server(Some(ToolCallParser::Hermes));
+    let call = |city: &str| {
+        format!(
+            r#"<tool_call>\{{"name": "get_weather", "arguments": \{{"city": "{city}"\}}\}}</tool_call>"#
+        )
+    };
+    let pattern = format!("{}{}", call("Paris"), call("Rome"));
+    let body = json!({"messages": [{"role": "user", "content": "Weather?"}],
+                      "tools": [weather_tool()], "max_tokens": 200, "temperature": 0,
+                      "structured_outputs": {"regex": pattern}});
+    let cities = |calls: &Value| -> Vec<String> {
+        let list = calls.as_array().expect("tool_calls");
+        list.iter().map(|c| c["function"]["arguments"].as_str().unwrap().to_owned()).collect()
+    };
+    let paris = "{\"city\": \"Paris\"}".to_owned();
+    let rome = "{\"city\": \"Rome\"}".to_owned();
+    for (parallel, want) in [(None, vec![paris.clone(), rome]), (Some(false), vec![paris])] {
+        let mut body = body.clone();
+        if let Some(p) = parallel {
+            body["parallel_tool_calls"] = json!(p);
+        }
+        let whole = s.ok("/v1/chat/completions", &body);
+        assert_eq!(cities(&whole["choices"][0]["message"]["tool_calls"]), want, "{whole}");
+        assert_eq!(whole["choices"][0]["finish_reason"], "tool_calls");
+        body["stream"] = json!(true);
+        let chunks = s.post("/v1/chat/completions", &body).sse_json();
+        let deltas = chunks.iter().flat_map(|c| {
+            c["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default()
+        });
+        assert_eq!(cities(&accumulate(deltas)), want, "{parallel:?}");
+    }
+}

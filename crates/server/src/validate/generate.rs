@@ -404,6 +404,7 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         echo: None,
         prompt_logprobs: None,
         tool_use: ToolUse::None,
+        first_call_only: false,
         reasoning: None,
     };
     Ok(GenerateJob {

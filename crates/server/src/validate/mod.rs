@@ -71,6 +71,8 @@ pub(crate) struct Job {
     pub prompt_logprobs: Option<u32>,
     /// How a chat's tool calls come out of its answer (`tool_choice`).
     pub tool_use: ToolUse,
+    /// Only an answer's first call is returned (`parallel_tool_calls: false`).
+    pub first_call_only: bool,
     /// How a chat's reasoning is split off its content (the server's parser).
     pub reasoning: Option<ReasoningParser>,
 }
@@ -485,6 +487,7 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         echo: echo.then_some(texts),
         prompt_logprobs: shown,
         tool_use: ToolUse::None,
+        first_call_only: false,
         reasoning: None,
     })
 }
@@ -564,6 +567,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         echo,
         prompt_logprobs: asked,
         tool_use,
+        first_call_only: f.parallel_tool_calls == Some(false),
         reasoning: state.reasoning_parser(),
     })
 }
