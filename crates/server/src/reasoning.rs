@@ -1,6 +1,6 @@
 //! A reasoning model's thinking, split off its answer as vLLM's reasoning parsers split it: the
-//! text between `<think>` and `</think>` is the message's `reasoning_content`, the text after it
-//! its `content`.
+//! text between `<think>` and `</think>` is the message's reasoning (`reasoning`, and
+//! `reasoning_content` for SGLang's clients), the text after it its `content`.
 //!
 //! * `qwen3`: only an output with both tags has reasoning (the text before `<think>`, if any, is
 //!   dropped); otherwise all of it is content. With `enable_thinking: false` Qwen3's template

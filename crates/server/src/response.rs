@@ -316,6 +316,9 @@ pub(crate) fn whole(
                 let stopped = matches!(output.finish_reason, FinishReason::Stop { .. });
                 (message, called_tools) =
                     chat_message(&job.tool_use, job.reasoning, &output.text, stopped);
+                if !job.include_reasoning && message.get("reasoning").is_some() {
+                    set_reasoning(&mut message, None);
+                }
                 let calls = message.get_mut("tool_calls").and_then(Value::as_array_mut);
                 if let (true, Some(calls)) = (job.first_call_only, calls) {
                     calls.truncate(1);
@@ -375,7 +378,8 @@ pub(crate) fn whole(
 }
 
 /// A whole chat answer's message, and whether its `finish_reason` is `tool_calls`. With a
-/// `reasoning` parser the thinking is split off into `reasoning_content` (`crate::reasoning`).
+/// `reasoning` parser the thinking is split off into `reasoning` and `reasoning_content`
+/// (`crate::reasoning`).
 /// What remains is read as `tools` says: calls parsed out of it (as the server's vLLM parser
 /// reads them, `crate::tools`), the text before them the content; or, for a forced choice, the calls
 /// it is, with empty content (a required list cut short stays content). As vLLM answers, the
@@ -415,9 +419,16 @@ fn chat_message(
         },
     };
     if let Some(thinking) = thinking {
-        message["reasoning_content"] = json!(thinking);
+        set_reasoning(&mut message, thinking);
     }
     (message, called)
+}
+
+/// Sets a chat message's (or delta's) reasoning under both names clients read it by: vLLM's
+/// `reasoning` and SGLang's (and older vLLM's) `reasoning_content`.
+pub(crate) fn set_reasoning(message: &mut Value, thinking: Option<String>) {
+    message["reasoning"] = json!(thinking);
+    message["reasoning_content"] = json!(thinking);
 }
 
 /// A whole completions choice: its text and logprobs, the prompt's first with `echo`, and vLLM's
@@ -488,14 +499,20 @@ mod tests {
         let (message, called) =
             chat_message(&ToolUse::Parsed(ToolCallParser::Hermes), qwen3, text, true);
         assert!(called);
-        assert_eq!(message["reasoning_content"], "use f");
+        assert_eq!(
+            (&message["reasoning"], &message["reasoning_content"]),
+            (&json!("use f"), &json!("use f"))
+        );
         assert_eq!(message["content"], "\n\n");
         assert_eq!(message["tool_calls"][0]["function"]["name"], "f");
         let (plain, _) = chat_message(&ToolUse::None, qwen3, "<think>a</think>", true);
-        assert_eq!(plain, json!({"role": "assistant", "content": null, "reasoning_content": "a"}));
+        assert_eq!(
+            plain,
+            json!({"role": "assistant", "content": null, "reasoning": "a", "reasoning_content": "a"})
+        );
         let (none, _) = chat_message(&ToolUse::None, qwen3, "no thinking", true);
-        let want =
-            json!({"role": "assistant", "content": "no thinking", "reasoning_content": null});
+        let want = json!({"role": "assistant", "content": "no thinking", "reasoning": null,
+                   "reasoning_content": null});
         assert_eq!(none, want);
     }
 

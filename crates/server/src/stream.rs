@@ -65,6 +65,8 @@ struct ChoiceState {
     forced: Option<ForcedStream>,
     /// Only the first call goes out (`parallel_tool_calls: false`).
     first_call_only: bool,
+    /// The reasoning split off goes out (`include_reasoning`).
+    include_reasoning: bool,
 }
 
 /// What one choice sends for some of its text.
@@ -85,6 +87,9 @@ impl ChoiceState {
         let mut delta = self.split_all(text, end);
         if self.first_call_only {
             delta.calls.retain(|call| call["index"] == 0);
+        }
+        if !self.include_reasoning {
+            delta.reasoning.clear();
         }
         delta
     }
@@ -144,7 +149,7 @@ impl SseState {
         };
         let forced = Some(job.tool_use.clone()).filter(|t| chat && t.is_forced());
         let reasoning = job.reasoning.filter(|_| route == Route::Chat);
-        let first_call_only = job.first_call_only;
+        let (first_call_only, include_reasoning) = (job.first_call_only, job.include_reasoning);
         let mut state = Self {
             route,
             header,
@@ -158,6 +163,7 @@ impl SseState {
                     tools: parser.map(ToolCallParser::stream),
                     forced: forced.clone().map(ForcedStream::new),
                     first_call_only,
+                    include_reasoning,
                     ..ChoiceState::default()
                 })
                 .collect(),
@@ -349,6 +355,8 @@ impl SseState {
                 // `content` is always there unless the delta carries reasoning or calls only.
                 let mut delta = serde_json::Map::new();
                 if !reasoning.is_empty() {
+                    // Under both names clients read it by (`response::set_reasoning`).
+                    delta.insert("reasoning".into(), json!(reasoning));
                     delta.insert("reasoning_content".into(), json!(reasoning));
                 }
                 if !text.is_empty() || (reasoning.is_empty() && calls.is_empty()) {

@@ -188,6 +188,8 @@ pub(crate) struct ChatFields {
     pub tool_choice: Option<Value>,
     /// `false` keeps only an answer's first call, as vLLM does.
     pub parallel_tool_calls: Option<bool>,
+    /// `false` drops the reasoning a reasoning parser splits off, as vLLM does.
+    pub include_reasoning: Option<bool>,
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// vLLM's: add the tokenizer's own special tokens to the rendered chat (default false).
     pub add_special_tokens: Option<bool>,

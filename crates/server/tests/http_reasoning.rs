@@ -16,18 +16,27 @@ fn reasoning_server(parser: ReasoningParser) -> TestServer {
     TestServer::start_with(test_config(MODEL), server)
 }
 
-/// The whole answer's message and the streamed deltas' reasoning and content, concatenated.
-fn answers(s: &TestServer) -> (Value, String, String) {
-    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
-                      "temperature": 0, "ignore_eos": true});
+/// The whole answer's message and the streamed deltas' reasoning and content, concatenated;
+/// `extra` fields join the request.
+fn answers_with(s: &TestServer, extra: Value) -> (Value, String, String) {
+    let mut body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                          "temperature": 0, "ignore_eos": true});
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
     let whole = s.ok("/v1/chat/completions", &body)["choices"][0]["message"].clone();
+    // vLLM's name and SGLang's (older vLLM's) for the same text.
+    assert_eq!(whole["reasoning"], whole["reasoning_content"], "{whole}");
     let mut stream = body.clone();
     stream["stream"] = json!(true);
     let chunks = s.post("/v1/chat/completions", &stream).sse_json();
     let field = |name: &str| -> String {
         chunks.iter().filter_map(|c| c["choices"][0]["delta"][name].as_str()).collect()
     };
-    (whole, field("reasoning_content"), field("content"))
+    assert_eq!(field("reasoning"), field("reasoning_content"));
+    (whole, field("reasoning"), field("content"))
+}
+
+fn answers(s: &TestServer) -> (Value, String, String) {
+    answers_with(s, json!({}))
 }
 
 #[test]
@@ -40,10 +49,14 @@ fn deepseek_r1_reads_an_answer_without_tags_as_all_reasoning() {
         (&json!("deepseek_r1"), &Value::Null)
     );
     let (whole, reasoning, content) = answers(&s);
-    let thinking = whole["reasoning_content"].as_str().expect("reasoning_content").to_owned();
+    let thinking = whole["reasoning"].as_str().expect("reasoning").to_owned();
     assert!(!thinking.is_empty());
     assert_eq!(whole["content"], Value::Null);
     assert_eq!((reasoning, content), (thinking, String::new()));
+    // vLLM's `include_reasoning: false` drops it, whole and streamed.
+    let (whole, reasoning, content) = answers_with(&s, json!({"include_reasoning": false}));
+    assert_eq!((&whole["reasoning"], &whole["content"]), (&Value::Null, &Value::Null));
+    assert_eq!((reasoning, content), (String::new(), String::new()));
 }
 
 #[test]
@@ -51,7 +64,8 @@ fn qwen3_reads_an_answer_without_tags_as_all_content() {
     let (whole, reasoning, content) = answers(&reasoning_server(ReasoningParser::Qwen3));
     let text = whole["content"].as_str().expect("content").to_owned();
     assert!(!text.is_empty());
-    assert_eq!(whole["reasoning_content"], Value::Null);
+    assert_eq!(whole["reasoning"], Value::Null);
+    assert!(whole.as_object().unwrap().contains_key("reasoning"));
     assert!(whole.as_object().unwrap().contains_key("reasoning_content"));
     assert_eq!((reasoning, content), (String::new(), text));
 }

@@ -405,6 +405,7 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         prompt_logprobs: None,
         tool_use: ToolUse::None,
         first_call_only: false,
+        include_reasoning: true,
         reasoning: None,
     };
     Ok(GenerateJob {

@@ -75,6 +75,8 @@ pub(crate) struct Job {
     pub first_call_only: bool,
     /// How a chat's reasoning is split off its content (the server's parser).
     pub reasoning: Option<ReasoningParser>,
+    /// The reasoning split off is returned (vLLM's `include_reasoning`, default true).
+    pub include_reasoning: bool,
 }
 
 impl Job {
@@ -488,6 +490,7 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         prompt_logprobs: shown,
         tool_use: ToolUse::None,
         first_call_only: false,
+        include_reasoning: true,
         reasoning: None,
     })
 }
@@ -568,6 +571,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         prompt_logprobs: asked,
         tool_use,
         first_call_only: f.parallel_tool_calls == Some(false),
+        include_reasoning: f.include_reasoning.unwrap_or(true),
         reasoning: state.reasoning_parser(),
     })
 }
