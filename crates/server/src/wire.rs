@@ -113,6 +113,13 @@ pub(crate) struct UnservedFields {
     pub priority: Option<i64>,
     /// vLLM's prompt embeddings (`--enable-prompt-embeds`).
     pub prompt_embeds: Option<Value>,
+    /// vLLM's stop on a repeated token pattern (all 0 unless asked).
+    pub max_repetition_pattern_size: Option<i64>,
+    pub min_repetition_pattern_size: Option<i64>,
+    pub repetition_min_count: Option<i64>,
+    /// vLLM's arguments for custom extensions, and for disaggregated serving.
+    pub vllm_xargs: Option<Value>,
+    pub kv_transfer_params: Option<Value>,
 }
 
 /// SGLang's `/generate` fields that would change the answer or what it carries and are not
@@ -190,6 +197,12 @@ pub(crate) struct ChatFields {
     pub parallel_tool_calls: Option<bool>,
     /// `false` drops the reasoning a reasoning parser splits off, as vLLM does.
     pub include_reasoning: Option<bool>,
+    /// vLLM's template variables: documents for a RAG template (Granite's), and the effort a
+    /// template may ask of its reasoning.
+    pub documents: Option<Value>,
+    pub reasoning_effort: Option<Value>,
+    /// A template of the request's own, refused as vLLM refuses it by default.
+    pub chat_template: Option<Value>,
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// vLLM's: add the tokenizer's own special tokens to the rendered chat (default false).
     pub add_special_tokens: Option<bool>,

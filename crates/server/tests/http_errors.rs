@@ -91,6 +91,13 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
         (json!({"prompt": "x", "logits_processors": ["mine"]}), "logits_processors"),
         (json!({"prompt": "x", "priority": -1}), "priority"),
         (json!({"prompt": "x", "prompt_embeds": "AAAA"}), "prompt_embeds"),
+        (json!({"prompt": "x", "max_repetition_pattern_size": 4}), "max_repetition_pattern_size"),
+        (json!({"prompt": "x", "repetition_min_count": 3}), "repetition_min_count"),
+        (json!({"prompt": "x", "vllm_xargs": {"k": 1}}), "vllm_xargs"),
+        (
+            json!({"prompt": "x", "kv_transfer_params": {"do_remote_decode": true}}),
+            "kv_transfer_params",
+        ),
         (json!({"prompt": "x", "stream_options": {"include_usage": true}}), "stream_options"),
         (json!({"prompt": "x", "cache_salt": ""}), "cache_salt"),
         (json!({"prompt": "x", "routed_experts_format": "csv"}), "routed_experts_format"),
@@ -104,7 +111,8 @@ fn missing_and_out_of_range_fields_are_400_naming_the_field() {
     s.ok(
         c,
         &json!({"prompt": "x", "max_tokens": 2, "use_beam_search": false,
-                "logits_processors": null, "priority": 0, "prompt_embeds": null}),
+                "logits_processors": null, "priority": 0, "prompt_embeds": null,
+                "max_repetition_pattern_size": 0, "vllm_xargs": {}, "kv_transfer_params": null}),
     );
     let chat = "/v1/chat/completions";
     let hi = json!([{"role": "user", "content": "hi"}]);

@@ -33,6 +33,12 @@ const TOOLS_TEMPLATE: &str = concat!(
 /// The tiny checkpoint with [`TOOLS_TEMPLATE`] as its chat template, in a directory that lives as
 /// long as the test process.
 fn checkpoint_with_tools_template() -> std::path::PathBuf {
+    checkpoint_with_template(TOOLS_TEMPLATE)
+}
+
+/// The tiny checkpoint with `template` as its chat template, in a directory that lives as long as
+/// the test process.
+fn checkpoint_with_template(template: &str) -> std::path::PathBuf {
     let dir = tempfile::tempdir().expect("tempdir").keep();
     let from = common::checkpoint(MODEL);
     for entry in std::fs::read_dir(&from).expect("checkpoint") {
@@ -42,7 +48,7 @@ fn checkpoint_with_tools_template() -> std::path::PathBuf {
     let config_path = dir.join("tokenizer_config.json");
     let mut config: Value =
         serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
-    config["chat_template"] = json!(TOOLS_TEMPLATE);
+    config["chat_template"] = json!(template);
     std::fs::write(&config_path, config.to_string()).unwrap();
     dir
 }
@@ -495,5 +501,43 @@ fn parallel_tool_calls_false_keeps_the_first_call_whole_and_streamed_as_vllm_doe
             c["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default()
         });
         assert_eq!(cities(&accumulate(deltas)), want, "{parallel:?}");
+    }
+}
+
+#[test]
+fn documents_and_reasoning_effort_reach_the_template_as_vllm_passes_them() {
+    let template = concat!(
+        "{% for d in documents %}[{{ d.title }}: {{ d.text }}]{% endfor %}",
+        "{% if reasoning_effort is defined %}<{{ reasoning_effort }}>{% endif %}",
+        "{% for m in messages %}{{ m.content }}{% endfor %}",
+    );
+    let mut config = test_config(MODEL);
+    config.model = routed_runtime::ModelSource::Dir(checkpoint_with_template(template));
+    let s = TestServer::start_with(config, ServerConfig::default());
+    let prompt = |extra: Value| -> Result<String, Value> {
+        let mut body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                              "return_token_ids": true, "documents": []});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let out = s.post("/v1/chat/completions", &body);
+        if out.status != 200 {
+            return Err(out.json()["error"].clone());
+        }
+        let tokens = out.json()["prompt_token_ids"].clone();
+        Ok(s.ok("/detokenize", &json!({"tokens": tokens}))["prompt"].as_str().unwrap().to_owned())
+    };
+    let documents = json!([{"title": "A", "text": "one"}, {"title": "B", "text": "two"}]);
+    assert_eq!(prompt(json!({"documents": documents})).unwrap(), "[A: one][B: two]hi");
+    assert_eq!(prompt(json!({"reasoning_effort": "low"})).unwrap(), "<low>hi");
+    // The request's fields are set over `chat_template_kwargs`' own.
+    let both = json!({"reasoning_effort": "high",
+                      "chat_template_kwargs": {"reasoning_effort": "low"}});
+    assert_eq!(prompt(both).unwrap(), "<high>hi");
+    for (extra, param) in [
+        (json!({"documents": "text"}), "documents"),
+        (json!({"documents": [{"title": 1}]}), "documents"),
+        (json!({"reasoning_effort": "max"}), "reasoning_effort"),
+        (json!({"chat_template": "{{ messages }}"}), "chat_template"),
+    ] {
+        assert_eq!(prompt(extra.clone()).unwrap_err()["param"], param, "{extra}");
     }
 }

@@ -7,6 +7,7 @@ use serde_json::{Map, Value, json};
 use crate::AppState;
 use crate::error::ApiError;
 use crate::tools::ToolUse;
+use crate::wire::ChatFields;
 
 /// What a chat renders besides its messages: its tools and its template variables, checked.
 #[derive(Clone, Copy, Debug, Default)]
@@ -167,6 +168,39 @@ fn required_schema(tools: &[Value]) -> Result<Value, ApiError> {
         schema["$defs"] = Value::Object(defs);
     }
     Ok(schema)
+}
+
+/// The template's further variables: `chat_template_kwargs`, with vLLM's `documents` (a list of
+/// objects of strings) and `reasoning_effort` (`low`, `medium` or `high`) set over them when
+/// given, as vLLM passes them.
+pub(crate) fn template_kwargs(f: &ChatFields) -> Result<Option<Map<String, Value>>, ApiError> {
+    let documents = f.documents.as_ref().filter(|d| !d.is_null());
+    if let Some(documents) = documents {
+        let is_document =
+            |d: &Value| d.as_object().is_some_and(|d| d.values().all(Value::is_string));
+        if !documents.as_array().is_some_and(|list| list.iter().all(is_document)) {
+            return Err(ApiError::invalid(
+                "documents",
+                "documents is a list of objects whose values are strings",
+            ));
+        }
+    }
+    let effort = f.reasoning_effort.as_ref().filter(|e| !e.is_null());
+    if let Some(effort) = effort
+        && !matches!(effort.as_str(), Some("low" | "medium" | "high"))
+    {
+        return Err(ApiError::invalid(
+            "reasoning_effort",
+            "reasoning_effort is \"low\", \"medium\" or \"high\"",
+        ));
+    }
+    let mut kwargs = f.chat_template_kwargs.clone();
+    for (name, value) in [("documents", documents), ("reasoning_effort", effort)] {
+        if let Some(value) = value {
+            kwargs.get_or_insert_default().insert(name.into(), value.clone());
+        }
+    }
+    Ok(kwargs)
 }
 
 /// How the model's tool calls come out of its answer, with the schema that constrains the answer

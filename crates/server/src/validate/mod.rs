@@ -111,11 +111,13 @@ pub(crate) fn check_model(info: &ModelInfo, model: Option<&str>) -> Result<(), A
     }
 }
 
-/// Whether an unserved field's value asks for nothing: absent, null, an empty list or string.
+/// Whether an unserved field's value asks for nothing: absent, null, an empty list, object or
+/// string.
 pub(crate) fn is_neutral(value: Option<&Value>) -> bool {
     match value {
         None | Some(Value::Null) => true,
         Some(Value::Array(list)) => list.is_empty(),
+        Some(Value::Object(map)) => map.is_empty(),
         Some(Value::String(s)) => s.is_empty(),
         Some(_) => false,
     }
@@ -136,10 +138,16 @@ fn refuse_unsupported(c: &CommonFields, body: &Value) -> Result<(), ApiError> {
             format!("got priority {priority}, but requests are served first come, first served"),
         ));
     }
+    let asked = |size: Option<i64>| size.is_some_and(|s| s != 0);
     refuse_given([
         ("use_beam_search", u.use_beam_search == Some(true)),
         ("logits_processors", !is_neutral(u.logits_processors.as_ref())),
         ("prompt_embeds", !is_neutral(u.prompt_embeds.as_ref())),
+        ("max_repetition_pattern_size", asked(u.max_repetition_pattern_size)),
+        ("min_repetition_pattern_size", asked(u.min_repetition_pattern_size)),
+        ("repetition_min_count", asked(u.repetition_min_count)),
+        ("vllm_xargs", !is_neutral(u.vllm_xargs.as_ref())),
+        ("kv_transfer_params", !is_neutral(u.kv_transfer_params.as_ref())),
     ])
 }
 
@@ -500,7 +508,15 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
     let c: CommonFields = parse(body)?;
     let f: ChatFields = parse(body)?;
     check_model(state.info(), c.model.as_deref())?;
-    let extras = ChatExtras::new(f.tools.as_deref(), f.chat_template_kwargs.as_ref())?;
+    if !is_neutral(f.chat_template.as_ref()) {
+        return Err(ApiError::unsupported(
+            "chat_template",
+            "a chat template in the request is not accepted: the checkpoint's template renders \
+             every chat",
+        ));
+    }
+    let kwargs = chat::template_kwargs(&f)?;
+    let extras = ChatExtras::new(f.tools.as_deref(), kwargs.as_ref())?;
     let (tool_use, forced) = chat::tool_use(state, f.tool_choice.as_ref(), f.tools.as_deref())?;
     let (mut response_format, mut tags) = output_format(state, body)?;
     if let Some(schema) = forced {
