@@ -29,7 +29,7 @@ use crate::response::{
     finish_reason, legacy_logprobs, routing_meta, sglext, stop_reason,
 };
 use crate::run::{Merged, choice_index};
-use crate::tools::{ForcedStream, ToolCallParser, ToolStream, ToolUse};
+use crate::tools::{CallDelta, ForcedStream, ToolCallParser, ToolStream, ToolUse};
 use crate::validate::Job;
 
 /// One SSE event.
@@ -110,7 +110,7 @@ impl ChoiceState {
         match &mut self.tools {
             Some(t) => {
                 let d = if end { t.finish(&content) } else { t.push(&content) };
-                let calls = d.calls.iter().map(|(index, call)| call.to_delta_json(*index));
+                let calls = d.calls.iter().map(CallDelta::to_json);
                 ChatDelta { reasoning, content: d.content, calls: calls.collect() }
             }
             None => ChatDelta { reasoning, content, calls: Vec::new() },

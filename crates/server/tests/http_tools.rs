@@ -253,7 +253,8 @@ fn fits(name: &str, arguments: &str) -> bool {
 }
 
 /// Streamed `tool_calls` deltas merged by index as the `openai` client merges them: the first
-/// delta of a call brings its id, type and name, every delta a piece of its arguments.
+/// delta of a call brings its id, type and name (and perhaps a piece of its arguments), every
+/// later delta a piece of its arguments.
 fn accumulate(deltas: impl Iterator<Item = Value>) -> Value {
     let mut merged: Vec<Value> = Vec::new();
     for delta in deltas {
@@ -262,12 +263,15 @@ fn accumulate(deltas: impl Iterator<Item = Value>) -> Value {
         match merged.get_mut(index) {
             Some(call) => {
                 assert!(delta.get("id").is_none(), "a call is named once: {delta}");
-                let args = call["function"]["arguments"].as_str().unwrap().to_owned() + &piece;
+                let so_far = call["function"]["arguments"].as_str().unwrap_or_default();
+                let args = so_far.to_owned() + &piece;
                 call["function"]["arguments"] = json!(args);
             }
             None => {
                 assert_eq!(index, merged.len(), "calls come in order: {delta}");
-                merged.push(delta);
+                let mut call = delta;
+                call["function"]["arguments"] = json!(piece);
+                merged.push(call);
             }
         }
     }
@@ -404,10 +408,18 @@ fn calls_the_model_writes_are_read_by_the_servers_parser_whole_and_streamed() {
         let streamed: String =
             chunks.iter().filter_map(|c| delta(c)["content"].as_str().map(str::to_owned)).collect();
         assert_eq!(streamed, content, "{parser:?}");
-        let deltas = chunks
+        let deltas: Vec<Value> = chunks
             .iter()
-            .flat_map(|c| delta(c)["tool_calls"].as_array().cloned().unwrap_or_default());
-        let accumulated = accumulate(deltas);
+            .flat_map(|c| delta(c)["tool_calls"].as_array().cloned().unwrap_or_default())
+            .collect();
+        // `hermes` streams the name, then the arguments as they come (as vLLM does); `mistral`
+        // the list's calls whole once it closes.
+        assert_eq!(deltas[0]["function"]["name"], "get_weather");
+        match parser {
+            ToolCallParser::Hermes => assert!(deltas.len() > 3, "{deltas:?}"),
+            ToolCallParser::Mistral => assert_eq!(deltas.len(), 1, "{deltas:?}"),
+        }
+        let accumulated = accumulate(deltas.into_iter());
         assert_eq!(accumulated[0]["function"], function, "{parser:?}: {accumulated}");
         assert_eq!(accumulated.as_array().map(Vec::len), Some(1));
         let last = chunks.iter().rev().find(|c| !c["choices"][0]["finish_reason"].is_null());

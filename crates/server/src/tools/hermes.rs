@@ -7,12 +7,15 @@
 //! object the answer has no calls and the whole text is its content.
 //!
 //! A stream ([`HermesStream`]) sends text as content until a `<tool_call>` begins (holding back
-//! what may be the start of one), then each call whole, as one delta, once its closing tag (or
-//! the end of the output) arrives; clients that accumulate deltas read the same calls. A call
-//! that does not parse is sent as text. Text between and after calls is dropped, as the whole
-//! answer drops it.
+//! what may be the start of one). A call that begins as models write one, `{"name": "...",
+//! "arguments": ` and an object or a list, goes out as vLLM streams it: its name once that much
+//! has come, then its arguments' text as it comes (rewritten with vLLM's separators as it goes,
+//! so the pieces add up to the whole answer's arguments). Any other call goes out whole once its
+//! closing tag (or the end of the output) arrives, or as text if it does not parse; a call whose
+//! name went out stays a call with the arguments sent, even if its text turns out broken. Text
+//! between and after calls is dropped, as the whole answer drops it.
 
-use super::{CallId, Extracted, StreamDelta, ToolCall};
+use super::{CallDelta, CallId, Extracted, PySeparators, StreamDelta, ToolCall};
 use crate::detok::held_back;
 
 const CALL_START: &str = "<tool_call>";
@@ -53,8 +56,106 @@ pub(crate) struct HermesStream {
     open: Option<usize>,
     /// How far the open call's body has been searched for its closing tag without finding it.
     searched: usize,
-    /// Calls sent.
+    /// How the open call goes out.
+    lead: Lead,
+    /// Calls sent, or begun.
     num_calls: usize,
+}
+
+/// How an open call goes out: its name and its arguments as they come when it begins as models
+/// write calls (`{"name": "...", "arguments": ` then an object or a list), else whole once
+/// closed.
+#[derive(Debug, Default)]
+enum Lead {
+    /// Not known yet: the body so far may still begin so.
+    #[default]
+    Undecided,
+    /// Named; its arguments go out as they come.
+    Streaming(Arguments),
+    /// Whole once closed (or as text, if it is no call).
+    Whole,
+}
+
+/// An open call's arguments as they go out.
+#[derive(Debug)]
+struct Arguments {
+    /// Where they are scanned up to in `pending`.
+    scanned: usize,
+    /// Brackets and braces open.
+    depth: usize,
+    /// The value closed: the rest of the body is not arguments.
+    closed: bool,
+    /// The value's text rewritten as it goes (`PySeparators`).
+    separators: PySeparators,
+    /// The rewritten text sent.
+    sent: String,
+}
+
+/// How a call's body begins, so far.
+enum Begins {
+    /// `{"name": <string>, "arguments": ` and the value's first byte, at `at`.
+    Named { name: String, at: usize },
+    /// Not known yet.
+    Maybe,
+    /// Some other way.
+    Otherwise,
+}
+
+/// How `body` begins: a name, then the arguments (the order models write a call in).
+fn begins(body: &str) -> Begins {
+    let bytes = body.as_bytes();
+    let skip = |mut i: usize| {
+        while bytes.get(i).is_some_and(|b| b.is_ascii_whitespace()) {
+            i += 1;
+        }
+        i
+    };
+    // Each literal in turn, whitespace around; the body may end inside one.
+    let mut i = 0;
+    for literal in ["{", "\"name\"", ":"] {
+        i = skip(i);
+        match body.get(i..).unwrap_or_default() {
+            rest if rest.starts_with(literal) => i += literal.len(),
+            rest if literal.starts_with(rest) => return Begins::Maybe,
+            _ => return Begins::Otherwise,
+        }
+    }
+    i = skip(i);
+    let name_from = i;
+    match bytes.get(i) {
+        None => return Begins::Maybe,
+        Some(b'"') => {}
+        Some(_) => return Begins::Otherwise,
+    }
+    let mut escaped = false;
+    let name_end = loop {
+        i += 1;
+        match bytes.get(i) {
+            None => return Begins::Maybe,
+            Some(_) if escaped => escaped = false,
+            Some(b'\\') => escaped = true,
+            Some(b'"') => break i + 1,
+            Some(_) => {}
+        }
+    };
+    let Ok(name) = serde_json::from_str::<String>(&body[name_from..name_end]) else {
+        return Begins::Otherwise;
+    };
+    i = name_end;
+    for literal in [",", "\"arguments\"", ":"] {
+        i = skip(i);
+        match body.get(i..).unwrap_or_default() {
+            rest if rest.starts_with(literal) => i += literal.len(),
+            rest if literal.starts_with(rest) => return Begins::Maybe,
+            _ => return Begins::Otherwise,
+        }
+    }
+    i = skip(i);
+    match bytes.get(i) {
+        None => Begins::Maybe,
+        Some(b'{' | b'[') => Begins::Named { name, at: i },
+        Some(_) => Begins::Otherwise,
+    }
 }
 
 impl HermesStream {
@@ -93,14 +194,14 @@ impl HermesStream {
         out
     }
 
-    /// Calls sent so far.
+    /// Calls sent (or begun) so far.
     pub(crate) fn num_calls(&self) -> usize {
         self.num_calls
     }
 
     /// Moves every complete call in `pending` into `out` (at the end, `ended`, also one that
-    /// lacks its closing tag), dropping the text between calls; a call that does not parse goes
-    /// out as content.
+    /// lacks its closing tag), and what can go out of the open one, dropping the text between
+    /// calls; a call that does not parse goes out as content, unless its name already went out.
     fn take_calls(&mut self, out: &mut StreamDelta, ended: bool) {
         loop {
             let Some(body) = self.open else {
@@ -108,6 +209,7 @@ impl HermesStream {
                     Some(start) => {
                         self.pending.drain(..start);
                         (self.open, self.searched) = (Some(CALL_START.len()), CALL_START.len());
+                        self.lead = Lead::Undecided;
                         continue;
                     }
                     None => {
@@ -128,19 +230,81 @@ impl HermesStream {
                         from -= 1;
                     }
                     self.searched = from.max(body);
+                    self.stream_arguments(body, self.searched, out);
                     return;
                 }
             };
+            self.stream_arguments(body, taken, out);
             let block_end = (taken + CALL_END.len()).min(self.pending.len());
-            match ToolCall::parse(&self.pending[body..taken], CallId::Vllm) {
-                Some(call) => {
-                    out.calls.push((self.num_calls, call));
+            let call = ToolCall::parse(&self.pending[body..taken], CallId::Vllm);
+            match (std::mem::take(&mut self.lead), call) {
+                (Lead::Streaming(args), Some(call)) => {
+                    // What the scan has not sent (a value cut short): the rest of the whole.
+                    if let Some(rest) = call.arguments.strip_prefix(args.sent.as_str())
+                        && !rest.is_empty()
+                    {
+                        let text = rest.to_owned();
+                        out.calls.push(CallDelta::Arguments { index: self.num_calls - 1, text });
+                    }
+                }
+                // Its name went out: it stays a call, with the arguments sent.
+                (Lead::Streaming(_), None) => {}
+                (_, Some(call)) => {
+                    out.calls.push(CallDelta::Whole(self.num_calls, call));
                     self.num_calls += 1;
                 }
-                None => out.content.push_str(&self.pending[..block_end]),
+                (_, None) => out.content.push_str(&self.pending[..block_end]),
             }
             self.pending.drain(..block_end);
             self.open = None;
+        }
+    }
+
+    /// Sends what can go out of the open call whose body starts at `body`, reading `pending` up
+    /// to `limit`: its name once its body has begun as a call does, then its arguments' text.
+    fn stream_arguments(&mut self, body: usize, limit: usize, out: &mut StreamDelta) {
+        if let Lead::Undecided = self.lead {
+            match begins(&self.pending[body..limit]) {
+                Begins::Named { name, at } => {
+                    let id = CallId::Vllm;
+                    out.calls.push(CallDelta::Named { index: self.num_calls, name, id });
+                    self.num_calls += 1;
+                    self.lead = Lead::Streaming(Arguments {
+                        scanned: body + at,
+                        depth: 0,
+                        closed: false,
+                        separators: PySeparators::default(),
+                        sent: String::new(),
+                    });
+                }
+                Begins::Maybe => return,
+                Begins::Otherwise => self.lead = Lead::Whole,
+            }
+        }
+        let Lead::Streaming(args) = &mut self.lead else { return };
+        let mut text = String::new();
+        let from = args.scanned;
+        // The value starts with its bracket (`begins`), so it closes where the depth is 0 again.
+        for (at, c) in self.pending[from..limit].char_indices() {
+            if args.closed {
+                break;
+            }
+            if !args.separators.in_string() {
+                match c {
+                    '{' | '[' => args.depth += 1,
+                    '}' | ']' => {
+                        args.depth -= 1;
+                        args.closed = args.depth == 0;
+                    }
+                    _ => {}
+                }
+            }
+            args.separators.push(c, &mut text);
+            args.scanned = from + at + c.len_utf8();
+        }
+        if !text.is_empty() {
+            args.sent.push_str(&text);
+            out.calls.push(CallDelta::Arguments { index: self.num_calls - 1, text });
         }
     }
 }
@@ -207,6 +371,54 @@ mod tests {
         let whole = extract(&text);
         assert_eq!(whole.calls.len(), 1);
         assert_eq!(streamed(Hermes, &text, &cuts), (whole.content.unwrap(), whole.calls));
+    }
+
+    /// The pieces `text` streams into, fed a character at a time.
+    fn pieces(text: &str) -> Vec<CallDelta> {
+        let mut stream = HermesStream::default();
+        let mut pieces: Vec<CallDelta> = Vec::new();
+        for (at, c) in text.char_indices() {
+            let piece = &text[at..at + c.len_utf8()];
+            let last = at + c.len_utf8() == text.len();
+            let delta = if last { stream.finish(piece) } else { stream.push(piece) };
+            pieces.extend(delta.calls);
+        }
+        pieces
+    }
+
+    #[test]
+    fn a_call_streams_its_name_then_its_arguments_as_they_come() {
+        let text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1,\"b\":[2, \"}\"]}}\n</tool_call>";
+        let pieces = pieces(text);
+        let CallDelta::Named { index: 0, name, .. } = &pieces[0] else { panic!("{pieces:?}") };
+        assert_eq!(name, "f");
+        let arguments: Vec<&str> = pieces[1..]
+            .iter()
+            .map(|p| match p {
+                CallDelta::Arguments { index: 0, text } => text.as_str(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert!(arguments.len() > 5, "{arguments:?}");
+        assert_eq!(arguments.concat(), extract(text).calls[0].arguments);
+        assert_eq!(arguments.concat(), "{\"a\": 1, \"b\": [2, \"}\"]}");
+    }
+
+    #[test]
+    fn a_call_that_begins_otherwise_goes_out_whole_and_a_named_one_stays_a_call() {
+        // Arguments first, or a scalar: whole once closed.
+        for text in [
+            "<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"f\"}</tool_call>",
+            "<tool_call>{\"name\": \"f\", \"arguments\": \"x\"}</tool_call>",
+        ] {
+            let whole = extract(text).calls;
+            assert_eq!(pieces(text), [CallDelta::Whole(0, whole[0].clone())], "{text}");
+        }
+        // Named, then broken: a call with the arguments sent, as vLLM streams it.
+        let (content, calls) =
+            streamed(Hermes, "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\" 1}", &[]);
+        assert_eq!((content.as_str(), calls.len()), ("", 1));
+        assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str()), ("f", "{\"a\"1}"));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use serde_json::value::RawValue;
 
-use super::{CallId, Extracted, StreamDelta, ToolCall, python_separators};
+use super::{CallDelta, CallId, Extracted, StreamDelta, ToolCall, python_separators};
 use crate::detok::held_back;
 
 /// What opens the calls (a special token in Mistral's tokenizers: the server keeps special
@@ -180,7 +180,7 @@ impl MistralStream {
     fn send(&mut self, calls: Vec<ToolCall>, out: &mut StreamDelta) {
         let first = self.num_calls;
         self.num_calls += calls.len();
-        out.calls.extend((first..).zip(calls));
+        out.calls.extend((first..).zip(calls).map(|(index, call)| CallDelta::Whole(index, call)));
         self.pending.clear();
         self.done = true;
     }
@@ -257,7 +257,7 @@ mod tests {
         assert_eq!((first.content.as_str(), first.calls.len()), ("Hi ", 0));
         assert_eq!(stream.push("\"]\"}}").calls.len(), 0);
         let closed = stream.push("]");
-        assert_eq!(closed.calls, [(0, call("f", "{\"x\": \"]\"}"))]);
+        assert_eq!(closed.calls, [CallDelta::Whole(0, call("f", "{\"x\": \"]\"}"))]);
         assert_eq!(stream.finish(" and after").content, "");
         let text = "[TOOL_CALLS] [{\"name\": \"f\"}]";
         let cuts: Vec<usize> = (1..text.len()).collect();

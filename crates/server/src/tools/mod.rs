@@ -4,9 +4,9 @@
 //! its order, with vLLM's separators (`", "` and `": "`, as Python's `json.dumps` writes them).
 //!
 //! A parser reads a whole answer into content and calls ([`Extracted`]) as vLLM's does, and a
-//! streamed one into the same content and calls ([`ToolStream`]): each call goes out whole, as
-//! one delta, once it is complete, so clients that accumulate deltas read the whole answer's
-//! calls.
+//! streamed one into the same content and calls ([`ToolStream`], [`CallDelta`]): a call goes out
+//! whole once it is complete, or its name first and its arguments as they come, so clients that
+//! accumulate deltas read the whole answer's calls.
 
 use std::hash::{BuildHasher, RandomState};
 use std::str::FromStr;
@@ -261,21 +261,41 @@ impl ToolCall {
 /// JSON text with the whitespace outside strings replaced by Python's default separators.
 fn python_separators(json: &str) -> String {
     let mut out = String::with_capacity(json.len() + json.len() / 4);
-    let (mut in_string, mut escaped) = (false, false);
-    for c in json.chars() {
-        if in_string {
+    let mut separators = PySeparators::default();
+    json.chars().for_each(|c| separators.push(c, &mut out));
+    out
+}
+
+/// Rewrites JSON text with Python's default separators a character at a time, as it comes: the
+/// whitespace outside strings dropped, `,` and `:` followed by a space. Any prefix of a text is
+/// rewritten to a prefix of the whole text's rewriting.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PySeparators {
+    in_string: bool,
+    escaped: bool,
+}
+
+impl PySeparators {
+    /// Whether the text so far ends inside a string.
+    pub(crate) fn in_string(&self) -> bool {
+        self.in_string
+    }
+
+    /// Rewrites the next character into `out`.
+    pub(crate) fn push(&mut self, c: char, out: &mut String) {
+        if self.in_string {
             out.push(c);
             match c {
-                _ if escaped => escaped = false,
-                '\\' => escaped = true,
-                '"' => in_string = false,
+                _ if self.escaped => self.escaped = false,
+                '\\' => self.escaped = true,
+                '"' => self.in_string = false,
                 _ => {}
             }
-            continue;
+            return;
         }
         match c {
             '"' => {
-                in_string = true;
+                self.in_string = true;
                 out.push(c);
             }
             ',' => out.push_str(", "),
@@ -284,7 +304,6 @@ fn python_separators(json: &str) -> String {
             c => out.push(c),
         }
     }
-    out
 }
 
 /// A whole answer's text split into content and calls.
@@ -296,13 +315,40 @@ pub(crate) struct Extracted {
     pub calls: Vec<ToolCall>,
 }
 
-/// What a stream sends for some text: content and the calls completed.
+/// What a stream sends for some text: content and pieces of calls.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct StreamDelta {
     /// Text to send as content (may be empty).
     pub content: String,
-    /// Calls completed, each with its index among the answer's calls.
-    pub calls: Vec<(usize, ToolCall)>,
+    /// Calls, or their pieces, in order.
+    pub calls: Vec<CallDelta>,
+}
+
+/// A streamed call, or a piece of one, with its index among the answer's calls; a client that
+/// accumulates the pieces by index (appending arguments) gets the whole call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum CallDelta {
+    /// A call, whole.
+    Whole(usize, ToolCall),
+    /// A call's first piece: its id and name, its arguments to follow.
+    Named { index: usize, name: String, id: CallId },
+    /// More of a call's arguments.
+    Arguments { index: usize, text: String },
+}
+
+impl CallDelta {
+    /// The piece as a streamed delta's `tool_calls` entry, as vLLM writes it: a call's first
+    /// piece names it (`id`, `type`, `function.name`), the later ones add to its arguments.
+    pub(crate) fn to_json(&self) -> Value {
+        match self {
+            Self::Whole(index, call) => call.to_delta_json(*index),
+            Self::Named { index, name, id } => json!({"index": index, "id": id.fresh(),
+                "type": "function", "function": {"name": name}}),
+            Self::Arguments { index, text } => {
+                json!({"index": index, "function": {"arguments": text}})
+            }
+        }
+    }
 }
 
 /// A streamed answer read as its parser reads a whole one.
@@ -363,9 +409,21 @@ mod tests {
             let piece = &text[from..cut];
             let delta = if cut == text.len() { stream.finish(piece) } else { stream.push(piece) };
             content.push_str(&delta.content);
-            for (index, call) in delta.calls {
-                assert_eq!(index, calls.len(), "indices in order");
-                calls.push(call);
+            for piece in delta.calls {
+                match piece {
+                    CallDelta::Whole(index, call) => {
+                        assert_eq!(index, calls.len(), "indices in order");
+                        calls.push(call);
+                    }
+                    CallDelta::Named { index, name, id } => {
+                        assert_eq!(index, calls.len(), "indices in order");
+                        calls.push(ToolCall { name, arguments: String::new(), id });
+                    }
+                    CallDelta::Arguments { index, text } => {
+                        assert_eq!(index + 1, calls.len(), "arguments of the last call named");
+                        calls[index].arguments.push_str(&text);
+                    }
+                }
             }
             from = cut;
         }
