@@ -87,7 +87,7 @@ fn counted_words() -> ResponseFormat {
 fn flags_in_text() -> ResponseFormat {
     let ResponseFormat::JsonSchema { schema, .. } = list_of_flags() else { unreachable!() };
     let structure = TagStructure { begin: "<list>".into(), schema, end: "</list>".into() };
-    let tag = StructuralTag { structures: vec![structure], triggers: vec!["<".into()] };
+    let tag = StructuralTag::new(vec![structure], vec!["<".into()]);
     ResponseFormat::StructuralTag(Arc::new(tag))
 }
 

@@ -3,11 +3,13 @@
 //!
 //! The reader runs as a set of configurations, as the schema reader does, so the lazy DFA
 //! interns its states and the masks walk the vocabulary from them. Free text keeps, as its
-//! configuration, the bytes at its end that could still grow into a trigger: the longest such
-//! suffix, so at most the longest trigger's length. A trigger completed in free text goes on into
-//! every structure whose begin text starts with it; the value's configurations are the schema
-//! reader's own (whitespace may come before the value); a whole value may be followed by
-//! whitespace and then the end text.
+//! configuration, the bytes at its end that could still grow into a trigger or an exclude: the
+//! longest such suffix, so at most the longest one's length. A trigger completed in free text
+//! goes on into every structure whose begin text starts with it, an exclude completed there is a
+//! dead end; the value's configurations are the schema reader's own (whitespace may come before
+//! the value); a whole value may be followed by whitespace and then the end text. With
+//! `at_least_one` the output starts in the structures' begin texts rather than in free text, and
+//! with `stop_after_first` a structure's end text ends it.
 
 use std::sync::Arc;
 
@@ -32,6 +34,8 @@ enum Config {
     After { index: u16 },
     /// `at` bytes into structure `index`'s end text.
     End { index: u16, at: u16 },
+    /// After the first structure, with `stop_after_first`: nothing more.
+    Done,
 }
 
 /// A set of configurations, sorted and without repeats: a DFA state.
@@ -63,7 +67,14 @@ impl Nfa for TagReader {
     type Configs = Configs;
 
     fn start(&self) -> Configs {
-        Configs(vec![Config::Text { held: Box::new([]) }])
+        if !self.tag.at_least_one {
+            return Configs(vec![Config::Text { held: Box::new([]) }]);
+        }
+        let mut out = Vec::new();
+        (0..self.tag.structures.len()).for_each(|index| self.begun(index as u16, 0, &mut out));
+        out.sort_unstable();
+        out.dedup();
+        Configs(out)
     }
 
     fn step(&self, from: &Configs, b: u8) -> Option<Configs> {
@@ -77,7 +88,7 @@ impl Nfa for TagReader {
     }
 
     fn is_complete(&self, configs: &Configs) -> bool {
-        configs.0.iter().any(|c| matches!(c, Config::Text { .. }))
+        configs.0.iter().any(|c| matches!(c, Config::Text { .. } | Config::Done))
     }
 
     fn is_in_string(&self, configs: &Configs) -> bool {
@@ -129,17 +140,21 @@ impl TagReader {
             }
             Config::After { index } => self.after(*index, b, out),
             Config::End { index, at } => self.ending(*index, *at as usize, b, out),
+            Config::Done => {}
         }
     }
 
-    /// Free text with `held` at its end, then `b`: a trigger completed opens every structure
-    /// whose begin starts with it; else the text goes on, holding its new longest suffix that
-    /// begins a trigger.
+    /// Free text with `held` at its end, then `b`: an exclude completed ends the way; a trigger
+    /// completed opens every structure whose begin starts with it; else the text goes on,
+    /// holding its new longest suffix that begins a trigger or an exclude.
     fn text(&self, held: &[u8], b: u8, out: &mut Vec<Config>) {
         let mut text = Vec::with_capacity(held.len() + 1);
         text.extend_from_slice(held);
         text.push(b);
-        let triggers = &self.tag.triggers;
+        let (triggers, excludes) = (&self.tag.triggers, &self.tag.excludes);
+        if excludes.iter().any(|e| text.ends_with(e.as_bytes())) {
+            return;
+        }
         let completed: Vec<&String> =
             triggers.iter().filter(|t| text.ends_with(t.as_bytes())).collect();
         if !completed.is_empty() {
@@ -150,10 +165,11 @@ impl TagReader {
             }
             return;
         }
-        let begins_a_trigger =
-            |suffix: &[u8]| triggers.iter().any(|t| t.as_bytes().starts_with(suffix));
-        let keep =
-            (0..=text.len()).find(|&from| begins_a_trigger(&text[from..])).unwrap_or(text.len());
+        let begins_one = |suffix: &[u8]| {
+            let begins = |t: &String| t.as_bytes().starts_with(suffix);
+            triggers.iter().any(begins) || excludes.iter().any(begins)
+        };
+        let keep = (0..=text.len()).find(|&from| begins_one(&text[from..])).unwrap_or(text.len());
         out.push(Config::Text { held: text[keep..].into() });
     }
 
@@ -184,6 +200,7 @@ impl TagReader {
         }
         match at + 1 < end.len() {
             true => out.push(Config::End { index, at: at as u16 + 1 }),
+            false if self.tag.stop_after_first => out.push(Config::Done),
             false => out.push(Config::Text { held: Box::new([]) }),
         }
     }
@@ -203,10 +220,10 @@ mod tests {
             schema: Arc::new(schema),
             end: "</f>".into(),
         };
-        Arc::new(StructuralTag {
-            structures: vec![structure("<f=count>", integer), structure("<f=flag>", flag)],
-            triggers: vec!["<f=".into()],
-        })
+        Arc::new(StructuralTag::new(
+            vec![structure("<f=count>", integer), structure("<f=flag>", flag)],
+            vec!["<f=".into()],
+        ))
     }
 
     /// The configurations after reading `text` from the start, if it can be read.
@@ -215,9 +232,56 @@ mod tests {
     }
 
     fn reader() -> TagReader {
-        let tag = calls();
+        reader_of(calls())
+    }
+
+    fn reader_of(tag: Arc<StructuralTag>) -> TagReader {
         let values = tag.structures.iter().map(|s| SchemaReader::new(s.schema.clone(), false));
         TagReader { values: values.collect(), tag }
+    }
+
+    /// Whether `text` reads whole, reads as a start, or cannot be read.
+    fn judge(r: &TagReader, text: &str) -> &'static str {
+        match read(r, text) {
+            Some(c) if r.is_complete(&c) => "whole",
+            Some(_) => "open",
+            None => "refused",
+        }
+    }
+
+    #[test]
+    fn at_least_one_starts_in_a_structure_and_stop_after_first_ends_after_it() {
+        let with = |at_least_one, stop_after_first| {
+            let tag = StructuralTag { at_least_one, stop_after_first, ..(*calls()).clone() };
+            reader_of(Arc::new(tag))
+        };
+        let (first, only, both) = (with(true, false), with(false, true), with(true, true));
+        for (r, text, want) in [
+            (&first, "", "open"),
+            (&first, "x <f=count>1</f>", "refused"),
+            (&first, "<f=count>1</f>", "whole"),
+            (&first, "<f=count>1</f> and <f=flag>true</f> more", "whole"),
+            (&only, "", "whole"),
+            (&only, "text", "whole"),
+            (&only, "text <f=count>1</f>", "whole"),
+            (&only, "text <f=count>1</f> ", "refused"),
+            (&both, "<f=flag>true</f>", "whole"),
+            (&both, "<f=flag>true</f>x", "refused"),
+            (&both, "x", "refused"),
+        ] {
+            assert_eq!(judge(r, text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn free_text_never_writes_an_exclude() {
+        let tag = StructuralTag { excludes: vec!["</r>".into()], ..(*calls()).clone() };
+        let r = reader_of(Arc::new(tag));
+        assert_eq!(judge(&r, "text </ and </r"), "whole");
+        assert_eq!(judge(&r, "text </r>"), "refused");
+        assert_eq!(judge(&r, "<f=count>1</f> </r> "), "refused");
+        // Inside a structure the exclude is the value's business, not free text's.
+        assert_eq!(judge(&r, "<f=count> 1 </f>"), "whole");
     }
 
     #[test]

@@ -124,3 +124,53 @@ fn every_trigger_opens_a_whole_structure_however_the_tag_is_asked_for() {
     let whole = s.ok("/v1/chat/completions", &body)["choices"][0]["message"]["content"].clone();
     assert_eq!(json!(common::streamed_content(&s, &body)), whole);
 }
+
+/// [`tag`]'s structure in xgrammar's newer `format` form: a `tag` holding a `json_schema`.
+fn format_tag() -> Value {
+    json!({"type": "tag", "begin": "<f>", "end": "</f>",
+           "content": {"type": "json_schema",
+                       "json_schema": {"type": "integer", "minimum": 0, "maximum": 99}}})
+}
+
+#[test]
+fn the_format_form_holds_the_answer_to_its_tags_and_flags() {
+    let s = server(MODEL);
+    let bias = json!({angle(&s).to_string(): 8});
+    let triggered = |at_least_one: bool, stop_after_first: bool| {
+        json!({"type": "triggered_tags", "triggers": ["<"], "tags": [format_tag()],
+               "at_least_one": at_least_one, "stop_after_first": stop_after_first})
+    };
+    let (mut num_stopped, mut num_free) = (0, 0);
+    for seed in 0..4 {
+        for (format, starts, at_most_one) in [
+            // One tag alone: the answer is that structure and nothing else.
+            (format_tag(), true, true),
+            (triggered(true, false), true, false),
+            (triggered(false, true), false, true),
+        ] {
+            let body = json!({"messages": [{"role": "user", "content": "hi"}], "seed": seed,
+                              "max_tokens": 40, "temperature": 1, "logit_bias": bias,
+                              "response_format": {"type": "structural_tag", "format": format}});
+            let out = s.ok("/v1/chat/completions", &body);
+            let choice = &out["choices"][0];
+            let text = choice["message"]["content"].as_str().unwrap_or_default();
+            let cut = choice["finish_reason"] == "length";
+            let found = structures(text, cut).unwrap_or_else(|e| panic!("{format}: {e}"));
+            if starts {
+                assert!(text.starts_with("<f>") || "<f>".starts_with(text), "{format}: {text:?}");
+            }
+            if at_most_one {
+                assert!(found <= 1, "{format}: {text:?}");
+                // After its structure the answer ends: EOS is all that may follow.
+                if let Some(end) = text.find("</f>") {
+                    assert_eq!(end + 4, text.len(), "{format}: {text:?}");
+                    assert_eq!(choice["finish_reason"], "stop", "{format}: {text:?}");
+                    num_stopped += 1;
+                }
+            }
+            num_free += usize::from(!starts && !text.starts_with('<'));
+        }
+    }
+    assert!(num_stopped >= 4, "{num_stopped} answers ended after their structure");
+    assert!(num_free >= 1, "free text before the structure was never written");
+}

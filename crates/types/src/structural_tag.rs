@@ -25,9 +25,31 @@ pub struct StructuralTag {
     pub structures: Vec<TagStructure>,
     /// Texts that free text never contains: each opens a structure whose begin starts with it.
     pub triggers: Vec<String>,
+    /// At least one structure is written, and the output starts with one (no free text before
+    /// the first).
+    #[serde(default)]
+    pub at_least_one: bool,
+    /// The output ends right after the first structure.
+    #[serde(default)]
+    pub stop_after_first: bool,
+    /// Texts that free text never contains and that open nothing: the output cannot write them
+    /// outside a structure.
+    #[serde(default)]
+    pub excludes: Vec<String>,
 }
 
 impl StructuralTag {
+    /// Free text with `structures` wherever it writes one of `triggers`, as often as it likes.
+    pub fn new(structures: Vec<TagStructure>, triggers: Vec<String>) -> Self {
+        Self {
+            structures,
+            triggers,
+            at_least_one: false,
+            stop_after_first: false,
+            excludes: Vec::new(),
+        }
+    }
+
     /// Most structures, and most triggers, of one tag.
     pub const MAX_STRUCTURES: usize = 64;
 
@@ -45,6 +67,11 @@ impl StructuralTag {
         let fits = |s: &str| !s.is_empty() && s.len() <= text;
         if !self.triggers.iter().all(|t| fits(t)) {
             return Some(format!("triggers must be 1 to {text} bytes long"));
+        }
+        if self.excludes.len() > max || !self.excludes.iter().all(|e| fits(e)) {
+            return Some(format!(
+                "a structural tag has at most {max} excludes of 1 to {text} bytes"
+            ));
         }
         for (i, s) in self.structures.iter().enumerate() {
             if !fits(&s.begin) || !fits(&s.end) {
@@ -72,10 +99,10 @@ mod tests {
 
     fn tag(begin: &str, end: &str, triggers: &[&str]) -> StructuralTag {
         let schema = Arc::new(JsonSchema::of_choices(&["1".to_owned()]));
-        StructuralTag {
-            structures: vec![TagStructure { begin: begin.into(), schema, end: end.into() }],
-            triggers: triggers.iter().map(|&t| t.to_owned()).collect(),
-        }
+        StructuralTag::new(
+            vec![TagStructure { begin: begin.into(), schema, end: end.into() }],
+            triggers.iter().map(|&t| t.to_owned()).collect(),
+        )
     }
 
     #[test]
@@ -87,5 +114,9 @@ mod tests {
         assert!(tag("<f=a>", "</f>", &[]).problem().unwrap().contains("1 to 64"));
         let long = "<".repeat(300);
         assert!(tag(&long, "</f>", &["<"]).problem().is_some());
+        let excluding =
+            |e: &str| StructuralTag { excludes: vec![e.into()], ..tag("<f", ">", &["<"]) };
+        assert_eq!(excluding("</x>").problem(), None);
+        assert!(excluding("").problem().unwrap().contains("excludes"));
     }
 }

@@ -471,7 +471,7 @@ fn a_structural_tag_walk_allows_exactly_the_tokens_that_read_and_ends_in_free_te
     let (_, vocab, mut masks) = vocabulary_with(&["<", "<a>", "</a>", "a>", "22", "<a", "/", ">"]);
     let schema = Arc::new(JsonSchema::of_choices(&["1".to_owned(), "22".to_owned()]));
     let structure = TagStructure { begin: "<a>".into(), schema, end: "</a>".into() };
-    let tag = Arc::new(StructuralTag { structures: vec![structure], triggers: vec!["<".into()] });
+    let tag = Arc::new(StructuralTag::new(vec![structure], vec!["<".into()]));
     let dfa = tag_dfa(Arc::clone(&tag), 0);
     let reader = dfa.nfa();
     let format = ResponseFormat::StructuralTag(tag);
