@@ -21,11 +21,16 @@ async fn answer(state: &AppState, route: Route, job: Job) -> Result<HttpResponse
         Route::Completions => "/v1/completions",
         Route::Chat => "/v1/chat/completions",
     };
-    let header = Header {
-        id: state.new_id(route.id_prefix()),
-        created: crate::unix_now(),
-        model: state.info().served_model_name.clone(),
+    let id = match &job.client_id {
+        Some(client) if state.registry().contains_response(&client.id) => {
+            let message = format!("a request with id {:?} is in flight", client.id);
+            return Err(ApiError::invalid(client.param, message));
+        }
+        Some(client) => client.id.clone(),
+        None => state.new_id(route.id_prefix()),
     };
+    let header =
+        Header { id, created: crate::unix_now(), model: state.info().served_model_name.clone() };
     let merged = run::submit(state.handle(), state.registry(), &job, path, &header.id).await?;
     let meta = state.info().routing.clone();
     if job.stream.is_some() {

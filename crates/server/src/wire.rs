@@ -54,6 +54,10 @@ pub(crate) struct StreamOptions {
 #[derive(Clone, Debug, Default, Deserialize)]
 pub(crate) struct CommonFields {
     pub model: Option<String>,
+    /// SGLang's id for the request (the response's `id`, what `/abort_request` names).
+    pub rid: Option<Value>,
+    /// vLLM's id for the request (the response's `id` after its prefix).
+    pub request_id: Option<Value>,
     pub n: Option<u32>,
     pub best_of: Option<u32>,
     pub seed: Option<u64>,

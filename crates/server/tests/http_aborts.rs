@@ -5,7 +5,8 @@
 //! The abort is the gateway's own (`Registry::abort_all`, what an embedding app calls when it
 //! stops), sent once the first token has streamed out, so the request has computed its prompt
 //! and at least one token whatever the timing. Each test has its own server: the abort reaches
-//! every request in flight.
+//! every request in flight. An OpenAI request named by SGLang's `rid` is aborted by that id, as
+//! SGLang's clients abort it.
 
 mod common;
 
@@ -80,4 +81,38 @@ fn an_aborted_generate_returns_the_rows_it_computed() {
     assert_eq!(last["routed_experts_shape"], json!([16 + generated - 1, 6, 2]));
     let rows = decode_raw_b64(last["routed_experts"].as_str().expect("rows, not null"), 6, 2);
     assert_eq!(rows.shape[0], 16 + generated - 1);
+}
+
+#[test]
+fn an_openai_request_named_by_its_rid_is_aborted_by_it_as_sglang_does() {
+    let s = TestServer::start(test_config(MODEL));
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000,
+                      "temperature": 0, "ignore_eos": true, "stream": true, "rid": "rollout-7"});
+    let mut stream = send_closing(s.addr, "/v1/chat/completions", &body);
+    let seen = read_bytes_until(&mut stream, "\"content\":\"");
+    // In flight: its id is taken.
+    let again = s.post("/v1/chat/completions", &body).error(400, "invalid_request_error");
+    assert_eq!(again["param"], "rid");
+    assert_eq!(s.post("/abort_request", &json!({"rid": "rollout-7"})).status, 200);
+    let chunks = read_rest(&mut stream, seen).sse_json();
+    assert!(chunks.iter().all(|c| c["id"] == "rollout-7"), "{chunks:?}");
+    let last = chunks.iter().rev().find(|c| !c["choices"][0]["finish_reason"].is_null());
+    assert_eq!(last.unwrap()["choices"][0]["finish_reason"], "abort");
+    // Ended, the id is free again; vLLM's request_id names the response after the route's
+    // prefix.
+    let short = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                       "rid": "rollout-7"});
+    assert_eq!(s.ok("/v1/chat/completions", &short)["id"], "rollout-7");
+    let named = json!({"prompt": "hi", "max_tokens": 2, "request_id": "abc"});
+    assert_eq!(s.ok("/v1/completions", &named)["id"], "cmpl-abc");
+    for (extra, param) in [
+        (json!({"rid": ["a", "b"]}), "rid"),
+        (json!({"rid": ""}), "rid"),
+        (json!({"rid": "a", "request_id": "b"}), "request_id"),
+    ] {
+        let mut body = json!({"prompt": "hi", "max_tokens": 2});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let err = s.post("/v1/completions", &body).error(400, "invalid_request_error");
+        assert_eq!(err["param"], param, "{extra}");
+    }
 }

@@ -406,6 +406,7 @@ pub(crate) fn generate(state: &AppState, body: &Value) -> Result<GenerateJob, Ap
         tool_use: ToolUse::None,
         first_call_only: false,
         include_reasoning: true,
+        client_id: None,
         reasoning: None,
     };
     Ok(GenerateJob {

@@ -77,6 +77,44 @@ pub(crate) struct Job {
     pub reasoning: Option<ReasoningParser>,
     /// The reasoning split off is returned (vLLM's `include_reasoning`, default true).
     pub include_reasoning: bool,
+    /// The response's id as the client named the request, if it did.
+    pub client_id: Option<ClientId>,
+}
+
+/// A response id the client chose: SGLang's `rid` (the id itself) or vLLM's `request_id` (the
+/// route's prefix before it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ClientId {
+    /// The response's id.
+    pub id: String,
+    /// The field that named it, for the refusal of an id already in flight.
+    pub param: &'static str,
+}
+
+/// The response id `c` names (`prefix`: the route's, for vLLM's `request_id`): each 1 to 256
+/// bytes, not both.
+fn client_id(c: &CommonFields, prefix: &str) -> Result<Option<ClientId>, ApiError> {
+    let text = |param: &'static str, value: Option<&Value>| match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Ok(Some(s.clone())),
+        Some(Value::String(_)) => {
+            Err(ApiError::invalid(param, format!("{param} must be 1 to 256 bytes")))
+        }
+        Some(_) => Err(ApiError::invalid(
+            param,
+            format!("{param} must be a string (one response, one id)"),
+        )),
+    };
+    match (text("rid", c.rid.as_ref())?, text("request_id", c.request_id.as_ref())?) {
+        (Some(_), Some(_)) => {
+            Err(ApiError::invalid("request_id", "give rid or request_id, not both"))
+        }
+        (Some(rid), None) => Ok(Some(ClientId { id: rid, param: "rid" })),
+        (None, Some(id)) => {
+            Ok(Some(ClientId { id: format!("{prefix}-{id}"), param: "request_id" }))
+        }
+        (None, None) => Ok(None),
+    }
 }
 
 impl Job {
@@ -499,6 +537,7 @@ pub(crate) fn completions(state: &AppState, body: &Value) -> Result<Job, ApiErro
         tool_use: ToolUse::None,
         first_call_only: false,
         include_reasoning: true,
+        client_id: client_id(&c, "cmpl")?,
         reasoning: None,
     })
 }
@@ -588,6 +627,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         tool_use,
         first_call_only: f.parallel_tool_calls == Some(false),
         include_reasoning: f.include_reasoning.unwrap_or(true),
+        client_id: client_id(&c, "chatcmpl")?,
         reasoning: state.reasoning_parser(),
     })
 }
