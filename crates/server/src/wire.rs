@@ -201,6 +201,8 @@ pub(crate) struct ChatFields {
     pub parallel_tool_calls: Option<bool>,
     /// `false` drops the reasoning a reasoning parser splits off, as vLLM does.
     pub include_reasoning: Option<bool>,
+    /// `false` leaves the answer whole, its thinking in the content, as SGLang does.
+    pub separate_reasoning: Option<bool>,
     /// vLLM's template variables: documents for a RAG template (Granite's), and the effort a
     /// template may ask of its reasoning.
     pub documents: Option<Value>,

@@ -52,7 +52,12 @@ fn deepseek_r1_reads_an_answer_without_tags_as_all_reasoning() {
     let thinking = whole["reasoning"].as_str().expect("reasoning").to_owned();
     assert!(!thinking.is_empty());
     assert_eq!(whole["content"], Value::Null);
-    assert_eq!((reasoning, content), (thinking, String::new()));
+    assert_eq!((reasoning, content), (thinking.clone(), String::new()));
+    // SGLang's `separate_reasoning: false` leaves the answer whole, as content.
+    let (whole, reasoning, content) = answers_with(&s, json!({"separate_reasoning": false}));
+    assert_eq!(whole["content"].as_str(), Some(thinking.as_str()));
+    assert!(whole.get("reasoning").is_none() && whole.get("reasoning_content").is_none());
+    assert_eq!((reasoning, content), (String::new(), thinking.clone()));
     // vLLM's `include_reasoning: false` drops it, whole and streamed.
     let (whole, reasoning, content) = answers_with(&s, json!({"include_reasoning": false}));
     assert_eq!((&whole["reasoning"], &whole["content"]), (&Value::Null, &Value::Null));

@@ -628,7 +628,7 @@ pub(crate) fn chat(state: &AppState, body: &Value) -> Result<Job, ApiError> {
         first_call_only: f.parallel_tool_calls == Some(false),
         include_reasoning: f.include_reasoning.unwrap_or(true),
         client_id: client_id(&c, "chatcmpl")?,
-        reasoning: state.reasoning_parser(),
+        reasoning: state.reasoning_parser().filter(|_| f.separate_reasoning != Some(false)),
     })
 }
 
