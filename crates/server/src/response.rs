@@ -379,12 +379,11 @@ pub(crate) fn whole(
 
 /// A whole chat answer's message, and whether its `finish_reason` is `tool_calls`. With a
 /// `reasoning` parser the thinking is split off into `reasoning` and `reasoning_content`
-/// (`crate::reasoning`).
-/// What remains is read as `tools` says: calls parsed out of it (as the server's vLLM parser
-/// reads them, `crate::tools`), the text before them the content; or, for a forced choice, the calls
-/// it is, with empty content (a required list cut short stays content). As vLLM answers, the
-/// finish reason is `tool_calls` when parsed calls were found, or a required list was whole and
-/// the answer `stopped`; a named call keeps the answer's own.
+/// (`crate::reasoning`). What remains is read as `tools` says: calls parsed out of it (as the
+/// server's vLLM parser reads them, `crate::tools`), the text before them the content; or, for a
+/// forced choice, the calls it is, with empty content (a required list cut short stays content).
+/// As vLLM answers, the finish reason is `tool_calls` when parsed calls were found, or a required
+/// list was whole and the answer `stopped`; a named call keeps the answer's own.
 fn chat_message(
     tools: &ToolUse,
     reasoning: Option<ReasoningParser>,
@@ -506,10 +505,9 @@ mod tests {
         assert_eq!(message["content"], "\n\n");
         assert_eq!(message["tool_calls"][0]["function"]["name"], "f");
         let (plain, _) = chat_message(&ToolUse::None, qwen3, "<think>a</think>", true);
-        assert_eq!(
-            plain,
-            json!({"role": "assistant", "content": null, "reasoning": "a", "reasoning_content": "a"})
-        );
+        let want = json!({"role": "assistant", "content": null, "reasoning": "a",
+                          "reasoning_content": "a"});
+        assert_eq!(plain, want);
         let (none, _) = chat_message(&ToolUse::None, qwen3, "no thinking", true);
         let want = json!({"role": "assistant", "content": "no thinking", "reasoning": null,
                    "reasoning_content": null});

@@ -104,58 +104,57 @@ enum Begins {
 /// How `body` begins: a name, then the arguments (the order models write a call in).
 fn begins(body: &str) -> Begins {
     let bytes = body.as_bytes();
-    let skip = |mut i: usize| {
-        while bytes.get(i).is_some_and(|b| b.is_ascii_whitespace()) {
-            i += 1;
-        }
-        i
-    };
-    // Each literal in turn, whitespace around; the body may end inside one.
-    let mut i = 0;
-    for literal in ["{", "\"name\"", ":"] {
-        i = skip(i);
-        match body.get(i..).unwrap_or_default() {
-            rest if rest.starts_with(literal) => i += literal.len(),
-            rest if literal.starts_with(rest) => return Begins::Maybe,
-            _ => return Begins::Otherwise,
-        }
-    }
-    i = skip(i);
-    let name_from = i;
-    match bytes.get(i) {
+    let Ok(i) = literals(body, 0, &["{", "\"name\"", ":"]) else { return Begins::Maybe };
+    let Some(name_from) = i else { return Begins::Otherwise };
+    match bytes.get(name_from) {
         None => return Begins::Maybe,
         Some(b'"') => {}
         Some(_) => return Begins::Otherwise,
     }
-    let mut escaped = false;
+    let (mut at, mut escaped) = (name_from, false);
     let name_end = loop {
-        i += 1;
-        match bytes.get(i) {
+        at += 1;
+        match bytes.get(at) {
             None => return Begins::Maybe,
             Some(_) if escaped => escaped = false,
             Some(b'\\') => escaped = true,
-            Some(b'"') => break i + 1,
+            Some(b'"') => break at + 1,
             Some(_) => {}
         }
     };
     let Ok(name) = serde_json::from_str::<String>(&body[name_from..name_end]) else {
         return Begins::Otherwise;
     };
-    i = name_end;
-    for literal in [",", "\"arguments\"", ":"] {
-        i = skip(i);
-        match body.get(i..).unwrap_or_default() {
-            rest if rest.starts_with(literal) => i += literal.len(),
-            rest if literal.starts_with(rest) => return Begins::Maybe,
-            _ => return Begins::Otherwise,
+    match literals(body, name_end, &[",", "\"arguments\"", ":"]) {
+        Err(()) => Begins::Maybe,
+        Ok(None) => Begins::Otherwise,
+        Ok(Some(at)) => match bytes.get(at) {
+            None => Begins::Maybe,
+            Some(b'{' | b'[') => Begins::Named { name, at },
+            Some(_) => Begins::Otherwise,
+        },
+    }
+}
+
+/// Reads `expected` in turn from `at` in `body`, JSON whitespace around each: where the text
+/// after them (and its leading whitespace) starts, `None` where the body says something else,
+/// `Err` where it ends before saying.
+fn literals(body: &str, mut at: usize, expected: &[&str]) -> Result<Option<usize>, ()> {
+    let skip = |mut i: usize| {
+        while body.as_bytes().get(i).is_some_and(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
+            i += 1;
+        }
+        i
+    };
+    for literal in expected {
+        at = skip(at);
+        match &body[at..] {
+            rest if rest.starts_with(literal) => at += literal.len(),
+            rest if literal.starts_with(rest) => return Err(()),
+            _ => return Ok(None),
         }
     }
-    i = skip(i);
-    match bytes.get(i) {
-        None => Begins::Maybe,
-        Some(b'{' | b'[') => Begins::Named { name, at: i },
-        Some(_) => Begins::Otherwise,
-    }
+    Ok(Some(skip(at)))
 }
 
 impl HermesStream {
@@ -388,7 +387,8 @@ mod tests {
 
     #[test]
     fn a_call_streams_its_name_then_its_arguments_as_they_come() {
-        let text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1,\"b\":[2, \"}\"]}}\n</tool_call>";
+        let text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1,\"b\":[2, \"}\"]}}\n\
+                    </tool_call>";
         let pieces = pieces(text);
         let CallDelta::Named { index: 0, name, .. } = &pieces[0] else { panic!("{pieces:?}") };
         assert_eq!(name, "f");
