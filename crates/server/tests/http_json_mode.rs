@@ -100,7 +100,7 @@ fn constraints_that_are_not_served_or_malformed_are_refused_by_name() {
             if base.get("messages").is_some() { "/v1/chat/completions" } else { "/v1/completions" };
         for (field, value, param, code) in [
             ("response_format", json!({"type": "xml"}), "response_format.type", "invalid_value"),
-            // A structural tag without its structures, or in the form that is not served.
+            // A structural tag without its structures, or of a format that is not served.
             (
                 "response_format",
                 json!({"type": "structural_tag"}),
@@ -110,7 +110,7 @@ fn constraints_that_are_not_served_or_malformed_are_refused_by_name() {
             (
                 "response_format",
                 json!({"type": "structural_tag", "format": {"type": "any_text"}}),
-                "response_format",
+                "response_format.format.type",
                 "unsupported_parameter",
             ),
             ("response_format", json!({}), "response_format.type", "missing_required_parameter"),
