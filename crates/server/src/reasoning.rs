@@ -267,13 +267,8 @@ mod tests {
         let mut rng = SplitMix64(11);
         for (parser, text) in cases {
             let whole = parser.split(text);
-            let bounds: Vec<usize> =
-                (1..text.len()).filter(|&i| text.is_char_boundary(i)).collect();
             for _ in 0..200 {
-                let mut cuts: Vec<usize> =
-                    (0..rng.below(6)).map(|_| bounds[rng.below(bounds.len())]).collect();
-                cuts.sort_unstable();
-                cuts.dedup();
+                let cuts = rng.cuts(text, 6);
                 let (reasoning, content) = streamed(parser, text, &cuts);
                 assert_eq!(
                     reasoning,

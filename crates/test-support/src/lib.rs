@@ -59,4 +59,16 @@ impl SplitMix64 {
     pub fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n as u64) as usize
     }
+
+    /// Fewer than `most` places to cut `text` into pieces for a stream, in order, each inside
+    /// the text and on a character boundary (`text` has at least two characters).
+    pub fn cuts(&mut self, text: &str, most: usize) -> Vec<usize> {
+        let boundaries: Vec<usize> =
+            (1..text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+        let mut cuts: Vec<usize> =
+            (0..self.below(most)).map(|_| boundaries[self.below(boundaries.len())]).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        cuts
+    }
 }

@@ -437,13 +437,8 @@ mod tests {
         let mut rng = SplitMix64(7);
         for text in texts {
             let whole = parser.extract(text);
-            let boundaries: Vec<usize> =
-                (1..text.len()).filter(|&i| text.is_char_boundary(i)).collect();
             for _ in 0..200 {
-                let mut cuts: Vec<usize> =
-                    (0..rng.below(6)).map(|_| boundaries[rng.below(boundaries.len())]).collect();
-                cuts.sort_unstable();
-                cuts.dedup();
+                let cuts = rng.cuts(text, 6);
                 let (content, calls) = streamed(parser, text, &cuts);
                 assert_eq!(
                     content,
